@@ -1,0 +1,150 @@
+"""check: a read-only health report of a release; ``deep`` recomputes every SHA-256."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import h5py
+import hdf5plugin  # noqa: F401  (registers the Blosc/Zstd filters for reading)
+import numpy as np
+
+from h5etl import digest
+
+REQUIRED_ATTRS = ("name", "version", "created_at", "config", "config_sha256", "source_fingerprint")
+
+
+@dataclass(slots=True)
+class CheckReport:
+    path: Path
+    lines: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def problem(self, text: str) -> None:
+        self.problems.append(text)
+        self.lines.append(f"PROBLEM {text}")
+
+
+def _filters(dataset: h5py.Dataset) -> str:
+    names = {"32000": "lzf", "1": "gzip", "2": "shuffle", "32001": "blosc", "32015": "zstd"}
+    found = [names.get(str(k), str(k)) for k in dataset._filters] or ["none"]
+    return "+".join(found)
+
+
+def _attrs_section(handle: h5py.File, report: CheckReport) -> None:
+    missing = [a for a in REQUIRED_ATTRS if a not in handle.attrs]
+    if missing:
+        report.problem(f"file attrs missing: {', '.join(missing)}")
+        return
+    config = handle.attrs["config"]
+    if hashlib.sha256(str(config).encode()).hexdigest() != handle.attrs["config_sha256"]:
+        report.problem("attr config_sha256 does not match the stored config")
+    report.lines.append(
+        f"release {handle.attrs['name']} v{int(handle.attrs['version']):04d}, created "
+        f"{handle.attrs['created_at']}, h5etl {handle.attrs.get('h5etl_version', '?')}"
+    )
+
+
+def _diagnostics(handle: h5py.File) -> dict[str, dict[str, Any]]:
+    group = handle.get("diagnostics/datasets")
+    if group is None:
+        return {}
+    out = {}
+    for node in group.values():
+        info = dict(node.attrs)
+        info["block_sha256"] = [b.decode() for b in node["block_sha256"][...]]
+        out[str(info["dataset"])] = info
+    return out
+
+
+def _recompute(dataset: h5py.Dataset, info: dict[str, Any]) -> tuple[str, list[str]]:
+    """The dataset's digest and block digests, recomputed from the stored data."""
+    if dataset.dtype.kind == "O":
+        rows = [r.decode("utf-8") if isinstance(r, bytes) else r for r in dataset[...]]
+        block = digest.text_block_digest(rows)
+        return digest.combine([block]), [block.hex()]
+    step = int(info.get("block_rows") or 0) or max(len(dataset), 1)
+    blocks = []
+    for start in range(0, len(dataset), step):
+        try:
+            rows = dataset[start : start + step]
+        except OSError as exc:
+            raise OSError(f"rows {start}..{start + step - 1} unreadable: {exc}") from exc
+        blocks.append(digest.block_digest(np.ascontiguousarray(rows)))
+    if not blocks and step:
+        blocks = []
+    return digest.combine(blocks), [b.hex() for b in blocks]
+
+
+def _deep_verify(dataset: h5py.Dataset, info: dict[str, Any], report: CheckReport) -> None:
+    try:
+        sha, blocks = _recompute(dataset, info)
+    except OSError as exc:
+        report.problem(f"{dataset.name}: {exc}")
+        return
+    if sha == info["sha256"]:
+        return
+    bad = [i for i, (a, b) in enumerate(zip(blocks, info["block_sha256"], strict=False)) if a != b]
+    where = f" (first bad block {bad[0]}, rows from {bad[0] * int(info['block_rows'])})" if bad else ""
+    report.problem(f"{dataset.name}: SHA-256 mismatch{where}: stored {info['sha256'][:16]}..., "
+                   f"computed {sha[:16]}...")
+
+
+def check_release(path: Path, *, deep: bool = False) -> CheckReport:
+    """Inspect a release without modifying it.
+
+    Returns:
+        A report; ``report.ok`` is false when anything is damaged or missing.
+    """
+    report = CheckReport(path)
+    try:
+        handle = h5py.File(path, "r")
+    except (OSError, ValueError) as exc:
+        report.problem(f"cannot open as HDF5 (truncated or not a release): {exc}")
+        return report
+    with handle:
+        _attrs_section(handle, report)
+        expected = _diagnostics(handle)
+        if not expected:
+            report.problem("no /diagnostics/datasets: not an h5etl release, or damaged")
+        for name in expected:
+            if name not in handle:
+                report.problem(f"{name}: dataset listed in diagnostics is missing")
+        for split in (k for k in handle if k != "diagnostics"):
+            _split_section(handle[split], expected, report, deep=deep)
+        rejects = {k.removeprefix("rejects_"): int(v) for k, v in
+                   handle["diagnostics"].attrs.items() if k.startswith("rejects_")} \
+            if "diagnostics" in handle else {}
+        if rejects:
+            report.lines.append("rejects: " + ", ".join(f"{k} {v}" for k, v in rejects.items()))
+    report.lines.append("OK" if report.ok else f"{len(report.problems)} problem(s)")
+    return report
+
+
+def _split_section(group: h5py.Group, expected: dict[str, dict[str, Any]],
+                   report: CheckReport, *, deep: bool) -> None:
+    lengths = {name: len(ds) for name, ds in group.items() if isinstance(ds, h5py.Dataset)}
+    count = max(lengths.values(), default=0)
+    report.lines.append(f"{group.name}: {count} samples")
+    for name, dataset in group.items():
+        if not isinstance(dataset, h5py.Dataset):
+            continue
+        info = expected.get(dataset.name)
+        stored = info.get("stored_bytes") if info else None
+        ratio = f", ratio {info['ratio']}" if info else ""
+        report.lines.append(
+            f"  {name}: {dataset.shape} {dataset.dtype}, chunks {dataset.chunks}, "
+            f"{_filters(dataset)}, stored {stored} bytes{ratio}"
+        )
+        if lengths[name] != count:
+            report.problem(f"{dataset.name}: {lengths[name]} rows, the split has {count}")
+        if info is None:
+            report.problem(f"{dataset.name}: no digest in /diagnostics")
+        elif deep:
+            _deep_verify(dataset, info, report)

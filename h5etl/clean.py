@@ -1,0 +1,165 @@
+"""clean: sanitise keys, probe headers, apply the oversize policy, assign splits, plan tasks.
+
+Input: discovered samples. Output: a ``Plan`` (per split, samples in a seeded write order) and
+rejects. Headers are read without decoding pixels. Splits are assigned by a seeded hash of the
+key, so a sample keeps its split when the folder grows: no leakage between releases.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import unicodedata
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from h5etl import geometry, images
+from h5etl.errors import RejectError
+from h5etl.records import DecodeTask, PlannedSample, Reject, Sample
+from h5etl.spec import Spec
+
+STAGE = "clean"
+_UNSAFE = re.compile(r"[\x00-\x1f\x7f\\:]+")
+MAX_KEY_LENGTH = 255
+
+Progress = Callable[[int], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """Samples per split in write order; decode tasks are cut from it lazily."""
+
+    splits: dict[str, list[PlannedSample]]
+    rejects: list[Reject]
+    renamed: list[tuple[str, str]] = field(default_factory=list)  # (original key, new key)
+
+    @property
+    def total(self) -> int:
+        return sum(len(samples) for samples in self.splits.values())
+
+
+def sanitize_key(key: str) -> str:
+    """NFC, control characters and backslashes/colons as ``_``, at most 255 characters."""
+    cleaned = _UNSAFE.sub("_", unicodedata.normalize("NFC", key)).strip() or "_"
+    if len(cleaned) > MAX_KEY_LENGTH:
+        digest = hashlib.sha256(cleaned.encode()).hexdigest()[:12]
+        cleaned = f"{cleaned[: MAX_KEY_LENGTH - 13]}~{digest}"
+    return cleaned
+
+
+def sanitize_keys(samples: Sequence[Sample]) -> tuple[list[Sample], list[tuple[str, str]]]:
+    """Sanitise every key; keys that collide afterwards are all kept as ``key~2``, ``key~3``."""
+    counts = Counter(sanitize_key(s.key) for s in samples)
+    used: Counter[str] = Counter()
+    out, renamed = [], []
+    for sample in samples:  # sorted by original key, so numbering is deterministic
+        clean = sanitize_key(sample.key)
+        if counts[clean] > 1:
+            used[clean] += 1
+            clean = clean if used[clean] == 1 else f"{clean}~{used[clean]}"
+        if clean != sample.key:
+            renamed.append((sample.key, clean))
+        out.append(Sample(clean, sample.files))
+    return out, renamed
+
+
+def split_of(key: str, splits: dict[str, float], seed: int) -> str:
+    """The split of a key: a seeded hash mapped onto the cumulative split fractions."""
+    digest = hashlib.sha256(f"{seed}\x00{key}".encode()).digest()
+    position = int.from_bytes(digest[:8], "big") / 2**64
+    cumulative = 0.0
+    names = list(splits)
+    for name in names:
+        cumulative += splits[name]
+        if position < cumulative:
+            return name
+    return names[-1]
+
+
+def _reject_sample(sample: Sample, reason: str, detail: str, cause: str = "") -> list[Reject]:
+    return [
+        Reject(f.path, STAGE, reason, detail if f.path == cause or not cause else
+               f"{detail} (in {cause})", sample.key)
+        for f in sample.files
+    ]
+
+
+def _probe_sample(sample: Sample, spec: Spec) -> PlannedSample | list[Reject]:
+    sizes: dict[str, tuple[int, int]] = {}
+    for f in sample.files:
+        try:
+            header = images.probe(f.path)
+        except RejectError as exc:
+            return _reject_sample(sample, exc.reason, exc.message, f.path)
+        sizes[f.source] = (header.height, header.width)
+    if len(set(sizes.values())) > 1:
+        shown = ", ".join(f"{source} {h}x{w}" for source, (h, w) in sizes.items())
+        return _reject_sample(sample, "size_mismatch", f"sizes differ (HxW): {shown}")
+    size = next(iter(sizes.values()))
+    if spec.pad.oversize == "reject":
+        for name in spec.image_fields:
+            shape = spec.fields[name].shape
+            assert shape is not None
+            if geometry.is_oversize(size, (shape[1], shape[2])):
+                return _reject_sample(
+                    sample,
+                    "oversize",
+                    f"{size[0]}x{size[1]} is larger than fields.{name}.shape "
+                    f"{shape[1]}x{shape[2]} (pad.oversize: reject; crop or resize to keep it)",
+                )
+    return PlannedSample(sample.key, sample.files, size)
+
+
+def plan(spec: Spec, samples: Sequence[Sample], progress: Progress | None = None) -> Plan:
+    """Probe and place every sample.
+
+    Returns:
+        The plan; every input is either in it once or among its rejects.
+    """
+    renamed_samples, renamed = sanitize_keys(samples)
+    rejects: list[Reject] = []
+    by_split: dict[str, list[PlannedSample]] = {name: [] for name in spec.splits}
+    for sample in renamed_samples:
+        outcome = _probe_sample(sample, spec)
+        if isinstance(outcome, list):
+            rejects.extend(outcome)
+        else:
+            by_split[split_of(sample.key, spec.splits, spec.seed)].append(outcome)
+        if progress is not None:
+            progress(1)
+    rng = np.random.default_rng(spec.seed)
+    ordered = {}
+    for name, members in by_split.items():
+        members.sort(key=lambda s: s.key)
+        ordered[name] = [members[i] for i in rng.permutation(len(members))]
+    return Plan(ordered, rejects, renamed)
+
+
+class TaskCutter:
+    """Cuts decode tasks of ``batch`` samples from the plan, re-aligning after rejects.
+
+    When decode rejects make a split's row count drift off the chunk grid, the next task is
+    shortened so the rows after it start on a chunk boundary again and later tasks can be
+    stored as whole pre-compressed chunks. ``note_rejects`` is fed by the consumer.
+    """
+
+    def __init__(self, plan: Plan, batch: int):
+        self._plan = plan
+        self._batch = batch
+        self._rejected: Counter[str] = Counter()
+
+    def note_rejects(self, split: str, count: int) -> None:
+        self._rejected[split] += count
+
+    def __iter__(self) -> Iterator[DecodeTask]:
+        for split, members in self._plan.splits.items():
+            start = 0
+            while start < len(members):
+                drift = (start - self._rejected[split]) % self._batch
+                size = self._batch - drift
+                chunk = tuple(members[start : start + size])
+                yield DecodeTask(split, start, chunk, self._batch)
+                start += len(chunk)

@@ -1,0 +1,204 @@
+"""The ``h5etl`` command: parse, call one library function, render. Errors become one line."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from tqdm import tqdm
+
+from h5etl import __version__, demo, pipeline, release
+from h5etl.check import check_release
+from h5etl.errors import ConfigError, H5EtlError
+from h5etl.spec import load_spec
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Turn folders of images and masks into versioned, checksummed HDF5 releases.",
+)
+T = TypeVar("T")
+
+JobsOption = Annotated[
+    int, typer.Option("--jobs", "-j", min=1, help="Worker processes (default: all cores).")
+]
+QuietOption = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")]
+
+
+def _say(text: str) -> None:
+    typer.echo(text)
+
+
+def _fail(exc: H5EtlError) -> typer.Exit:
+    for line in str(exc).splitlines():
+        typer.echo(f"h5etl: error: {line}", err=True)
+    return typer.Exit(exc.exit_code)
+
+
+def _run(action: Callable[[], T]) -> T:
+    """Call into the library; our errors become lines on stderr and an exit code."""
+    try:
+        return action()
+    except H5EtlError as exc:
+        raise _fail(exc) from None
+    except KeyboardInterrupt:
+        typer.echo("h5etl: interrupted; nothing was published", err=True)
+        raise typer.Exit(130) from None
+
+
+class _Bars:
+    """Draws the pipeline's progress hook as tqdm bars, only on a terminal."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.bars: dict[str, tqdm[Any]] = {}
+
+    def __call__(self, stage: str, advance: int, total: int | None) -> None:
+        if not self.enabled:
+            return
+        if advance == 0:
+            self.bars[stage] = tqdm(total=total, desc=f"{stage:>7}", unit=" samples",
+                                    leave=False, dynamic_ncols=True, mininterval=0.2, delay=1.0)
+        elif stage in self.bars:
+            self.bars[stage].update(advance)
+
+    def close(self) -> None:
+        for bar in self.bars.values():
+            bar.close()
+
+
+@contextmanager
+def _progress(quiet: bool) -> Iterator[_Bars]:
+    bars = _Bars(enabled=not quiet and sys.stderr.isatty())
+    try:
+        yield bars
+    finally:
+        bars.close()
+
+
+def _human(size: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.1f} {unit}" if unit != "B" else f"{int(size)} B"
+        size /= 1024
+    return f"{size:.1f} GiB"
+
+
+def _summary(report: pipeline.BuildReport) -> None:
+    splits = ", ".join(f"{split} {count}" for split, count in report.samples.items())
+    _say(f"samples: {splits} (of {report.inputs} input files)")
+    if report.rejects:
+        reasons = ", ".join(f"{reason} {n}" for reason, n in report.reject_counts.items())
+        _say(f"rejects: {len(report.rejects)} files ({reasons})")
+    else:
+        _say("rejects: none")
+    if report.path is not None:
+        ratio = report.raw_bytes / report.stored_bytes if report.stored_bytes else 0.0
+        _say(f"bytes: {_human(report.raw_bytes)} raw, {_human(report.stored_bytes)} stored "
+             f"(ratio {ratio:.2f})")
+        _say(f"wall: {report.seconds.get('total', 0.0):.2f} s")
+        _say(f"release: {report.path} (v{report.version:04d}); {report.link} -> {report.path.name}")
+        if report.rejects_path is not None:
+            _say(f"rejects report: {report.rejects_path}")
+
+
+@app.command()
+def build(
+    config: Annotated[Path, typer.Argument(help="The build config (YAML).")],
+    jobs: JobsOption = os.cpu_count() or 1,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Plan and report, write nothing.")] = False,
+    quiet: QuietOption = False,
+) -> None:
+    """Build a new release from CONFIG."""
+    spec = _run(lambda: load_spec(config))
+    with _progress(quiet) as bars:
+        report = _run(lambda: pipeline.build(spec, jobs=jobs, dry_run=dry_run, progress=bars))
+    if dry_run:
+        _say("dry run: nothing written")
+    _summary(report)
+
+
+@app.command()
+def validate(config: Annotated[Path, typer.Argument(help="The build config (YAML).")]) -> None:
+    """Check CONFIG without building."""
+    spec = _run(lambda: load_spec(config))
+    fields = ", ".join(spec.fields)
+    _say(f"{config}: OK ({spec.name}: fields {fields}; splits {', '.join(spec.splits)})")
+
+
+@app.command()
+def check(
+    path: Annotated[Path, typer.Argument(help="A release file or link.")],
+    deep: Annotated[bool, typer.Option("--deep", help="Recompute every SHA-256.")] = False,
+) -> None:
+    """Report on a release; exit 1 if anything is damaged."""
+    report = check_release(path, deep=deep)
+    for line in report.lines:
+        _say(line)
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+@app.command()
+def releases(folder: Annotated[Path, typer.Argument(help="An output folder.")]) -> None:
+    """List the releases in FOLDER and which one each link points at."""
+    found = _run(lambda: release.list_releases(folder))
+    if not found:
+        _say(f"{folder}: no releases")
+    for info in found:
+        mark = "*" if info.current else " "
+        _say(f"{mark} {info.path.name}  {_human(info.size):>10}  {info.modified}")
+
+
+@app.command()
+def rollback(
+    link: Annotated[Path, typer.Argument(help="The release link, e.g. releases/cells.h5.")],
+    to: Annotated[int | None, typer.Option("--to", help="Version number (default: previous).")] = None,
+) -> None:
+    """Point LINK at an earlier (or any) release."""
+    info = _run(lambda: release.rollback(link, to))
+    _say(f"{link} -> {info.path.name}")
+
+
+@app.command(name="demo")
+def demo_command(
+    folder: Annotated[Path, typer.Option("--dir", help="Where to put the demo.")] = Path("h5etl-demo"),
+    jobs: JobsOption = os.cpu_count() or 1,
+    quiet: QuietOption = False,
+) -> None:
+    """Build the embedded example (synthetic cells, a few broken inputs) into FOLDER/releases."""
+    config = _run(lambda: demo.prepare(folder))
+    _say(f"demo config: {config}")
+    build(config, jobs=jobs, dry_run=False, quiet=quiet)
+
+
+def _version_callback(value: bool) -> None:
+    if value:
+        _say(f"h5etl {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version_callback, is_eager=True)
+    ] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log details.")] = False,
+) -> None:
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                        format="h5etl: %(message)s")
+
+
+def main() -> None:
+    """Entry point of the ``h5etl`` command."""
+    try:
+        app()
+    except ConfigError as exc:  # pragma: no cover - raised inside commands normally
+        raise SystemExit(_fail(exc).exit_code) from None

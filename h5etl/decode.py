@@ -1,0 +1,182 @@
+"""decode: in parallel workers, turn each task's files into stacked, validated, encoded rows.
+
+Per sample: read the bytes once (hashing them for lineage), decode, convert the mode, fit
+(crop/resize/pad), validate masks. Per task: stack into one array per field and, when no sample
+was rejected, compress whole chunks and hash each block, so the single writer only writes.
+Tasks run on joblib's loky workers through an ordered, bounded window; ``jobs=1`` runs inline.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections import deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from h5etl import digest, geometry, images, validate
+from h5etl.chunkcodec import ChunkLayout, encode_block
+from h5etl.errors import RejectError
+from h5etl.records import BatchResult, DecodeTask, PlannedSample, Reject
+from h5etl.spec import Spec
+
+STAGE = "decode"
+
+
+@dataclass(frozen=True, slots=True)
+class FieldRecipe:
+    name: str
+    source_index: int
+    mode: images.Mode
+    values: tuple[int, ...] | None
+    layout: ChunkLayout
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeRecipe:
+    """Everything a worker needs, frozen and picklable: no handles, no paths to configs."""
+
+    image_fields: tuple[FieldRecipe, ...]
+    text_fields: tuple[tuple[str, int], ...]  # (field name, source index)
+    fill: int
+    oversize: str
+
+    @classmethod
+    def from_spec(cls, spec: Spec, layouts: dict[str, ChunkLayout]) -> DecodeRecipe:
+        sources = list(spec.sources)
+        fields = []
+        for name in spec.image_fields:
+            field = spec.fields[name]
+            assert field.mode is not None
+            fields.append(
+                FieldRecipe(name, sources.index(spec.source_of(name)), field.mode, field.values,
+                            layouts[name])
+            )
+        texts = tuple((name, sources.index(spec.source_of(name))) for name in spec.text_fields)
+        return cls(tuple(fields), texts, spec.pad.fill, spec.pad.oversize)
+
+
+def _fit(array: np.ndarray, field: FieldRecipe, oversize: str) -> np.ndarray:
+    target = (field.layout.shape[1], field.layout.shape[2])
+    size = (array.shape[0], array.shape[1])
+    if not geometry.is_oversize(size, target):
+        return array
+    if oversize == "resize":
+        return images.resize(array, geometry.fit_within(size, target), is_mask=field.values is not None)
+    if oversize == "crop":
+        return geometry.center_crop(array, target)
+    raise RejectError("oversize", f"{size[0]}x{size[1]} is larger than {target[0]}x{target[1]}")
+
+
+def _decode_sample(
+    sample: PlannedSample, recipe: DecodeRecipe, out: dict[str, np.ndarray], row: int
+) -> tuple[tuple[str, ...], int]:
+    """Decode one sample into row ``row`` of ``out``; return each file's hex SHA-256, bytes read."""
+    contents = []
+    for source_file in sample.files:
+        try:
+            with open(source_file.path, "rb") as handle:
+                contents.append(handle.read())
+        except OSError as exc:
+            raise RejectError("unreadable", f"cannot read: {exc.strerror or exc}",
+                              path=source_file.path) from exc
+    for field in recipe.image_fields:
+        path = sample.files[field.source_index].path
+        labels = frozenset(field.values) if field.values is not None else None
+        array = images.decode(contents[field.source_index], field.mode, path=path, mask_labels=labels)
+        if field.values is not None:
+            array = validate.check_mask(array, field.values, path=path)
+        try:
+            array = _fit(array, field, recipe.oversize)
+        except RejectError as exc:
+            exc.path = path
+            raise
+        geometry.place(array, out[field.name][row])
+    hashes = tuple(hashlib.sha256(data).hexdigest() for data in contents)
+    return hashes, sum(len(data) for data in contents)
+
+
+def decode_batch(task: DecodeTask, recipe: DecodeRecipe) -> BatchResult:
+    """Decode one task. Runs in a worker process; only plain data goes in and out."""
+    started = time.perf_counter()
+    count = len(task.samples)
+    out = {
+        f.name: np.full((count, *f.layout.shape), recipe.fill, dtype=f.layout.dtype)
+        for f in recipe.image_fields
+    }
+    result = BatchResult(task, 0)
+    kept = []
+    for sample in task.samples:
+        try:
+            hashes, nbytes = _decode_sample(sample, recipe, out, result.accepted)
+        except RejectError as exc:
+            culprit = str(exc.path or "")
+            result.rejects.extend(
+                Reject(f.path, STAGE, exc.reason,
+                       exc.message if f.path == culprit else f"{exc.message} (in {culprit})",
+                       sample.key)
+                for f in sample.files
+            )
+            continue
+        except MemoryError:
+            result.rejects.extend(
+                Reject(f.path, STAGE, "memory_error", "ran out of memory decoding", sample.key)
+                for f in sample.files
+            )
+            continue
+        result.accepted += 1
+        result.lineage.append(hashes)
+        result.bytes_read += nbytes
+        result.keys.append(sample.key)
+        kept.append(sample)
+    for name, index in recipe.text_fields:
+        result.texts[name] = [s.files[index].relpath for s in kept]
+    _finish_arrays(result, recipe, {name: rows[: result.accepted] for name, rows in out.items()})
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def _finish_arrays(result: BatchResult, recipe: DecodeRecipe, arrays: dict[str, np.ndarray]) -> None:
+    full = result.accepted == result.task.full_batch == len(result.task.samples)
+    for field in recipe.image_fields:
+        rows = arrays[field.name]
+        result.raw_nbytes += rows.nbytes
+        if not full:
+            result.raw[field.name] = rows
+            continue
+        step = field.layout.rows
+        blocks = [rows[i : i + step] for i in range(0, len(rows), step)]
+        result.encoded[field.name] = [encode_block(field.layout, block) for block in blocks]
+        result.block_sha256[field.name] = [digest.block_digest(block) for block in blocks]
+
+
+def run_tasks(
+    tasks: Iterable[DecodeTask], recipe: DecodeRecipe, *, jobs: int, window: int | None = None
+) -> Iterator[BatchResult]:
+    """Decode tasks on ``jobs`` processes; yield results in task order.
+
+    At most ``window`` tasks (default ``2 * jobs + 1``) are submitted and not yet consumed, so
+    memory stays bounded whatever the dataset size or the speed of the consumer.
+    """
+    if jobs <= 1:
+        for task in tasks:
+            yield decode_batch(task, recipe)
+        return
+    from joblib.externals.loky import get_reusable_executor
+
+    executor = get_reusable_executor(max_workers=jobs, timeout=60)
+    pending: deque = deque()  # type: ignore[type-arg]
+    limit = window or 2 * jobs + 1
+    iterator = iter(tasks)
+    try:
+        for task in iterator:
+            pending.append(executor.submit(decode_batch, task, recipe))
+            if len(pending) >= limit:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    finally:
+        for future in pending:
+            future.cancel()

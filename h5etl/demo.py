@@ -1,0 +1,71 @@
+"""The embedded example: synthetic cell images with masks, a few broken on purpose."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from h5etl import images, resources
+
+
+def cell_pair(rng: np.random.Generator, height: int, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """An RGB image of stained cells on a lit background, and its 0/255 mask."""
+    yy, xx = np.mgrid[0:height, 0:width].astype(np.float32)
+    tilt = rng.uniform(-0.3, 0.3, size=2)
+    background = 40 + 25 * (tilt[0] * yy / height + tilt[1] * xx / width + 0.5)
+    image = np.repeat(background[..., None], 3, axis=2)
+    mask = np.zeros((height, width), dtype=bool)
+    for _ in range(int(rng.integers(3, 9))):
+        cy, cx = rng.uniform(0, height), rng.uniform(0, width)
+        ry, rx = rng.uniform(6, 18, size=2)
+        angle = rng.uniform(0, np.pi)
+        dy, dx = yy - cy, xx - cx
+        u = (dx * np.cos(angle) + dy * np.sin(angle)) / rx
+        v = (-dx * np.sin(angle) + dy * np.cos(angle)) / ry
+        inside = u**2 + v**2 <= 1.0
+        mask |= inside
+        stain = rng.uniform(120, 220, size=3) * np.array([1.0, 0.55, 0.8])
+        shade = 1.0 - 0.35 * np.clip(u**2 + v**2, 0, 1)[..., None]
+        image = np.where(inside[..., None], stain * shade, image)
+        nucleus = (u * 2.5) ** 2 + (v * 2.5) ** 2 <= 1.0
+        image = np.where(nucleus[..., None], np.array([70.0, 30.0, 110.0]), image)
+    image += rng.normal(0, 4, size=image.shape)  # sensor noise
+    return np.clip(image, 0, 255).astype(np.uint8), (mask * 255).astype(np.uint8)
+
+
+def write_raw(raw: Path, *, samples: int = 40, seed: int = 7) -> dict[str, str]:
+    """Write ``raw/images`` and ``raw/masks``; return the deliberately broken inputs."""
+    rng = np.random.default_rng(seed)
+    for index in range(samples):
+        height, width = (int(v) for v in rng.integers(96, 129, size=2))
+        image, mask = cell_pair(rng, height, width)
+        images.save_png(raw / "images" / f"cell_{index:03d}.png", image)
+        images.save_png(raw / "masks" / f"cell_{index:03d}.png", mask)
+    broken = {
+        "images/cell_900.png": "truncated PNG (decode_error)",
+        "masks/cell_901.png": "mask with a 128 (mask_values)",
+        "images/cell_902.png": "image without a mask (orphan)",
+    }
+    image, mask = cell_pair(rng, 100, 100)
+    images.save_png(raw / "images" / "cell_900.png", image)
+    images.save_png(raw / "masks" / "cell_900.png", mask)
+    data = (raw / "images" / "cell_900.png").read_bytes()
+    (raw / "images" / "cell_900.png").write_bytes(data[: len(data) // 2])
+    image, mask = cell_pair(rng, 110, 120)
+    mask[5:15, 5:15] = 128
+    images.save_png(raw / "images" / "cell_901.png", image)
+    images.save_png(raw / "masks" / "cell_901.png", mask)
+    images.save_png(raw / "images" / "cell_902.png", cell_pair(rng, 100, 100)[0])
+    return broken
+
+
+def prepare(folder: Path) -> Path:
+    """Lay out the demo in ``folder`` (raw data once, the config always); return the config."""
+    folder.mkdir(parents=True, exist_ok=True)
+    if not (folder / "raw").exists():
+        write_raw(folder / "raw")
+    config = folder / "demo.yaml"
+    shutil.copyfile(resources.demo_config(), config)
+    return config

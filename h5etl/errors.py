@@ -1,0 +1,102 @@
+"""Every error h5etl raises on purpose, as one tree.
+
+::
+
+    H5EtlError                      base; carries ``path`` and ``key``; exit code 1
+    ├── ConfigError                 the config or the command line is wrong; exit code 2
+    ├── SourceError                 a source folder cannot be read
+    │   └── SourceMissing           (also FileNotFoundError)
+    ├── RejectError                 one input cannot go into the release; has a ``reason`` code
+    ├── BuildFailed                 the work stopped (``on_error: fail``, too many rejects)
+    ├── SinkError                   writing the HDF5 file failed (also OSError)
+    ├── ReleaseError                naming, linking or rolling back releases failed
+    │   └── LockHeld                another build holds the output folder
+    └── CheckFailed                 ``h5etl check`` found a damaged release
+
+The CLI turns any of these into one line and an exit code; anything else is a bug and keeps
+its traceback.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class H5EtlError(Exception):
+    """Base of every error h5etl raises on purpose."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, *, path: Path | str | None = None, key: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.path = path
+        self.key = key
+
+    def __str__(self) -> str:
+        where = [str(self.path)] if self.path is not None else []
+        if self.key:
+            where.append(self.key)
+        return ": ".join([*where, self.message])
+
+
+class ConfigError(H5EtlError):
+    """The config file (or a command-line value) breaks a rule; nothing was built."""
+
+    exit_code = 2
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: Path | str | None = None,
+        key: str | None = None,
+        problems: list[str] | None = None,
+    ):
+        super().__init__(message, path=path, key=key)
+        self.problems = problems or [str(self)]
+
+    def __str__(self) -> str:
+        if len(self.problems) > 1:
+            return "\n".join(self.problems)
+        return super().__str__()
+
+
+class SourceError(H5EtlError):
+    """A source folder could not be read."""
+
+
+class SourceMissing(SourceError, FileNotFoundError):
+    """A source folder named in the config does not exist."""
+
+    exit_code = 2
+
+
+class RejectError(H5EtlError):
+    """One input cannot go into the release; ``reason`` is a stable code for reports."""
+
+    def __init__(self, reason: str, message: str, *, path: Path | str | None = None):
+        super().__init__(message, path=path)
+        self.reason = reason
+
+
+class BuildFailed(H5EtlError):
+    """The build stopped on bad data; no release was published."""
+
+
+class SinkError(H5EtlError, OSError):
+    """Writing the HDF5 file failed (disk full, I/O error)."""
+
+
+class ReleaseError(H5EtlError):
+    """Naming, publishing or rolling back a release failed."""
+
+
+class LockHeld(ReleaseError):
+    """Another live build holds the lock on the output folder."""
+
+    exit_code = 1
+
+
+class CheckFailed(H5EtlError):
+    """A release failed its integrity check."""

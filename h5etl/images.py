@@ -1,0 +1,166 @@
+"""Every use of Pillow: header probes, decoding to a field's mode, resizing, writing PNGs.
+
+All format quirks live here (EXIF orientation, palettes, alpha, 16-bit, 1-bit, CMYK), so the
+stages above see plain numpy arrays and ``RejectError`` with a stable reason code.
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import os
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+from h5etl.errors import RejectError
+
+Mode = Literal["RGB", "L"]
+SIXTEEN_BIT_MODES = frozenset({"I;16", "I;16B", "I;16L", "I;16N", "I"})
+_SWAPS_AXES = frozenset({5, 6, 7, 8})  # EXIF orientations that rotate by 90 degrees
+_EXIF_ORIENTATION = 0x0112
+
+
+@dataclass(frozen=True, slots=True)
+class ImageHeader:
+    height: int
+    width: int
+    mode: str
+    format: str
+
+
+def _open_error(path: str, exc: BaseException) -> RejectError:
+    if isinstance(exc, Image.DecompressionBombError | Image.DecompressionBombWarning):
+        return RejectError(
+            "decompression_bomb",
+            f"more pixels than the limit of {Image.MAX_IMAGE_PIXELS} (Pillow MAX_IMAGE_PIXELS)",
+            path=path,
+        )
+    if isinstance(exc, OSError) and exc.errno == errno.ELOOP:
+        return RejectError("symlink_loop", "symbolic link loop", path=path)
+    if isinstance(exc, FileNotFoundError) and os.path.islink(path):
+        return RejectError("dangling_symlink", "symbolic link points nowhere", path=path)
+    if "truncated" in str(exc):
+        return RejectError("truncated", "file ends before the image does", path=path)
+    if isinstance(exc, UnidentifiedImageError):
+        size = os.path.getsize(path) if os.path.exists(path) else 0
+        what = "empty file" if size == 0 else "not an image Pillow can identify"
+        return RejectError("unreadable", what, path=path)
+    return RejectError("unreadable", f"{type(exc).__name__}: {exc}", path=path)
+
+
+def probe(path: str) -> ImageHeader:
+    """Read the header only (no pixel decode): size after EXIF orientation, mode, format.
+
+    Raises:
+        RejectError: missing, dangling, looping, empty, unidentifiable or too large.
+    """
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(path) as image:
+                width, height = image.size
+                orientation = image.getexif().get(_EXIF_ORIENTATION, 1)
+                header = ImageHeader(height, width, image.mode, image.format or "")
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombWarning) as exc:
+        raise _open_error(path, exc) from exc
+    if height == 0 or width == 0:
+        raise RejectError("empty_image", "image has zero width or height", path=path)
+    if orientation in _SWAPS_AXES:
+        return ImageHeader(width, height, header.mode, header.format)
+    return header
+
+
+def _scale_sixteen_bit(image: Image.Image, keep_labels: frozenset[int] | None) -> np.ndarray:
+    values = np.asarray(image)
+    if values.min(initial=0) < 0 or values.max(initial=0) > 0xFFFF:
+        raise RejectError("unsupported_mode", f"{image.mode} values outside 0..65535")
+    if keep_labels is not None and set(np.unique(values).tolist()) <= keep_labels:
+        # A 16-bit mask that already holds its labels (0/1) would become all zeros under v >> 8.
+        return values.astype(np.uint8)
+    return (values >> 8).astype(np.uint8)
+
+
+def _single_channel(rgb: np.ndarray, path: str) -> np.ndarray:
+    if not (np.array_equal(rgb[..., 0], rgb[..., 1]) and np.array_equal(rgb[..., 0], rgb[..., 2])):
+        raise RejectError(
+            "mask_not_single_channel",
+            "mask has colour: its R, G and B channels differ",
+            path=path,
+        )
+    return np.ascontiguousarray(rgb[..., 0])
+
+
+def _without_palette(image: Image.Image) -> Image.Image:
+    if image.mode == "P":
+        return image.convert("RGBA" if "transparency" in image.info else "RGB")
+    if image.mode == "PA":
+        return image.convert("RGBA")
+    return image
+
+
+def to_array(image: Image.Image, mode: Mode, *, mask_labels: frozenset[int] | None, path: str) -> np.ndarray:
+    """Convert a loaded image to (h, w, 3) uint8 for RGB or (h, w) uint8 for L.
+
+    ``mask_labels`` marks a mask: colour is refused instead of blended into grey.
+    """
+    image = _without_palette(image)
+    if image.mode in SIXTEEN_BIT_MODES:
+        grey = _scale_sixteen_bit(image, mask_labels)
+        return np.repeat(grey[..., None], 3, axis=2) if mode == "RGB" else grey
+    if image.mode in {"F", "I;32", "BGR;24"}:
+        raise RejectError("unsupported_mode", f"pixel mode {image.mode} is not supported", path=path)
+    if mode == "RGB":
+        return np.asarray(image.convert("RGB"))
+    if image.mode in {"L", "1", "LA"}:
+        return np.asarray(image.convert("L"))
+    rgb = np.asarray(image.convert("RGB"))
+    if mask_labels is not None:
+        return _single_channel(rgb, path)
+    return np.asarray(image.convert("RGB").convert("L"))
+
+
+def decode(data: bytes, mode: Mode, *, path: str, mask_labels: frozenset[int] | None = None) -> np.ndarray:
+    """Decode file bytes with EXIF orientation applied, converted to ``mode``.
+
+    Raises:
+        RejectError: undecodable, truncated, too large or of an unsupported pixel mode.
+    """
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(data)) as opened:
+                opened.load()
+                image = ImageOps.exif_transpose(opened) or opened
+                array = to_array(image, mode, mask_labels=mask_labels, path=path)
+    except RejectError as exc:
+        exc.path = path
+        raise
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+        raise _open_error(path, exc) from exc
+    except UnidentifiedImageError as exc:
+        raise _open_error(path, exc) from exc
+    except (OSError, ValueError, SyntaxError, EOFError) as exc:
+        if "truncated" in str(exc):
+            raise _open_error(path, exc) from exc
+        raise RejectError("decode_error", f"cannot decode: {exc}", path=path) from exc
+    if array.size == 0:
+        raise RejectError("empty_image", "image has zero width or height", path=path)
+    return array
+
+
+def resize(array: np.ndarray, size: tuple[int, int], *, is_mask: bool) -> np.ndarray:
+    """Resize to (h, w): Lanczos for images; nearest for masks so labels stay labels."""
+    resample = Image.Resampling.NEAREST if is_mask else Image.Resampling.LANCZOS
+    return np.asarray(Image.fromarray(array).resize((size[1], size[0]), resample))
+
+
+def save_png(path: Path, array: np.ndarray, *, mode: str | None = None) -> None:
+    """Write an (h, w) or (h, w, 3) array as PNG; for demos, benchmarks and tests."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    image = Image.fromarray(array, mode=mode) if mode else Image.fromarray(array)
+    image.save(path, format="PNG")

@@ -1,0 +1,215 @@
+"""The build: wires discover -> clean -> decode -> sink -> release; no I/O of its own."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import h5py
+
+from h5etl import __version__, clean, decode, discover
+from h5etl.chunkcodec import ChunkLayout
+from h5etl.errors import BuildFailed
+from h5etl.records import BatchResult, Reject
+from h5etl.release import OutputFolder
+from h5etl.sink import Sink, SinkLayout
+from h5etl.spec import Spec, spec_sha256, spec_text
+
+ProgressHook = Callable[[str, int, int | None], None]
+"""``hook(stage, advance, total)``: ``advance=0`` opens a stage of ``total`` steps."""
+
+
+@dataclass(slots=True)
+class BuildReport:
+    """What a build did; the CLI renders it, tests assert on it."""
+
+    name: str
+    inputs: int
+    samples: dict[str, int]
+    rejects: list[Reject]
+    seconds: dict[str, float]
+    version: int | None = None
+    path: Path | None = None
+    link: Path | None = None
+    rejects_path: Path | None = None
+    raw_bytes: int = 0
+    stored_bytes: int = 0
+    datasets: dict[str, dict[str, Any]] = field(default_factory=dict)
+    chunk_paths: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def reject_counts(self) -> dict[str, int]:
+        return dict(sorted(Counter(r.reason for r in self.rejects).items()))
+
+
+def layouts_of(spec: Spec) -> dict[str, ChunkLayout]:
+    layouts = {}
+    for name in spec.image_fields:
+        field_spec = spec.fields[name]
+        assert field_spec.shape is not None
+        layouts[name] = ChunkLayout(
+            field_spec.shape, field_spec.dtype, spec.chunks_of(name),
+            spec.compression_of(name), spec.shuffle_of(name),
+        )
+    return layouts
+
+
+def _reject_limit(spec: Spec, inputs: int) -> int | None:
+    if spec.on_error == "fail":
+        return 0
+    if spec.max_rejects is None:
+        return None
+    if isinstance(spec.max_rejects, float):
+        return int(spec.max_rejects * inputs)
+    return spec.max_rejects
+
+
+def _enforce_limit(spec: Spec, rejects: list[Reject], inputs: int) -> None:
+    limit = _reject_limit(spec, inputs)
+    if limit is None or len(rejects) <= limit:
+        return
+    if spec.on_error == "fail":
+        first = rejects[0]
+        raise BuildFailed(
+            f"{first.reason}: {first.detail} (on_error: fail; no release was made)",
+            path=first.path,
+        )
+    tally = ", ".join(f"{reason} {count}" for reason, count in Counter(r.reason for r in rejects).items())
+    raise BuildFailed(
+        f"{len(rejects)} of {inputs} inputs rejected, over max_rejects {spec.max_rejects} "
+        f"({tally}); no release was made, see the reasons with --dry-run",
+        path=spec.output,
+    )
+
+
+class _Stopwatch:
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._start = time.perf_counter()
+        self._mark = self._start
+
+    def lap(self, stage: str) -> None:
+        now = time.perf_counter()
+        self.seconds[stage] = round(self.seconds.get(stage, 0.0) + now - self._mark, 4)
+        self._mark = now
+
+    def total(self) -> float:
+        return round(time.perf_counter() - self._start, 4)
+
+
+def build(
+    spec: Spec, *, jobs: int = 1, dry_run: bool = False, progress: ProgressHook | None = None
+) -> BuildReport:
+    """Build one release from ``spec``; with ``dry_run``, stop after planning.
+
+    Raises:
+        BuildFailed: rejects under ``on_error: fail`` or past ``max_rejects``.
+        LockHeld: another build of the same name is writing to the same folder.
+        SinkError, ReleaseError: the file could not be written or published.
+    """
+    hook = progress or (lambda stage, advance, total: None)
+    output = OutputFolder(spec.output, spec.name)
+    if dry_run:
+        return _plan_only(spec, hook)[0]
+    with output.locked():
+        output.remove_stale_partials()
+        report, plan, watch = _plan_only(spec, hook)
+        _enforce_limit(spec, report.rejects, report.inputs)
+        version = output.next_version()
+        with output.staged() as temp:
+            _write(spec, plan, report, temp, jobs=jobs, hook=hook, version=version, watch=watch)
+            info = output.publish(temp, report.rejects, version=version)
+        watch.lap("publish")
+    report.seconds = {**watch.seconds, "total": watch.total()}
+    report.version, report.path, report.link = info.version, info.path, output.link
+    report.rejects_path = info.rejects
+    return report
+
+
+def _plan_only(spec: Spec, hook: ProgressHook) -> tuple[BuildReport, clean.Plan, _Stopwatch]:
+    watch = _Stopwatch()
+    found = discover.find_samples(spec)
+    watch.lap("discover")
+    hook("probe", 0, len(found.samples))
+    plan = clean.plan(spec, found.samples, lambda n: hook("probe", n, None))
+    watch.lap("clean")
+    samples = {split: len(members) for split, members in plan.splits.items()}
+    report = BuildReport(spec.name, found.files_seen, samples, [*found.rejects, *plan.rejects],
+                         dict(watch.seconds))
+    return report, plan, watch
+
+
+def _write(
+    spec: Spec, plan: clean.Plan, report: BuildReport, temp: Path, *,
+    jobs: int, hook: ProgressHook, version: int, watch: _Stopwatch,
+) -> None:
+    layouts = layouts_of(spec)
+    sink_layout = SinkLayout(tuple(spec.splits), layouts, tuple(spec.text_fields),
+                             tuple(spec.sources), spec.batch_samples)
+    recipe = decode.DecodeRecipe.from_spec(spec, layouts)
+    cutter = clean.TaskCutter(plan, spec.batch_samples)
+    fingerprint: list[str] = []
+    worker_seconds = 0.0
+    hook("decode", 0, plan.total)
+    with Sink(temp, sink_layout) as sink:
+        for result in decode.run_tasks(cutter, recipe, jobs=jobs):
+            cutter.note_rejects(result.task.split, len(result.task.samples) - result.accepted)
+            report.rejects.extend(result.rejects)
+            _enforce_limit(spec, report.rejects, report.inputs)
+            sink.write(result)
+            fingerprint.extend(_fingerprint_lines(result))
+            worker_seconds += result.seconds
+            hook("decode", len(result.task.samples), None)
+        watch.lap("decode_and_write")
+        report.samples = dict(sink.counts)
+        attrs = _file_attrs(spec, version, fingerprint)
+        diagnostics = _diagnostics(report, watch, worker_seconds, sink.seconds, plan)
+        report.datasets = sink.finish(attrs, diagnostics)
+        report.chunk_paths = sink.chunk_paths
+    watch.lap("finish")
+    report.raw_bytes = sum(d["raw_bytes"] for d in report.datasets.values())
+    report.stored_bytes = sum(d["stored_bytes"] for d in report.datasets.values())
+
+
+def _fingerprint_lines(result: BatchResult) -> list[str]:
+    return [f"{key}\t{','.join(hashes)}" for key, hashes in zip(result.keys, result.lineage, strict=True)]
+
+
+def _file_attrs(spec: Spec, version: int, fingerprint: list[str]) -> dict[str, Any]:
+    source_fingerprint = hashlib.sha256("\n".join(sorted(fingerprint)).encode()).hexdigest()
+    return {
+        **spec.attrs,
+        "name": spec.name,
+        "version": version,
+        "description": spec.description,
+        "created_at": datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
+        "config": spec_text(spec),
+        "config_sha256": spec_sha256(spec),
+        "h5etl_version": __version__,
+        "h5py_version": h5py.version.version,
+        "hdf5_version": h5py.version.hdf5_version,
+        "source_fingerprint": source_fingerprint,
+    }
+
+
+def _diagnostics(
+    report: BuildReport, watch: _Stopwatch, worker_seconds: float, write_seconds: float,
+    plan: clean.Plan,
+) -> dict[str, Any]:
+    out: dict[str, Any] = {f"seconds_{stage}": value for stage, value in watch.seconds.items()}
+    out["seconds_workers_decode"] = round(worker_seconds, 4)
+    out["seconds_writer"] = round(write_seconds, 4)
+    out["inputs"] = report.inputs
+    out["rejects_total"] = len(report.rejects)
+    for reason, count in report.reject_counts.items():
+        out[f"rejects_{reason}"] = count
+    for split, count in report.samples.items():
+        out[f"samples_{split}"] = count
+    out["renamed_keys"] = [f"{old} -> {new}" for old, new in plan.renamed]
+    return out

@@ -1,0 +1,263 @@
+"""release: the only module that names files, renames them and touches symlinks.
+
+A build writes ``.<name>.partial-<pid>.h5`` in the output folder under a lock file, fsyncs it,
+links it to ``<name>-vNNNN.h5`` (no clobbering: ``link`` fails if the name exists), then swaps
+the relative symlink ``<name>.h5`` atomically (new link under a temp name, then rename). A build
+that fails or is killed never leaves a file under a release name, and never moves the link.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import socket
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from h5etl.errors import LockHeld, ReleaseError
+from h5etl.records import Reject
+
+_VERSION = re.compile(r"^(?P<name>.+)-v(?P<version>\d{4,})\.h5$")
+PARTIAL_MARK = ".partial-"
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseInfo:
+    name: str
+    version: int
+    path: Path
+    size: int
+    modified: str
+    current: bool
+    rejects: Path | None
+
+
+def release_filename(name: str, version: int) -> str:
+    return f"{name}-v{version:04d}.h5"
+
+
+def rejects_filename(name: str, version: int) -> str:
+    return f"{name}-v{version:04d}.rejects.jsonl"
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb") as handle:
+        os.fsync(handle.fileno())
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def versions(folder: Path, name: str) -> dict[int, Path]:
+    """The published releases of ``name`` in ``folder``, by version."""
+    found = {}
+    if folder.is_dir():
+        for entry in folder.iterdir():
+            match = _VERSION.match(entry.name)
+            if match and match["name"] == name and not entry.is_symlink():
+                found[int(match["version"])] = entry
+    return dict(sorted(found.items()))
+
+
+def current_version(link: Path) -> int | None:
+    if not link.is_symlink():
+        return None
+    match = _VERSION.match(os.readlink(link).rsplit("/", 1)[-1])
+    return int(match["version"]) if match else None
+
+
+class OutputFolder:
+    """One release name in one output folder: lock, staging, publishing, the link."""
+
+    def __init__(self, folder: Path, name: str):
+        self.folder = folder
+        self.name = name
+        self.link = folder / f"{name}.h5"
+        self.lock_path = folder / f".{name}.lock"
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold the build lock; a lock left by a dead process on this host is taken over."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        holder = {"pid": os.getpid(), "host": socket.gethostname(),
+                  "started": datetime.now(UTC).isoformat(timespec="seconds")}
+        for _ in range(3):
+            try:
+                fd = os.open(self.lock_path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                self._take_over_if_stale()
+                continue
+            with os.fdopen(fd, "w") as handle:
+                json.dump(holder, handle)
+            break
+        else:
+            self._raise_held()
+        try:
+            yield
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.lock_path)
+
+    def _read_lock(self) -> dict[str, object]:
+        try:
+            data = json.loads(self.lock_path.read_text())
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def _take_over_if_stale(self) -> None:
+        holder = self._read_lock()
+        pid = holder.get("pid")
+        same_host = holder.get("host") == socket.gethostname()
+        if not holder and time.time() - self._lock_age_origin() < 5:
+            time.sleep(0.2)  # a lock being written right now
+            return
+        if holder and not (same_host and isinstance(pid, int) and not _pid_alive(pid)):
+            self._raise_held()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.lock_path)
+
+    def _lock_age_origin(self) -> float:
+        try:
+            return self.lock_path.stat().st_mtime
+        except FileNotFoundError:
+            return 0.0
+
+    def _raise_held(self) -> None:
+        holder = self._read_lock()
+        raise LockHeld(
+            f"another build of {self.name!r} is running (pid {holder.get('pid')} on "
+            f"{holder.get('host')}, started {holder.get('started')}); wait for it, or delete "
+            f"the lock file if that process is gone",
+            path=self.lock_path,
+        )
+
+    def stale_partials(self) -> list[Path]:
+        """Temp files of builds that died; call only while holding the lock."""
+        return sorted(self.folder.glob(f".{self.name}{PARTIAL_MARK}*"))
+
+    def remove_stale_partials(self) -> list[Path]:
+        removed = self.stale_partials()
+        for path in removed:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+        return removed
+
+    def partial_path(self) -> Path:
+        return self.folder / f".{self.name}{PARTIAL_MARK}{os.getpid()}.h5"
+
+    @contextlib.contextmanager
+    def staged(self) -> Iterator[Path]:
+        """A temp path for the new file; removed unless it was published."""
+        path = self.partial_path()
+        try:
+            yield path
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+
+    def next_version(self) -> int:
+        existing = versions(self.folder, self.name)
+        return max(existing, default=0) + 1
+
+    def publish(self, staged: Path, rejects: Iterable[Reject], *, version: int) -> ReleaseInfo:
+        """Name ``staged`` as release ``version``, write its rejects report, move the link."""
+        final = self.folder / release_filename(self.name, version)
+        try:
+            _fsync_file(staged)
+            self._write_report(self.folder / rejects_filename(self.name, version), rejects)
+            os.link(staged, final)  # unlike rename, refuses to replace an existing release
+            os.unlink(staged)
+            _fsync_dir(self.folder)
+            self.point_link(version)
+        except FileExistsError as exc:
+            raise ReleaseError(
+                f"{final.name} appeared while building; it was left as it is", path=self.folder
+            ) from exc
+        except OSError as exc:
+            raise ReleaseError(f"publishing failed: {exc}", path=self.folder) from exc
+        return self.info(version)
+
+    def _write_report(self, report: Path, rejects: Iterable[Reject]) -> None:
+        temp = report.with_name(f".{report.name}.tmp-{os.getpid()}")
+        with open(temp, "w", encoding="utf-8") as handle:
+            for reject in rejects:
+                handle.write(json.dumps(reject.as_json(), ensure_ascii=False) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temp, report)
+
+    def point_link(self, version: int) -> None:
+        """Atomically point ``<name>.h5`` at a version (relative link, so the folder can move)."""
+        target = release_filename(self.name, version)
+        if not (self.folder / target).is_file():
+            raise ReleaseError(f"no release v{version:04d} of {self.name!r}", path=self.folder)
+        temp = self.folder / f".{self.name}.h5.link-{os.getpid()}"
+        with contextlib.suppress(FileNotFoundError):
+            temp.unlink()
+        os.symlink(target, temp)
+        os.replace(temp, self.link)
+        _fsync_dir(self.folder)
+
+    def info(self, version: int) -> ReleaseInfo:
+        path = self.folder / release_filename(self.name, version)
+        stat = path.stat()
+        report = self.folder / rejects_filename(self.name, version)
+        return ReleaseInfo(
+            self.name, version, path, stat.st_size,
+            datetime.fromtimestamp(stat.st_mtime, UTC).isoformat(timespec="seconds"),
+            current_version(self.link) == version,
+            report if report.exists() else None,
+        )
+
+
+def list_releases(folder: Path) -> list[ReleaseInfo]:
+    """Every published release in ``folder``, grouped by name, oldest first."""
+    if not folder.is_dir():
+        raise ReleaseError("not a folder", path=folder)
+    names = sorted({m["name"] for e in folder.iterdir() if (m := _VERSION.match(e.name))})
+    out = []
+    for name in names:
+        output = OutputFolder(folder, name)
+        out.extend(output.info(v) for v in versions(folder, name))
+    return out
+
+
+def rollback(link: Path, to: int | None = None) -> ReleaseInfo:
+    """Point a release link at version ``to``, or at the version before the current one."""
+    if not link.is_symlink():
+        raise ReleaseError("not a release link (expected a symlink such as cells.h5)", path=link)
+    name = link.name.removesuffix(".h5")
+    output = OutputFolder(link.parent, name)
+    existing = versions(link.parent, name)
+    current = current_version(link)
+    if to is None:
+        older = [v for v in existing if current is None or v < current]
+        if not older:
+            raise ReleaseError(f"no release older than v{current:04d} to roll back to", path=link)
+        to = older[-1]
+    if to not in existing:
+        shown = ", ".join(f"v{v}" for v in existing) or "none"
+        raise ReleaseError(f"no release v{to:04d}; have {shown}", path=link)
+    output.point_link(to)
+    return output.info(to)

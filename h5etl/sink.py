@@ -1,0 +1,264 @@
+"""sink: the single writer. Creates the datasets, stores batches in order, records digests.
+
+Batches arrive in write order. A batch that starts on a chunk boundary and was not shortened
+by rejects comes pre-compressed and is stored with ``write_direct_chunk``; anything else goes
+through a carry buffer that re-cuts whole chunks (the last one padded, as HDF5 stores edge
+chunks). Only this module writes HDF5 files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import h5py
+import numpy as np
+
+from h5etl import digest
+from h5etl.chunkcodec import ChunkLayout, decode_block, encode_block
+from h5etl.errors import SinkError
+from h5etl.records import BatchResult, EncodedChunk
+
+LIBVER = ("v110", "v110")  # readable by HDF5 1.10 tools (h5ls, h5dump) and newer
+LINEAGE = "source_sha256"
+
+
+@dataclass(frozen=True, slots=True)
+class SinkLayout:
+    """What the file holds: splits, image datasets, text datasets and the lineage columns."""
+
+    splits: tuple[str, ...]
+    images: dict[str, ChunkLayout]
+    texts: tuple[str, ...]
+    sources: tuple[str, ...]
+    rows_per_chunk: int  # for text and lineage datasets
+
+
+@dataclass(slots=True)
+class DatasetStats:
+    path: str
+    raw_bytes: int = 0
+    blocks: list[bytes] = field(default_factory=list)
+    block_rows: int = 0
+    stream: Any = None  # hashlib object, for datasets hashed as one stream
+
+    @property
+    def sha256(self) -> str:
+        if self.stream is not None:
+            return digest.combine([self.stream.digest()])
+        return digest.combine(self.blocks)
+
+
+class _ImageWriter:
+    """Appends rows of one image dataset as whole chunks."""
+
+    def __init__(self, dataset: h5py.Dataset, layout: ChunkLayout, stats: DatasetStats):
+        self.dataset = dataset
+        self.layout = layout
+        self.stats = stats
+        self.rows = 0
+        self.carry: list[np.ndarray] = []
+        self.carry_rows = 0
+        self.direct_blocks = 0
+        self.rechunked_blocks = 0
+
+    def add_encoded(self, blocks: list[list[EncodedChunk]], sha: list[bytes], count: int) -> None:
+        if self.carry_rows or self.rows % self.layout.rows:
+            self.add_raw(np.concatenate([decode_block(self.layout, b) for b in blocks])[:count])
+            return
+        self.dataset.resize(self.rows + count, axis=0)
+        for index, block in enumerate(blocks):
+            self._store(self.rows + index * self.layout.rows, block)
+        self.rows += count
+        self.stats.blocks.extend(sha)
+        self.stats.raw_bytes += count * self.layout.block_nbytes // self.layout.rows
+        self.direct_blocks += len(blocks)
+
+    def add_raw(self, rows: np.ndarray) -> None:
+        if len(rows) == 0:
+            return
+        self.carry.append(rows)
+        self.carry_rows += len(rows)
+        step = self.layout.rows
+        if self.carry_rows < step:
+            return
+        pending = np.concatenate(self.carry)
+        whole = (len(pending) // step) * step
+        for start in range(0, whole, step):
+            self._store_rows(pending[start : start + step])
+        self.carry = [pending[whole:]] if whole < len(pending) else []
+        self.carry_rows = len(pending) - whole
+
+    def finish(self) -> None:
+        if not self.carry_rows:
+            return
+        rows = np.concatenate(self.carry)
+        padded = np.zeros((self.layout.rows, *self.layout.shape), dtype=self.layout.dtype)
+        padded[: len(rows)] = rows
+        self._store_rows(padded, count=len(rows))
+        self.carry, self.carry_rows = [], 0
+
+    def _store_rows(self, block: np.ndarray, count: int | None = None) -> None:
+        count = len(block) if count is None else count
+        self.dataset.resize(self.rows + count, axis=0)
+        self._store(self.rows, encode_block(self.layout, block))
+        self.stats.blocks.append(digest.block_digest(block[:count]))
+        self.stats.raw_bytes += block[:count].nbytes
+        self.rows += count
+        self.rechunked_blocks += 1
+
+    def _store(self, row: int, chunks: list[EncodedChunk]) -> None:
+        for chunk in chunks:
+            offset = (row + chunk.offset[0], *chunk.offset[1:])
+            self.dataset.id.write_direct_chunk(offset, chunk.data, chunk.filter_mask)
+
+
+class Sink:
+    """Context manager around the one HDF5 file a build writes; created with mode ``x``."""
+
+    def __init__(self, path: Path, layout: SinkLayout):
+        self.path = path
+        self.layout = layout
+        self.file: h5py.File | None = None
+        self.images: dict[tuple[str, str], _ImageWriter] = {}
+        self.stats: dict[str, DatasetStats] = {}
+        self.counts: dict[str, int] = dict.fromkeys(layout.splits, 0)
+        self.seconds = 0.0
+
+    def __enter__(self) -> Sink:
+        try:
+            self.file = h5py.File(self.path, "x", libver=LIBVER, track_order=True)
+            for split in self.layout.splits:
+                self._create_split(self.file.create_group(split, track_order=True), split)
+        except OSError as exc:
+            self._close()
+            raise SinkError(f"cannot create the release file: {exc}", path=self.path) from exc
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._close()
+
+    def _close(self) -> None:
+        if self.file is not None and self.file.id.valid:
+            self.file.close()
+        self.file = None
+
+    def _create_split(self, group: h5py.Group, split: str) -> None:
+        for name, layout in self.layout.images.items():
+            dataset = group.create_dataset(
+                name,
+                shape=(0, *layout.shape),
+                maxshape=(None, *layout.shape),
+                dtype=layout.dtype,
+                chunks=layout.chunks,
+                **layout.filter_kwargs(),
+            )
+            stats = DatasetStats(dataset.name, block_rows=layout.rows)
+            self.stats[dataset.name] = stats
+            self.images[(split, name)] = _ImageWriter(dataset, layout, stats)
+        rows = self.layout.rows_per_chunk
+        for name in self.layout.texts:
+            dataset = group.create_dataset(
+                name, shape=(0,), maxshape=(None,), chunks=(rows,),
+                dtype=h5py.string_dtype("utf-8"),
+            )
+            self.stats[dataset.name] = DatasetStats(dataset.name, stream=hashlib.sha256())
+        width = len(self.layout.sources)
+        lineage = group.create_dataset(
+            LINEAGE, shape=(0, width), maxshape=(None, width), chunks=(rows, width), dtype="S64",
+        )
+        lineage.attrs["columns"] = list(self.layout.sources)
+        self.stats[lineage.name] = DatasetStats(lineage.name, stream=hashlib.sha256())
+
+    def write(self, result: BatchResult) -> None:
+        """Append one batch to its split, in the order batches are given."""
+        assert self.file is not None, "Sink used outside its with-block"
+        started = time.perf_counter()
+        split, count = result.task.split, result.accepted
+        try:
+            for (target, name), writer in self.images.items():
+                if target != split:
+                    continue
+                if name in result.encoded:
+                    writer.add_encoded(result.encoded[name], result.block_sha256[name], count)
+                else:
+                    writer.add_raw(result.raw[name])
+            if count:
+                self._append_rows(split, result)
+        except OSError as exc:
+            raise SinkError(f"writing failed: {exc}", path=self.path) from exc
+        self.counts[split] += count
+        self.seconds += time.perf_counter() - started
+
+    def _append_rows(self, split: str, result: BatchResult) -> None:
+        assert self.file is not None
+        start, count = self.counts[split], result.accepted
+        group = self.file[split]
+        for name in self.layout.texts:
+            rows = result.texts[name]
+            dataset = group[name]
+            dataset.resize(start + count, axis=0)
+            dataset[start : start + count] = rows
+            stats = self.stats[dataset.name]
+            stats.stream.update(digest.text_rows_bytes(rows))
+            stats.raw_bytes += sum(len(r.encode()) for r in rows)
+        lineage = np.array(result.lineage, dtype="S64").reshape(count, len(self.layout.sources))
+        dataset = group[LINEAGE]
+        dataset.resize(start + count, axis=0)
+        dataset[start : start + count] = lineage
+        stats = self.stats[dataset.name]
+        stats.stream.update(lineage.tobytes())
+        stats.raw_bytes += lineage.nbytes
+
+    def finish(self, attrs: dict[str, Any], diagnostics: dict[str, Any]) -> dict[str, Any]:
+        """Store the last partial chunks, the attrs and ``/diagnostics``; return dataset stats."""
+        assert self.file is not None
+        try:
+            for writer in self.images.values():
+                writer.finish()
+            self.file.attrs.update(attrs)
+            report = self._dataset_report()
+            group = self.file.create_group("diagnostics", track_order=True)
+            for key, value in diagnostics.items():
+                group.attrs[key] = value
+            datasets = group.create_group("datasets", track_order=True)
+            for path, info in report.items():
+                node = datasets.create_group(path.strip("/").replace("/", "."))
+                node.attrs.update({k: v for k, v in info.items() if k != "block_sha256"})
+                node.create_dataset("block_sha256", data=np.array(info["block_sha256"], dtype="S64"))
+            self.file.flush()
+        except OSError as exc:
+            raise SinkError(f"finishing the file failed: {exc}", path=self.path) from exc
+        return report
+
+    def _dataset_report(self) -> dict[str, dict[str, Any]]:
+        assert self.file is not None
+        report = {}
+        for path, stats in self.stats.items():
+            stored = int(self.file[path].id.get_storage_size())
+            blocks = [stats.stream.digest()] if stats.stream is not None else stats.blocks
+            report[path] = {
+                "dataset": path,
+                "sha256": stats.sha256,
+                "raw_bytes": stats.raw_bytes,
+                "stored_bytes": stored,
+                "ratio": round(stats.raw_bytes / stored, 4) if stored else 0.0,
+                "block_rows": stats.block_rows,
+                "block_sha256": [b.hex() for b in blocks],
+            }
+        return report
+
+    @property
+    def chunk_paths(self) -> dict[str, int]:
+        """How many blocks went straight through and how many were re-cut, per dataset."""
+        out = {}
+        for writer in self.images.values():
+            out[f"{writer.stats.path}:direct"] = writer.direct_blocks
+            out[f"{writer.stats.path}:rechunked"] = writer.rechunked_blocks
+        return out
