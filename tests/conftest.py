@@ -1,0 +1,255 @@
+"""Shared fixtures: tiny raw folders of PNGs and configs that point at them.
+
+Use them as pytest fixtures::
+
+    def test_something(make_raw, write_config, tmp_path):
+        raw = make_raw(tmp_path, n=5, broken={"bad": "truncated"})
+        config = write_config(tmp_path, storage={"chunk_samples": 2})
+
+``make_raw`` writes ``<root>/raw/images/*.png`` (RGB) and ``<root>/raw/masks/*.png`` (L, 0/255);
+``write_config`` writes ``<root>/config.yaml`` whose sources are ``raw/images`` and ``raw/masks``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import pytest
+import yaml
+from PIL import Image
+
+# Broken kinds make_raw knows, and the reject reason each one must produce.
+BROKEN_REASONS: dict[str, str] = {
+    "truncated": "truncated",  # image PNG cut in half (caught by the header probe)
+    "truncated_late": "truncated",  # image PNG missing its last bytes (caught at decode)
+    "empty": "unreadable",  # zero-byte image file
+    "text": "unreadable",  # a text file named .png
+    "mask_128": "mask_values",  # a mask holding a 128
+    "mask_colour": "mask_not_single_channel",  # an RGB mask whose channels differ
+    "orphan_image": "orphan",  # an image without a mask
+    "orphan_mask": "orphan",  # a mask without an image
+    "oversize": "oversize",  # image and mask larger than the field shape (30x30 > 24x24)
+    "size_mismatch": "size_mismatch",  # image 12x12, mask 14x16
+    "dangling": "dangling_symlink",  # the image is a symlink to a missing file
+}
+ALL_BROKEN: dict[str, str] = {f"broken_{kind}": kind for kind in BROKEN_REASONS}
+DEFAULT_SIZES: tuple[tuple[int, int], ...] = ((10, 12), (24, 24), (17, 9), (20, 23), (13, 24))
+SHAPE = 24
+
+
+@dataclass
+class RawFolder:
+    """A raw folder written by ``make_raw``.
+
+    ``keys`` are the good samples (each with an image and a mask), ``sizes[key]`` their (h, w);
+    ``broken`` maps a key to its kind, ``reasons`` maps every rejected file's absolute path to
+    the reason it must be reported with. ``files`` counts every input file written.
+    """
+
+    root: Path
+    keys: list[str]
+    sizes: dict[str, tuple[int, int]]
+    broken: dict[str, str]
+    reasons: dict[str, str] = field(default_factory=dict)
+    files: int = 0
+
+    @property
+    def images(self) -> Path:
+        return self.root / "raw" / "images"
+
+    @property
+    def masks(self) -> Path:
+        return self.root / "raw" / "masks"
+
+    def image(self, key: str) -> Path:
+        return self.images / f"{key}.png"
+
+    def mask(self, key: str) -> Path:
+        return self.masks / f"{key}.png"
+
+
+class MakeRaw(Protocol):
+    def __call__(
+        self,
+        root: Path,
+        n: int = 5,
+        sizes: Sequence[tuple[int, int]] = DEFAULT_SIZES,
+        broken: Mapping[str, str] | Iterable[str] = (),
+        *,
+        seed: int = 0,
+    ) -> RawFolder: ...
+
+
+WriteConfig = Callable[..., Path]
+
+
+def sha256_file(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def random_pair(rng: np.random.Generator, size: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """A random RGB image (h, w, 3) and a 0/255 mask (h, w) with both labels present."""
+    image = rng.integers(0, 256, (*size, 3), dtype=np.uint8)
+    mask = np.where(rng.random(size) < 0.5, 255, 0).astype(np.uint8)
+    mask.flat[0], mask.flat[-1] = 0, 255
+    return image, mask
+
+
+def save(path: Path, array: np.ndarray) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(array).save(path, format="PNG")
+
+
+def png_bytes(array: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(array).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def _write_broken(raw: RawFolder, key: str, kind: str, rng: np.random.Generator) -> None:
+    image, mask = raw.image(key), raw.mask(key)
+    both = [image, mask]
+    good_image, good_mask = random_pair(rng, (12, 14))
+    files = both
+    if kind == "truncated":
+        data = png_bytes(good_image)
+        image.write_bytes(data[: len(data) // 2])
+        save(mask, good_mask)
+    elif kind == "truncated_late":
+        data = png_bytes(good_image)
+        image.write_bytes(data[:-40])
+        save(mask, good_mask)
+    elif kind == "empty":
+        image.write_bytes(b"")
+        save(mask, good_mask)
+    elif kind == "text":
+        image.write_text("this is not a PNG\n", encoding="utf-8")
+        save(mask, good_mask)
+    elif kind == "mask_128":
+        save(image, good_image)
+        bad = good_mask.copy()
+        bad[1, 1] = 128
+        save(mask, bad)
+    elif kind == "mask_colour":
+        save(image, good_image)
+        colour = np.zeros((12, 14, 3), dtype=np.uint8)
+        colour[2:5, 2:5, 0] = 255
+        save(mask, colour)
+    elif kind == "orphan_image":
+        save(image, good_image)
+        files = [image]
+    elif kind == "orphan_mask":
+        save(mask, good_mask)
+        files = [mask]
+    elif kind == "oversize":
+        big_image, big_mask = random_pair(rng, (SHAPE + 6, SHAPE + 6))
+        save(image, big_image)
+        save(mask, big_mask)
+    elif kind == "size_mismatch":
+        save(image, good_image)
+        save(mask, random_pair(rng, (14, 16))[1])
+    elif kind == "dangling":
+        os.symlink(raw.images / "nowhere" / "missing.png", image)
+        save(mask, good_mask)
+    else:
+        raise ValueError(f"unknown broken kind {kind!r}; known: {sorted(BROKEN_REASONS)}")
+    raw.files += len(files)
+    raw.reasons.update({str(f): BROKEN_REASONS[kind] for f in files})
+
+
+def _make_raw(
+    root: Path,
+    n: int = 5,
+    sizes: Sequence[tuple[int, int]] = DEFAULT_SIZES,
+    broken: Mapping[str, str] | Iterable[str] = (),
+    *,
+    seed: int = 0,
+) -> RawFolder:
+    """Write ``n`` good pairs ``s000..`` (sizes cycled) plus broken inputs under ``root/raw``.
+
+    ``broken`` maps key -> kind (see ``BROKEN_REASONS``), or is a list of kinds whose keys
+    become ``broken_<kind>``; ``ALL_BROKEN`` holds one of each.
+    """
+    if not isinstance(broken, Mapping):
+        broken = {f"broken_{kind}": kind for kind in broken}
+    rng = np.random.default_rng(seed)
+    raw = RawFolder(root.absolute(), [], {}, dict(broken))
+    raw.images.mkdir(parents=True, exist_ok=True)
+    raw.masks.mkdir(parents=True, exist_ok=True)
+    for i in range(n):
+        key, size = f"s{i:03d}", tuple(sizes[i % len(sizes)])
+        image, mask = random_pair(rng, (size[0], size[1]))
+        save(raw.image(key), image)
+        save(raw.mask(key), mask)
+        raw.keys.append(key)
+        raw.sizes[key] = (size[0], size[1])
+        raw.files += 2
+    for key, kind in sorted(broken.items()):
+        _write_broken(raw, key, kind, rng)
+    return raw
+
+
+def base_config(name: str = "cells") -> dict[str, Any]:
+    """The valid config ``write_config`` starts from, as a mapping."""
+    return {
+        "name": name,
+        "pipeline": "segmentation",
+        "output": "releases",
+        "sources": {
+            "image": {"dir": "raw/images", "glob": "*.png"},
+            "mask": {"dir": "raw/masks", "glob": "*.png"},
+        },
+        "splits": {"train": 0.8, "valid": 0.2},
+        "seed": 0,
+        "fields": {
+            "image": {"shape": [3, SHAPE, SHAPE], "dtype": "uint8", "mode": "RGB"},
+            "mask": {"shape": [1, SHAPE, SHAPE], "dtype": "uint8", "mode": "L", "values": [0, 1]},
+            "filename": {"dtype": "str"},
+        },
+        "storage": {"chunk_samples": 4, "compression": "lzf", "shuffle": True},
+        "pad": {"fill": 0, "oversize": "reject"},
+        "on_error": "skip",
+    }
+
+
+def merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    """Deep-merge ``override`` into ``base``; a value of ``None`` deletes the key."""
+    out = dict(base)
+    for key, value in override.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _write_config(root: Path, *, config_name: str = "config.yaml", **overrides: Any) -> Path:
+    """Write ``root/<config_name>``: ``base_config()`` deep-merged with ``overrides``.
+
+    Nested overrides merge (``storage={"chunk_samples": 2}`` keeps compression); ``None``
+    deletes a key (``fields={"filename": None}``).
+    """
+    path = root / config_name
+    path.write_text(yaml.safe_dump(merge(base_config(), overrides), sort_keys=False), "utf-8")
+    return path
+
+
+@pytest.fixture
+def make_raw() -> MakeRaw:
+    """Factory: ``make_raw(root, n=5, sizes=..., broken={key: kind}) -> RawFolder``."""
+    return _make_raw
+
+
+@pytest.fixture
+def write_config() -> WriteConfig:
+    """Factory: ``write_config(root, **overrides) -> Path`` of a valid config YAML."""
+    return _write_config
