@@ -1,4 +1,4 @@
-"""End to end: raw folder -> config -> build -> release, checked against independent expectations."""
+"""End to end: raw folder -> config -> build -> release, against independent expectations."""
 
 from __future__ import annotations
 
@@ -195,7 +195,8 @@ def test_jobs_do_not_change_the_release(
     config = write_config(tmp_path, **overrides)
     one = _build(config, jobs=1)
     two = _build(config, jobs=2)
-    assert one.path is not None and two.path is not None
+    assert one.path is not None
+    assert two.path is not None
     assert (one.version, two.version) == (1, 2)
     assert dataset_digests(one.path) == dataset_digests(two.path)
     first, second = read_release(one.path), read_release(two.path)
@@ -214,7 +215,8 @@ def test_second_build_makes_v2_and_keeps_v1_bytes(
     make_raw(tmp_path, n=6, broken=["orphan_mask"])
     config = write_config(tmp_path)
     first = _build(config)
-    assert first.path is not None and first.link is not None
+    assert first.path is not None
+    assert first.link is not None
     v1_bytes, v1_stat = first.path.read_bytes(), first.path.stat()
     assert os.readlink(first.link) == "cells-v0001.h5"
     second = _build(config)
@@ -300,7 +302,8 @@ def test_failed_build_keeps_previous_release(
 ) -> None:
     raw = make_raw(tmp_path, n=4)
     first = _build(write_config(tmp_path, on_error="fail"))
-    assert first.path is not None and first.link is not None
+    assert first.path is not None
+    assert first.link is not None
     before = first.path.read_bytes()
     raw.mask(raw.keys[0]).write_bytes(b"")  # now unreadable
     with pytest.raises(BuildFailed):
