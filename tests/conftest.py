@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+import h5py
 import numpy as np
 import pytest
 import yaml
@@ -253,3 +254,51 @@ def make_raw() -> MakeRaw:
 def write_config() -> WriteConfig:
     """Factory: ``write_config(root, **overrides) -> Path`` of a valid config YAML."""
     return _write_config
+
+
+def centre_pad(array: np.ndarray, height: int, width: int, fill: int = 0) -> np.ndarray:
+    """DESIGN.md's rule, written out independently: top=(H-h)//2, left=(W-w)//2, CHW."""
+    chw = array[None] if array.ndim == 2 else array.transpose(2, 0, 1)
+    out = np.full((chw.shape[0], height, width), fill, dtype=np.uint8)
+    top, left = (height - chw.shape[1]) // 2, (width - chw.shape[2]) // 2
+    out[:, top : top + chw.shape[1], left : left + chw.shape[2]] = chw
+    return out
+
+
+def expected_image(
+    path: Path, height: int = SHAPE, width: int = SHAPE, fill: int = 0
+) -> np.ndarray:
+    """The (3, H, W) row a source image must become, decoded with Pillow here, not by h5etl."""
+    with Image.open(path) as image:
+        rgb = np.asarray(image.convert("RGB"))
+    return centre_pad(rgb, height, width, fill)
+
+
+def expected_mask(path: Path, height: int = SHAPE, width: int = SHAPE, fill: int = 0) -> np.ndarray:
+    """The (1, H, W) row of a 0/255 source mask: 255 -> 1."""
+    with Image.open(path) as image:
+        grey = np.asarray(image.convert("L"))
+    return centre_pad((grey == 255).astype(np.uint8), height, width, fill)
+
+
+def read_release(path: Path) -> dict[str, np.ndarray]:
+    """Every dataset of a release as an array, keyed ``split/field`` (text decoded to str)."""
+    out: dict[str, np.ndarray] = {}
+
+    def visit(name: str, node: h5py.Dataset | h5py.Group) -> None:
+        if isinstance(node, h5py.Dataset) and not name.startswith("diagnostics"):
+            data = node[...]
+            if node.dtype.kind == "O":
+                data = np.array([v.decode() if isinstance(v, bytes) else v for v in data])
+            out[name] = data
+
+    with h5py.File(path, "r") as handle:
+        handle.visititems(visit)
+    return out
+
+
+def dataset_digests(path: Path) -> dict[str, str]:
+    """``/diagnostics/datasets/*`` sha256 attrs, keyed by dataset path."""
+    with h5py.File(path, "r") as handle:
+        group = handle["diagnostics/datasets"]
+        return {str(node.attrs["dataset"]): str(node.attrs["sha256"]) for node in group.values()}
