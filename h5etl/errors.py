@@ -54,7 +54,7 @@ class ConfigError(H5EtlError):
         problems: list[str] | None = None,
     ):
         super().__init__(message, path=path, key=key)
-        self.problems = problems or [str(self)]
+        self.problems = problems or [H5EtlError.__str__(self)]  # __str__ reads problems
 
     def __str__(self) -> str:
         if len(self.problems) > 1:
