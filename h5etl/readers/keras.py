@@ -1,0 +1,112 @@
+"""Keras 3 integration: a ``keras.utils.PyDataset`` that reads one chunk-aligned batch per step.
+
+Import this module only when you use Keras (``h5etl.readers`` imports it lazily). Choose the
+Keras backend as usual (``KERAS_BACKEND``) before importing it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import keras
+import numpy as np
+
+from h5etl.readers._core import Release
+
+Fields = str | Sequence[str]
+
+
+class KerasDataset(keras.utils.PyDataset):  # type: ignore[misc]
+    """One split of a release as batches for ``model.fit``: ``(x, y)`` or ``x`` alone.
+
+    Batch ``k`` is a block of ``batch_size`` consecutive rows of the file (one slice read;
+    with ``batch_size`` equal to the chunk rows, exactly one chunk). With ``shuffle`` the order
+    of the blocks and of the rows inside each block change every epoch (seeded); the release's
+    write-time shuffle decides which samples share a block. Safe with ``workers`` and
+    ``use_multiprocessing``: it pickles as a recipe and opens the file once per process.
+
+    Parameters:
+        path: the release or its link; the link is resolved once, here.
+        split: the group to read.
+        x: the input field, or several (then ``x`` is a dict of arrays).
+        y: the target field(s), or ``None`` to yield ``x`` only.
+        batch_size: rows per step; default one chunk of the first field.
+        shuffle: reshuffle block and row order every epoch.
+        seed: the seed of the per-epoch orders.
+        transform: applied to each batch dict (field name -> array) before it is split.
+        **kwargs: ``workers``, ``use_multiprocessing``, ``max_queue_size`` for ``PyDataset``.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        split: str,
+        *,
+        x: Fields = "image",
+        y: Fields | None = "mask",
+        batch_size: int | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        transform: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None,
+        **kwargs: Any,
+    ):
+        super().__init__(**kwargs)
+        self.x, self.y = x, y
+        names = [*_names(x), *(_names(y) if y is not None else [])]
+        probe = Release(path, split, fields=names, batch_size=batch_size or 1)
+        self.batch_size = batch_size or probe.chunk_rows
+        self.release = Release(path, split, fields=names, batch_size=self.batch_size)
+        self.shuffle = shuffle
+        self.seed = seed
+        self.transform = transform
+        self.epoch = 0
+
+    def __len__(self) -> int:
+        return math.ceil(len(self.release) / self.batch_size)
+
+    def rows(self, index: int) -> np.ndarray:
+        """The file rows of batch ``index`` in the current epoch, in the order yielded."""
+        if not 0 <= index < len(self):
+            raise IndexError(f"batch {index} out of range for {len(self)} batches")
+        if not self.shuffle:
+            start = index * self.batch_size
+            return np.arange(start, min(start + self.batch_size, len(self.release)))
+        block = int(np.random.default_rng([self.seed, self.epoch]).permutation(len(self))[index])
+        start = block * self.batch_size
+        rows = np.arange(start, min(start + self.batch_size, len(self.release)))
+        return np.random.default_rng([self.seed, self.epoch, block]).permutation(rows)
+
+    def __getitem__(self, index: int) -> Any:
+        rows = self.rows(index)
+        batch = self.release.read_slice(int(rows.min()), int(rows.max()) + 1)
+        if self.shuffle:
+            batch = {k: v[rows - rows.min()] for k, v in batch.items()}
+        if self.transform is not None:
+            batch = self.transform(batch)
+        inputs = _pick(batch, self.x)
+        return inputs if self.y is None else (inputs, _pick(batch, self.y))
+
+    def on_epoch_end(self) -> None:
+        """Advance to the next epoch's order."""
+        self.epoch += 1
+
+    def set_epoch(self, epoch: int) -> None:
+        """Choose the epoch whose order the next batches follow."""
+        self.epoch = epoch
+
+    def close(self) -> None:
+        """Close this process's file handle (the next read reopens it)."""
+        self.release.close()
+
+
+def _names(fields: Fields) -> list[str]:
+    return [fields] if isinstance(fields, str) else list(fields)
+
+
+def _pick(batch: dict[str, np.ndarray], fields: Fields) -> Any:
+    if isinstance(fields, str):
+        return batch[fields]
+    return {name: batch[name] for name in fields}
