@@ -91,9 +91,13 @@ def _deep_verify(dataset: h5py.Dataset, info: dict[str, Any], report: CheckRepor
     if sha == info["sha256"]:
         return
     bad = [i for i, (a, b) in enumerate(zip(blocks, info["block_sha256"], strict=False)) if a != b]
-    where = f" (first bad block {bad[0]}, rows from {bad[0] * int(info['block_rows'])})" if bad else ""
-    report.problem(f"{dataset.name}: SHA-256 mismatch{where}: stored {info['sha256'][:16]}..., "
-                   f"computed {sha[:16]}...")
+    where = (
+        f" (first bad block {bad[0]}, rows from {bad[0] * int(info['block_rows'])})" if bad else ""
+    )
+    report.problem(
+        f"{dataset.name}: SHA-256 mismatch{where}: stored {info['sha256'][:16]}..., "
+        f"computed {sha[:16]}..."
+    )
 
 
 def check_release(path: Path, *, deep: bool = False) -> CheckReport:
@@ -118,17 +122,24 @@ def check_release(path: Path, *, deep: bool = False) -> CheckReport:
                 report.problem(f"{name}: dataset listed in diagnostics is missing")
         for split in (k for k in handle if k != "diagnostics"):
             _split_section(handle[split], expected, report, deep=deep)
-        rejects = {k.removeprefix("rejects_"): int(v) for k, v in
-                   handle["diagnostics"].attrs.items() if k.startswith("rejects_")} \
-            if "diagnostics" in handle else {}
+        rejects = (
+            {
+                k.removeprefix("rejects_"): int(v)
+                for k, v in handle["diagnostics"].attrs.items()
+                if k.startswith("rejects_")
+            }
+            if "diagnostics" in handle
+            else {}
+        )
         if rejects:
             report.lines.append("rejects: " + ", ".join(f"{k} {v}" for k, v in rejects.items()))
     report.lines.append("OK" if report.ok else f"{len(report.problems)} problem(s)")
     return report
 
 
-def _split_section(group: h5py.Group, expected: dict[str, dict[str, Any]],
-                   report: CheckReport, *, deep: bool) -> None:
+def _split_section(
+    group: h5py.Group, expected: dict[str, dict[str, Any]], report: CheckReport, *, deep: bool
+) -> None:
     lengths = {name: len(ds) for name, ds in group.items() if isinstance(ds, h5py.Dataset)}
     count = max(lengths.values(), default=0)
     report.lines.append(f"{group.name}: {count} samples")

@@ -50,12 +50,12 @@ class ChunkLayout:
             kwargs.update(
                 hdf5plugin.Blosc(
                     cname=self.compression.cname,
-                    clevel=self.compression.effective_level,
+                    clevel=self.compression.effective_level or 0,
                     shuffle=_BLOSC_SHUFFLE[self.compression.blosc_shuffle],
                 )
             )
         elif codec == "zstd":
-            kwargs.update(hdf5plugin.Zstd(clevel=self.compression.effective_level))
+            kwargs.update(hdf5plugin.Zstd(clevel=self.compression.effective_level or 3))
         # Blosc shuffles inside its own frame; HDF5's byte shuffle in front of it is wasted work.
         if self.shuffle and codec not in {"none", "blosc"}:
             kwargs["shuffle"] = True
@@ -63,7 +63,9 @@ class ChunkLayout:
 
     def chunk_offsets(self) -> list[tuple[int, ...]]:
         """Offsets of the chunks that tile one block of ``rows`` samples, in C order."""
-        grids = [range(0, size, chunk) for size, chunk in zip(self.shape, self.chunks[1:], strict=True)]
+        grids = [
+            range(0, size, chunk) for size, chunk in zip(self.shape, self.chunks[1:], strict=True)
+        ]
         return [(0, *inner) for inner in itertools.product(*grids)]
 
     @property

@@ -40,6 +40,16 @@ class Plan:
     def total(self) -> int:
         return sum(len(samples) for samples in self.splits.values())
 
+    def fingerprint(self) -> str:
+        """SHA-256 of the write order: splits, keys and files; a resume needs the same plan."""
+        sha = hashlib.sha256()
+        for split, members in self.splits.items():
+            sha.update(f"\x00{split}".encode())
+            for sample in members:
+                names = "\x01".join(f.relpath for f in sample.files)
+                sha.update(f"\x02{sample.key}\x01{names}\x01{sample.size}".encode())
+        return sha.hexdigest()
+
 
 def sanitize_key(key: str) -> str:
     """NFC, control characters and backslashes/colons as ``_``, at most 255 characters."""
@@ -81,8 +91,13 @@ def split_of(key: str, splits: dict[str, float], seed: int) -> str:
 
 def _reject_sample(sample: Sample, reason: str, detail: str, cause: str = "") -> list[Reject]:
     return [
-        Reject(f.path, STAGE, reason, detail if f.path == cause or not cause else
-               f"{detail} (in {cause})", sample.key)
+        Reject(
+            f.path,
+            STAGE,
+            reason,
+            detail if f.path == cause or not cause else f"{detail} (in {cause})",
+            sample.key,
+        )
         for f in sample.files
     ]
 
@@ -146,17 +161,25 @@ class TaskCutter:
     stored as whole pre-compressed chunks. ``note_rejects`` is fed by the consumer.
     """
 
-    def __init__(self, plan: Plan, batch: int):
+    def __init__(
+        self,
+        plan: Plan,
+        batch: int,
+        *,
+        consumed: dict[str, int] | None = None,
+        rejected: dict[str, int] | None = None,
+    ):
         self._plan = plan
         self._batch = batch
-        self._rejected: Counter[str] = Counter()
+        self._consumed = dict(consumed or {})
+        self._rejected: Counter[str] = Counter(rejected or {})
 
     def note_rejects(self, split: str, count: int) -> None:
         self._rejected[split] += count
 
     def __iter__(self) -> Iterator[DecodeTask]:
         for split, members in self._plan.splits.items():
-            start = 0
+            start = self._consumed.get(split, 0)
             while start < len(members):
                 drift = (start - self._rejected[split]) % self._batch
                 size = self._batch - drift

@@ -25,6 +25,7 @@ app = typer.Typer(
     help="Turn folders of images and masks into versioned, checksummed HDF5 releases.",
 )
 T = TypeVar("T")
+ALL_CORES = os.cpu_count() or 1
 
 JobsOption = Annotated[
     int, typer.Option("--jobs", "-j", min=1, help="Worker processes (default: all cores).")
@@ -64,8 +65,15 @@ class _Bars:
         if not self.enabled:
             return
         if advance == 0:
-            self.bars[stage] = tqdm(total=total, desc=f"{stage:>7}", unit=" samples",
-                                    leave=False, dynamic_ncols=True, mininterval=0.2, delay=1.0)
+            self.bars[stage] = tqdm(
+                total=total,
+                desc=f"{stage:>7}",
+                unit=" samples",
+                leave=False,
+                dynamic_ncols=True,
+                mininterval=0.2,
+                delay=1.0,
+            )
         elif stage in self.bars:
             self.bars[stage].update(advance)
 
@@ -101,8 +109,10 @@ def _summary(report: pipeline.BuildReport) -> None:
         _say("rejects: none")
     if report.path is not None:
         ratio = report.raw_bytes / report.stored_bytes if report.stored_bytes else 0.0
-        _say(f"bytes: {_human(report.raw_bytes)} raw, {_human(report.stored_bytes)} stored "
-             f"(ratio {ratio:.2f})")
+        _say(
+            f"bytes: {_human(report.raw_bytes)} raw, {_human(report.stored_bytes)} stored "
+            f"(ratio {ratio:.2f})"
+        )
         _say(f"wall: {report.seconds.get('total', 0.0):.2f} s")
         _say(f"release: {report.path} (v{report.version:04d}); {report.link} -> {report.path.name}")
         if report.rejects_path is not None:
@@ -112,16 +122,25 @@ def _summary(report: pipeline.BuildReport) -> None:
 @app.command()
 def build(
     config: Annotated[Path, typer.Argument(help="The build config (YAML).")],
-    jobs: JobsOption = os.cpu_count() or 1,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Plan and report, write nothing.")] = False,
+    jobs: JobsOption = ALL_CORES,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Plan and report, write nothing.")
+    ] = False,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Continue a build that was killed part-way.")
+    ] = False,
     quiet: QuietOption = False,
 ) -> None:
     """Build a new release from CONFIG."""
     spec = _run(lambda: load_spec(config))
     with _progress(quiet) as bars:
-        report = _run(lambda: pipeline.build(spec, jobs=jobs, dry_run=dry_run, progress=bars))
+        report = _run(
+            lambda: pipeline.build(spec, jobs=jobs, dry_run=dry_run, resume=resume, progress=bars)
+        )
     if dry_run:
         _say("dry run: nothing written")
+    if report.resumed:
+        _say(f"resumed: {report.resumed} samples copied from the killed build")
     _summary(report)
 
 
@@ -160,7 +179,9 @@ def releases(folder: Annotated[Path, typer.Argument(help="An output folder.")]) 
 @app.command()
 def rollback(
     link: Annotated[Path, typer.Argument(help="The release link, e.g. releases/cells.h5.")],
-    to: Annotated[int | None, typer.Option("--to", help="Version number (default: previous).")] = None,
+    to: Annotated[
+        int | None, typer.Option("--to", help="Version number (default: previous).")
+    ] = None,
 ) -> None:
     """Point LINK at an earlier (or any) release."""
     info = _run(lambda: release.rollback(link, to))
@@ -169,14 +190,16 @@ def rollback(
 
 @app.command(name="demo")
 def demo_command(
-    folder: Annotated[Path, typer.Option("--dir", help="Where to put the demo.")] = Path("h5etl-demo"),
-    jobs: JobsOption = os.cpu_count() or 1,
+    folder: Annotated[Path, typer.Option("--dir", help="Where to put the demo.")] = Path(
+        "h5etl-demo"
+    ),
+    jobs: JobsOption = ALL_CORES,
     quiet: QuietOption = False,
 ) -> None:
     """Build the embedded example (synthetic cells, a few broken inputs) into FOLDER/releases."""
     config = _run(lambda: demo.prepare(folder))
     _say(f"demo config: {config}")
-    build(config, jobs=jobs, dry_run=False, quiet=quiet)
+    build(config, jobs=jobs, dry_run=False, resume=False, quiet=quiet)
 
 
 def _version_callback(value: bool) -> None:
@@ -192,8 +215,9 @@ def _main(
     ] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log details.")] = False,
 ) -> None:
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
-                        format="h5etl: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING, format="h5etl: %(message)s"
+    )
 
 
 def main() -> None:

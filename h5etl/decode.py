@@ -11,8 +11,9 @@ from __future__ import annotations
 import hashlib
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -51,8 +52,13 @@ class DecodeRecipe:
             field = spec.fields[name]
             assert field.mode is not None
             fields.append(
-                FieldRecipe(name, sources.index(spec.source_of(name)), field.mode, field.values,
-                            layouts[name])
+                FieldRecipe(
+                    name,
+                    sources.index(spec.source_of(name)),
+                    field.mode,
+                    field.values,
+                    layouts[name],
+                )
             )
         texts = tuple((name, sources.index(spec.source_of(name))) for name in spec.text_fields)
         return cls(tuple(fields), texts, spec.pad.fill, spec.pad.oversize)
@@ -64,7 +70,9 @@ def _fit(array: np.ndarray, field: FieldRecipe, oversize: str) -> np.ndarray:
     if not geometry.is_oversize(size, target):
         return array
     if oversize == "resize":
-        return images.resize(array, geometry.fit_within(size, target), is_mask=field.values is not None)
+        return images.resize(
+            array, geometry.fit_within(size, target), is_mask=field.values is not None
+        )
     if oversize == "crop":
         return geometry.center_crop(array, target)
     raise RejectError("oversize", f"{size[0]}x{size[1]} is larger than {target[0]}x{target[1]}")
@@ -80,12 +88,15 @@ def _decode_sample(
             with open(source_file.path, "rb") as handle:
                 contents.append(handle.read())
         except OSError as exc:
-            raise RejectError("unreadable", f"cannot read: {exc.strerror or exc}",
-                              path=source_file.path) from exc
+            raise RejectError(
+                "unreadable", f"cannot read: {exc.strerror or exc}", path=source_file.path
+            ) from exc
     for field in recipe.image_fields:
         path = sample.files[field.source_index].path
         labels = frozenset(field.values) if field.values is not None else None
-        array = images.decode(contents[field.source_index], field.mode, path=path, mask_labels=labels)
+        array = images.decode(
+            contents[field.source_index], field.mode, path=path, mask_labels=labels
+        )
         if field.values is not None:
             array = validate.check_mask(array, field.values, path=path)
         try:
@@ -114,9 +125,13 @@ def decode_batch(task: DecodeTask, recipe: DecodeRecipe) -> BatchResult:
         except RejectError as exc:
             culprit = str(exc.path or "")
             result.rejects.extend(
-                Reject(f.path, STAGE, exc.reason,
-                       exc.message if f.path == culprit else f"{exc.message} (in {culprit})",
-                       sample.key)
+                Reject(
+                    f.path,
+                    STAGE,
+                    exc.reason,
+                    exc.message if f.path == culprit else f"{exc.message} (in {culprit})",
+                    sample.key,
+                )
                 for f in sample.files
             )
             continue
@@ -138,7 +153,9 @@ def decode_batch(task: DecodeTask, recipe: DecodeRecipe) -> BatchResult:
     return result
 
 
-def _finish_arrays(result: BatchResult, recipe: DecodeRecipe, arrays: dict[str, np.ndarray]) -> None:
+def _finish_arrays(
+    result: BatchResult, recipe: DecodeRecipe, arrays: dict[str, np.ndarray]
+) -> None:
     full = result.accepted == result.task.full_batch == len(result.task.samples)
     for field in recipe.image_fields:
         rows = arrays[field.name]
@@ -152,31 +169,90 @@ def _finish_arrays(result: BatchResult, recipe: DecodeRecipe, arrays: dict[str, 
         result.block_sha256[field.name] = [digest.block_digest(block) for block in blocks]
 
 
+Worker = Callable[[DecodeTask, DecodeRecipe], BatchResult]
+
+
 def run_tasks(
-    tasks: Iterable[DecodeTask], recipe: DecodeRecipe, *, jobs: int, window: int | None = None
+    tasks: Iterable[DecodeTask],
+    recipe: DecodeRecipe,
+    *,
+    jobs: int,
+    window: int | None = None,
+    worker: Worker = decode_batch,
 ) -> Iterator[BatchResult]:
     """Decode tasks on ``jobs`` processes; yield results in task order.
 
     At most ``window`` tasks (default ``2 * jobs + 1``) are submitted and not yet consumed, so
-    memory stays bounded whatever the dataset size or the speed of the consumer.
+    memory stays bounded whatever the dataset size or the speed of the consumer. A worker that
+    dies (segfault, killed) costs only the samples that kill it: they are rejected with reason
+    ``worker_crashed`` and the rest is decoded again in a fresh worker.
     """
     if jobs <= 1:
         for task in tasks:
-            yield decode_batch(task, recipe)
+            yield worker(task, recipe)
         return
-    from joblib.externals.loky import get_reusable_executor
-
-    executor = get_reusable_executor(max_workers=jobs, timeout=60)
-    pending: deque = deque()  # type: ignore[type-arg]
+    pool = _Pool(jobs, worker, recipe)
+    pending: deque[tuple[DecodeTask, Future[BatchResult]]] = deque()
     limit = window or 2 * jobs + 1
-    iterator = iter(tasks)
     try:
-        for task in iterator:
-            pending.append(executor.submit(decode_batch, task, recipe))
+        for task in tasks:
+            pending.append((task, pool.submit(task)))
             if len(pending) >= limit:
-                yield pending.popleft().result()
+                yield pool.result(*pending.popleft())
         while pending:
-            yield pending.popleft().result()
+            yield pool.result(*pending.popleft())
     finally:
-        for future in pending:
+        for _, future in pending:
             future.cancel()
+
+
+class _Pool:
+    """joblib's reusable loky executor, re-created after a worker dies."""
+
+    def __init__(self, jobs: int, worker: Worker, recipe: DecodeRecipe):
+        self.jobs = jobs
+        self.worker = worker
+        self.recipe = recipe
+
+    def submit(self, task: DecodeTask) -> Future[BatchResult]:
+        from joblib.externals.loky import get_reusable_executor
+
+        executor = get_reusable_executor(max_workers=self.jobs, timeout=60)
+        return executor.submit(self.worker, task, self.recipe)  # type: ignore[no-any-return]
+
+    def result(self, task: DecodeTask, future: Future[BatchResult]) -> BatchResult:
+        from joblib.externals.loky.process_executor import BrokenProcessPool
+
+        try:
+            return future.result()
+        except BrokenProcessPool:
+            pass
+        try:  # the task may only have shared a pool with the crash: run it again alone
+            return self.submit(task).result()
+        except BrokenProcessPool:
+            return self._isolate(task)
+
+    def _isolate(self, task: DecodeTask) -> BatchResult:
+        from joblib.externals.loky.process_executor import BrokenProcessPool
+
+        crashed: list[Reject] = []
+        survivors = []
+        for sample in task.samples:
+            try:
+                self.submit(replace(task, samples=(sample,))).result()
+                survivors.append(sample)
+            except BrokenProcessPool as exc:
+                crashed.extend(
+                    Reject(
+                        f.path,
+                        STAGE,
+                        "worker_crashed",
+                        f"the decoder process died on this sample ({exc})",
+                        sample.key,
+                    )
+                    for f in sample.files
+                )
+        result = self.submit(replace(task, samples=tuple(survivors))).result()
+        result.task = task
+        result.rejects.extend(crashed)
+        return result

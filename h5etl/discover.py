@@ -101,8 +101,13 @@ def find_samples(spec: Spec) -> Discovery:
         for source, copies in sorted(duplicated.items()):
             names = ", ".join(f.relpath for f in copies)
             rejects.extend(
-                Reject(f.path, STAGE, "duplicate_key", f"{source} has {len(copies)} files "
-                       f"with key {key!r}: {names}", key)
+                Reject(
+                    f.path,
+                    STAGE,
+                    "duplicate_key",
+                    f"{source} has {len(copies)} files with key {key!r}: {names}",
+                    key,
+                )
                 for f in copies
             )
         unique = {s: f[0] for s, f in files.items() if s not in duplicated}
@@ -110,8 +115,13 @@ def find_samples(spec: Spec) -> Discovery:
         if duplicated or missing:
             if missing:
                 rejects.extend(
-                    Reject(f.path, STAGE, "orphan", f"no {', '.join(missing)} file with key "
-                           f"{key!r}", key)
+                    Reject(
+                        f.path,
+                        STAGE,
+                        "orphan",
+                        f"no {', '.join(missing)} file with key {key!r}",
+                        key,
+                    )
                     for f in unique.values()
                 )
             else:

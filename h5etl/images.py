@@ -103,7 +103,9 @@ def _without_palette(image: Image.Image) -> Image.Image:
     return image
 
 
-def to_array(image: Image.Image, mode: Mode, *, mask_labels: frozenset[int] | None, path: str) -> np.ndarray:
+def to_array(
+    image: Image.Image, mode: Mode, *, mask_labels: frozenset[int] | None, path: str
+) -> np.ndarray:
     """Convert a loaded image to (h, w, 3) uint8 for RGB or (h, w) uint8 for L.
 
     ``mask_labels`` marks a mask: colour is refused instead of blended into grey.
@@ -113,7 +115,9 @@ def to_array(image: Image.Image, mode: Mode, *, mask_labels: frozenset[int] | No
         grey = _scale_sixteen_bit(image, mask_labels)
         return np.repeat(grey[..., None], 3, axis=2) if mode == "RGB" else grey
     if image.mode in {"F", "I;32", "BGR;24"}:
-        raise RejectError("unsupported_mode", f"pixel mode {image.mode} is not supported", path=path)
+        raise RejectError(
+            "unsupported_mode", f"pixel mode {image.mode} is not supported", path=path
+        )
     if mode == "RGB":
         return np.asarray(image.convert("RGB"))
     if image.mode in {"L", "1", "LA"}:
@@ -124,7 +128,9 @@ def to_array(image: Image.Image, mode: Mode, *, mask_labels: frozenset[int] | No
     return np.asarray(image.convert("RGB").convert("L"))
 
 
-def decode(data: bytes, mode: Mode, *, path: str, mask_labels: frozenset[int] | None = None) -> np.ndarray:
+def decode(
+    data: bytes, mode: Mode, *, path: str, mask_labels: frozenset[int] | None = None
+) -> np.ndarray:
     """Decode file bytes with EXIF orientation applied, converted to ``mode``.
 
     Raises:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -13,13 +14,15 @@ from typing import Any
 
 import h5py
 
-from h5etl import __version__, clean, decode, discover
+from h5etl import __version__, clean, decode, discover, journal
 from h5etl.chunkcodec import ChunkLayout
 from h5etl.errors import BuildFailed
 from h5etl.records import BatchResult, Reject
 from h5etl.release import OutputFolder
-from h5etl.sink import Sink, SinkLayout
+from h5etl.sink import ResumeMismatch, Sink, SinkLayout
 from h5etl.spec import Spec, spec_sha256, spec_text
+
+logger = logging.getLogger(__name__)
 
 ProgressHook = Callable[[str, int, int | None], None]
 """``hook(stage, advance, total)``: ``advance=0`` opens a stage of ``total`` steps."""
@@ -42,6 +45,7 @@ class BuildReport:
     stored_bytes: int = 0
     datasets: dict[str, dict[str, Any]] = field(default_factory=dict)
     chunk_paths: dict[str, int] = field(default_factory=dict)
+    resumed: int = 0  # samples copied from a killed build instead of decoded again
 
     @property
     def reject_counts(self) -> dict[str, int]:
@@ -54,8 +58,11 @@ def layouts_of(spec: Spec) -> dict[str, ChunkLayout]:
         field_spec = spec.fields[name]
         assert field_spec.shape is not None
         layouts[name] = ChunkLayout(
-            field_spec.shape, field_spec.dtype, spec.chunks_of(name),
-            spec.compression_of(name), spec.shuffle_of(name),
+            field_spec.shape,
+            field_spec.dtype,
+            spec.chunks_of(name),
+            spec.compression_of(name),
+            spec.shuffle_of(name),
         )
     return layouts
 
@@ -80,7 +87,9 @@ def _enforce_limit(spec: Spec, rejects: list[Reject], inputs: int) -> None:
             f"{first.reason}: {first.detail} (on_error: fail; no release was made)",
             path=first.path,
         )
-    tally = ", ".join(f"{reason} {count}" for reason, count in Counter(r.reason for r in rejects).items())
+    tally = ", ".join(
+        f"{reason} {count}" for reason, count in Counter(r.reason for r in rejects).items()
+    )
     raise BuildFailed(
         f"{len(rejects)} of {inputs} inputs rejected, over max_rejects {spec.max_rejects} "
         f"({tally}); no release was made, see the reasons with --dry-run",
@@ -103,10 +112,26 @@ class _Stopwatch:
         return round(time.perf_counter() - self._start, 4)
 
 
+@dataclass(frozen=True, slots=True)
+class _Resume:
+    state: journal.ResumeState
+    partial: Path
+
+
 def build(
-    spec: Spec, *, jobs: int = 1, dry_run: bool = False, progress: ProgressHook | None = None
+    spec: Spec,
+    *,
+    jobs: int = 1,
+    dry_run: bool = False,
+    resume: bool = False,
+    progress: ProgressHook | None = None,
+    checkpoint_seconds: float = 2.0,
 ) -> BuildReport:
     """Build one release from ``spec``; with ``dry_run``, stop after planning.
+
+    With ``resume``, a build that was killed part-way is continued from its journal: the chunks
+    it stored are copied (verified) and only the rest is decoded. Without it, leftovers of dead
+    builds are removed and the build starts clean.
 
     Raises:
         BuildFailed: rejects under ``on_error: fail`` or past ``max_rejects``.
@@ -118,18 +143,63 @@ def build(
     if dry_run:
         return _plan_only(spec, hook)[0]
     with output.locked():
-        output.remove_stale_partials()
+        previous = output.resumable() if resume else None
+        if previous is None:
+            output.remove_stale_partials()
         report, plan, watch = _plan_only(spec, hook)
         _enforce_limit(spec, report.rejects, report.inputs)
         version = output.next_version()
-        with output.staged() as temp:
-            _write(spec, plan, report, temp, jobs=jobs, hook=hook, version=version, watch=watch)
-            info = output.publish(temp, report.rejects, version=version)
+        earlier = _usable_resume(previous, spec, plan)
+        planned_rejects = list(report.rejects)
+        while True:
+            report.rejects = list(planned_rejects)
+            try:
+                with output.staged() as temp:
+                    _write(
+                        spec,
+                        plan,
+                        report,
+                        temp,
+                        jobs=jobs,
+                        hook=hook,
+                        version=version,
+                        watch=watch,
+                        resume=earlier,
+                        checkpoint_seconds=checkpoint_seconds,
+                    )
+                    info = output.publish(temp, report.rejects, version=version)
+                break
+            except ResumeMismatch as exc:
+                if earlier is None:
+                    raise
+                logger.warning("cannot resume (%s); building from the start", exc)
+                earlier = None
+                report.resumed = 0
+        output.remove_stale_partials()
         watch.lap("publish")
     report.seconds = {**watch.seconds, "total": watch.total()}
     report.version, report.path, report.link = info.version, info.path, output.link
     report.rejects_path = info.rejects
     return report
+
+
+def _usable_resume(
+    previous: tuple[Path, Path] | None, spec: Spec, plan: clean.Plan
+) -> _Resume | None:
+    if previous is None:
+        logger.info("nothing to resume; building from the start")
+        return None
+    partial, journal_path = previous
+    state = journal.read(journal_path)
+    if state is None or (not state.chunks and not state.samples):
+        logger.warning("the journal %s holds no checkpoint; building from the start", journal_path)
+        return None
+    if state.config_sha256 != spec_sha256(spec) or state.plan_sha256 != plan.fingerprint():
+        logger.warning(
+            "the config or the inputs changed since the killed build; building from the start"
+        )
+        return None
+    return _Resume(state, partial)
 
 
 def _plan_only(spec: Spec, hook: ProgressHook) -> tuple[BuildReport, clean.Plan, _Stopwatch]:
@@ -140,45 +210,123 @@ def _plan_only(spec: Spec, hook: ProgressHook) -> tuple[BuildReport, clean.Plan,
     plan = clean.plan(spec, found.samples, lambda n: hook("probe", n, None))
     watch.lap("clean")
     samples = {split: len(members) for split, members in plan.splits.items()}
-    report = BuildReport(spec.name, found.files_seen, samples, [*found.rejects, *plan.rejects],
-                         dict(watch.seconds))
+    report = BuildReport(
+        spec.name, found.files_seen, samples, [*found.rejects, *plan.rejects], dict(watch.seconds)
+    )
     return report, plan, watch
 
 
+class _Checkpoints:
+    """Feeds the resume journal: what the sink stored durably, plus the pipeline's own state."""
+
+    def __init__(self, path: Path, spec: Spec, plan: clean.Plan, every: float):
+        self.writer = journal.JournalWriter(
+            path, config_sha256=spec_sha256(spec), plan_sha256=plan.fingerprint()
+        )
+        self.every = every
+        self.last = time.monotonic()
+        self.consumed: dict[str, int] = {}
+        self.rejected: Counter[str] = Counter()
+        self.fingerprint: list[str] = []
+        self.rejects: list[Reject] = []
+
+    def seed(self, state: journal.ResumeState) -> None:
+        self.consumed.update(state.consumed)
+        self.rejected.update(state.decode_rejected)
+
+    def note(self, result: BatchResult, lines: list[str]) -> None:
+        task = result.task
+        self.consumed[task.split] = task.start + len(task.samples)
+        self.rejected[task.split] += len(task.samples) - result.accepted
+        self.fingerprint.extend(lines)
+        self.rejects.extend(result.rejects)
+
+    def maybe_write(self, sink: Sink) -> None:
+        if time.monotonic() - self.last < self.every or not sink.consistent:
+            return
+        delta = sink.checkpoint()
+        delta.update(
+            consumed=dict(self.consumed),
+            decode_rejected=dict(self.rejected),
+            fingerprint=self.fingerprint,
+            rejects=[r.as_json() for r in self.rejects],
+        )
+        self.writer.checkpoint(delta)
+        self.fingerprint, self.rejects = [], []
+        self.last = time.monotonic()
+
+
 def _write(
-    spec: Spec, plan: clean.Plan, report: BuildReport, temp: Path, *,
-    jobs: int, hook: ProgressHook, version: int, watch: _Stopwatch,
+    spec: Spec,
+    plan: clean.Plan,
+    report: BuildReport,
+    temp: Path,
+    *,
+    jobs: int,
+    hook: ProgressHook,
+    version: int,
+    watch: _Stopwatch,
+    resume: _Resume | None,
+    checkpoint_seconds: float,
 ) -> None:
     layouts = layouts_of(spec)
-    sink_layout = SinkLayout(tuple(spec.splits), layouts, tuple(spec.text_fields),
-                             tuple(spec.sources), spec.batch_samples)
+    sink_layout = SinkLayout(
+        tuple(spec.splits),
+        layouts,
+        tuple(spec.text_fields),
+        tuple(spec.sources),
+        spec.batch_samples,
+    )
     recipe = decode.DecodeRecipe.from_spec(spec, layouts)
-    cutter = clean.TaskCutter(plan, spec.batch_samples)
+    checkpoints = _Checkpoints(OutputFolder.journal_of(temp), spec, plan, checkpoint_seconds)
     fingerprint: list[str] = []
     worker_seconds = 0.0
-    hook("decode", 0, plan.total)
-    with Sink(temp, sink_layout) as sink:
-        for result in decode.run_tasks(cutter, recipe, jobs=jobs):
-            cutter.note_rejects(result.task.split, len(result.task.samples) - result.accepted)
-            report.rejects.extend(result.rejects)
-            _enforce_limit(spec, report.rejects, report.inputs)
-            sink.write(result)
-            fingerprint.extend(_fingerprint_lines(result))
-            worker_seconds += result.seconds
-            hook("decode", len(result.task.samples), None)
-        watch.lap("decode_and_write")
-        report.samples = dict(sink.counts)
-        attrs = _file_attrs(spec, version, fingerprint)
-        diagnostics = _diagnostics(report, watch, worker_seconds, sink.seconds, plan)
-        report.datasets = sink.finish(attrs, diagnostics)
-        report.chunk_paths = sink.chunk_paths
+    try:
+        with Sink(temp, sink_layout) as sink:
+            if resume is not None:
+                sink.restore(resume.state, resume.partial)
+                checkpoints.seed(resume.state)
+                fingerprint.extend(resume.state.fingerprint)
+                report.rejects.extend(Reject(**r) for r in resume.state.rejects)
+                report.resumed = resume.state.samples
+                watch.lap("resume_copy")
+            cutter = clean.TaskCutter(
+                plan,
+                spec.batch_samples,
+                consumed=checkpoints.consumed,
+                rejected=dict(checkpoints.rejected),
+            )
+            hook("decode", 0, plan.total)
+            hook("decode", sum(checkpoints.consumed.values()), None)
+            for result in decode.run_tasks(cutter, recipe, jobs=jobs):
+                cutter.note_rejects(result.task.split, len(result.task.samples) - result.accepted)
+                report.rejects.extend(result.rejects)
+                _enforce_limit(spec, report.rejects, report.inputs)
+                sink.write(result)
+                lines = _fingerprint_lines(result)
+                fingerprint.extend(lines)
+                checkpoints.note(result, lines)
+                checkpoints.maybe_write(sink)
+                worker_seconds += result.seconds
+                hook("decode", len(result.task.samples), None)
+            watch.lap("decode_and_write")
+            report.samples = dict(sink.counts)
+            attrs = _file_attrs(spec, version, fingerprint)
+            diagnostics = _diagnostics(report, watch, worker_seconds, sink.seconds, plan)
+            report.datasets = sink.finish(attrs, diagnostics)
+            report.chunk_paths = sink.chunk_paths
+    finally:
+        checkpoints.writer.close()
     watch.lap("finish")
     report.raw_bytes = sum(d["raw_bytes"] for d in report.datasets.values())
     report.stored_bytes = sum(d["stored_bytes"] for d in report.datasets.values())
 
 
 def _fingerprint_lines(result: BatchResult) -> list[str]:
-    return [f"{key}\t{','.join(hashes)}" for key, hashes in zip(result.keys, result.lineage, strict=True)]
+    return [
+        f"{key}\t{','.join(hashes)}"
+        for key, hashes in zip(result.keys, result.lineage, strict=True)
+    ]
 
 
 def _file_attrs(spec: Spec, version: int, fingerprint: list[str]) -> dict[str, Any]:
@@ -199,7 +347,10 @@ def _file_attrs(spec: Spec, version: int, fingerprint: list[str]) -> dict[str, A
 
 
 def _diagnostics(
-    report: BuildReport, watch: _Stopwatch, worker_seconds: float, write_seconds: float,
+    report: BuildReport,
+    watch: _Stopwatch,
+    worker_seconds: float,
+    write_seconds: float,
     plan: clean.Plan,
 ) -> dict[str, Any]:
     out: dict[str, Any] = {f"seconds_{stage}": value for stage, value in watch.seconds.items()}

@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import re
+import secrets
 import socket
 import time
 from collections.abc import Iterable, Iterator
@@ -99,8 +100,11 @@ class OutputFolder:
     def locked(self) -> Iterator[None]:
         """Hold the build lock; a lock left by a dead process on this host is taken over."""
         self.folder.mkdir(parents=True, exist_ok=True)
-        holder = {"pid": os.getpid(), "host": socket.gethostname(),
-                  "started": datetime.now(UTC).isoformat(timespec="seconds")}
+        holder = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "started": datetime.now(UTC).isoformat(timespec="seconds"),
+        }
         for _ in range(3):
             try:
                 fd = os.open(self.lock_path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
@@ -164,17 +168,34 @@ class OutputFolder:
         return removed
 
     def partial_path(self) -> Path:
-        return self.folder / f".{self.name}{PARTIAL_MARK}{os.getpid()}.h5"
+        token = secrets.token_hex(3)  # a reused pid must not meet a dead build's files
+        return self.folder / f".{self.name}{PARTIAL_MARK}{os.getpid()}-{token}.h5"
+
+    @staticmethod
+    def journal_of(partial: Path) -> Path:
+        return partial.with_suffix(".journal")
+
+    def resumable(self) -> tuple[Path, Path] | None:
+        """The newest temp file a killed build left with its journal; call under the lock."""
+        candidates = [
+            (p, self.journal_of(p))
+            for p in self.stale_partials()
+            if p.suffix == ".h5" and self.journal_of(p).is_file()
+        ]
+        if not candidates:
+            return None
+        return max(candidates, key=lambda pair: pair[1].stat().st_mtime)
 
     @contextlib.contextmanager
     def staged(self) -> Iterator[Path]:
-        """A temp path for the new file; removed unless it was published."""
+        """A temp path for the new file (its journal beside it); both removed at the end."""
         path = self.partial_path()
         try:
             yield path
         finally:
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
+            for leftover in (path, self.journal_of(path)):
+                with contextlib.suppress(FileNotFoundError):
+                    leftover.unlink()
 
     def next_version(self) -> int:
         existing = versions(self.folder, self.name)
@@ -224,7 +245,10 @@ class OutputFolder:
         stat = path.stat()
         report = self.folder / rejects_filename(self.name, version)
         return ReleaseInfo(
-            self.name, version, path, stat.st_size,
+            self.name,
+            version,
+            path,
+            stat.st_size,
             datetime.fromtimestamp(stat.st_mtime, UTC).isoformat(timespec="seconds"),
             current_version(self.link) == version,
             report if report.exists() else None,
@@ -236,7 +260,7 @@ def list_releases(folder: Path) -> list[ReleaseInfo]:
     if not folder.is_dir():
         raise ReleaseError("not a folder", path=folder)
     names = sorted({m["name"] for e in folder.iterdir() if (m := _VERSION.match(e.name))})
-    out = []
+    out: list[ReleaseInfo] = []
     for name in names:
         output = OutputFolder(folder, name)
         out.extend(output.info(v) for v in versions(folder, name))

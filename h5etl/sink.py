@@ -9,6 +9,7 @@ chunks). Only this module writes HDF5 files.
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,10 +22,15 @@ import numpy as np
 from h5etl import digest
 from h5etl.chunkcodec import ChunkLayout, decode_block, encode_block
 from h5etl.errors import SinkError
+from h5etl.journal import ResumeState
 from h5etl.records import BatchResult, EncodedChunk
 
 LIBVER = ("v110", "v110")  # readable by HDF5 1.10 tools (h5ls, h5dump) and newer
 LINEAGE = "source_sha256"
+
+
+class ResumeMismatch(SinkError):
+    """A killed build's temp file does not hold what its journal recorded."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +71,8 @@ class _ImageWriter:
         self.carry_rows = 0
         self.direct_blocks = 0
         self.rechunked_blocks = 0
+        self.unjournaled: list[tuple[tuple[int, ...], str]] = []  # (offset, sha256 of bytes)
+        self.unjournaled_blocks: list[bytes] = []
 
     def add_encoded(self, blocks: list[list[EncodedChunk]], sha: list[bytes], count: int) -> None:
         if self.carry_rows or self.rows % self.layout.rows:
@@ -75,6 +83,7 @@ class _ImageWriter:
             self._store(self.rows + index * self.layout.rows, block)
         self.rows += count
         self.stats.blocks.extend(sha)
+        self.unjournaled_blocks.extend(sha)
         self.stats.raw_bytes += count * self.layout.block_nbytes // self.layout.rows
         self.direct_blocks += len(blocks)
 
@@ -102,11 +111,20 @@ class _ImageWriter:
         self._store_rows(padded, count=len(rows))
         self.carry, self.carry_rows = [], 0
 
+    def restore(self, rows: int, blocks: list[str]) -> None:
+        """Adopt ``rows`` rows already copied in, with their block digests."""
+        self.dataset.resize(rows, axis=0)
+        self.rows = rows
+        self.stats.blocks = [bytes.fromhex(b) for b in blocks]
+        self.stats.raw_bytes = rows * self.layout.block_nbytes // self.layout.rows
+        self.unjournaled, self.unjournaled_blocks = [], []
+
     def _store_rows(self, block: np.ndarray, count: int | None = None) -> None:
         count = len(block) if count is None else count
         self.dataset.resize(self.rows + count, axis=0)
         self._store(self.rows, encode_block(self.layout, block))
         self.stats.blocks.append(digest.block_digest(block[:count]))
+        self.unjournaled_blocks.append(self.stats.blocks[-1])
         self.stats.raw_bytes += block[:count].nbytes
         self.rows += count
         self.rechunked_blocks += 1
@@ -115,6 +133,26 @@ class _ImageWriter:
         for chunk in chunks:
             offset = (row + chunk.offset[0], *chunk.offset[1:])
             self.dataset.id.write_direct_chunk(offset, chunk.data, chunk.filter_mask)
+            self.unjournaled.append((offset, hashlib.sha256(chunk.data).hexdigest()))
+
+    def journal_delta(self) -> tuple[list[dict[str, Any]], list[str]]:
+        """Where the chunks stored since the last call sit in the file; call after a flush."""
+        records = []
+        for offset, sha in self.unjournaled:
+            info = self.dataset.id.get_chunk_info_by_coord(offset)
+            records.append(
+                {
+                    "dataset": self.dataset.name,
+                    "offset": list(offset),
+                    "filter_mask": int(info.filter_mask),
+                    "byte_offset": int(info.byte_offset),
+                    "size": int(info.size),
+                    "sha256": sha,
+                }
+            )
+        blocks = [b.hex() for b in self.unjournaled_blocks]
+        self.unjournaled, self.unjournaled_blocks = [], []
+        return records, blocks
 
 
 class Sink:
@@ -128,6 +166,9 @@ class Sink:
         self.stats: dict[str, DatasetStats] = {}
         self.counts: dict[str, int] = dict.fromkeys(layout.splits, 0)
         self.seconds = 0.0
+        self._split: str | None = None
+        self._unjournaled_texts: dict[str, list[str]] = {}
+        self._unjournaled_lineage: dict[str, list[list[str]]] = {}
 
     def __enter__(self) -> Sink:
         try:
@@ -165,13 +206,20 @@ class Sink:
         rows = self.layout.rows_per_chunk
         for name in self.layout.texts:
             dataset = group.create_dataset(
-                name, shape=(0,), maxshape=(None,), chunks=(rows,),
+                name,
+                shape=(0,),
+                maxshape=(None,),
+                chunks=(rows,),
                 dtype=h5py.string_dtype("utf-8"),
             )
             self.stats[dataset.name] = DatasetStats(dataset.name, stream=hashlib.sha256())
         width = len(self.layout.sources)
         lineage = group.create_dataset(
-            LINEAGE, shape=(0, width), maxshape=(None, width), chunks=(rows, width), dtype="S64",
+            LINEAGE,
+            shape=(0, width),
+            maxshape=(None, width),
+            chunks=(rows, width),
+            dtype="S64",
         )
         lineage.attrs["columns"] = list(self.layout.sources)
         self.stats[lineage.name] = DatasetStats(lineage.name, stream=hashlib.sha256())
@@ -182,6 +230,9 @@ class Sink:
         started = time.perf_counter()
         split, count = result.task.split, result.accepted
         try:
+            if split != self._split:
+                self._finish_split(self._split)
+                self._split = split
             for (target, name), writer in self.images.items():
                 if target != split:
                     continue
@@ -196,25 +247,101 @@ class Sink:
         self.counts[split] += count
         self.seconds += time.perf_counter() - started
 
+    def _finish_split(self, split: str | None) -> None:
+        for (target, _), writer in self.images.items():
+            if target == split:
+                writer.finish()
+
     def _append_rows(self, split: str, result: BatchResult) -> None:
+        self._append_small(split, result.texts, [list(row) for row in result.lineage])
+
+    def _append_small(
+        self, split: str, texts: dict[str, list[str]], lineage_rows: list[list[str]]
+    ) -> None:
         assert self.file is not None
-        start, count = self.counts[split], result.accepted
+        start, count = self.counts[split], len(lineage_rows)
         group = self.file[split]
         for name in self.layout.texts:
-            rows = result.texts[name]
+            rows = texts[name]
             dataset = group[name]
             dataset.resize(start + count, axis=0)
             dataset[start : start + count] = rows
             stats = self.stats[dataset.name]
             stats.stream.update(digest.text_rows_bytes(rows))
             stats.raw_bytes += sum(len(r.encode()) for r in rows)
-        lineage = np.array(result.lineage, dtype="S64").reshape(count, len(self.layout.sources))
+            self._unjournaled_texts.setdefault(dataset.name, []).extend(rows)
+        lineage = np.array(lineage_rows, dtype="S64").reshape(count, len(self.layout.sources))
         dataset = group[LINEAGE]
         dataset.resize(start + count, axis=0)
         dataset[start : start + count] = lineage
         stats = self.stats[dataset.name]
         stats.stream.update(lineage.tobytes())
         stats.raw_bytes += lineage.nbytes
+        self._unjournaled_lineage.setdefault(split, []).extend(lineage_rows)
+
+    @property
+    def consistent(self) -> bool:
+        """True when every stored row is in whole chunks: a point a resume can start from."""
+        return all(not writer.carry_rows for writer in self.images.values())
+
+    def checkpoint(self) -> dict[str, Any]:
+        """Flush and fsync the file; return what was stored since the last checkpoint."""
+        assert self.file is not None
+        assert self.consistent
+        try:
+            self.file.flush()
+            with open(self.path, "rb") as handle:
+                os.fsync(handle.fileno())
+        except OSError as exc:
+            raise SinkError(f"flushing failed: {exc}", path=self.path) from exc
+        chunks: list[dict[str, Any]] = []
+        blocks: dict[str, list[str]] = {}
+        for writer in self.images.values():
+            records, digests = writer.journal_delta()
+            chunks.extend(records)
+            blocks[writer.stats.path] = digests
+        delta = {
+            "rows": dict(self.counts),
+            "chunks": chunks,
+            "blocks": blocks,
+            "texts": self._unjournaled_texts,
+            "lineage": self._unjournaled_lineage,
+        }
+        self._unjournaled_texts, self._unjournaled_lineage = {}, {}
+        return delta
+
+    def restore(self, state: ResumeState, partial: Path) -> None:
+        """Copy what a killed build stored (per its journal) from its temp file, verified.
+
+        Raises:
+            ResumeMismatch: a recorded chunk is missing or its bytes changed.
+        """
+        assert self.file is not None
+        try:
+            with open(partial, "rb") as source:
+                for record in state.chunks:
+                    source.seek(record.byte_offset)
+                    data = source.read(record.size)
+                    if hashlib.sha256(data).hexdigest() != record.sha256:
+                        raise ResumeMismatch(
+                            f"chunk {record.offset} of {record.dataset} does not match the journal",
+                            path=partial,
+                        )
+                    dataset = self.file[record.dataset]
+                    if dataset.shape[0] < record.offset[0] + 1:
+                        dataset.resize(record.offset[0] + 1, axis=0)
+                    dataset.id.write_direct_chunk(record.offset, data, record.filter_mask)
+        except OSError as exc:
+            raise ResumeMismatch(f"cannot read the earlier temp file: {exc}", path=partial) from exc
+        for (split, _), writer in self.images.items():
+            writer.restore(state.rows.get(split, 0), state.blocks.get(writer.stats.path, []))
+        for split in self.layout.splits:
+            texts = {name: state.texts.get(f"/{split}/{name}", []) for name in self.layout.texts}
+            lineage = state.lineage.get(split, [])
+            if lineage:
+                self._append_small(split, texts, lineage)
+                self.counts[split] = len(lineage)
+        self._unjournaled_texts, self._unjournaled_lineage = {}, {}
 
     def finish(self, attrs: dict[str, Any], diagnostics: dict[str, Any]) -> dict[str, Any]:
         """Store the last partial chunks, the attrs and ``/diagnostics``; return dataset stats."""
@@ -231,7 +358,9 @@ class Sink:
             for path, info in report.items():
                 node = datasets.create_group(path.strip("/").replace("/", "."))
                 node.attrs.update({k: v for k, v in info.items() if k != "block_sha256"})
-                node.create_dataset("block_sha256", data=np.array(info["block_sha256"], dtype="S64"))
+                node.create_dataset(
+                    "block_sha256", data=np.array(info["block_sha256"], dtype="S64")
+                )
             self.file.flush()
         except OSError as exc:
             raise SinkError(f"finishing the file failed: {exc}", path=self.path) from exc

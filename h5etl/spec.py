@@ -74,9 +74,7 @@ class Compression(_Strict):
                 raise ValueError(f"codec {self.codec} takes no level, got level {self.level}")
             low, high = ranges[self.codec]
             if not low <= self.level <= high:
-                raise ValueError(
-                    f"{self.codec} level must be in {low}..{high}, got {self.level}"
-                )
+                raise ValueError(f"{self.codec} level must be in {low}..{high}, got {self.level}")
         return self
 
     @property
@@ -133,7 +131,9 @@ class FieldSpec(_Strict):
         try:
             np.dtype(self.dtype)
         except TypeError as exc:
-            raise ValueError(f"dtype must be a numpy dtype name or str, got {self.dtype!r}") from exc
+            raise ValueError(
+                f"dtype must be a numpy dtype name or str, got {self.dtype!r}"
+            ) from exc
         if self.shape is None:
             raise ValueError("an image field needs a shape, e.g. [3, 224, 224]")
         if self.mode is None:
@@ -235,7 +235,7 @@ class Spec(_Strict):
 
     # Derived views; computed, never stored, so they cannot drift from the config.
     def source_of(self, field_name: str) -> str:
-        """The source a field reads: its ``source``, else a source of the same name, else the first."""
+        """The source a field reads: ``source``, else the same-named source, else the first."""
         field = self.fields[field_name]
         if field.source is not None:
             return field.source

@@ -28,7 +28,8 @@ def check_mask(mask: np.ndarray, values: tuple[int, ...], *, path: str) -> np.nd
     if allowed[present].all():
         return mask
     if set(values) == {0, 1} and set(present.tolist()) <= {0, 255}:
-        return (mask == 255).astype(np.uint8)
+        binary: np.ndarray = (mask == 255).astype(np.uint8)
+        return binary
     bad = [int(v) for v in present if not allowed[v]]
     shown = ", ".join(map(str, bad[:5])) + (", ..." if len(bad) > 5 else "")
     raise RejectError(
