@@ -66,7 +66,13 @@ def probe(path: str) -> ImageHeader:
                 width, height = image.size
                 orientation = image.getexif().get(_EXIF_ORIENTATION, 1)
                 header = ImageHeader(height, width, image.mode, image.format or "")
-    except (OSError, ValueError, SyntaxError, Image.DecompressionBombWarning) as exc:
+    except (
+        OSError,
+        ValueError,
+        SyntaxError,
+        Image.DecompressionBombError,
+        Image.DecompressionBombWarning,
+    ) as exc:
         raise _open_error(path, exc) from exc
     if height == 0 or width == 0:
         raise RejectError("empty_image", "image has zero width or height", path=path)
