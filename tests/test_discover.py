@@ -1,0 +1,149 @@
+"""discover: pairing by key, orphans, duplicates, hidden files, deterministic order."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import unicodedata
+from pathlib import Path
+
+import pytest
+from conftest import base_config, merge
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from h5etl import discover
+from h5etl.spec import Spec, parse_spec
+
+
+def spec_for(root: Path, glob: str = "*.png") -> Spec:
+    """A spec whose sources are ``root/raw/images`` and ``root/raw/masks``."""
+    (root / "raw" / "images").mkdir(parents=True, exist_ok=True)
+    (root / "raw" / "masks").mkdir(parents=True, exist_ok=True)
+    data = merge(base_config(), {"sources": {"image": {"glob": glob}, "mask": {"glob": glob}}})
+    return parse_spec(data, config_path=root / "config.yaml")
+
+
+def touch(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"x")
+
+
+names = st.text(alphabet="abcAB01_-é", min_size=1, max_size=4)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    images=st.sets(names, max_size=8),
+    masks=st.sets(names, max_size=8),
+    hidden=st.sets(names, max_size=2),
+    other=st.sets(names, max_size=2),
+)
+def test_every_file_lands_in_one_sample_or_one_reject(
+    images: set[str], masks: set[str], hidden: set[str], other: set[str]
+) -> None:
+    with tempfile.TemporaryDirectory() as folder:
+        root = Path(folder)
+        spec = spec_for(root)
+        for source, wanted in (("images", images), ("masks", masks)):
+            for key in wanted:
+                touch(root / "raw" / source / f"{key}.png")
+            for key in hidden:
+                touch(root / "raw" / source / f".{key}.png")
+            for key in other:
+                touch(root / "raw" / source / f"{key}.txt")
+        found = discover.find_samples(spec)
+    keys = [s.key for s in found.samples]
+    assert keys == sorted(images & masks)
+    placed = [f.path for s in found.samples for f in s.files] + [r.path for r in found.rejects]
+    expected = [str(root / "raw/images" / f"{k}.png") for k in images]
+    expected += [str(root / "raw/masks" / f"{k}.png") for k in masks]
+    assert sorted(placed) == sorted(expected)
+    assert found.files_seen == len(images) + len(masks)
+    assert all(r.reason == "orphan" for r in found.rejects)
+    assert sorted(r.key for r in found.rejects) == sorted(images ^ masks)
+    for sample in found.samples:
+        assert [f.source for f in sample.files] == ["image", "mask"]
+        assert [f.relpath for f in sample.files] == [f"{sample.key}.png"] * 2
+
+
+def test_order_is_sorted_and_independent_of_creation(tmp_path: Path) -> None:
+    spec = spec_for(tmp_path)
+    for key in ["c", "a", "b", "B", "a0"]:
+        touch(tmp_path / "raw/masks" / f"{key}.png")
+    for key in ["a0", "B", "b", "a", "c"]:
+        touch(tmp_path / "raw/images" / f"{key}.png")
+    keys = [s.key for s in discover.find_samples(spec).samples]
+    assert keys == sorted(["a", "a0", "b", "B", "c"])
+
+
+def test_duplicate_keys_are_rejected(tmp_path: Path) -> None:
+    spec = spec_for(tmp_path, glob="*")
+    touch(tmp_path / "raw/images/a.png")
+    touch(tmp_path / "raw/images/a.jpg")
+    touch(tmp_path / "raw/masks/a.png")
+    touch(tmp_path / "raw/images/b.png")
+    touch(tmp_path / "raw/masks/b.png")
+    found = discover.find_samples(spec)
+    assert [s.key for s in found.samples] == ["b"]
+    reasons = {Path(r.path).relative_to(tmp_path).as_posix(): r.reason for r in found.rejects}
+    assert reasons == {
+        "raw/images/a.png": "duplicate_key",
+        "raw/images/a.jpg": "duplicate_key",
+        "raw/masks/a.png": "duplicate_key",
+    }
+
+
+def test_subfolders_pair_by_relative_path(tmp_path: Path) -> None:
+    spec = spec_for(tmp_path, glob="**/*.png")
+    for source in ("images", "masks"):
+        touch(tmp_path / "raw" / source / "x/a.png")
+        touch(tmp_path / "raw" / source / "a.png")
+        touch(tmp_path / "raw" / source / ".hidden/b.png")
+    touch(tmp_path / "raw/images/y/a.png")
+    found = discover.find_samples(spec)
+    assert [s.key for s in found.samples] == ["a", "x/a"]
+    assert [r.key for r in found.rejects] == ["y/a"]
+
+
+def test_unicode_keys_pair_across_normal_forms(tmp_path: Path) -> None:
+    spec = spec_for(tmp_path)
+    name = "café"
+    touch(tmp_path / "raw/images" / f"{unicodedata.normalize('NFD', name)}.png")
+    touch(tmp_path / "raw/masks" / f"{unicodedata.normalize('NFC', name)}.png")
+    found = discover.find_samples(spec)
+    assert [s.key for s in found.samples] == [name]
+    assert found.rejects == []
+
+
+def test_symlinked_files_kept_and_folders_not_walked(tmp_path: Path) -> None:
+    spec = spec_for(tmp_path, glob="**/*.png")
+    touch(tmp_path / "elsewhere/a.png")
+    touch(tmp_path / "elsewhere/sub/c.png")
+    os.symlink(tmp_path / "elsewhere/a.png", tmp_path / "raw/images/a.png")
+    os.symlink(tmp_path / "elsewhere/gone.png", tmp_path / "raw/images/b.png")
+    os.symlink(tmp_path / "elsewhere/sub", tmp_path / "raw/images/sub")
+    os.symlink(tmp_path / "raw/images", tmp_path / "raw/images/loop")
+    for key in ("a", "b"):
+        touch(tmp_path / "raw/masks" / f"{key}.png")
+    found = discover.find_samples(spec)
+    assert [s.key for s in found.samples] == ["a", "b"]  # clean rejects the dangling one
+    assert found.rejects == []
+
+
+@pytest.mark.parametrize(
+    ("pattern", "path", "matches"),
+    [
+        pytest.param("*.png", "a.png", True, id="star"),
+        pytest.param("*.png", "sub/a.png", False, id="star-stays-in-folder"),
+        pytest.param("**/*.png", "a.png", True, id="globstar-top"),
+        pytest.param("**/*.png", "x/y/a.png", True, id="globstar-deep"),
+        pytest.param("?.png", "ab.png", False, id="question"),
+        pytest.param("[ab].png", "b.png", True, id="class"),
+        pytest.param("[!ab].png", "b.png", False, id="negated-class"),
+        pytest.param("*.png", "a.PNG", False, id="case-sensitive"),
+        pytest.param("a+b.png", "a+b.png", True, id="regex-chars-escaped"),
+    ],
+)
+def test_glob_regex(pattern: str, path: str, matches: bool) -> None:
+    assert bool(discover.glob_regex(pattern).match(path)) is matches
