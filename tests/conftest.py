@@ -236,11 +236,14 @@ def merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any
 def _write_config(root: Path, *, config_name: str = "config.yaml", **overrides: Any) -> Path:
     """Write ``root/<config_name>``: ``base_config()`` deep-merged with ``overrides``.
 
-    Nested overrides merge (``storage={"chunk_samples": 2}`` keeps compression); ``None``
-    deletes a key (``fields={"filename": None}``).
+    Nested overrides merge (``storage={"chunk_samples": 2}`` keeps compression), except
+    ``splits``, which replaces; ``None`` deletes a key (``fields={"filename": None}``).
     """
     path = root / config_name
-    path.write_text(yaml.safe_dump(merge(base_config(), overrides), sort_keys=False), "utf-8")
+    data = merge(base_config(), overrides)
+    if overrides.get("splits") is not None:
+        data["splits"] = overrides["splits"]  # splits replace, as they do over a recipe
+    path.write_text(yaml.safe_dump(data, sort_keys=False), "utf-8")
     return path
 
 
