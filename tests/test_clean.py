@@ -1,0 +1,174 @@
+"""clean: key sanitising, split assignment, the plan and the task cutter."""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from conftest import MakeRaw, WriteConfig
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from h5etl import clean, discover
+from h5etl.clean import Plan, TaskCutter
+from h5etl.records import PlannedSample, Sample, SourceFile
+from h5etl.spec import load_spec
+
+keys = st.text(min_size=1, max_size=12)
+fractions = st.sampled_from(
+    [{"train": 1.0}, {"train": 0.8, "valid": 0.2}, {"a": 0.5, "b": 0.25, "c": 0.25}]
+)
+
+
+@given(st.lists(keys, max_size=30, unique=True), fractions, st.integers(0, 2**32))
+def test_split_is_stable_and_independent_of_other_keys(
+    names: list[str], splits: dict[str, float], seed: int
+) -> None:
+    alone = {key: clean.split_of(key, splits, seed) for key in names}
+    together = {key: clean.split_of(key, splits, seed) for key in reversed(names)}
+    assert alone == together
+    assert set(alone.values()) <= set(splits)
+
+
+def test_split_fractions_are_approximately_kept() -> None:
+    splits = {"train": 0.7, "valid": 0.2, "test": 0.1}
+    counts = Counter(clean.split_of(f"sample-{i}", splits, 0) for i in range(20000))
+    for name, fraction in splits.items():
+        assert abs(counts[name] / 20000 - fraction) < 0.015
+
+
+def test_seed_changes_the_assignment() -> None:
+    splits = {"train": 0.5, "valid": 0.5}
+    first = [clean.split_of(str(i), splits, 0) for i in range(200)]
+    second = [clean.split_of(str(i), splits, 1) for i in range(200)]
+    assert first != second
+
+
+def test_plan_keeps_splits_when_the_folder_grows(
+    tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig
+) -> None:
+    make_raw(tmp_path, n=30)
+    spec = load_spec(write_config(tmp_path))
+    samples = discover.find_samples(spec).samples
+    full = clean.plan(spec, samples)
+    half = clean.plan(spec, samples[::2])
+    where_full = {s.key: split for split, members in full.splits.items() for s in members}
+    where_half = {s.key: split for split, members in half.splits.items() for s in members}
+    assert len(where_full) == 30
+    assert all(where_full[key] == split for key, split in where_half.items())
+
+
+def test_plan_order_is_seeded(tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig) -> None:
+    make_raw(tmp_path, n=20)
+    spec = load_spec(write_config(tmp_path, splits={"train": 1.0}))
+    samples = discover.find_samples(spec).samples
+    first = [s.key for s in clean.plan(spec, samples).splits["train"]]
+    again = [s.key for s in clean.plan(spec, list(reversed(samples))).splits["train"]]
+    assert first == again
+    assert sorted(first) == [s.key for s in samples]
+    other = load_spec(write_config(tmp_path, splits={"train": 1.0}, seed=5))
+    assert [s.key for s in clean.plan(other, samples).splits["train"]] != first
+
+
+def test_plan_probes_and_rejects_every_file_once(
+    tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig
+) -> None:
+    raw = make_raw(tmp_path, n=4, broken=["oversize", "size_mismatch", "empty", "text"])
+    spec = load_spec(write_config(tmp_path))
+    plan = clean.plan(spec, discover.find_samples(spec).samples)
+    assert plan.total == 4
+    assert {r.path: r.reason for r in plan.rejects} == raw.reasons
+    sizes = {s.key: s.size for members in plan.splits.values() for s in members}
+    assert sizes == raw.sizes
+
+
+def test_probe_progress_is_reported(
+    tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig
+) -> None:
+    make_raw(tmp_path, n=3, broken=["empty"])
+    spec = load_spec(write_config(tmp_path))
+    ticks: list[int] = []
+    clean.plan(spec, discover.find_samples(spec).samples, ticks.append)
+    assert sum(ticks) == 4
+
+
+@pytest.mark.parametrize(
+    ("key", "expected"),
+    [
+        pytest.param("plain/key", "plain/key", id="unchanged"),
+        pytest.param("a\x00b", "a_b", id="nul"),
+        pytest.param("a\tb\nc", "a_b_c", id="control"),
+        pytest.param("a\\b:c", "a_b_c", id="backslash-colon"),
+        pytest.param("   ", "_", id="blank"),
+    ],
+)
+def test_sanitize_key(key: str, expected: str) -> None:
+    assert clean.sanitize_key(key) == expected
+
+
+def test_sanitize_key_bounds_length_and_stays_distinct() -> None:
+    long_a, long_b = "a" * 300, "a" * 299 + "b"
+    clean_a, clean_b = clean.sanitize_key(long_a), clean.sanitize_key(long_b)
+    assert len(clean_a) <= clean.MAX_KEY_LENGTH
+    assert clean_a != clean_b
+    assert clean_a.endswith(hashlib.sha256(long_a.encode()).hexdigest()[:12])
+
+
+def _sample(key: str) -> Sample:
+    return Sample(
+        key, (SourceFile("image", f"/i/{key}", key), SourceFile("mask", f"/m/{key}", key))
+    )
+
+
+def test_sanitize_keys_numbers_collisions() -> None:
+    samples = [_sample("a:b"), _sample("a\\b"), _sample("c")]
+    out, renamed = clean.sanitize_keys(samples)
+    assert [s.key for s in out] == ["a_b", "a_b~2", "c"]
+    assert renamed == [("a:b", "a_b"), ("a\\b", "a_b~2")]
+
+
+def _plan(sizes: list[int]) -> Plan:
+    splits = {
+        f"s{i}": [PlannedSample(f"s{i}-{j}", (), (1, 1)) for j in range(size)]
+        for i, size in enumerate(sizes)
+    }
+    return Plan(splits, [])
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    sizes=st.lists(st.integers(0, 40), min_size=1, max_size=3),
+    batch=st.integers(1, 9),
+    data=st.data(),
+)
+def test_tasks_cover_every_sample_once_in_order(
+    sizes: list[int], batch: int, data: st.DataObject
+) -> None:
+    plan = _plan(sizes)
+    cutter = TaskCutter(plan, batch)
+    seen: dict[str, list[str]] = {split: [] for split in plan.splits}
+    rejected: Counter[str] = Counter()
+    for task in cutter:
+        assert 1 <= len(task.samples) <= batch
+        assert task.full_batch == batch
+        assert task.start == len(seen[task.split])
+        # accepted rows so far sit on the chunk grid again after this task, unless it is the last
+        end = task.start + len(task.samples)
+        if end < len(plan.splits[task.split]):
+            assert (end - rejected[task.split]) % batch == 0
+        seen[task.split].extend(s.key for s in task.samples)
+        rejects = data.draw(st.integers(0, len(task.samples)))
+        rejected[task.split] += rejects
+        cutter.note_rejects(task.split, rejects)
+    assert seen == {split: [s.key for s in members] for split, members in plan.splits.items()}
+
+
+@given(sizes=st.lists(st.integers(0, 40), min_size=1, max_size=3), batch=st.integers(1, 9))
+def test_without_rejects_tasks_are_whole_batches(sizes: list[int], batch: int) -> None:
+    plan = _plan(sizes)
+    for split, members in plan.splits.items():
+        lengths = [len(t.samples) for t in TaskCutter(plan, batch) if t.split == split]
+        assert sum(lengths) == len(members)
+        assert all(length == batch for length in lengths[:-1])
