@@ -284,11 +284,18 @@ def _check_name(name: str, what: str) -> None:
         )
 
 
-def _deep_merge(defaults: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+# A config's splits replace the recipe's: merging {train: 1.0} into {train: 0.8, valid: 0.2}
+# would add a split the user never asked for (and break the sum-to-1 rule).
+REPLACED_KEYS = frozenset({"splits"})
+
+
+def _deep_merge(
+    defaults: Mapping[str, Any], override: Mapping[str, Any], replace: frozenset[str] = frozenset()
+) -> dict[str, Any]:
     merged = dict(defaults)
     for key, value in override.items():
         base = merged.get(key)
-        if isinstance(base, Mapping) and isinstance(value, Mapping):
+        if key not in replace and isinstance(base, Mapping) and isinstance(value, Mapping):
             merged[key] = _deep_merge(base, value)
         else:
             merged[key] = value
@@ -383,7 +390,7 @@ def parse_spec(data: Mapping[str, Any], *, config_path: Path) -> Spec:
     """
     config_path = config_path.absolute()
     defaults = _recipe_defaults(data.get("pipeline", "segmentation"), config_path)
-    merged = _resolve_paths(_deep_merge(defaults, data), config_path.parent)
+    merged = _resolve_paths(_deep_merge(defaults, data, REPLACED_KEYS), config_path.parent)
     try:
         spec = Spec.model_validate(merged)
     except ValidationError as exc:
