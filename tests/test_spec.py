@@ -1,0 +1,208 @@
+"""spec: recipe defaults, path resolution, per-field overrides, and errors that name the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from conftest import MakeRaw, WriteConfig, base_config
+
+from h5etl.errors import ConfigError
+from h5etl.spec import Compression, load_spec, spec_sha256, spec_text
+
+
+@pytest.fixture
+def raw_root(tmp_path: Path, make_raw: MakeRaw) -> Path:
+    make_raw(tmp_path, n=1)
+    return tmp_path
+
+
+def test_recipe_defaults_fill_what_the_config_leaves_out(raw_root: Path) -> None:
+    config = raw_root / "config.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "name": "cells",
+                "sources": {"image": {"dir": "raw/images"}, "mask": {"dir": "raw/masks"}},
+                "fields": {"image": {"shape": [3, 8, 8]}, "mask": {"shape": [1, 8, 8]}},
+            }
+        ),
+        encoding="utf-8",
+    )
+    spec = load_spec(config)
+    assert spec.pipeline == "segmentation"
+    assert spec.fields["image"].mode == "RGB"
+    assert spec.fields["mask"].values == (0, 1)
+    assert spec.fields["filename"].is_text
+    assert spec.source_of("filename") == "image"
+    assert spec.splits == {"train": 0.8, "valid": 0.2}
+    assert spec.storage.compression.codec == "lzf"
+    assert spec.image_fields == ["image", "mask"]
+    assert spec.text_fields == ["filename"]
+
+
+def test_config_splits_replace_the_recipe_splits(raw_root: Path, write_config: WriteConfig) -> None:
+    # splits: {train: 1.0} was merged with the recipe's {train: 0.8, valid: 0.2} -> "got 1.2"
+    config = write_config(raw_root, splits={"train": 1.0})
+    assert load_spec(config).splits == {"train": 1.0}
+    data = base_config()
+    data.pop("splits")
+    data.pop("pipeline")
+    data["splits"] = {"all": 1.0}
+    config.write_text(yaml.safe_dump(data), encoding="utf-8")
+    assert load_spec(config).splits == {"all": 1.0}
+
+
+def test_paths_resolve_relative_to_the_config(
+    raw_root: Path, write_config: WriteConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = write_config(raw_root)
+    monkeypatch.chdir(raw_root.parent)
+    spec = load_spec(Path(raw_root.name) / config.name)
+    assert spec.output == raw_root / "releases"
+    assert spec.sources["image"].dir == raw_root / "raw/images"
+    assert spec.output.is_absolute()
+
+
+def test_storage_and_per_field_overrides(raw_root: Path, write_config: WriteConfig) -> None:
+    config = write_config(
+        raw_root,
+        storage={"chunk_samples": 8, "compression": {"codec": "gzip", "level": 6}},
+        fields={
+            "image": {"chunks": [2, 3, 24, 24], "shuffle": False},
+            "mask": {"compression": "none"},
+        },
+    )
+    spec = load_spec(config)
+    assert spec.chunks_of("image") == (2, 3, 24, 24)
+    assert spec.chunks_of("mask") == (8, 1, 24, 24)
+    assert spec.compression_of("image") == Compression(codec="gzip", level=6)
+    assert spec.compression_of("mask").codec == "none"
+    assert spec.shuffle_of("image") is False
+    assert spec.shuffle_of("mask") is True
+    assert spec.batch_samples == 8  # lcm of 2 and 8
+
+
+def test_batch_samples_is_the_lcm(raw_root: Path, write_config: WriteConfig) -> None:
+    config = write_config(raw_root, fields={"image": {"chunks": [6, 3, 24, 24]}})
+    assert load_spec(config).batch_samples == 12
+
+
+@pytest.mark.parametrize(
+    ("compression", "codec", "level"),
+    [
+        pytest.param("lzf", "lzf", None, id="lzf"),
+        pytest.param("gzip", "gzip", 4, id="gzip-default-level"),
+        pytest.param({"codec": "gzip", "level": 9}, "gzip", 9, id="gzip-level"),
+        pytest.param("none", "none", None, id="none"),
+        pytest.param(None, "none", None, id="null"),
+        pytest.param(False, "none", None, id="false"),
+        pytest.param({"codec": "zstd", "level": 22}, "zstd", 22, id="zstd"),
+        pytest.param("blosc", "blosc", 5, id="blosc"),
+    ],
+)
+def test_compression_forms(
+    raw_root: Path,
+    write_config: WriteConfig,
+    compression: Any,
+    codec: str,
+    level: int | None,
+) -> None:
+    config = write_config(raw_root)
+    data = yaml.safe_load(config.read_text(encoding="utf-8"))
+    data["storage"]["compression"] = compression
+    config.write_text(yaml.safe_dump(data), encoding="utf-8")
+    found = load_spec(config).storage.compression
+    assert (found.codec, found.effective_level) == (codec, level)
+
+
+ERRORS = [
+    pytest.param({"extra": 1}, "extra: unknown key", id="unknown"),
+    pytest.param({"fields": {"image": {"chunk": [1]}}}, "fields.image.chunk: unknown", id="typo"),
+    pytest.param(
+        {"fields": {"image": {"chunks": [4, 3, 24]}}}, "fields.image.chunks: needs 4", id="rank"
+    ),
+    pytest.param(
+        {"fields": {"image": {"chunks": [4, 3, 25, 24]}}},
+        "fields.image.chunks: each axis must fit",
+        id="too-big",
+    ),
+    pytest.param({"fields": {"image": {"dtype": "float77"}}}, "fields.image: dtype", id="dtype"),
+    pytest.param(
+        {"fields": {"image": {"dtype": "uint16"}}}, "fields.image: mode RGB is stored", id="uint16"
+    ),
+    pytest.param({"fields": {"image": {"shape": [1, 24, 24]}}}, "needs shape [3", id="channels"),
+    pytest.param({"fields": {"image": {"values": [0, 1]}}}, "need mode L", id="values-rgb"),
+    pytest.param({"fields": {"mask": {"values": [0, 0]}}}, "distinct", id="values-dup"),
+    pytest.param({"fields": {"filename": {"shape": [1]}}}, "str field takes no shape", id="text"),
+    pytest.param({"fields": {"mask": {"source": "labels"}}}, "fields.mask: source", id="source"),
+    pytest.param({"fields": {"diagnostics": {"dtype": "str"}}}, "field name", id="reserved"),
+    pytest.param({"splits": {"train": 0.5, "valid": 0.2}}, "sum to 1, got 0.7", id="sum"),
+    pytest.param({"splits": {"a b": 1.0}}, "split name", id="split-name"),
+    pytest.param({"splits": {"train": 0}}, "splits.train", id="split-zero"),
+    pytest.param({"storage": {"compression": "brotli"}}, "storage.compression.codec", id="codec"),
+    pytest.param(
+        {"storage": {"compression": {"codec": "gzip", "level": 10}}}, "0..9, got 10", id="level"
+    ),
+    pytest.param(
+        {"storage": {"compression": {"codec": "lzf", "level": 1}}}, "takes no level", id="lzf-lvl"
+    ),
+    pytest.param({"storage": {"chunk_samples": -1}}, "storage.chunk_samples", id="chunk-samples"),
+    pytest.param({"pad": {"fill": 256}}, "pad.fill", id="fill"),
+    pytest.param({"sources": {"image": {"dir": "nowhere"}}}, "sources.image.dir: folder", id="dir"),
+    pytest.param({"sources": {"extra": {"dir": "raw"}}}, "sources.extra: no image field", id="src"),
+    pytest.param({"seed": "abc"}, "seed", id="seed"),
+    pytest.param({"max_rejects": -1}, "max_rejects", id="max-rejects"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "message"), ERRORS)
+def test_config_errors_name_file_and_key(
+    raw_root: Path, write_config: WriteConfig, overrides: dict[str, Any], message: str
+) -> None:
+    config = write_config(raw_root, **overrides)
+    with pytest.raises(ConfigError) as caught:
+        load_spec(config)
+    error = caught.value
+    assert error.exit_code == 2
+    assert any(message in line for line in error.problems), error.problems
+    assert all(line.startswith(str(config)) for line in error.problems), error.problems
+    assert not any("Value error" in line or "pydantic" in line for line in error.problems)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        pytest.param("[1, 2]\n", "must be a YAML mapping", id="list"),
+        pytest.param("name: [x\n", "not valid YAML at line", id="invalid"),
+        pytest.param("1: x\n", "must be a string", id="int-key"),
+        pytest.param("", "sources: required key is missing", id="empty"),
+        pytest.param("pipeline: 3\n", "pipeline", id="pipeline-type"),
+    ],
+)
+def test_unusable_documents(tmp_path: Path, text: str, message: str) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text(text, encoding="utf-8")
+    with pytest.raises(ConfigError) as caught:
+        load_spec(config)
+    assert message in str(caught.value)
+    assert str(config) in str(caught.value)
+
+
+def test_undecodable_file(tmp_path: Path) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_bytes(b"\xff\xfe\x00bad")
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_spec(config)
+
+
+def test_spec_is_frozen_and_its_text_round_trips(raw_root: Path, write_config: WriteConfig) -> None:
+    spec = load_spec(write_config(raw_root))
+    with pytest.raises(ValueError, match="frozen"):
+        spec.seed = 3  # type: ignore[misc]
+    text = spec_text(spec)
+    assert yaml.safe_load(text)["name"] == "cells"
+    assert len(spec_sha256(spec)) == 64
+    assert spec_sha256(spec) == spec_sha256(load_spec(write_config(raw_root)))
