@@ -1,0 +1,762 @@
+"""Build benchmark: h5etl against the plain serial loop and the machine's limits, one corpus.
+
+Every contender runs as a child process, interleaved (all contenders once, then again, ...),
+and the table shows medians over ``--repeats``. Per run: images/s (samples / wall of the
+process), wall, CPU (user+sys of the whole process tree: this runner is a child subreaper, so
+orphaned workers are reaped here and counted in ``RUSAGE_CHILDREN``), peak RSS of the parent
+and of the largest other process (``VmHWM`` sampled from /proc every 20 ms) and bytes on disk.
+
+    python tests/benchmarks/build.py                 # the default run (about 5 minutes)
+    python tests/benchmarks/build.py --memory        # peak RSS: 1x against the 10x corpus
+    python tests/benchmarks/build.py --profile       # pyinstrument: parent (-j2), worker work (-j1)
+
+Child modes (``--run serial|limit|disk|api|read|profile``) are what the runner launches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from corpus import CODECS, DEFAULT_DIR, DEFAULT_SAMPLES, Corpus, CorpusParams, ensure_corpus
+
+MIB = 2**20
+BATCH = 32
+SIZE = 224
+HERE = Path(__file__).resolve()
+
+
+# --------------------------------------------------------------------------------------------
+# measuring a child process tree
+
+
+@dataclass(slots=True)
+class Run:
+    """One run of one contender."""
+
+    wall: float
+    cpu: float
+    rss_parent: int  # bytes, VmHWM of the process the runner started
+    rss_workers: int  # bytes, largest VmHWM among its descendants (0: none)
+    disk: int = 0
+    samples: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def rate(self) -> float:
+        return self.samples / self.wall if self.wall else 0.0
+
+
+def become_subreaper() -> bool:
+    """Adopt orphaned descendants, so their CPU time lands in our RUSAGE_CHILDREN."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return int(libc.prctl(36, 1, 0, 0, 0)) == 0  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        return False
+
+
+def _parents() -> dict[int, int]:
+    out = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as handle:
+                stat = handle.read()
+        except OSError:
+            continue
+        out[int(entry.name)] = int(stat[stat.rfind(b")") + 2 :].split()[1])
+    return out
+
+
+def _descendants(root: int) -> list[int]:
+    parents = _parents()
+    found, frontier = [], [root]
+    while frontier:
+        pid = frontier.pop()
+        kids = [child for child, parent in parents.items() if parent == pid]
+        found.extend(kids)
+        frontier.extend(kids)
+    return found
+
+
+def _hwm(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+class _Sampler(threading.Thread):
+    """Peak RSS per process of the runner's descendants, sampled until stopped."""
+
+    def __init__(self, root: int):
+        super().__init__(daemon=True)
+        self.root = root
+        self.peaks: dict[int, int] = {}
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.is_set():
+            for pid in [self.root, *_descendants(os.getpid())]:
+                self.peaks[pid] = max(self.peaks.get(pid, 0), _hwm(pid))
+            self.done.wait(0.02)
+
+
+def _reap_orphans(deadline: float = 30.0) -> None:
+    end = time.monotonic() + deadline
+    while time.monotonic() < end:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            time.sleep(0.02)
+
+
+def measure(cmd: Sequence[str]) -> tuple[Run, str]:
+    """Run ``cmd`` to completion; its wall, tree CPU and peak RSS, and its stdout."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    sampler = _Sampler(proc.pid)
+    sampler.start()
+    out, err = proc.communicate()
+    wall = time.perf_counter() - started
+    _reap_orphans()
+    sampler.done.set()
+    sampler.join()
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{err[-3000:]}")
+    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+    workers = [peak for pid, peak in sampler.peaks.items() if pid != proc.pid]
+    run = Run(wall, cpu, sampler.peaks.get(proc.pid, 0), max(workers, default=0))
+    return run, out
+
+
+def _child_json(out: str) -> dict[str, Any]:
+    lines = [line for line in out.splitlines() if line.startswith("{")]
+    return json.loads(lines[-1]) if lines else {}
+
+
+def _child(mode: str, *args: str) -> list[str]:
+    return [sys.executable, str(HERE), "--run", mode, *args]
+
+
+# --------------------------------------------------------------------------------------------
+# child modes: the serial loop, the limits, the in-process build, reads, profiles
+
+
+def _pad(array: Any, size: int) -> Any:
+    import numpy as np
+
+    height, width = array.shape[:2]
+    top, left = (size - height) // 2, (size - width) // 2
+    pads = [(top, size - height - top), (left, size - width - left)]
+    return np.pad(array, pads + [(0, 0)] * (array.ndim - 2))
+
+
+def run_serial(root: Path, out: Path) -> dict[str, Any]:
+    """The loop most tutorials show: glob, PIL, np.pad, stack 32, h5py lzf+shuffle, gc."""
+    import gc
+
+    import h5py
+    import numpy as np
+    from PIL import Image
+
+    images = sorted((root / "images").glob("*.png"))
+    with h5py.File(out, "w") as f:
+        common = {"compression": "lzf", "shuffle": True, "dtype": "uint8"}
+        img_ds = f.create_dataset(
+            "image",
+            (0, 3, SIZE, SIZE),
+            maxshape=(None, 3, SIZE, SIZE),
+            chunks=(BATCH, 3, SIZE, SIZE),
+            **common,
+        )
+        mask_ds = f.create_dataset(
+            "mask",
+            (0, 1, SIZE, SIZE),
+            maxshape=(None, 1, SIZE, SIZE),
+            chunks=(BATCH, 1, SIZE, SIZE),
+            **common,
+        )
+        name_ds = f.create_dataset(
+            "filename", (0,), maxshape=(None,), dtype=h5py.string_dtype("utf-8")
+        )
+        for start in range(0, len(images), BATCH):
+            batch = images[start : start + BATCH]
+            imgs, masks = [], []
+            for path in batch:
+                img = np.array(Image.open(path).convert("RGB"))
+                imgs.append(_pad(img, SIZE).transpose(2, 0, 1))
+                mask = np.array(Image.open(root / "masks" / path.name).convert("L")) // 255
+                masks.append(_pad(mask, SIZE)[None])
+            end = start + len(batch)
+            for dataset, rows in ((img_ds, imgs), (mask_ds, masks)):
+                dataset.resize(end, axis=0)
+                dataset[start:end] = np.stack(rows)
+            name_ds.resize(end, axis=0)
+            name_ds[start:end] = [p.name for p in batch]
+            gc.collect()
+    return {"samples": len(images)}
+
+
+def _limit_block(paths: list[tuple[str, str]], layouts: dict[str, Any], encode: bool) -> int:
+    import numpy as np
+    from PIL import Image
+
+    from h5etl.chunkcodec import encode_block
+
+    image = np.zeros((BATCH, 3, SIZE, SIZE), dtype=np.uint8)
+    mask = np.zeros((BATCH, 1, SIZE, SIZE), dtype=np.uint8)
+    for row, (image_path, mask_path) in enumerate(paths):
+        for out, path, mode in ((image, image_path, "RGB"), (mask, mask_path, "L")):
+            with Image.open(path) as opened:
+                pixels = np.asarray(opened.convert(mode))
+            height, width = pixels.shape[:2]
+            top, left = (SIZE - height) // 2, (SIZE - width) // 2
+            window = out[row, :, top : top + height, left : left + width]
+            if mode == "RGB":
+                window[...] = pixels.transpose(2, 0, 1)
+            else:
+                window[0] = pixels // 255
+    if encode:
+        encode_block(layouts["image"], image)
+        encode_block(layouts["mask"], mask)
+    return len(paths)
+
+
+def run_limit(config: Path, encode: bool) -> dict[str, Any]:
+    """Decode + pad (+ compress whole chunks with the release's codec) on all cores; discard."""
+    from joblib import Parallel, delayed
+
+    from h5etl import load_spec
+    from h5etl.pipeline import layouts_of
+
+    spec = load_spec(config)
+    layouts = layouts_of(spec)
+    root = config.parent
+    names = sorted(p.name for p in (root / "images").glob("*.png"))
+    pairs = [(str(root / "images" / n), str(root / "masks" / n)) for n in names]
+    blocks = [pairs[i : i + BATCH] for i in range(0, len(pairs), BATCH)]
+    done = Parallel(n_jobs=os.cpu_count() or 1)(
+        delayed(_limit_block)(block, layouts, encode) for block in blocks
+    )
+    return {"samples": sum(done)}
+
+
+def run_disk(nbytes: int, out: Path) -> dict[str, Any]:
+    """Write ``nbytes`` sequentially in 4 MiB blocks, fsync, remove."""
+    block = os.urandom(4 * MIB)
+    with open(out, "wb") as handle:
+        left = nbytes
+        while left > 0:
+            handle.write(block[: min(left, len(block))])
+            left -= len(block)
+        handle.flush()
+        os.fsync(handle.fileno())
+    out.unlink()
+    return {"bytes": nbytes}
+
+
+def _cpu(usage: resource.struct_rusage) -> float:
+    return usage.ru_utime + usage.ru_stime
+
+
+def run_api(config: Path, jobs: int) -> dict[str, Any]:
+    """The build in this process, so RUSAGE_SELF is the writer's (parent's) own CPU time."""
+    import h5py
+
+    from h5etl import build, load_spec
+
+    marks: dict[str, tuple[float, float]] = {}
+
+    def hook(stage: str, advance: int, total: int | None) -> None:
+        if stage == "decode" and advance == 0 and "write" not in marks:
+            marks["write"] = (time.perf_counter(), _cpu(resource.getrusage(resource.RUSAGE_SELF)))
+
+    shutil.rmtree(config.parent / "releases" / "api", ignore_errors=True)
+    spec = load_spec(config)
+    spec = spec.model_copy(update={"output": config.parent / "releases" / "api"})
+    cpu0, wall0 = _cpu(resource.getrusage(resource.RUSAGE_SELF)), time.perf_counter()
+    report = build(spec, jobs=jobs, progress=hook)
+    wall1, cpu1 = time.perf_counter(), _cpu(resource.getrusage(resource.RUSAGE_SELF))
+    write_wall0, write_cpu0 = marks.get("write", (wall0, cpu0))
+    assert report.path is not None
+    with h5py.File(report.path, "r") as f:
+        diagnostics = {
+            k: float(v) for k, v in f["diagnostics"].attrs.items() if k.startswith("seconds_")
+        }
+    return {
+        "samples": sum(report.samples.values()),
+        "parent_cpu_process": cpu1,
+        "parent_cpu_build": cpu1 - cpu0,
+        "parent_cpu_write": cpu1 - write_cpu0,
+        "wall_build": wall1 - wall0,
+        "wall_write": wall1 - write_wall0,
+        **diagnostics,
+    }
+
+
+def run_read(path: Path, dataset: str) -> dict[str, Any]:
+    """Full sequential read of one dataset, chunk row by chunk row, through plain h5py."""
+    import h5py
+    import hdf5plugin  # noqa: F401  (registers Blosc and Zstd for h5py)
+    import numpy as np
+
+    with h5py.File(path, "r") as f:
+        data = f[dataset]
+        rows = data.chunks[0] if data.chunks else BATCH
+        buffer = np.empty((rows, *data.shape[1:]), dtype=data.dtype)
+        started = time.perf_counter()
+        for start in range(0, data.shape[0], rows):
+            stop = min(start + rows, data.shape[0])
+            data.read_direct(buffer, np.s_[start:stop], np.s_[0 : stop - start])
+        seconds = time.perf_counter() - started
+        return {"samples": int(data.shape[0]), "bytes": int(data.nbytes), "seconds": seconds}
+
+
+def run_profile(config: Path, jobs: int, out: Path) -> dict[str, Any]:
+    """pyinstrument over an in-process build; the text report goes to ``out``."""
+    from pyinstrument import Profiler
+
+    from h5etl import build, load_spec
+
+    shutil.rmtree(config.parent / "releases" / "profile", ignore_errors=True)
+    spec = load_spec(config)
+    spec = spec.model_copy(update={"output": config.parent / "releases" / "profile"})
+    profiler = Profiler(interval=0.001)
+    with profiler:
+        build(spec, jobs=jobs)
+    out.write_text(profiler.output_text(unicode=False, color=False), encoding="utf-8")
+    return {"profile": str(out)}
+
+
+# --------------------------------------------------------------------------------------------
+# contenders and the interleaved runner
+
+
+@dataclass(frozen=True, slots=True)
+class Contender:
+    name: str
+    run: Callable[[], Run]
+
+
+def _release_file(folder: Path) -> Path:
+    files = sorted(p for p in folder.glob("*.h5") if not p.is_symlink())
+    return files[-1]
+
+
+def _h5etl_cli(corpus: Corpus, codec: str, jobs: int, reads: dict[str, list[Run]]) -> Run:
+    import h5py
+
+    folder = corpus.releases(codec)
+    shutil.rmtree(folder, ignore_errors=True)
+    cmd = ["h5etl", "build", str(corpus.config(codec)), "--jobs", str(jobs), "--quiet"]
+    run, _ = measure(cmd)
+    release = _release_file(folder)
+    run.disk = release.stat().st_size
+    with h5py.File(release, "r") as f:
+        attrs = f["diagnostics"].attrs
+        run.samples = int(sum(v for k, v in attrs.items() if k.startswith("samples_")))
+        run.extra = {k: float(v) for k, v in attrs.items() if k.startswith("seconds_")}
+    if jobs == 2:
+        read, out = measure(_child("read", "--file", str(release), "--dataset", "/train/image"))
+        info = _child_json(out)
+        read.samples, read.wall, read.disk = info["samples"], info["seconds"], info["bytes"]
+        reads.setdefault(codec, []).append(read)
+    return run
+
+
+def _child_run(cmd: list[str], samples: int, disk: Path | None = None) -> Run:
+    run, out = measure(cmd)
+    info = _child_json(out)
+    run.samples = int(info.get("samples", samples))
+    run.extra = info
+    if disk is not None:
+        run.disk = disk.stat().st_size
+        disk.unlink()
+    return run
+
+
+def contenders(
+    corpus: Corpus, work: Path, reads: dict[str, list[Run]], state: dict[str, int]
+) -> list[Contender]:
+    samples = corpus.params.samples
+    lzf = corpus.config("lzf")
+
+    def h5etl(codec: str, jobs: int) -> Callable[[], Run]:
+        def go() -> Run:
+            run = _h5etl_cli(corpus, codec, jobs, reads)
+            if codec == "lzf":
+                state["release_bytes"] = run.disk
+            return run
+
+        return go
+
+    def disk() -> Run:
+        nbytes = state.get("release_bytes", 0)
+        run = _child_run(
+            _child("disk", "--bytes", str(nbytes), "--out", str(work / "disk.bin")), samples
+        )
+        run.samples, run.disk = samples, nbytes
+        return run
+
+    serial_out = work / "serial.h5"
+    out = [
+        Contender("h5etl build -j1 (lzf)", h5etl("lzf", 1)),
+        Contender("h5etl build -j2 (lzf)", h5etl("lzf", 2)),
+        Contender(
+            "serial loop (lzf)",
+            lambda: _child_run(
+                _child("serial", "--corpus", str(corpus.root), "--out", str(serial_out)),
+                samples,
+                serial_out,
+            ),
+        ),
+        Contender(
+            "work limit: decode+pad+lzf, all cores",
+            lambda: _child_run(_child("limit", "--config", str(lzf), "--encode"), samples),
+        ),
+        Contender(
+            "decode limit: decode+pad, all cores",
+            lambda: _child_run(_child("limit", "--config", str(lzf)), samples),
+        ),
+        Contender("disk limit: same bytes, sequential+fsync", disk),
+        Contender(
+            "h5etl API -j2 (lzf, writer CPU)",
+            lambda: _child_run(_child("api", "--config", str(lzf), "--jobs", "2"), samples),
+        ),
+    ]
+    out += [
+        Contender(f"h5etl build -j2 ({codec})", h5etl(codec, 2))
+        for codec in CODECS
+        if codec != "lzf"
+    ]
+    return out
+
+
+def run_all(cands: list[Contender], repeats: int) -> dict[str, list[Run]]:
+    runs: dict[str, list[Run]] = {c.name: [] for c in cands}
+    for repeat in range(repeats):
+        for cand in cands:
+            run = cand.run()
+            runs[cand.name].append(run)
+            print(
+                f"  [{repeat + 1}/{repeats}] {cand.name}: {run.rate:.0f} images/s, "
+                f"{run.wall:.2f} s",
+                file=sys.stderr,
+                flush=True,
+            )
+    return runs
+
+
+# --------------------------------------------------------------------------------------------
+# tables
+
+
+def _median(values: Iterator[float] | list[float]) -> float:
+    items = list(values)
+    return statistics.median(items) if items else 0.0
+
+
+def _mib(value: float) -> str:
+    return f"{value / MIB:.1f}" if value else "-"
+
+
+def main_table(runs: dict[str, list[Run]]) -> str:
+    lines = [
+        "| contender | images/s | wall s | CPU s (user+sys) | cores busy | parent peak RSS MiB "
+        "| worker peak RSS MiB | on disk MiB |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, items in runs.items():
+        wall = _median(r.wall for r in items)
+        cpu = _median(r.cpu for r in items)
+        lines.append(
+            f"| {name} | {_median(r.rate for r in items):.0f} | {wall:.2f} | {cpu:.2f} "
+            f"| {cpu / wall if wall else 0:.2f} | {_mib(_median(r.rss_parent for r in items))} "
+            f"| {_mib(_median(r.rss_workers for r in items))} "
+            f"| {_mib(_median(r.disk for r in items))} |"
+        )
+    return "\n".join(lines)
+
+
+RATIOS = [
+    # (label, numerator, denominator, target or None)
+    (
+        "h5etl -j2 lzf / work limit",
+        "h5etl build -j2 (lzf)",
+        "work limit: decode+pad+lzf, all cores",
+        0.9,
+    ),
+    (
+        "h5etl -j2 lzf / decode limit",
+        "h5etl build -j2 (lzf)",
+        "decode limit: decode+pad, all cores",
+        None,
+    ),
+    ("h5etl -j2 lzf / serial loop", "h5etl build -j2 (lzf)", "serial loop (lzf)", 3.0),
+    ("h5etl -j2 blosc-lz4 / serial loop", "h5etl build -j2 (blosc-lz4)", "serial loop (lzf)", 3.8),
+    ("h5etl -j1 lzf / serial loop", "h5etl build -j1 (lzf)", "serial loop (lzf)", 1.5),
+    (
+        "h5etl -j2 lzf / disk limit",
+        "h5etl build -j2 (lzf)",
+        "disk limit: same bytes, sequential+fsync",
+        None,
+    ),
+    (
+        "work limit / decode limit",
+        "work limit: decode+pad+lzf, all cores",
+        "decode limit: decode+pad, all cores",
+        None,
+    ),
+]
+
+
+def ratio_table(runs: dict[str, list[Run]]) -> str:
+    lines = [
+        "| ratio of images/s (median of per-repeat ratios) | value | per repeat | target | met |",
+        "|---|---:|---|---:|---|",
+    ]
+    for label, top, bottom, target in RATIOS:
+        if top not in runs or bottom not in runs:
+            continue
+        pairs = zip(runs[top], runs[bottom], strict=True)
+        values = [a.rate / b.rate for a, b in pairs if b.rate]
+        value = _median(values)
+        shown = ", ".join(f"{v:.2f}" for v in values)
+        goal = f">= {target}" if target else "-"
+        met = ("yes" if value >= target else "**no**") if target else "-"
+        lines.append(f"| {label} | {value:.2f} | {shown} | {goal} | {met} |")
+    return "\n".join(lines)
+
+
+def codec_table(runs: dict[str, list[Run]], reads: dict[str, list[Run]]) -> str:
+    lines = [
+        "| codec | file MiB | raw/stored | build images/s (-j2) | read /train/image MB/s (raw) "
+        "| read images/s |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for codec in CODECS:
+        builds = runs.get(f"h5etl build -j2 ({codec})", [])
+        got = reads.get(codec, [])
+        if not builds or not got:
+            continue
+        size = _median(r.disk for r in builds)
+        raw = builds[0].samples * (3 + 1) * SIZE * SIZE
+        mbps = _median(r.disk / r.wall / 1e6 for r in got)
+        lines.append(
+            f"| {codec} | {size / MIB:.1f} | {raw / size:.2f} | "
+            f"{_median(r.rate for r in builds):.0f} | {mbps:.0f} | "
+            f"{_median(r.rate for r in got):.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def writer_table(runs: dict[str, list[Run]]) -> str:
+    api = runs.get("h5etl API -j2 (lzf, writer CPU)", [])
+    cli = runs.get("h5etl build -j2 (lzf)", [])
+    if not api:
+        return ""
+
+    def med(key: str, items: list[Run]) -> float:
+        return _median(float(r.extra.get(key, 0.0)) for r in items)
+
+    share = _median(
+        r.extra["parent_cpu_write"] / r.extra["wall_write"] for r in api if r.extra["wall_write"]
+    )
+    rows = [
+        ("parent CPU, whole process (imports included), s", med("parent_cpu_process", api)),
+        ("parent CPU inside build(), s", med("parent_cpu_build", api)),
+        ("parent CPU from the first decode task to the end, s", med("parent_cpu_write", api)),
+        ("wall from the first decode task to the end, s", med("wall_write", api)),
+        ("sink.write seconds (diagnostics seconds_writer), s", med("seconds_writer", api)),
+        (
+            "worker decode seconds, summed (seconds_workers_decode), s",
+            med("seconds_workers_decode", api),
+        ),
+    ]
+    rows += (
+        [
+            (f"stage {k[8:]} (CLI -j2 diagnostics), s", med(k, cli))
+            for k in sorted(cli[0].extra)
+            if k.startswith("seconds_") and k not in {"seconds_writer", "seconds_workers_decode"}
+        ]
+        if cli
+        else []
+    )
+    lines = ["| writer (parent) process, h5etl -j2 lzf | median |", "|---|---:|"]
+    lines += [f"| {label} | {value:.3f} |" for label, value in rows]
+    met = "yes" if share < 0.2 else "**no**"
+    lines.append(
+        f"| **parent busy during decode+write (target < 20% of a core)** "
+        f"| **{100 * share:.0f}%** (met: {met}) |"
+    )
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------
+# entry points
+
+
+def benchmark(args: argparse.Namespace) -> str:
+    corpus = ensure_corpus(args.dir, CorpusParams(samples=args.samples))
+    work = args.dir / "work"
+    work.mkdir(parents=True, exist_ok=True)
+    reads: dict[str, list[Run]] = {}
+    state: dict[str, int] = {}
+    runs = run_all(contenders(corpus, work, reads, state), args.repeats)
+    header = (
+        f"## h5etl build benchmark\n\n{corpus.params.samples} image/mask PNG pairs "
+        f"({corpus.root}), {os.cpu_count()} cores, medians of {args.repeats} interleaved "
+        f"repeats.\n"
+    )
+    parts = [
+        header,
+        main_table(runs),
+        "",
+        ratio_table(runs),
+        "",
+        "### Codecs",
+        "",
+        codec_table(runs, reads),
+        "",
+        "### Writer process",
+        "",
+        writer_table(runs),
+    ]
+    return "\n".join(parts) + "\n"
+
+
+def memory(args: argparse.Namespace) -> str:
+    sizes = {"1x": args.samples, f"{args.scale}x": args.samples * args.scale}
+    corpora = {k: ensure_corpus(args.dir, CorpusParams(samples=n)) for k, n in sizes.items()}
+    runs: dict[str, list[Run]] = {k: [] for k in corpora}
+    for repeat in range(args.repeats):
+        for label, corpus in corpora.items():
+            run = _h5etl_cli(corpus, "lzf", 2, {})
+            runs[label].append(run)
+            print(
+                f"  [{repeat + 1}/{args.repeats}] {label}: parent {_mib(run.rss_parent)} MiB, "
+                f"workers {_mib(run.rss_workers)} MiB, {run.rate:.0f} images/s",
+                file=sys.stderr,
+                flush=True,
+            )
+    lines = [
+        f"## Peak RSS of `h5etl build --jobs 2` (lzf), medians of {args.repeats}\n",
+        "| corpus | samples | images/s | parent peak RSS MiB | worker peak RSS MiB |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for label, items in runs.items():
+        lines.append(
+            f"| {label} | {items[0].samples} | {_median(r.rate for r in items):.0f} "
+            f"| {_mib(_median(r.rss_parent for r in items))} "
+            f"| {_mib(_median(r.rss_workers for r in items))} |"
+        )
+    small, big = runs["1x"], runs[f"{args.scale}x"]
+    for label, attr in (("parent", "rss_parent"), ("largest worker", "rss_workers")):
+        ratio = _median(getattr(r, attr) for r in big) / _median(getattr(r, attr) for r in small)
+        met = "yes" if ratio <= 1.2 else "**no**"
+        lines.append(f"\n{label}: {args.scale}x / 1x = **{ratio:.2f}** (target <= 1.2: {met})")
+    return "\n".join(lines) + "\n"
+
+
+def profile(args: argparse.Namespace) -> str:
+    corpus = ensure_corpus(args.dir, CorpusParams(samples=args.samples))
+    parts = ["## Profiles (pyinstrument)\n"]
+    for jobs, what in ((2, "parent (writer) of a -j2 build"), (1, "worker work, inline (-j1)")):
+        out = args.dir / f"profile-j{jobs}.txt"
+        measure(
+            _child(
+                "profile",
+                "--config",
+                str(corpus.config("lzf")),
+                "--jobs",
+                str(jobs),
+                "--out",
+                str(out),
+            )
+        )
+        parts += [f"### {what}: {out}\n", "```", out.read_text()[:6000], "```", ""]
+    return "\n".join(parts)
+
+
+def child_main(args: argparse.Namespace) -> None:
+    if args.run == "serial":
+        info = run_serial(args.corpus, args.out)
+    elif args.run == "limit":
+        info = run_limit(args.config, args.encode)
+    elif args.run == "disk":
+        info = run_disk(args.bytes, args.out)
+    elif args.run == "api":
+        info = run_api(args.config, args.jobs)
+    elif args.run == "read":
+        info = run_read(args.file, args.dataset)
+    else:
+        info = run_profile(args.config, args.jobs, args.out)
+    print(json.dumps(info))
+
+
+def parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dir", type=Path, default=DEFAULT_DIR, help="corpus and scratch folder")
+    parser.add_argument("--samples", type=int, default=DEFAULT_SAMPLES)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--memory", action="store_true", help="peak RSS: 1x vs --scale x corpus")
+    parser.add_argument("--scale", type=int, default=10)
+    parser.add_argument("--profile", action="store_true", help="pyinstrument profiles")
+    parser.add_argument("--output", type=Path, help="also write the tables here")
+    # child modes
+    parser.add_argument("--run", choices=["serial", "limit", "disk", "api", "read", "profile"])
+    parser.add_argument("--corpus", type=Path)
+    parser.add_argument("--config", type=Path)
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--file", type=Path)
+    parser.add_argument("--dataset", default="/train/image")
+    parser.add_argument("--bytes", type=int, default=0)
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--encode", action="store_true")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse(argv)
+    if args.run:
+        child_main(args)
+        return
+    if not become_subreaper():
+        print("warning: not a subreaper; CPU of orphaned workers may be missed", file=sys.stderr)
+    if args.memory:
+        text = memory(args)
+    elif args.profile:
+        text = profile(args)
+    else:
+        text = benchmark(args)
+    print(text)
+    if args.output:
+        args.output.write_text(text, encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()

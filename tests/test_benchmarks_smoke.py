@@ -1,0 +1,94 @@
+"""The benchmark scripts run end to end on a tiny corpus, so they cannot rot; no timings."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).parent / "benchmarks"
+SAMPLES = "40"
+
+CONTENDERS = [
+    "h5etl build -j1 (lzf)",
+    "h5etl build -j2 (lzf)",
+    "serial loop (lzf)",
+    "work limit: decode+pad+lzf, all cores",
+    "decode limit: decode+pad, all cores",
+    "disk limit: same bytes, sequential+fsync",
+    "h5etl API -j2 (lzf, writer CPU)",
+    "h5etl build -j2 (gzip)",
+    "h5etl build -j2 (blosc-lz4)",
+    "h5etl build -j2 (zstd)",
+]
+
+
+def _run(script: str, *args: str) -> str:
+    done = subprocess.run(
+        [sys.executable, str(BENCH / script), *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@pytest.fixture(scope="module")
+def bench_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("bench")
+
+
+def test_corpus_is_written_once_then_cached(bench_dir: Path) -> None:
+    first = _run("corpus.py", "--dir", str(bench_dir), "--samples", SAMPLES, "-j", "2")
+    root = next(bench_dir.glob("corpus-n40-*"))
+    assert len(list((root / "images").glob("*.png"))) == 40
+    assert len(list((root / "masks").glob("*.png"))) == 40
+    for codec in ("lzf", "gzip", "blosc-lz4", "zstd"):
+        assert (root / f"{codec}.yaml").exists()
+    stamp = (root / "images" / "s000000.png").stat().st_mtime_ns
+    second = _run("corpus.py", "--dir", str(bench_dir), "--samples", SAMPLES)
+    assert (root / "images" / "s000000.png").stat().st_mtime_ns == stamp
+    assert first.splitlines()[0].split("(")[0] == second.splitlines()[0].split("(")[0]
+
+
+def test_runner_prints_every_contender(bench_dir: Path) -> None:
+    output = bench_dir / "tables.md"
+    text = _run(
+        "build.py",
+        "--dir",
+        str(bench_dir),
+        "--samples",
+        SAMPLES,
+        "--repeats",
+        "1",
+        "--output",
+        str(output),
+    )
+    for name in CONTENDERS:
+        assert f"| {name} |" in text
+    for codec in ("lzf", "gzip", "blosc-lz4", "zstd"):
+        assert f"| {codec} |" in text
+    assert "h5etl -j2 lzf / work limit" in text
+    assert "parent busy during decode+write" in text
+    assert output.read_text() in text
+
+
+def test_corpus_pairs_are_deterministic() -> None:
+    sys.path.insert(0, str(BENCH))
+    try:
+        import corpus
+    finally:
+        sys.path.remove(str(BENCH))
+    params = corpus.CorpusParams(samples=4)
+    image, mask = corpus.make_pair(0, 3, params)
+    again_image, again_mask = corpus.make_pair(0, 3, params)
+    assert (image == again_image).all()
+    assert (mask == again_mask).all()
+    assert set(mask.flatten().tolist()) <= {0, 255}
+    assert image.ndim == 3
+    assert image.shape[2] == 3
+    assert max(image.shape[:2]) <= corpus.FIELD_SIZE
