@@ -1,0 +1,44 @@
+"""The public API is small and explicit: ``h5etl.__all__`` is pinned here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import h5etl
+
+EXPECTED = [
+    "BuildFailed",
+    "BuildReport",
+    "CheckFailed",
+    "ConfigError",
+    "H5EtlError",
+    "ReleaseError",
+    "SinkError",
+    "Spec",
+    "__version__",
+    "build",
+    "load_spec",
+]
+
+
+def test_all_is_pinned_and_sorted() -> None:
+    # changing the public API is a decision: update EXPECTED (and the changelog) with it
+    assert h5etl.__all__ == EXPECTED
+    assert h5etl.__all__ == sorted(h5etl.__all__)
+
+
+def test_every_exported_name_exists_and_belongs_to_h5etl() -> None:
+    for name in h5etl.__all__:
+        member = getattr(h5etl, name)
+        if name != "__version__":
+            assert member.__module__.startswith("h5etl."), name
+
+
+def test_errors_share_one_root() -> None:
+    for name in ("BuildFailed", "CheckFailed", "ConfigError", "ReleaseError", "SinkError"):
+        assert issubclass(getattr(h5etl, name), h5etl.H5EtlError)
+    assert h5etl.ConfigError.exit_code == 2
+
+
+def test_package_is_typed() -> None:
+    assert (Path(h5etl.__file__).parent / "py.typed").is_file()
