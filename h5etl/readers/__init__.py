@@ -1,6 +1,7 @@
 """Read a release fast from PyTorch, Keras or plain numpy.
 
-``iter_batches``, ``ChunkSampler``, ``Release`` and ``cache_size`` need only h5py and numpy.
+``iter_batches``, ``ChunkSampler``, ``BatchSampler``, ``Release`` and ``cache_size`` need
+only h5py and numpy.
 ``H5Dataset`` (PyTorch) and ``KerasDataset`` (Keras 3) import their framework on first use,
 so ``import h5etl.readers`` works without either installed.
 """
@@ -10,14 +11,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from h5etl.readers._core import (
-    CacheSize,
-    ChunkSampler,
-    ReaderError,
-    Release,
-    cache_size,
-    iter_batches,
-)
+from h5etl.readers._core import CacheSize, ReaderError, Release, cache_size, iter_batches
+from h5etl.readers._sampler import BatchSampler, ChunkSampler
 
 if TYPE_CHECKING:
     from h5etl.readers.keras import KerasDataset
@@ -26,6 +21,7 @@ if TYPE_CHECKING:
 _LAZY = {"H5Dataset": "h5etl.readers.torch", "KerasDataset": "h5etl.readers.keras"}
 
 __all__ = [
+    "BatchSampler",
     "CacheSize",
     "ChunkSampler",
     "H5Dataset",

@@ -21,6 +21,7 @@ import hdf5plugin  # noqa: F401  (registers the Blosc/Zstd filters for reading)
 import numpy as np
 
 from h5etl.errors import H5EtlError
+from h5etl.readers._sampler import ChunkSampler
 
 LINEAGE = "source_sha256"
 DEFAULT_NSLOTS = 521  # HDF5's own default
@@ -54,7 +55,9 @@ class CacheSize:
 
     nbytes: int
     nslots: int
-    w0: float = 1.0  # evict fully read chunks first: a chunk-ordered epoch never needs them again
+    # HDF5's default. Not 1.0: with HDF5 2.0, w0=1.0 never evicts chunks read row by row, so
+    # the cache grows past nbytes without bound (measured: a 10 MiB cache held 150 MB).
+    w0: float = 0.75
 
 
 def next_prime(n: int) -> int:
@@ -66,25 +69,36 @@ def next_prime(n: int) -> int:
 
 
 def cache_size(
-    chunks: tuple[int, ...] | None, itemsize: int, *, batch_size: int, min_chunks: int = 2
+    chunks: tuple[int, ...] | None,
+    itemsize: int,
+    *,
+    batch_size: int,
+    filtered: bool = True,
+    min_chunks: int = 2,
 ) -> CacheSize:
     """Cache settings that hold every chunk one batch of ``batch_size`` rows can touch.
 
     A batch of ``b`` consecutive rows in chunk-local order spans at most ``ceil(b/c) + 1``
     chunks of ``c`` rows (one more when it straddles a boundary). ``nslots`` is a prime about
-    100 times the number of chunks that fit, as the HDF5 documentation recommends.
+    100 times the number of chunks that fit, as the HDF5 documentation recommends. Unfiltered
+    (uncompressed) chunks get no cache: HDF5 then reads the asked rows straight into the
+    caller's buffer, while a cache would copy every chunk twice.
     """
-    if chunks is None:  # contiguous dataset: no chunk cache involved
+    if chunks is None or not filtered:
         return CacheSize(nbytes=0, nslots=DEFAULT_NSLOTS)
     rows = chunks[0]
     held = max(min_chunks, math.ceil(batch_size / rows) + 1)
     chunk_bytes = math.prod(chunks) * itemsize
-    return CacheSize(nbytes=held * chunk_bytes, nslots=next_prime(max(100 * held, DEFAULT_NSLOTS)))
+    return CacheSize(nbytes=held * chunk_bytes, nslots=next_prime(100 * held))
 
 
 def _open_dataset(group: h5py.Group, name: str, cache: CacheSize | None) -> h5py.Dataset:
-    """Open ``group[name]`` with its own chunk cache (HDF5 keeps one cache per dataset)."""
-    if cache is None or cache.nbytes == 0:
+    """Open ``group[name]`` with its own chunk cache.
+
+    HDF5 keeps one cache per dataset *per process*: a second opening of the same dataset in
+    the same process shares the first one's cache and its size.
+    """
+    if cache is None:
         return group[name]
     dapl = h5py.h5p.create(h5py.h5p.DATASET_ACCESS)
     dapl.set_chunk_cache(cache.nslots, cache.nbytes, cache.w0)
@@ -100,6 +114,15 @@ class FieldInfo:
     dtype: np.dtype[Any]
     chunks: tuple[int, ...] | None
     text: bool
+    filtered: bool  # stored bytes differ from the array's bytes (compression, shuffle > 1 byte)
+
+
+def _filtered(dataset: h5py.Dataset) -> bool:
+    plist = dataset.id.get_create_plist()
+    ids = {plist.get_filter(i)[0] for i in range(plist.get_nfilters())}
+    if dataset.dtype.itemsize == 1:
+        ids.discard(h5py.h5z.FILTER_SHUFFLE)  # byte shuffle of 1-byte items is the identity
+    return bool(ids)
 
 
 def _field_info(dataset: h5py.Dataset) -> FieldInfo:
@@ -110,7 +133,71 @@ def _field_info(dataset: h5py.Dataset) -> FieldInfo:
         dtype=np.dtype(object) if text else dataset.dtype,
         chunks=dataset.chunks,
         text=text,
+        filtered=text or _filtered(dataset),
     )
+
+
+class _MappedChunks:
+    """Unfiltered chunks read through ``mmap``: a batch costs what a ``.npy`` memmap costs.
+
+    Releases are never modified after publication, so the chunk offsets HDF5 reports stay
+    valid for the life of the handle (even after the link moves or the file is unlinked).
+    """
+
+    def __init__(self, dataset: h5py.Dataset, memory: np.memmap[Any, Any], info: FieldInfo):
+        assert info.chunks is not None
+        self.rows = info.chunks[0]
+        self.length = len(dataset)
+        chunk_shape = (self.rows, *info.shape)
+        nbytes = math.prod(chunk_shape) * info.dtype.itemsize
+        self.chunks: dict[int, np.ndarray] = {}
+
+        def visit(store: Any) -> None:
+            if store.size != nbytes or store.byte_offset is None:
+                raise _NotMappable
+            raw = memory[store.byte_offset : store.byte_offset + nbytes]
+            self.chunks[store.chunk_offset[0]] = raw.view(info.dtype).reshape(chunk_shape)
+
+        dataset.id.chunk_iter(visit)
+        if len(self.chunks) != math.ceil(self.length / self.rows):
+            raise _NotMappable  # unallocated chunks (fill values): let HDF5 handle them
+
+    def gather(self, indices: np.ndarray, info: FieldInfo) -> np.ndarray:
+        """Rows at ``indices`` in that order: one copy, one fancy take per chunk touched."""
+        bases = indices - indices % self.rows
+        if len(indices) and bases.min() == bases.max():  # the usual sampler batch: one chunk
+            first = int(bases[0])
+            rows: np.ndarray = self.chunks[first][indices - first]
+            return rows
+        out = np.empty((len(indices), *info.shape), dtype=info.dtype)
+        for base in np.unique(bases).tolist():
+            where = np.flatnonzero(bases == base)
+            out[where] = self.chunks[base][indices[where] - base]
+        return out
+
+    def read_into(self, out: np.ndarray, start: int, stop: int, pos: int) -> None:
+        while start < stop:
+            base = start - start % self.rows
+            end = min(stop, base + self.rows)
+            out[pos : pos + end - start] = self.chunks[base][start - base : end - base]
+            pos, start = pos + end - start, end
+
+
+class _NotMappable(Exception):
+    """The layout cannot be read through mmap; HDF5 reads it instead."""
+
+
+def _mapped(
+    dataset: h5py.Dataset, path: Path, info: FieldInfo, memory: list[np.memmap[Any, Any]]
+) -> _MappedChunks | None:
+    if info.filtered or info.chunks is None or not hasattr(dataset.id, "chunk_iter"):
+        return None
+    try:
+        if not memory:
+            memory.append(np.memmap(path, mode="r", dtype=np.uint8))
+        return _MappedChunks(dataset, memory[0], info)
+    except (_NotMappable, OSError, ValueError):
+        return None
 
 
 def runs(sorted_indices: np.ndarray) -> list[tuple[int, int, int]]:
@@ -175,13 +262,15 @@ class Release:
         self.length = next(iter(lengths.values()))
         self.fields = tuple(names)
         self.caches = {
-            n: cache_size(i.chunks, i.dtype.itemsize, batch_size=batch_size)
+            n: cache_size(i.chunks, i.dtype.itemsize, batch_size=batch_size, filtered=i.filtered)
             for n, i in self.info.items()
             if not i.text
         }
         self._pid: int | None = None
         self._file: h5py.File | None = None
         self._datasets: dict[str, h5py.Dataset] = {}
+        self._maps: dict[str, _MappedChunks] = {}
+        self.use_mmap = True
 
     def _group(self, handle: h5py.File) -> h5py.Group:
         group = handle.get(self.split)
@@ -200,13 +289,13 @@ class Release:
         return self.length
 
     def __getstate__(self) -> dict[str, Any]:
-        state = {k: v for k, v in self.__dict__.items() if k not in {"_file", "_datasets"}}
+        state = {k: v for k, v in self.__dict__.items() if k not in {"_file", "_datasets", "_maps"}}
         state["_pid"] = None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._file, self._datasets = None, {}
+        self._file, self._datasets, self._maps = None, {}, {}
 
     def datasets(self) -> dict[str, h5py.Dataset]:
         """The open datasets of this process, opening the file on first use after a fork."""
@@ -214,16 +303,22 @@ class Release:
         if self._file is not None and self._pid == pid:
             return self._datasets
         if self._file is not None:  # inherited through fork: the parent's, not ours
-            _INHERITED.append((self._file, self._datasets))
-        self._file, self._datasets = None, {}
+            _INHERITED.append((self._file, self._datasets, self._maps))
+        self._file, self._datasets, self._maps = None, {}, {}
         handle = h5py.File(self.path, "r")
         try:
             group = self._group(handle)
             datasets = {n: _open_dataset(group, n, self.caches.get(n)) for n in self.fields}
+            memory: list[np.memmap[Any, Any]] = []
+            maps = {
+                n: m
+                for n, d in datasets.items()
+                if self.use_mmap and (m := _mapped(d, self.path, self.info[n], memory))
+            }
         except BaseException:
             handle.close()
             raise
-        self._file, self._datasets, self._pid = handle, datasets, pid
+        self._file, self._datasets, self._maps, self._pid = handle, datasets, maps, pid
         _OPEN.add(self)
         # Worker processes end through os._exit, which skips atexit; multiprocessing's own
         # finalizers still run there, so teardown closes the file in every process.
@@ -243,9 +338,8 @@ class Release:
     def close(self) -> None:
         """Close this process's handle (a later read opens it again)."""
         if self._file is not None and self._pid == os.getpid():
-            self._datasets = {}
             self._close_file(self._file)
-        self._file, self._datasets, self._pid = None, {}, None
+        self._file, self._datasets, self._maps, self._pid = None, {}, {}, None
         _OPEN.discard(self)
 
     def __enter__(self) -> Release:
@@ -261,38 +355,46 @@ class Release:
             info = self.info[name]
             if info.text:
                 out[name] = dataset.asstr()[start:stop]
-            else:
-                block = np.empty((stop - start, *info.shape), dtype=info.dtype)
-                if stop > start:
-                    dataset.read_direct(block, np.s_[start:stop])
-                out[name] = block
+                continue
+            block = np.empty((stop - start, *info.shape), dtype=info.dtype)
+            if name in self._maps:
+                self._maps[name].read_into(block, start, stop, 0)
+            elif stop > start:
+                dataset.read_direct(block, np.s_[start:stop])
+            out[name] = block
         return out
 
     def read(self, indices: Sequence[int] | np.ndarray) -> dict[str, np.ndarray]:
         """Rows at ``indices`` (any order, repeats allowed), returned in that order.
 
-        The indices are sorted and cut into contiguous runs; each run is one slice read per
-        field, so a batch from the chunk-aware sampler costs one or two reads, not one per row.
+        HDF5 fields: the indices are sorted and cut into contiguous runs, each run one slice
+        read, so a batch from the chunk-aware sampler costs one read, not one per row.
+        Unfiltered fields are gathered straight from the mapped chunks (one copy).
         """
-        wanted = np.asarray(indices, dtype=np.int64)
+        wanted = np.asarray(indices, dtype=np.int64).reshape(-1)
         if wanted.size and (wanted.min() < -self.length or wanted.max() >= self.length):
             raise IndexError(f"index out of range for {self.length} samples")
         wanted = np.where(wanted < 0, wanted + self.length, wanted)
+        self.datasets()
+        out = {n: self._maps[n].gather(wanted, self.info[n]) for n in self._maps}
+        rest = [n for n in self.fields if n not in out]
+        if not rest:
+            return out
         unique, inverse = np.unique(wanted, return_inverse=True)
         pieces = runs(unique)
-        if len(pieces) == 1:
-            _, start, stop = pieces[0]
-            batch = self.read_slice(start, stop)
-        else:
-            batch = self._read_runs(pieces, len(unique))
-        if len(unique) == len(wanted) and np.array_equal(unique, wanted):
-            return batch
-        return {name: rows[inverse] for name, rows in batch.items()}
+        in_order = len(unique) == len(wanted) and bool(np.array_equal(unique, wanted))
+        batch = self._read_runs(pieces, len(unique), rest)
+        for name in rest:
+            out[name] = batch[name] if in_order else batch[name][inverse]
+        return {n: out[n] for n in self.fields}
 
-    def _read_runs(self, pieces: list[tuple[int, int, int]], total: int) -> dict[str, np.ndarray]:
+    def _read_runs(
+        self, pieces: list[tuple[int, int, int]], total: int, names: list[str]
+    ) -> dict[str, np.ndarray]:
+        datasets = self.datasets()
         out: dict[str, np.ndarray] = {}
-        for name, dataset in self.datasets().items():
-            info = self.info[name]
+        for name in names:
+            dataset, info = datasets[name], self.info[name]
             if info.text:
                 rows = np.empty(total, dtype=object)
                 for pos, start, stop in pieces:
@@ -304,92 +406,6 @@ class Release:
                 dataset.read_direct(block, np.s_[start:stop], np.s_[pos : pos + stop - start])
             out[name] = block
         return out
-
-
-class ChunkSampler:
-    """Epoch orders that keep each chunk's rows together, seeded per epoch.
-
-    With ``shuffle`` the chunks come in a random order and the rows inside each chunk in a
-    random order, so a batch touches one or two chunks instead of one per row; without it the
-    order is sequential (right for a release shuffled at write time). With ``world_size > 1``
-    each rank gets an equal, contiguous share of the epoch order (padded by wrapping around, or
-    trimmed with ``drop_last``), so every rank runs the same number of batches. Call
-    ``set_epoch(n)`` before each epoch; all ranks must use the same ``seed``.
-    """
-
-    def __init__(
-        self,
-        length: int,
-        chunk_rows: int,
-        *,
-        shuffle: bool = True,
-        seed: int = 0,
-        rank: int = 0,
-        world_size: int = 1,
-        drop_last: bool = False,
-    ):
-        if chunk_rows < 1 or length < 0:
-            raise ValueError(f"need chunk_rows >= 1 and length >= 0, got {chunk_rows}, {length}")
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank must be in 0..{world_size - 1}, got {rank}")
-        self.length = length
-        self.chunk_rows = chunk_rows
-        self.shuffle = shuffle
-        self.seed = seed
-        self.rank = rank
-        self.world_size = world_size
-        self.drop_last = drop_last
-        self.epoch = 0
-
-    @classmethod
-    def for_release(cls, release: Release | Any, **kwargs: Any) -> ChunkSampler:
-        """A sampler matching a ``Release`` (or anything with ``release``, like ``H5Dataset``)."""
-        source: Release = getattr(release, "release", release)
-        return cls(len(source), source.chunk_rows, **kwargs)
-
-    def set_epoch(self, epoch: int) -> None:
-        """Choose the epoch whose order the next iteration yields."""
-        self.epoch = epoch
-
-    @property
-    def per_rank(self) -> int:
-        """Samples each rank yields per epoch."""
-        if self.drop_last:
-            return self.length // self.world_size
-        return math.ceil(self.length / self.world_size) if self.length else 0
-
-    def __len__(self) -> int:
-        return self.per_rank
-
-    def epoch_order(self) -> np.ndarray:
-        """The whole epoch's order, before it is split between ranks."""
-        if not self.shuffle:
-            return np.arange(self.length, dtype=np.int64)
-        rng = np.random.default_rng([self.seed, self.epoch])
-        starts = np.arange(0, self.length, self.chunk_rows)
-        parts = []
-        for start in rng.permutation(starts):
-            stop = min(int(start) + self.chunk_rows, self.length)
-            parts.append(int(start) + rng.permutation(stop - int(start)))
-        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
-
-    def indices(self) -> np.ndarray:
-        """This rank's share of the epoch order."""
-        order = self.epoch_order()
-        per = self.per_rank
-        total = per * self.world_size
-        if total > len(order) and len(order):
-            order = np.resize(order, total)  # wrap around, like DistributedSampler
-        return order[self.rank * per : (self.rank + 1) * per]
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(self.indices().tolist())
-
-    def batches(self, batch_size: int, *, drop_last: bool = False) -> list[np.ndarray]:
-        """This rank's indices cut into batches of ``batch_size``."""
-        order = self.indices()
-        stop = len(order) - len(order) % batch_size if drop_last else len(order)
-        return [order[i : i + batch_size] for i in range(0, stop, batch_size)]
 
 
 def iter_batches(
@@ -405,8 +421,9 @@ def iter_batches(
 ) -> Iterator[dict[str, np.ndarray]]:
     """Yield one epoch of a split as dicts of numpy arrays (for JAX, NumPy or anything else).
 
-    Batches follow the chunk-aware order (``shuffle``) or the file order, so each batch costs
-    one or two contiguous reads. Text fields come back as object arrays of ``str``.
+    Batches follow the chunk-aware order (``shuffle``) or the file order and are cut on chunk
+    boundaries (see ``ChunkSampler.batches``), so each costs one contiguous read per field.
+    Text fields come back as object arrays of ``str``.
 
     Raises:
         ReaderError: the split or a field is missing.

@@ -12,7 +12,8 @@ from typing import Any
 import numpy as np
 import torch.utils.data
 
-from h5etl.readers._core import ChunkSampler, Release
+from h5etl.readers._core import Release
+from h5etl.readers._sampler import BatchSampler, ChunkSampler
 
 Sample = dict[str, Any]
 
@@ -23,7 +24,8 @@ class H5Dataset(torch.utils.data.Dataset[Any]):
     Safe with ``num_workers > 0`` under fork and spawn and with ``persistent_workers``: the
     dataset pickles as a recipe (path, split, fields) and each process opens the file lazily on
     its first read. ``__getitems__`` lets the ``DataLoader`` fetch a batch with one slice read
-    per contiguous run of indices; pair it with :class:`ChunkSampler` (``sampler()``).
+    per contiguous run of indices; pair it with ``batch_sampler()`` (chunk-aligned batches) or
+    ``sampler()`` (a :class:`ChunkSampler` for ``sampler=`` with the loader's ``batch_size``).
 
     Parameters:
         path: the release or its link; the link is resolved once, here.
@@ -70,6 +72,11 @@ class H5Dataset(torch.utils.data.Dataset[Any]):
     def sampler(self, **kwargs: Any) -> ChunkSampler:
         """A :class:`ChunkSampler` for this dataset (``shuffle``, ``seed``, ``rank``, ...)."""
         return ChunkSampler.for_release(self.release, **kwargs)
+
+    def batch_sampler(self, batch_size: int, **kwargs: Any) -> BatchSampler:
+        """Chunk-aligned batches for ``DataLoader(batch_sampler=...)``; kwargs as ``sampler``."""
+        drop_last = kwargs.pop("drop_last", None)
+        return self.sampler(**kwargs).batch_sampler(batch_size, drop_last=drop_last)
 
     def close(self) -> None:
         """Close this process's file handle (the next read reopens it)."""

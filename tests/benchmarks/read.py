@@ -1,0 +1,282 @@
+"""Read benchmark: how fast training code gets samples out of a release.
+
+Run on its own (never under pytest; it asserts nothing about time)::
+
+    python tests/benchmarks/read.py               # 2048 samples of 3x224x224, ~2-3 minutes
+    python tests/benchmarks/read.py --samples 8192 --dir /data/bench   # bigger, on a real disk
+
+It writes the same synthetic uint8 images (cell-like pictures, so they compress like real
+ones) into datasets laid out like a release's ``/train/image`` (chunks of 32 samples; no
+compression, lzf and gzip, each with the byte shuffle filter as releases use) and into a raw
+``.npy`` read with ``np.load(mmap_mode='r')``: the limit. Files are read once before timing,
+so numbers are warm page-cache numbers (what a second epoch sees); on a cold disk every row
+is slower by the disk. Prints markdown tables of medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import h5py
+import hdf5plugin
+import numpy as np
+
+from h5etl.demo import cell_pair
+from h5etl.readers import ChunkSampler, Release
+
+SHAPE = (3, 224, 224)
+BATCH = 32
+FORMATS: dict[str, dict[str, Any]] = {  # the filters a release of that codec gets
+    "none": {},
+    "lzf": {"compression": "lzf", "shuffle": True},
+    "gzip": {"compression": "gzip", "compression_opts": 4, "shuffle": True},
+    "blosc-lz4": dict(hdf5plugin.Blosc(cname="lz4", clevel=5, shuffle=1)),
+}
+
+
+def synthetic(samples: int, seed: int = 0) -> np.ndarray:
+    """``samples`` cell pictures: a few bases, each shifted, flipped and re-noised."""
+    rng = np.random.default_rng(seed)
+    bases = [cell_pair(rng, SHAPE[1], SHAPE[2])[0].transpose(2, 0, 1) for _ in range(48)]
+    out = np.empty((samples, *SHAPE), dtype=np.uint8)
+    for index in range(samples):
+        image = bases[int(rng.integers(len(bases)))]
+        image = np.roll(image, tuple(int(v) for v in rng.integers(0, 224, 2)), axis=(1, 2))
+        out[index] = image[:, :, ::-1] if index % 2 else image
+    noise = rng.integers(-3, 4, size=out.shape[1:], dtype=np.int16)
+    out[::3] = np.clip(out[::3] + noise, 0, 255).astype(np.uint8)
+    return out
+
+
+def write_h5(path: Path, data: np.ndarray, chunk: int, filters: dict[str, Any]) -> None:
+    """One ``/train/image`` dataset in the release layout, written chunk by chunk."""
+    with h5py.File(path, "w", libver=("v110", "v110")) as handle:
+        dataset = handle.create_dataset(
+            "train/image", shape=data.shape, dtype=data.dtype, chunks=(chunk, *SHAPE), **filters
+        )
+        step = max(chunk, 256 // chunk * chunk)
+        for start in range(0, len(data), step):
+            dataset[start : start + step] = data[start : start + step]
+
+
+def warm(path: Path) -> None:
+    with path.open("rb") as stream:
+        while stream.read(1 << 24):
+            pass
+
+
+@contextmanager
+def stopwatch(out: list[float]) -> Iterator[None]:
+    started = time.perf_counter()
+    yield
+    out.append(time.perf_counter() - started)
+
+
+def median_ms(fn: Callable[[int], Any], indices: np.ndarray) -> float:
+    times: list[float] = []
+    for index in indices.tolist():
+        with stopwatch(times):
+            fn(index)
+    return 1000 * statistics.median(times)
+
+
+def throughput(fn: Callable[[np.ndarray], Any], batches: list[np.ndarray], budget: float) -> float:
+    """Samples per second over ``batches``, stopping early after ``budget`` seconds."""
+    done, started = 0, time.perf_counter()
+    for batch in batches:
+        fn(batch)
+        done += len(batch)
+        if time.perf_counter() - started > budget:
+            break
+    return done / (time.perf_counter() - started)
+
+
+def best_of(repeats: int, fn: Callable[[], float]) -> float:
+    return statistics.median(fn() for _ in range(repeats))
+
+
+class NpyDataset:
+    """The limit for the DataLoader row: a memmapped ``.npy`` with batched fetches."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.length = int(np.load(path, mmap_mode="r").shape[0])
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+        return {"image": np.array(np.load(self.path, mmap_mode="r")[index])}
+
+    def __getitems__(self, indices: list[int]) -> list[dict[str, np.ndarray]]:
+        rows = np.load(self.path, mmap_mode="r")[indices]
+        return [{"image": row} for row in rows]
+
+
+def loader_epoch(dataset: Any, batches: Any, workers: int) -> float:
+    """Samples per second of one DataLoader epoch (worker start-up included)."""
+    import torch.utils.data
+
+    loader = torch.utils.data.DataLoader(
+        dataset, batch_sampler=batches, num_workers=workers, multiprocessing_context="fork"
+    )
+    started = time.perf_counter()
+    count = sum(len(batch["image"]) for batch in loader)
+    return count / (time.perf_counter() - started)
+
+
+def measure(path: Path, npy: np.ndarray | None, args: argparse.Namespace) -> dict[str, float]:
+    """Every number of one row of the main table."""
+    rng = np.random.default_rng(1)
+    probes = rng.integers(0, args.samples, size=args.probes)
+    naive_batches = [rng.integers(0, args.samples, size=BATCH) for _ in range(64)]
+    row: dict[str, float] = {}
+    if npy is not None:
+        row["single_ms"] = median_ms(lambda i: np.array(npy[i]), probes)
+        row["naive"] = best_of(
+            3,
+            lambda: throughput(
+                lambda b: [np.array(npy[i]) for i in b.tolist()], naive_batches, args.budget
+            ),
+        )
+        row["random_batch"] = best_of(
+            3, lambda: throughput(lambda b: npy[b], naive_batches, args.budget)
+        )
+        sampler = ChunkSampler(args.samples, args.chunk, seed=0)
+        row["sampler"] = best_of(
+            3, lambda: throughput(lambda b: npy[b], sampler.batches(BATCH), args.budget)
+        )
+        return row
+    release = Release(path, "train", fields=["image"], batch_size=BATCH)
+    single = Release(path, "train", fields=["image"], batch_size=1)
+    row["single_ms"] = median_ms(lambda i: single.read([i]), probes)
+    with h5py.File(path, "r") as handle:  # what a naive Dataset does: default cache, row by row
+        dataset = handle["train/image"]
+        row["naive_single_ms"] = median_ms(lambda i: dataset[i], probes[: args.probes // 4])
+        row["naive"] = best_of(
+            1,
+            lambda: throughput(
+                lambda b: [dataset[i] for i in b.tolist()], naive_batches, args.budget
+            ),
+        )
+        row["random_batch"] = best_of(
+            1, lambda: throughput(lambda b: dataset[np.unique(b)], naive_batches, args.budget)
+        )
+    epochs = []
+    for epoch in range(3):
+        sampler = ChunkSampler(len(release), release.chunk_rows, seed=0)
+        sampler.set_epoch(epoch)
+        epochs.append(throughput(release.read, sampler.batches(BATCH), args.budget))
+    row["sampler"] = statistics.median(epochs)
+    release.close()
+    single.close()
+    return row
+
+
+def loader_rows(paths: dict[str, Path], args: argparse.Namespace) -> dict[str, float]:
+    from h5etl.readers import H5Dataset
+
+    out = {}
+    for name, path in paths.items():
+        if name == "npy":
+            dataset: Any = NpyDataset(path)
+            batches: Any = ChunkSampler(args.samples, args.chunk, seed=0).batch_sampler(BATCH)
+        else:
+            dataset = H5Dataset(path, "train", fields=["image"], batch_size=BATCH)
+            batches = dataset.batch_sampler(BATCH, seed=0)
+        out[name] = best_of(2, lambda: loader_epoch(dataset, batches, args.workers))  # noqa: B023
+    return out
+
+
+def chunk_tradeoff(data: np.ndarray, folder: Path, args: argparse.Namespace) -> list[str]:
+    """Random single-sample latency and batch throughput against chunk size (lzf)."""
+    lines = [
+        "| chunk (samples) | chunk size | lzf ratio | random 1 sample, sized cache (ms) "
+        "| random 1 sample, default 1 MiB cache (ms) | sampler batch-32 (samples/s) |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for chunk in args.chunks:
+        path = folder / f"lzf-c{chunk}.h5"
+        write_h5(path, data, chunk, FORMATS["lzf"])
+        warm(path)
+        bench = argparse.Namespace(**{**vars(args), "chunk": chunk})
+        row = measure(path, None, bench)
+        ratio = data.nbytes / path.stat().st_size
+        mib = chunk * math.prod(SHAPE) / 2**20
+        lines.append(
+            f"| {chunk} | {mib:.2f} MiB | {ratio:.2f} | {row['single_ms']:.2f} "
+            f"| {row['naive_single_ms']:.2f} | {row['sampler']:,.0f} |"
+        )
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--samples", type=int, default=2048)
+    parser.add_argument("--chunk", type=int, default=32)
+    parser.add_argument("--chunks", type=int, nargs="*", default=[32, 8, 1])
+    parser.add_argument("--probes", type=int, default=200, help="random single-sample reads")
+    parser.add_argument("--budget", type=float, default=4.0, help="seconds per throughput run")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--dir", type=Path, default=None, help="keep the files here")
+    parser.add_argument("--no-loader", action="store_true", help="skip the DataLoader rows")
+    args = parser.parse_args(argv)
+
+    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+        folder = Path(tmp)
+        started = time.perf_counter()
+        data = synthetic(args.samples)
+        paths: dict[str, Path] = {}
+        for name, filters in FORMATS.items():
+            paths[name] = folder / f"{name}.h5"
+            write_h5(paths[name], data, args.chunk, filters)
+        paths["npy"] = folder / "images.npy"
+        np.save(paths["npy"], data)
+        for path in paths.values():
+            warm(path)
+        print(
+            f"wrote {args.samples} samples of {SHAPE} uint8 ({data.nbytes / 2**20:.0f} MiB "
+            f"raw) in {time.perf_counter() - started:.1f} s, chunks of {args.chunk}; "
+            f"{os.cpu_count()} CPUs, h5py {h5py.__version__}, HDF5 {h5py.version.hdf5_version}",
+            file=sys.stderr,
+        )
+        rows = {}
+        for name, path in paths.items():
+            npy = np.load(path, mmap_mode="r") if name == "npy" else None
+            rows[name] = measure(path, npy, args)
+            print(f"measured {name}", file=sys.stderr)
+        loader = {} if args.no_loader else loader_rows(paths, args)
+        limit = rows["npy"]["sampler"]
+        print(f"\n### Read throughput, {args.samples} x 3x224x224 uint8, chunks of {args.chunk}\n")
+        print(
+            "| format | ratio | random 1 sample (ms) | naive batch-32, row by row (samples/s) "
+            "| naive batch-32, one fancy read (samples/s) | chunk-aware sampler batch-32 "
+            "(samples/s) | sampler vs npy | sampler vs naive | DataLoader 2 workers (samples/s) |"
+        )
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for name, row in rows.items():
+            ratio = data.nbytes / paths[name].stat().st_size
+            print(
+                f"| {name} | {ratio:.2f} | {row['single_ms']:.3f} | {row['naive']:,.0f} "
+                f"| {row['random_batch']:,.0f} | {row['sampler']:,.0f} "
+                f"| {row['sampler'] / limit:.2f}x | {row['sampler'] / row['naive']:.1f}x "
+                f"| {loader.get(name, float('nan')):,.0f} |"
+            )
+        print("\n### Chunk size trade-off (lzf), random access\n")
+        print("\n".join(chunk_tradeoff(data, folder, args)))
+        print(f"\ntotal {time.perf_counter() - started:.0f} s", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
