@@ -284,21 +284,33 @@ def _check_name(name: str, what: str) -> None:
         )
 
 
-# A config's splits replace the recipe's: merging {train: 1.0} into {train: 0.8, valid: 0.2}
-# would add a split the user never asked for (and break the sum-to-1 rule).
-REPLACED_KEYS = frozenset({"splits"})
-
-
-def _deep_merge(
-    defaults: Mapping[str, Any], override: Mapping[str, Any], replace: frozenset[str] = frozenset()
-) -> dict[str, Any]:
+def _deep_merge(defaults: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
     merged = dict(defaults)
     for key, value in override.items():
         base = merged.get(key)
-        if key not in replace and isinstance(base, Mapping) and isinstance(value, Mapping):
+        if isinstance(base, Mapping) and isinstance(value, Mapping):
             merged[key] = _deep_merge(base, value)
         else:
             merged[key] = value
+    return merged
+
+
+# Keys whose recipe defaults merge into the config's mapping; any other key the config sets
+# replaces the recipe's value whole: a config's splits or sources never mix with the recipe's.
+_MERGED_KEYS = frozenset({"storage", "pad"})
+
+
+def _apply_recipe(defaults: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
+    """Recipe defaults under the config. The recipe's fields are added unless the config sets
+    them to null; a field both name is merged key by key."""
+    merged = {**defaults, **config}
+    for key in _MERGED_KEYS:
+        if isinstance(defaults.get(key), Mapping) and isinstance(config.get(key), Mapping):
+            merged[key] = _deep_merge(defaults[key], config[key])
+    field_defaults, fields = defaults.get("fields"), config.get("fields")
+    if isinstance(field_defaults, Mapping) and isinstance(fields, Mapping):
+        combined = _deep_merge(field_defaults, fields)
+        merged["fields"] = {name: spec for name, spec in combined.items() if spec is not None}
     return merged
 
 
@@ -390,7 +402,7 @@ def parse_spec(data: Mapping[str, Any], *, config_path: Path) -> Spec:
     """
     config_path = config_path.absolute()
     defaults = _recipe_defaults(data.get("pipeline", "segmentation"), config_path)
-    merged = _resolve_paths(_deep_merge(defaults, data, REPLACED_KEYS), config_path.parent)
+    merged = _resolve_paths(_apply_recipe(defaults, data), config_path.parent)
     try:
         spec = Spec.model_validate(merged)
     except ValidationError as exc:

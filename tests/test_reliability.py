@@ -1,0 +1,473 @@
+"""Failure modes lose nothing: kills, Ctrl-C, concurrent builds, full disks, crashing workers,
+hostile inputs, resume. Each test observes the folder after the failure: link target, the
+previous release's bytes, and which files are left."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+import pytest
+from conftest import MakeRaw, WriteConfig, dataset_digests, random_pair, save
+
+import h5etl
+from h5etl import decode, release
+from h5etl.errors import BuildFailed, LockHeld, SinkError
+from h5etl.records import BatchResult, DecodeTask
+from h5etl.spec import load_spec
+
+CELLS = "cells"
+PUBLISHED_V1 = ["cells-v0001.h5", "cells-v0001.rejects.jsonl", "cells.h5"]
+
+
+def file_sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def folder_state(folder: Path) -> dict[str, Any]:
+    """What a failure left behind: the link target and every file name."""
+    link = folder / f"{CELLS}.h5"
+    return {
+        "link": os.readlink(link) if link.is_symlink() else None,
+        "files": sorted(p.name for p in folder.iterdir()),
+    }
+
+
+def release_named(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name.startswith(f"{CELLS}-v"))
+
+
+@pytest.fixture
+def project(tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig) -> Path:
+    """A raw folder of 24 good pairs and a config with small chunks, so builds have many batches."""
+    make_raw(tmp_path, n=24)
+    return write_config(tmp_path, storage={"chunk_samples": 2})
+
+
+def build(config: Path, **kwargs: Any) -> h5etl.BuildReport:
+    return h5etl.build(load_spec(config), **kwargs)
+
+
+def run_script(script: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """Run Python code in a fresh interpreter and session (so it can be killed for real).
+
+    Output goes to a file, not a pipe: worker processes of a killed build would hold a pipe
+    open; the whole session is killed afterwards so none of them outlives the test.
+    """
+    with open(os.devnull, "w") as sink:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", textwrap.dedent(script), *args],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            code = proc.wait(timeout=timeout)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+    return subprocess.CompletedProcess(proc.args, code, "", "")
+
+
+# A build that SIGKILLs itself after `after` samples went through the sink, or from inside the
+# sink in the middle of storing chunks (`where=sink`).
+KILLED_BUILD = """
+    import os, signal, sys
+    import h5etl, h5etl.sink
+    from h5etl.spec import load_spec
+    config, after, jobs, where = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    seen = 0
+    def hook(stage, advance, total):
+        global seen
+        if stage == "decode" and total is None:
+            seen += advance
+            if where == "decode" and seen >= after:
+                os.kill(os.getpid(), signal.SIGKILL)
+    stores = 0
+    original = h5etl.sink._ImageWriter._store
+    def store(self, row, chunks):
+        global stores
+        stores += 1
+        if where == "sink" and stores == after:
+            # half of this batch's chunks are on disk, the rest never will be
+            original(self, row, chunks[: len(chunks) // 2 or 1])
+            os.kill(os.getpid(), signal.SIGKILL)
+        original(self, row, chunks)
+    h5etl.sink._ImageWriter._store = store
+    h5etl.build(load_spec(config), jobs=jobs, progress=hook, checkpoint_seconds=0)
+"""
+
+
+@pytest.mark.parametrize(
+    ("after", "jobs", "where"),
+    [
+        pytest.param(4, 2, "decode", id="while-workers-decode"),
+        pytest.param(7, 1, "sink", id="while-sink-writes"),
+    ],
+)
+def test_sigkill_leaves_previous_release_and_link(
+    project: Path, after: int, jobs: int, where: str
+) -> None:
+    first = build(project)
+    folder = first.path.parent if first.path else Path()
+    before = file_sha(folder / "cells-v0001.h5")
+
+    killed = run_script(KILLED_BUILD, str(project), str(after), str(jobs), where)
+
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    state = folder_state(folder)
+    assert state["link"] == "cells-v0001.h5"
+    assert file_sha(folder / "cells-v0001.h5") == before
+    assert release_named(folder) == ["cells-v0001.h5", "cells-v0001.rejects.jsonl"]
+    leftovers = [f for f in state["files"] if f.startswith(".cells.partial-")]
+    assert leftovers, "a killed build leaves a recognisable temp file"
+
+    second = build(project)  # no --resume: starts clean and removes the leftovers
+
+    assert second.version == 2
+    assert second.resumed == 0
+    assert folder_state(folder)["link"] == "cells-v0002.h5"
+    assert not [f for f in os.listdir(folder) if ".partial-" in f or f.endswith(".lock")]
+    assert file_sha(folder / "cells-v0001.h5") == before
+
+
+@pytest.mark.parametrize(
+    ("after", "jobs", "where"),
+    [
+        pytest.param(2, 1, "decode", id="after-first-batch"),
+        pytest.param(12, 2, "decode", id="midway-jobs2"),
+        pytest.param(20, 1, "decode", id="near-the-end"),
+        pytest.param(6, 1, "sink", id="inside-the-sink"),
+    ],
+)
+def test_resume_after_kill_matches_uninterrupted_build(
+    project: Path, tmp_path: Path, after: int, jobs: int, where: str
+) -> None:
+    reference = build(project, jobs=1)
+    assert reference.path is not None
+    expected = dataset_digests(reference.path)
+    reference.path.unlink()
+    (reference.path.parent / "cells.h5").unlink()
+
+    killed = run_script(KILLED_BUILD, str(project), str(after), str(jobs), where)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+
+    resumed = build(project, jobs=jobs, resume=True)
+
+    assert resumed.path is not None
+    assert resumed.resumed > 0, "the work written before the kill was reused"
+    assert resumed.resumed < sum(resumed.samples.values())
+    assert dataset_digests(resumed.path) == expected
+    report = check_deep(resumed.path)
+    assert report.ok, report.problems
+    assert not [f for f in os.listdir(resumed.path.parent) if ".partial-" in f]
+
+
+def check_deep(path: Path) -> Any:
+    from h5etl.check import check_release
+
+    return check_release(path, deep=True)
+
+
+def test_resume_refuses_a_changed_plan(project: Path, make_raw: MakeRaw, tmp_path: Path) -> None:
+    killed = run_script(KILLED_BUILD, str(project), "10", "1", "decode")
+    assert killed.returncode == -signal.SIGKILL
+    extra = np.zeros((8, 8, 3), np.uint8)
+    save(tmp_path / "raw" / "images" / "zz_new.png", extra)
+    save(tmp_path / "raw" / "masks" / "zz_new.png", extra[..., 0])
+
+    report = build(project, resume=True)
+
+    assert report.resumed == 0  # inputs changed: built from the start, not mixed
+    assert sum(report.samples.values()) == 25
+
+
+def test_sigint_stops_cleanly_with_exit_130(project: Path) -> None:
+    build(project)
+    folder = project.parent / "releases"
+    before = file_sha(folder / "cells-v0001.h5")
+    script = """
+        import sys, time
+        import h5etl.images
+        original = h5etl.images.decode
+        def slow(*args, **kwargs):
+            time.sleep(0.05)
+            return original(*args, **kwargs)
+        h5etl.images.decode = slow
+        from h5etl.cli import main
+        sys.argv = ["h5etl", "build", sys.argv[1], "--jobs", "1", "--quiet"]
+        main()
+    """
+    proc = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(script), str(project)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while not list(folder.glob(".cells.partial-*.h5")):
+        assert time.monotonic() < deadline, "the build never started writing"
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+
+    assert proc.returncode == 130
+    assert stderr.strip().splitlines() == ["h5etl: interrupted; nothing was published"]
+    assert folder_state(folder)["files"] == [
+        "cells-v0001.h5",
+        "cells-v0001.rejects.jsonl",
+        "cells.h5",
+    ]
+    assert file_sha(folder / "cells-v0001.h5") == before
+
+
+def test_second_build_refuses_while_lock_is_held(project: Path) -> None:
+    spec = load_spec(project)
+    output = release.OutputFolder(spec.output, spec.name)
+    with output.locked(), pytest.raises(LockHeld) as caught:
+        build(project)
+    message = str(caught.value)
+    assert f"pid {os.getpid()}" in message
+    assert socket.gethostname() in message
+    assert "started 20" in message
+    assert not release_named(spec.output)
+
+
+def test_stale_lock_of_a_dead_process_is_taken_over(project: Path) -> None:
+    spec = load_spec(project)
+    spec.output.mkdir(parents=True)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    lock = {"pid": int(dead.stdout), "host": socket.gethostname(), "started": "2026-01-01"}
+    (spec.output / ".cells.lock").write_text(json.dumps(lock))
+
+    report = build(project)
+
+    assert report.version == 1
+    assert not (spec.output / ".cells.lock").exists()
+
+
+def test_builds_of_different_configs_run_side_by_side(
+    tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig
+) -> None:
+    configs = []
+    for name in ("left", "right"):
+        root = tmp_path / name
+        make_raw(root, n=12)
+        configs.append(write_config(root, name=name, storage={"chunk_samples": 2}))
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "h5etl", "build", str(c), "-j", "1", "-q"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for c in configs
+    ]
+    outcomes = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outcomes
+    for config in configs:
+        assert (config.parent / "releases" / f"{config.parent.name}.h5").is_symlink()
+
+
+def test_write_error_fails_cleanly_and_keeps_previous(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = build(project)
+    assert first.path is not None
+    before = file_sha(first.path)
+    calls = 0
+    original = h5etl.sink._ImageWriter._store
+
+    def failing_store(self: Any, row: int, chunks: Any) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 3:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        original(self, row, chunks)
+
+    monkeypatch.setattr(h5etl.sink._ImageWriter, "_store", failing_store)
+    with pytest.raises(SinkError, match="No space left on device"):
+        build(project)
+
+    folder = first.path.parent
+    assert folder_state(folder)["files"] == [
+        "cells-v0001.h5",
+        "cells-v0001.rejects.jsonl",
+        "cells.h5",
+    ]
+    assert file_sha(first.path) == before
+
+
+@pytest.fixture
+def tiny_disk(tmp_path: Path) -> Any:
+    mount = tmp_path / "tiny"
+    mount.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=96k", "tmpfs", str(mount)],
+        capture_output=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        pytest.skip(
+            "cannot mount a tmpfs here; the injected-OSError test covers the disk-full path"
+        )
+    yield mount
+    subprocess.run(["umount", str(mount)], check=False)
+
+
+def test_real_full_disk(
+    tiny_disk: Path, tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig
+) -> None:
+    make_raw(tmp_path, n=40, sizes=((24, 24),))
+    config = write_config(tmp_path, output=str(tiny_disk), storage={"compression": "none"})
+    with pytest.raises((SinkError, h5etl.ReleaseError, OSError)):
+        build(config)
+    assert sorted(os.listdir(tiny_disk)) == []
+
+
+def segfault_on_s003(task: DecodeTask, recipe: decode.DecodeRecipe) -> BatchResult:
+    """A decoder that crashes its process on one sample, like a buggy native codec."""
+    if any(s.key == "s003" for s in task.samples):
+        os.kill(os.getpid(), signal.SIGSEGV)
+    return decode.decode_batch(task, recipe)
+
+
+def test_crashing_worker_rejects_only_its_sample(project: Path) -> None:
+    from joblib.externals import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    spec = load_spec(project)
+    from h5etl import clean, discover, pipeline
+
+    plan = clean.plan(spec, discover.find_samples(spec).samples)
+    recipe = decode.DecodeRecipe.from_spec(spec, pipeline.layouts_of(spec))
+    results = list(
+        decode.run_tasks(clean.TaskCutter(plan, 2), recipe, jobs=2, worker=segfault_on_s003)
+    )
+
+    rejects = [r for res in results for r in res.rejects]
+    assert {r.reason for r in rejects} == {"worker_crashed"}
+    assert {r.key for r in rejects} == {"s003"}
+    assert sum(r.accepted for r in results) == plan.total - 1
+
+
+def test_memory_error_and_decompression_bomb_are_rejects(
+    project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from PIL import Image
+
+    big = np.zeros((20, 20, 3), np.uint8)
+    save(tmp_path / "raw" / "images" / "bomb.png", big)
+    save(tmp_path / "raw" / "masks" / "bomb.png", big[..., 0])
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 150)  # 20x20 = 400 > 2x the limit
+    original = h5etl.images.decode
+
+    def oom(data: bytes, mode: Any, *, path: str, mask_labels: Any = None) -> np.ndarray:
+        if path.endswith("s005.png"):
+            raise MemoryError
+        return original(data, mode, path=path, mask_labels=mask_labels)
+
+    monkeypatch.setattr(h5etl.images, "decode", oom)
+    report = build(project, jobs=1)
+    reasons = {Path(r.path).name: r.reason for r in report.rejects}
+    assert reasons["bomb.png"] == "decompression_bomb"
+    assert reasons["s005.png"] == "memory_error"
+
+
+def test_on_error_fail_stops_without_release(project: Path, tmp_path: Path) -> None:
+    (tmp_path / "raw" / "images" / "zz_broken.png").write_bytes(b"not a png")
+    (tmp_path / "raw" / "masks" / "zz_broken.png").write_bytes(b"not a png")
+    spec = load_spec(project).model_copy(update={"on_error": "fail"})
+    with pytest.raises(BuildFailed, match="on_error: fail"):
+        h5etl.build(spec)
+    assert not release_named(spec.output)
+
+
+@pytest.mark.parametrize("limit", [pytest.param(1, id="count"), pytest.param(0.05, id="fraction")])
+def test_max_rejects_fails_with_tally(
+    tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig, limit: float
+) -> None:
+    make_raw(tmp_path, n=10, broken=["empty", "text", "mask_128"])
+    config = write_config(tmp_path, max_rejects=limit)
+    with pytest.raises(BuildFailed) as caught:
+        build(config)
+    message = str(caught.value)
+    assert "over max_rejects" in message
+    assert "unreadable 4" in message  # two pairs: each image and its mask
+    assert not (tmp_path / "releases" / "cells.h5").exists()
+
+
+def test_max_rejects_allows_a_few(
+    tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig
+) -> None:
+    make_raw(tmp_path, n=10, broken=["empty"])
+    report = build(write_config(tmp_path, max_rejects=0.2))
+    assert report.version == 1
+
+
+def test_hostile_names_and_links(
+    tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig
+) -> None:
+    make_raw(tmp_path, n=2)
+    images, masks = tmp_path / "raw" / "images", tmp_path / "raw" / "masks"
+    rng = np.random.default_rng(1)
+    names = ["a\u2215b", "line\nbreak", "line_break", "x" * 240, "tab\there", "dot.dot", "一"]
+    for name in names:
+        image, mask = random_pair(rng, (9, 11))
+        save(images / f"{name}.png", image)
+        save(masks / f"{name}.png", mask)
+    one_px = np.full((1, 1, 3), 200, np.uint8)
+    save(images / "onepx.png", one_px)
+    save(masks / "onepx.png", np.full((1, 1), 255, np.uint8))
+    os.symlink("loop_b.png", images / "loop_a.png")
+    os.symlink("loop_a.png", images / "loop_b.png")
+    os.symlink(images, images / "dirloop")  # a folder link back to itself: never walked
+    save(masks / "loop_a.png", np.zeros((4, 4), np.uint8))
+
+    report = build(
+        write_config(
+            tmp_path, sources={"image": {"glob": "**/*.png"}, "mask": {"glob": "**/*.png"}}
+        )
+    )
+
+    reasons = {Path(r.path).name: r.reason for r in report.rejects}
+    assert reasons["loop_a.png"] == "symlink_loop"
+    assert reasons["loop_b.png"] == "orphan"
+    assert report.path is not None
+    with h5py.File(report.path) as handle:
+        stored = {n.decode() for s in ("train", "valid") for n in handle[s]["filename"][...]}
+        renamed = list(handle["diagnostics"].attrs["renamed_keys"])
+    assert {f"{n}.png" for n in names} | {"onepx.png"} <= stored
+    assert any("line_break~2" in r for r in renamed), renamed
+
+
+def test_reader_keeps_old_release_while_link_swaps(project: Path) -> None:
+    first = build(project)
+    link = project.parent / "releases" / "cells.h5"
+    with h5py.File(link, "r") as old:
+        before = old["train/image"][...]
+        second = build(project)
+        assert np.array_equal(old["train/image"][...], before)
+        assert int(old.attrs["version"]) == 1
+    with h5py.File(link, "r") as new:
+        assert int(new.attrs["version"]) == 2
+    assert first.version == 1
+    assert second.version == 2
