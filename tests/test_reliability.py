@@ -351,7 +351,7 @@ def segfault_on_s003(task: DecodeTask, recipe: decode.DecodeRecipe) -> BatchResu
 
 
 def test_crashing_worker_rejects_only_its_sample(project: Path) -> None:
-    from joblib.externals import cloudpickle
+    from joblib.externals.loky.backend.reduction import cloudpickle  # what loky pickles with
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
     spec = load_spec(project)
