@@ -63,13 +63,18 @@ def sanitize_key(key: str) -> str:
 def sanitize_keys(samples: Sequence[Sample]) -> tuple[list[Sample], list[tuple[str, str]]]:
     """Sanitise every key; keys that collide afterwards are all kept as ``key~2``, ``key~3``."""
     counts = Counter(sanitize_key(s.key) for s in samples)
+    taken = set(counts)  # a number must not land on a key that exists already (``a~2``)
     used: Counter[str] = Counter()
     out, renamed = [], []
     for sample in samples:  # sorted by original key, so numbering is deterministic
         clean = sanitize_key(sample.key)
         if counts[clean] > 1:
             used[clean] += 1
-            clean = clean if used[clean] == 1 else f"{clean}~{used[clean]}"
+            if used[clean] > 1:
+                while f"{clean}~{used[clean]}" in taken:
+                    used[clean] += 1
+                clean = f"{clean}~{used[clean]}"
+                taken.add(clean)
         if clean != sample.key:
             renamed.append((sample.key, clean))
         out.append(Sample(clean, sample.files))
