@@ -129,6 +129,19 @@ def test_sanitize_keys_numbers_collisions() -> None:
     assert renamed == [("a:b", "a_b"), ("a\\b", "a_b~2")]
 
 
+def test_sanitize_keys_numbers_around_existing_keys() -> None:
+    # "a:b" and "a_b" collided into "a_b" and "a_b~2", and so did the real key "a_b~2"
+    samples = [_sample("a:b"), _sample("a_b"), _sample("a_b~2")]
+    out, _ = clean.sanitize_keys(samples)
+    assert [s.key for s in out] == ["a_b", "a_b~3", "a_b~2"]
+
+
+@given(st.lists(st.text(alphabet="ab:_~2\\", min_size=1, max_size=5), unique=True, max_size=12))
+def test_sanitized_keys_are_unique(names: list[str]) -> None:
+    out, _ = clean.sanitize_keys([_sample(k) for k in sorted(names)])
+    assert len({s.key for s in out}) == len(names)
+
+
 def _plan(sizes: list[int]) -> Plan:
     splits = {
         f"s{i}": [PlannedSample(f"s{i}-{j}", (), (1, 1)) for j in range(size)]
