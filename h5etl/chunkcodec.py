@@ -9,6 +9,7 @@ nothing touches the disk here.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import math
 from dataclasses import dataclass
@@ -95,7 +96,8 @@ def encode_block(layout: ChunkLayout, rows: np.ndarray) -> list[EncodedChunk]:
         out = []
         for offset in layout.chunk_offsets():
             mask, data = dataset.id.read_direct_chunk(offset)
-            out.append(EncodedChunk(offset, int(mask), bytes(data)))
+            stored = bytes(data)
+            out.append(EncodedChunk(offset, int(mask), stored, hashlib.sha256(stored).hexdigest()))
         return out
 
 

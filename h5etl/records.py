@@ -65,11 +65,13 @@ class DecodeTask:
 
 @dataclass(frozen=True, slots=True)
 class EncodedChunk:
-    """One stored HDF5 chunk: its offset inside the block, the filter mask and the bytes."""
+    """One stored HDF5 chunk: its offset inside the block, the filter mask, the bytes and
+    their SHA-256 (hex; for the resume journal, computed where the bytes are made)."""
 
     offset: tuple[int, ...]
     filter_mask: int
     data: bytes
+    sha256: str = ""
 
 
 @dataclass(slots=True)

@@ -133,7 +133,9 @@ class _ImageWriter:
         for chunk in chunks:
             offset = (row + chunk.offset[0], *chunk.offset[1:])
             self.dataset.id.write_direct_chunk(offset, chunk.data, chunk.filter_mask)
-            self.unjournaled.append((offset, hashlib.sha256(chunk.data).hexdigest()))
+            self.unjournaled.append(
+                (offset, chunk.sha256 or hashlib.sha256(chunk.data).hexdigest())
+            )
 
     def journal_delta(self) -> tuple[list[dict[str, Any]], list[str]]:
         """Where the chunks stored since the last call sit in the file; call after a flush."""
