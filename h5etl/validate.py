@@ -30,7 +30,9 @@ def check_mask(mask: np.ndarray, values: tuple[int, ...], *, path: str) -> np.nd
     if set(values) == {0, 1} and set(present.tolist()) <= {0, 255}:
         binary: np.ndarray = (mask == 255).astype(np.uint8)
         return binary
-    bad = [int(v) for v in present if not allowed[v]]
+    # a 0/255 mask with one stray value: name the stray value, not the 255s it would accept
+    reads_as_255 = set(values) == {0, 1} and 1 not in present
+    bad = [int(v) for v in present if not allowed[v] and not (reads_as_255 and v == 255)]
     shown = ", ".join(map(str, bad[:5])) + (", ..." if len(bad) > 5 else "")
     raise RejectError(
         "mask_values",
