@@ -33,7 +33,7 @@ def test_accepted(
 @pytest.mark.parametrize(
     ("mask", "values", "shown"),
     [
-        pytest.param([[0, 128], [255, 0]], (0, 1), "128", id="a-128"),
+        pytest.param([[0, 128], [255, 0]], (0, 1), "got 128", id="a-128"),
         pytest.param([[0, 1], [255, 0]], (0, 1), "255", id="mixed-1-255"),
         pytest.param([[0, 2]], (0, 1), "2", id="a-2"),
         pytest.param([[0, 255]], (0, 1, 2), "255", id="multi-class-no-rescale"),
@@ -47,6 +47,13 @@ def test_rejected(mask: list[list[int]], values: tuple[int, ...], shown: str) ->
     assert caught.value.path == "m.png"
     assert shown in caught.value.message
     assert str(list(values)) in caught.value.message
+
+
+def test_stray_value_in_a_0_255_mask_is_named_alone() -> None:
+    # the message said "got 128, 255" although the 255s were fine
+    with pytest.raises(RejectError) as caught:
+        check_mask(np.array([[0, 128, 255]], np.uint8), (0, 1), path="m.png")
+    assert caught.value.message.endswith("got 128")
 
 
 def test_more_than_one_channel_is_rejected() -> None:
