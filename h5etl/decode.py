@@ -16,6 +16,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, replace
 
 import numpy as np
+from joblib.externals.loky import get_reusable_executor
+from joblib.externals.loky.process_executor import BrokenProcessPool
 
 from h5etl import digest, geometry, images, validate
 from h5etl.chunkcodec import ChunkLayout, encode_block
@@ -215,14 +217,10 @@ class _Pool:
         self.recipe = recipe
 
     def submit(self, task: DecodeTask) -> Future[BatchResult]:
-        from joblib.externals.loky import get_reusable_executor
-
         executor = get_reusable_executor(max_workers=self.jobs, timeout=60)
         return executor.submit(self.worker, task, self.recipe)  # type: ignore[no-any-return]
 
     def result(self, task: DecodeTask, future: Future[BatchResult]) -> BatchResult:
-        from joblib.externals.loky.process_executor import BrokenProcessPool
-
         try:
             return future.result()
         except BrokenProcessPool:
@@ -233,8 +231,6 @@ class _Pool:
             return self._isolate(task)
 
     def _isolate(self, task: DecodeTask) -> BatchResult:
-        from joblib.externals.loky.process_executor import BrokenProcessPool
-
         crashed: list[Reject] = []
         survivors = []
         for sample in task.samples:
