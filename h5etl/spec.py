@@ -364,6 +364,26 @@ def _recipe_defaults(pipeline: Any, config_path: Path) -> dict[str, Any]:
     return defaults
 
 
+def _fields_for_sources(defaults: dict[str, Any], data: Mapping[str, Any]) -> dict[str, Any]:
+    """Drop recipe fields the config does not name and whose source it does not have.
+
+    A config with its own field names (``img``, ``label``) would otherwise inherit the
+    recipe's ``image`` and ``mask`` without a shape and fail on keys it never wrote.
+    """
+    fields, sources = defaults.get("fields"), data.get("sources")
+    if not isinstance(fields, dict) or not isinstance(sources, dict):
+        return defaults
+    own = data.get("fields")
+    named: Mapping[str, Any] = own if isinstance(own, dict) else {}
+    kept = {
+        name: field
+        for name, field in fields.items()
+        if name in named
+        or (field.get("source", name) if isinstance(field, dict) else name) in sources
+    }
+    return {**defaults, "fields": kept}
+
+
 def _resolve_paths(data: dict[str, Any], base: Path) -> dict[str, Any]:
     resolved = dict(data)
     if isinstance(resolved.get("output"), str):
@@ -401,7 +421,9 @@ def parse_spec(data: Mapping[str, Any], *, config_path: Path) -> Spec:
         ConfigError: one line per problem, naming the file and the dotted key.
     """
     config_path = config_path.absolute()
-    defaults = _recipe_defaults(data.get("pipeline", "segmentation"), config_path)
+    defaults = _fields_for_sources(
+        _recipe_defaults(data.get("pipeline", "segmentation"), config_path), data
+    )
     merged = _resolve_paths(_apply_recipe(defaults, data), config_path.parent)
     try:
         spec = Spec.model_validate(merged)
