@@ -55,6 +55,22 @@ def test_config_splits_replace_the_recipe_splits(raw_root: Path, write_config: W
     assert load_spec(config).splits == {"all": 1.0}
 
 
+def test_own_field_names_do_not_inherit_the_recipe_fields(raw_root: Path) -> None:
+    # fields {img, lbl} got the recipe's image/mask merged in: "fields.image: needs a shape"
+    config = raw_root / "config.yaml"
+    data = {
+        "name": "own",
+        "sources": {"img": {"dir": "raw/images"}, "lbl": {"dir": "raw/masks"}},
+        "fields": {
+            "img": {"shape": [3, 8, 8], "mode": "RGB"},
+            "lbl": {"shape": [1, 8, 8], "mode": "L", "values": [0, 1]},
+        },
+    }
+    config.write_text(yaml.safe_dump(data), encoding="utf-8")
+    spec = load_spec(config)
+    assert list(spec.fields) == ["img", "lbl"]
+
+
 def test_paths_resolve_relative_to_the_config(
     raw_root: Path, write_config: WriteConfig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
