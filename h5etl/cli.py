@@ -67,8 +67,8 @@ class _Bars:
         if advance == 0:
             self.bars[stage] = tqdm(
                 total=total,
-                desc=f"{stage:>7}",
-                unit=" samples",
+                desc=f"{stage:>8}",
+                unit=" files" if stage == "discover" else " samples",
                 leave=False,
                 dynamic_ncols=True,
                 mininterval=0.2,

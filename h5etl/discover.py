@@ -11,6 +11,7 @@ import os
 import re
 import unicodedata
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -78,7 +79,7 @@ def key_of(relpath: str) -> str:
     return unicodedata.normalize("NFC", base)
 
 
-def find_samples(spec: Spec) -> Discovery:
+def find_samples(spec: Spec, progress: Callable[[int], None] | None = None) -> Discovery:
     """Pair the files of every source by key.
 
     Returns:
@@ -91,6 +92,8 @@ def find_samples(spec: Spec) -> Discovery:
         root = source_spec.dir
         for relpath in list_source(root, source_spec.glob):
             seen += 1
+            if progress is not None:
+                progress(1)
             path = str(root / relpath)
             by_key[key_of(relpath)][source].append(SourceFile(source, path, relpath))
     samples: list[Sample] = []

@@ -204,7 +204,8 @@ def _usable_resume(
 
 def _plan_only(spec: Spec, hook: ProgressHook) -> tuple[BuildReport, clean.Plan, _Stopwatch]:
     watch = _Stopwatch()
-    found = discover.find_samples(spec)
+    hook("discover", 0, None)
+    found = discover.find_samples(spec, lambda n: hook("discover", n, None))
     watch.lap("discover")
     hook("probe", 0, len(found.samples))
     plan = clean.plan(spec, found.samples, lambda n: hook("probe", n, None))
@@ -297,7 +298,9 @@ def _write(
                 rejected=dict(checkpoints.rejected),
             )
             hook("decode", 0, plan.total)
+            hook("write", 0, plan.total)
             hook("decode", sum(checkpoints.consumed.values()), None)
+            hook("write", sum(checkpoints.consumed.values()), None)
             for result in decode.run_tasks(cutter, recipe, jobs=jobs):
                 cutter.note_rejects(result.task.split, len(result.task.samples) - result.accepted)
                 report.rejects.extend(result.rejects)
@@ -309,6 +312,7 @@ def _write(
                 checkpoints.maybe_write(sink)
                 worker_seconds += result.seconds
                 hook("decode", len(result.task.samples), None)
+                hook("write", len(result.task.samples), None)
             watch.lap("decode_and_write")
             report.samples = dict(sink.counts)
             attrs = _file_attrs(spec, version, fingerprint)
