@@ -133,8 +133,9 @@ def check_release(path: Path, *, deep: bool = False) -> CheckReport:
             if "diagnostics" in handle
             else {}
         )
-        if rejects:
-            report.lines.append("rejects: " + ", ".join(f"{k} {v}" for k, v in rejects.items()))
+        total = rejects.pop("total", sum(rejects.values()))  # rejects_total is not a reason
+        shown = ", ".join(f"{k} {v}" for k, v in rejects.items())
+        report.lines.append(f"rejects: {total} ({shown})" if total else "rejects: none")
     report.lines.append("OK" if report.ok else f"{len(report.problems)} problem(s)")
     return report
 
