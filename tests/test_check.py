@@ -122,6 +122,25 @@ def test_deleted_dataset_fails(release: Path, tmp_path: Path) -> None:
     assert _exit_code(copy)[0] == 1
 
 
+def test_empty_release_passes_deep_check(
+    tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig
+) -> None:
+    # an empty split's source_sha256 was hashed as one (empty) stream by the sink but as no
+    # blocks by check, so every empty release failed check --deep
+    make_raw(tmp_path, n=0)
+    report = build(load_spec(write_config(tmp_path)))
+    assert report.path is not None
+    checked = check_release(report.path, deep=True)
+    assert checked.ok, checked.problems
+    assert "rejects: none" in checked.lines
+
+
+def test_reject_summary_lists_reasons_not_the_total(release: Path) -> None:
+    # "rejects: total 3, mask_values 2, orphan 1" read as if "total" were a reason
+    lines = [line for line in check_release(release).lines if line.startswith("rejects:")]
+    assert lines == ["rejects: 3 (mask_values 2, orphan 1)"]
+
+
 def test_not_hdf5_fails(tmp_path: Path) -> None:
     path = tmp_path / "x.h5"
     path.write_text("hello", encoding="utf-8")
