@@ -18,6 +18,7 @@ from conftest import (
     MakeRaw,
     RawFolder,
     WriteConfig,
+    centre_pad,
     dataset_digests,
     expected_image,
     expected_mask,
@@ -340,3 +341,59 @@ def test_empty_source_gives_an_empty_release(
     with h5py.File(report.path, "r") as handle:
         assert handle["train/image"].shape == (0, 3, 24, 24)
         assert handle["valid/filename"].shape == (0,)
+
+
+def test_unusual_inputs_end_to_end(
+    tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig
+) -> None:
+    """EXIF rotation, symlinked inputs, 16-bit images and odd names, through a whole build."""
+    from PIL import Image
+
+    raw = make_raw(tmp_path, n=2)
+    rng = np.random.default_rng(5)
+    # stored 12 high and 20 wide, shown rotated (orientation 6): 20 high, 12 wide
+    stored = rng.integers(0, 256, (12, 20, 3), dtype=np.uint8)
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    Image.fromarray(stored).save(raw.image("rotated"), exif=exif.tobytes())
+    shown_mask = np.where(rng.random((20, 12)) < 0.5, 255, 0).astype(np.uint8)
+    save(raw.mask("rotated"), shown_mask)
+    # a symlinked image: followed, and its lineage is the target's bytes
+    elsewhere = tmp_path / "elsewhere.png"
+    save(elsewhere, rng.integers(0, 256, (9, 9, 3), dtype=np.uint8))
+    os.symlink(elsewhere, raw.image("linked"))
+    save(raw.mask("linked"), np.zeros((9, 9), np.uint8))
+    # a 16-bit greyscale image: v >> 8 in every channel
+    deep = rng.integers(0, 65536, (8, 8)).astype(np.uint16)
+    Image.fromarray(deep).save(raw.image("deep"))
+    save(raw.mask("deep"), np.full((8, 8), 255, np.uint8))
+    # names that need care: non-ASCII, a colon (sanitised key, filename kept as it was)
+    for key in ("ünï cödé", "a:b"):
+        image, mask = rng.integers(0, 256, (7, 7, 3), dtype=np.uint8), np.zeros((7, 7), np.uint8)
+        save(raw.image(key), image)
+        save(raw.mask(key), mask)
+
+    report = _build(write_config(tmp_path, splits={"train": 1.0}))
+    assert report.rejects == []
+    assert report.path is not None
+    data = read_release(report.path)
+    where = _rows_by_key(data, ["train"])
+    assert sorted(where) == sorted([*raw.keys, "rotated", "linked", "deep", "ünï cödé", "a:b"])
+
+    def row(key: str, field: str) -> np.ndarray:
+        return np.asarray(data[f"train/{field}"][where[key][1]])
+
+    rotated = np.rot90(stored, k=-1)  # shown as the viewer shows it
+    np.testing.assert_array_equal(row("rotated", "image"), centre_pad(rotated, 24, 24))
+    np.testing.assert_array_equal(row("rotated", "mask"), centre_pad(shown_mask // 255, 24, 24))
+    np.testing.assert_array_equal(row("linked", "image"), expected_image(elsewhere))
+    lineage = [v.decode() for v in row("linked", "source_sha256")]
+    assert lineage[0] == sha256_file(elsewhere)
+    grey = (deep >> 8).astype(np.uint8)
+    np.testing.assert_array_equal(
+        row("deep", "image"), centre_pad(np.stack([grey] * 3, axis=2), 24, 24)
+    )
+    np.testing.assert_array_equal(row("a:b", "image"), expected_image(raw.image("a:b")))
+    with h5py.File(report.path, "r") as handle:
+        renamed = list(handle["diagnostics"].attrs["renamed_keys"])
+    assert renamed == ["a:b -> a_b"]
