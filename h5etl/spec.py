@@ -41,6 +41,20 @@ __all__ = [
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 RESERVED_NAMES = frozenset({"source_sha256", "diagnostics"})
+RESERVED_ATTRS = frozenset(
+    {
+        "name",
+        "version",
+        "description",
+        "created_at",
+        "config",
+        "config_sha256",
+        "h5etl_version",
+        "h5py_version",
+        "hdf5_version",
+        "source_fingerprint",
+    }
+)  # file attributes every build writes (pipeline._file_attrs)
 IMAGE_MODES: dict[str, int] = {"RGB": 3, "L": 1}
 MAX_CHUNK_BYTES = 2**32 - 1  # HDF5 refuses chunks of 4 GiB or more
 
@@ -177,6 +191,18 @@ class Spec(_Strict):
     pad: PadSpec = PadSpec()
     on_error: Literal["skip", "fail"] = "skip"
     max_rejects: Annotated[int, Field(ge=0)] | Annotated[float, Field(ge=0, lt=1)] | None = None
+
+    @field_validator("attrs")
+    @classmethod
+    def _attrs_not_reserved(cls, attrs: dict[str, Any]) -> dict[str, Any]:
+        # the build writes these itself; a user value would be silently replaced
+        clash = sorted(set(attrs) & RESERVED_ATTRS)
+        if clash:
+            raise ValueError(
+                f"names reserved for the attributes h5etl writes itself, pick others: "
+                f"{', '.join(clash)}"
+            )
+        return attrs
 
     @field_validator("splits")
     @classmethod
