@@ -170,6 +170,12 @@ ERRORS = [
     pytest.param({"sources": {"image": {"dir": "nowhere"}}}, "sources.image.dir: folder", id="dir"),
     pytest.param({"sources": {"extra": {"dir": "raw"}}}, "sources.extra: no image field", id="src"),
     pytest.param({"seed": "abc"}, "seed", id="seed"),
+    # attrs: {version: ...} was silently replaced by the release version
+    pytest.param(
+        {"attrs": {"version": "v9"}},
+        "attrs: names reserved for the attributes h5etl writes itself, pick others: version",
+        id="attr",
+    ),
     pytest.param({"max_rejects": -1}, "max_rejects", id="max-rejects"),
 ]
 
