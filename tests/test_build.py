@@ -208,6 +208,9 @@ def test_jobs_do_not_change_the_release(
     if broken:
         # decode rejects shorten batches: the carry buffer (re-chunking path) must have run
         assert any(v for k, v in two.chunk_paths.items() if k.endswith(":rechunked"))
+        # ...and both the pre-compressed and the re-cut path wrote to the same file
+        assert any(v for k, v in one.chunk_paths.items() if k.endswith(":direct"))
+        assert any(v for k, v in one.chunk_paths.items() if k.endswith(":rechunked"))
 
 
 def test_second_build_makes_v2_and_keeps_v1_bytes(
