@@ -226,3 +226,19 @@ def main() -> None:
         app()
     except ConfigError as exc:  # pragma: no cover - raised inside commands normally
         raise SystemExit(_fail(exc).exit_code) from None
+
+
+@app.command()
+def preview(
+    path: Annotated[Path, typer.Argument(metavar="RELEASE", help="A release file or link.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="The PNG to write.")],
+    split: Annotated[
+        str | None, typer.Option("--split", help="The split to show (default: the first).")
+    ] = None,
+    n: Annotated[int, typer.Option("--n", min=1, help="How many samples to show.")] = 16,
+) -> None:
+    """Draw the first N samples of a split, masks over images, names underneath, into a PNG."""
+    from h5etl.preview import write_preview
+
+    written = _run(lambda: write_preview(path, out, split=split, n=n))
+    _say(f"preview: {written}")

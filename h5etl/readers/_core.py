@@ -46,7 +46,9 @@ os.register_at_fork(before=_close_before_fork)
 
 
 class ReaderError(H5EtlError):
-    """A release cannot be read as asked (missing split or field, unequal lengths)."""
+    """A release cannot be read as asked (not HDF5, missing split or field, unequal lengths)."""
+
+    exit_code = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,7 +240,11 @@ class Release:
         self.path = Path(os.path.realpath(path))
         self.split = split
         self.batch_size = batch_size
-        with h5py.File(self.path, "r") as handle:
+        try:
+            handle = h5py.File(self.path, "r")
+        except (OSError, ValueError) as exc:
+            raise ReaderError(f"cannot open as HDF5: {exc}", path=os.fspath(path)) from exc
+        with handle:
             group = self._group(handle)
             names = (
                 list(fields)

@@ -1,0 +1,211 @@
+"""preview: a contact sheet of a release, each image with its mask drawn over it.
+
+This is a presentation module, not a pipeline stage: it draws and saves a PNG with Pillow.
+STYLE keeps Pillow inside the decoder for *reading* inputs; drawing a picture for people to
+look at is a separate concern, kept here so the build never depends on it.
+
+The first ``n`` samples of a split are shown: releases are shuffled at write time, so they are
+a random sample, and they come out of the file in one contiguous read.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+import yaml
+from PIL import Image, ImageDraw, ImageFont
+
+from h5etl.readers import ReaderError, Release
+
+# Mask colours by value (1, 2, ...): bright hues that stand out on stained tissue and on grey.
+PALETTE = np.array(
+    [(0, 255, 110), (255, 210, 0), (0, 170, 255), (255, 60, 200), (255, 110, 0), (170, 90, 255)],
+    dtype=np.float32,
+)
+ALPHA = 0.3  # fill opacity, low enough to see the stain through; the outline is opaque
+TILE = 192  # target tile edge in pixels
+GAP = 8
+BACKGROUND = (255, 255, 255)
+INK = (30, 30, 30)
+
+
+@dataclass(frozen=True, slots=True)
+class Roles:
+    """Which stored field plays which part in the picture."""
+
+    image: str
+    mask: str | None
+    label: str | None
+
+
+def _roles(handle: h5py.File, split: str) -> Roles:
+    """Pick the image, mask and name fields from the stored config, else from the shapes."""
+    try:
+        config = yaml.safe_load(str(handle.attrs.get("config", ""))) or {}
+    except yaml.YAMLError:
+        config = {}
+    fields: dict[str, Any] = config.get("fields") or {} if isinstance(config, dict) else {}
+    group = handle[split]
+    present = {n for n, d in group.items() if isinstance(d, h5py.Dataset)}
+    arrays = [n for n in present if group[n].ndim == 4 and group[n].shape[1] in (1, 3)]
+    masks = [n for n in fields if n in present and (fields[n] or {}).get("values") is not None]
+    images = [n for n in arrays if n not in masks]
+    images.sort(key=lambda n: (-(group[n].shape[1] == 3), n))
+    if not images:
+        raise ReaderError(f"split {split!r} has no image field (N, 1|3, H, W) to show")
+    texts = sorted(n for n in present if h5py.check_string_dtype(group[n].dtype) is not None)
+    label = "filename" if "filename" in texts else (texts[0] if texts else None)
+    return Roles(image=images[0], mask=masks[0] if masks else None, label=label)
+
+
+def _to_rgb(image: np.ndarray) -> np.ndarray:
+    """A (C, H, W) sample as (H, W, 3) uint8 for display."""
+    pixels = np.moveaxis(image, 0, -1)
+    if pixels.dtype != np.uint8:
+        low, high = float(pixels.min()), float(pixels.max())
+        pixels = ((pixels - low) * (255 / (high - low or 1))).astype(np.uint8)
+    return np.repeat(pixels, 3, axis=2) if pixels.shape[2] == 1 else pixels
+
+
+def overlay(image: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
+    """Blend mask values > 0 over the image in their palette colour, with an opaque outline."""
+    rgb = _to_rgb(image).astype(np.float32)
+    if mask is None:
+        return rgb.astype(np.uint8)
+    labels = np.asarray(mask[0], dtype=np.int64)
+    inside = labels > 0
+    colour = PALETTE[(labels - 1) % len(PALETTE)]
+    rgb[inside] = (1 - ALPHA) * rgb[inside] + ALPHA * colour[inside]
+    edge = np.zeros_like(inside)
+    edge[1:, :] |= labels[1:, :] != labels[:-1, :]
+    edge[:-1, :] |= labels[1:, :] != labels[:-1, :]
+    edge[:, 1:] |= labels[:, 1:] != labels[:, :-1]
+    edge[:, :-1] |= labels[:, 1:] != labels[:, :-1]
+    edge &= inside
+    rgb[edge] = colour[edge]
+    return np.clip(rgb, 0, 255).astype(np.uint8)
+
+
+def _tile(pixels: np.ndarray) -> Image.Image:
+    """Scale a sample to about TILE pixels: whole-pixel blocks up, smooth filtering down."""
+    picture = Image.fromarray(pixels, "RGB")
+    edge = max(picture.size)
+    if edge < TILE:
+        factor = max(1, TILE // edge)
+        return picture.resize(
+            (picture.width * factor, picture.height * factor), Image.Resampling.NEAREST
+        )
+    if edge > TILE * 1.5:
+        scale = TILE / edge
+        size = (max(1, round(picture.width * scale)), max(1, round(picture.height * scale)))
+        return picture.resize(size, Image.Resampling.LANCZOS)
+    return picture
+
+
+def _fit(text: str, font: ImageFont.FreeTypeFont | ImageFont.ImageFont, width: float) -> str:
+    """``text`` cut with an ellipsis in the middle so it fits ``width`` pixels."""
+    if font.getlength(text) <= width:
+        return text
+    keep = len(text)
+    while keep > 1:
+        keep -= 1
+        head = (keep + 1) // 2
+        short = f"{text[:head]}…{text[len(text) - (keep - head) :]}"
+        if font.getlength(short) <= width:
+            return short
+    return "…"
+
+
+def render_preview(
+    path: str | os.PathLike[str], *, split: str | None = None, n: int = 16
+) -> Image.Image:
+    """A grid of the first ``n`` samples of ``split``: mask over image, name underneath.
+
+    Raises:
+        ReaderError: not a release, no such split, or no image field in it.
+    """
+    if n < 1:
+        raise ReaderError(f"--n must be at least 1, got {n}", path=os.fspath(path))
+    try:
+        with h5py.File(os.path.realpath(path), "r") as handle:
+            splits = [k for k in handle if k != "diagnostics" and isinstance(handle[k], h5py.Group)]
+            chosen = split or (splits[0] if splits else "")
+            if chosen not in splits:
+                raise ReaderError(
+                    f"no split {chosen!r}; the release has: {', '.join(splits)}",
+                    path=os.fspath(path),
+                )
+            roles = _roles(handle, chosen)
+            title = f"{handle.attrs.get('name', Path(path).stem)}"
+            if "version" in handle.attrs:
+                title += f" v{int(handle.attrs['version']):04d}"
+    except OSError as exc:
+        raise ReaderError(f"cannot open as HDF5: {exc}", path=os.fspath(path)) from exc
+    names = [f for f in (roles.image, roles.mask, roles.label) if f is not None]
+    with Release(path, chosen, fields=names, batch_size=n) as release:
+        shown = min(n, len(release))
+        batch = release.read_slice(0, shown)
+        total = len(release)
+    tiles = [
+        _tile(overlay(batch[roles.image][i], batch[roles.mask][i] if roles.mask else None))
+        for i in range(shown)
+    ]
+    labels = [str(batch[roles.label][i]) if roles.label else f"#{i}" for i in range(shown)]
+    what = f"mask '{roles.mask}' over '{roles.image}'" if roles.mask else f"'{roles.image}'"
+    heading = f"{title} · {chosen} · first {shown} of {total} · {what}"
+    values = sorted(int(v) for v in np.unique(batch[roles.mask]) if v > 0) if roles.mask else []
+    return _grid(tiles, labels, heading, values)
+
+
+def _grid(
+    tiles: list[Image.Image], labels: list[str], heading: str, values: list[int]
+) -> Image.Image:
+    font = ImageFont.load_default(size=12)
+    cell_w = max((t.width for t in tiles), default=TILE)
+    cell_h = max((t.height for t in tiles), default=TILE)
+    line = 16
+    columns = max(1, min(len(tiles), math.ceil(math.sqrt(len(tiles)))))
+    rows = max(1, math.ceil(len(tiles) / columns))
+    legend = sum(24 + font.getlength(f"= {v}") + GAP for v in values[:12])
+    width = max(columns * (cell_w + GAP) + GAP, int(font.getlength(heading) + legend) + 3 * GAP)
+    height = line + 2 * GAP + rows * (cell_h + line + GAP) + GAP
+    sheet = Image.new("RGB", (width, height), BACKGROUND)
+    draw = ImageDraw.Draw(sheet)
+    draw.text((GAP, GAP), heading, fill=INK, font=font)
+    x = GAP + font.getlength(heading) + 2 * GAP
+    for value in values[:12]:  # a legend: one swatch per mask value shown
+        colour = tuple(int(c) for c in PALETTE[(value - 1) % len(PALETTE)])
+        draw.rectangle((x, GAP + 2, x + 10, GAP + 12), fill=colour, outline=INK)
+        draw.text((x + 14, GAP), f"= {value}", fill=INK, font=font)
+        x += 14 + font.getlength(f"= {value}") + GAP
+    top = line + 2 * GAP
+    for index, (tile, label) in enumerate(zip(tiles, labels, strict=True)):
+        x = GAP + (index % columns) * (cell_w + GAP)
+        y = top + (index // columns) * (cell_h + line + GAP)
+        sheet.paste(tile, (x + (cell_w - tile.width) // 2, y + (cell_h - tile.height) // 2))
+        text = _fit(label, font, cell_w)
+        draw.text(
+            (x + (cell_w - font.getlength(text)) / 2, y + cell_h + 2), text, fill=INK, font=font
+        )
+    return sheet
+
+
+def write_preview(
+    path: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    *,
+    split: str | None = None,
+    n: int = 16,
+) -> Path:
+    """Render :func:`render_preview` and save it as a PNG at ``out``; return ``out``."""
+    target = Path(out)
+    picture = render_preview(path, split=split, n=n)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    picture.save(target, format="PNG")
+    return target
