@@ -10,6 +10,7 @@ from typing import Any
 import h5py
 import hdf5plugin  # noqa: F401  (registers the Blosc/Zstd filters for reading)
 import numpy as np
+import yaml
 
 from h5etl import digest
 
@@ -133,6 +134,7 @@ def check_release(path: Path, *, deep: bool = False) -> CheckReport:
             if "diagnostics" in handle
             else {}
         )
+        _ratio_line(expected, report)
         total = rejects.pop("total", sum(rejects.values()))  # rejects_total is not a reason
         shown = ", ".join(f"{k} {v}" for k, v in rejects.items())
         report.lines.append(f"rejects: {total} ({shown})" if total else "rejects: none")
@@ -162,3 +164,79 @@ def _split_section(
             report.problem(f"{dataset.name}: no digest in /diagnostics")
         elif deep:
             _deep_verify(dataset, info, report)
+    _values_section(group, report)
+
+
+# --- value histograms and the overall ratio (readers issue) ---------------------------------
+
+BLOCK_BYTES = 1 << 26  # read masks in whole-chunk blocks of about 64 MiB: bounded memory
+
+
+def _declared_values(handle: h5py.File) -> dict[str, list[int]]:
+    """Fields whose stored config declares ``values`` (the masks), with those values."""
+    try:
+        config = yaml.safe_load(str(handle.attrs.get("config", ""))) or {}
+    except yaml.YAMLError:
+        return {}
+    fields = config.get("fields") if isinstance(config, dict) else None
+    if not isinstance(fields, dict):
+        return {}
+    return {
+        name: [int(v) for v in spec["values"]]
+        for name, spec in fields.items()
+        if isinstance(spec, dict) and spec.get("values") is not None
+    }
+
+
+def value_histogram(dataset: h5py.Dataset) -> tuple[dict[int, int], int]:
+    """Pixel count per value, and how many samples hold nothing but 0, chunk block by block."""
+    rows = dataset.chunks[0] if dataset.chunks else 1
+    row_bytes = max(1, int(np.prod(dataset.shape[1:])) * dataset.dtype.itemsize)
+    step = max(rows, BLOCK_BYTES // (row_bytes * rows) * rows)
+    small = dataset.dtype.kind in "ub" and dataset.dtype.itemsize == 1
+    counts: dict[int, int] = {}
+    dense = np.zeros(256, dtype=np.int64)
+    empty = 0
+    for start in range(0, len(dataset), step):
+        block = dataset[start : start + step]
+        empty += int(np.count_nonzero(block.reshape(len(block), -1).max(axis=1, initial=0) == 0))
+        if small:
+            dense += np.bincount(block.ravel().view(np.uint8), minlength=256)
+            continue
+        values, found = np.unique(block, return_counts=True)
+        for value, count in zip(values.tolist(), found.tolist(), strict=True):
+            counts[int(value)] = counts.get(int(value), 0) + int(count)
+    if small:
+        counts = {v: int(c) for v, c in enumerate(dense.tolist()) if c}
+    return counts, empty
+
+
+def _values_section(group: h5py.Group, report: CheckReport) -> None:
+    for name, declared in _declared_values(group.file).items():
+        dataset = group.get(name)
+        if not isinstance(dataset, h5py.Dataset) or dataset.dtype.kind not in "uib":
+            continue
+        try:
+            counts, empty = value_histogram(dataset)
+        except OSError as exc:  # a damaged chunk: report it, keep checking the rest
+            report.problem(f"{dataset.name}: unreadable while counting values: {exc}")
+            continue
+        total = sum(counts.values()) or 1
+        shown = ", ".join(
+            f"{v} {100 * c / total:.2f}% ({c:,} px)" for v, c in sorted(counts.items())
+        )
+        report.lines.append(
+            f"  {name} values: {shown or 'none'}; {empty} of {len(dataset)} samples all 0"
+        )
+        stray = sorted(set(counts) - set(declared))
+        if stray:
+            report.problem(f"{dataset.name}: values {stray} outside the declared {declared}")
+
+
+def _ratio_line(expected: dict[str, dict[str, Any]], report: CheckReport) -> None:
+    raw = sum(int(info.get("raw_bytes", 0)) for info in expected.values())
+    stored = sum(int(info.get("stored_bytes", 0)) for info in expected.values())
+    if stored:
+        report.lines.append(
+            f"compression: {raw:,} bytes raw, {stored:,} stored, ratio {raw / stored:.2f}"
+        )

@@ -134,3 +134,29 @@ def test_cli_preview_of_a_non_release_exits_2(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["preview", str(bogus), "--out", str(tmp_path / "x.png")])
     assert result.exit_code == 2
     assert "cannot open as HDF5" in result.output
+
+
+def test_check_prints_mask_value_histograms_and_the_ratio(release: Path) -> None:
+    from h5etl.check import check_release
+
+    report = check_release(release)
+    lines = "\n".join(report.lines)
+    with h5py.File(release, "r") as handle:
+        masks = handle["train/mask"][...]
+    ones = int(np.count_nonzero(masks == 1))
+    assert f"mask values: 0 {100 * (masks.size - ones) / masks.size:.2f}%" in lines
+    assert f"1 {100 * ones / masks.size:.2f}% ({ones:,} px); 0 of 5 samples all 0" in lines
+    assert "compression: " in lines
+    assert report.ok
+
+
+def test_check_flags_mask_values_outside_the_declared_set(release: Path, tmp_path: Path) -> None:
+    from h5etl.check import check_release
+
+    copy = tmp_path / "copy.h5"
+    copy.write_bytes(release.resolve().read_bytes())
+    with h5py.File(copy, "r+") as handle:
+        handle["valid/mask"][0, 0, 0, 0] = 7  # a mask value the config never allowed
+    report = check_release(copy)
+    assert not report.ok
+    assert any("values [7] outside the declared [0, 1]" in p for p in report.problems)
