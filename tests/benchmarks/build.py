@@ -132,11 +132,11 @@ def _reap_orphans(deadline: float = 30.0) -> None:
             time.sleep(0.02)
 
 
-def measure(cmd: Sequence[str]) -> tuple[Run, str]:
+def measure(cmd: Sequence[str], env: dict[str, str] | None = None) -> tuple[Run, str]:
     """Run ``cmd`` to completion; its wall, tree CPU and peak RSS, and its stdout."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     sampler = _Sampler(proc.pid)
     sampler.start()
     out, err = proc.communicate()
@@ -367,20 +367,30 @@ def _release_file(folder: Path) -> Path:
     return files[-1]
 
 
-def _h5etl_cli(corpus: Corpus, codec: str, jobs: int, reads: dict[str, list[Run]]) -> Run:
+def _h5etl_cli(
+    corpus: Corpus,
+    codec: str,
+    jobs: int,
+    reads: dict[str, list[Run]],
+    variant: tuple[str, str] | None = None,
+) -> Run:
+    """``h5etl build``; a ``variant`` (name, PYTHONPATH) runs another h5etl source tree."""
     import h5py
 
     folder = corpus.releases(codec)
     shutil.rmtree(folder, ignore_errors=True)
     cmd = ["h5etl", "build", str(corpus.config(codec)), "--jobs", str(jobs), "--quiet"]
-    run, _ = measure(cmd)
+    env = None
+    if variant is not None:
+        env = {**os.environ, "PYTHONPATH": variant[1]}
+    run, _ = measure(cmd, env)
     release = _release_file(folder)
     run.disk = release.stat().st_size
     with h5py.File(release, "r") as f:
         attrs = f["diagnostics"].attrs
         run.samples = int(sum(v for k, v in attrs.items() if k.startswith("samples_")))
         run.extra = {k: float(v) for k, v in attrs.items() if k.startswith("seconds_")}
-    if jobs == 2:
+    if jobs == 2 and variant is None:
         read, out = measure(_child("read", "--file", str(release), "--dataset", "/train/image"))
         info = _child_json(out)
         read.samples, read.wall, read.disk = info["samples"], info["seconds"], info["bytes"]
@@ -400,7 +410,11 @@ def _child_run(cmd: list[str], samples: int, disk: Path | None = None) -> Run:
 
 
 def contenders(
-    corpus: Corpus, work: Path, reads: dict[str, list[Run]], state: dict[str, int]
+    corpus: Corpus,
+    work: Path,
+    reads: dict[str, list[Run]],
+    state: dict[str, int],
+    variants: Sequence[tuple[str, str]] = (),
 ) -> list[Contender]:
     samples = corpus.params.samples
     lzf = corpus.config("lzf")
@@ -453,7 +467,17 @@ def contenders(
         for codec in CODECS
         if codec != "lzf"
     ]
+    for variant in variants:
+        for codec, jobs in (("lzf", 1), ("lzf", 2), ("blosc-lz4", 2)):
+            name = f"h5etl build -j{jobs} ({codec}) [{variant[0]}]"
+            out.append(Contender(name, _variant_run(corpus, codec, jobs, variant)))
     return out
+
+
+def _variant_run(
+    corpus: Corpus, codec: str, jobs: int, variant: tuple[str, str]
+) -> Callable[[], Run]:
+    return lambda: _h5etl_cli(corpus, codec, jobs, {}, variant)
 
 
 def run_all(cands: list[Contender], repeats: int) -> dict[str, list[Run]]:
@@ -486,15 +510,16 @@ def _mib(value: float) -> str:
 
 def main_table(runs: dict[str, list[Run]]) -> str:
     lines = [
-        "| contender | images/s | wall s | CPU s (user+sys) | cores busy | parent peak RSS MiB "
-        "| worker peak RSS MiB | on disk MiB |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| contender | images/s | (best) | wall s | CPU s (user+sys) | cores busy "
+        "| parent peak RSS MiB | worker peak RSS MiB | on disk MiB |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, items in runs.items():
         wall = _median(r.wall for r in items)
         cpu = _median(r.cpu for r in items)
         lines.append(
-            f"| {name} | {_median(r.rate for r in items):.0f} | {wall:.2f} | {cpu:.2f} "
+            f"| {name} | {_median(r.rate for r in items):.0f} "
+            f"| {max(r.rate for r in items):.0f} | {wall:.2f} | {cpu:.2f} "
             f"| {cpu / wall if wall else 0:.2f} | {_mib(_median(r.rss_parent for r in items))} "
             f"| {_mib(_median(r.rss_workers for r in items))} "
             f"| {_mib(_median(r.disk for r in items))} |"
@@ -534,12 +559,27 @@ RATIOS = [
 ]
 
 
+def _variant_ratios(runs: dict[str, list[Run]]) -> list[tuple[str, str, str, float | None]]:
+    out = []
+    for name in runs:
+        if not name.endswith("]"):
+            continue
+        tag = name[name.rindex("[") :]
+        base = name[: name.rindex("[")].strip()
+        short = base.removeprefix("h5etl build ").replace("(", "").replace(")", "")
+        for label, top, bottom, target in RATIOS:
+            if top == base:
+                out.append((f"{short} {tag} / {label.split(' / ')[1]}", name, bottom, target))
+        out.append((f"{short} {tag} / {short} (tree as is)", name, base, None))
+    return out
+
+
 def ratio_table(runs: dict[str, list[Run]]) -> str:
     lines = [
         "| ratio of images/s (median of per-repeat ratios) | value | per repeat | target | met |",
         "|---|---:|---|---:|---|",
     ]
-    for label, top, bottom, target in RATIOS:
+    for label, top, bottom, target in [*RATIOS, *_variant_ratios(runs)]:
         if top not in runs or bottom not in runs:
             continue
         pairs = zip(runs[top], runs[bottom], strict=True)
@@ -620,17 +660,40 @@ def writer_table(runs: dict[str, list[Run]]) -> str:
 # entry points
 
 
+def _h5etl_origin() -> str:
+    """Which h5etl the children import (PYTHONPATH applies to them as to us), and its commit."""
+    import h5etl
+
+    package = Path(h5etl.__file__).resolve().parent
+    stamp = package.parent / "COMMIT"
+    if stamp.exists():
+        commit = stamp.read_text().strip()
+    else:
+        done = subprocess.run(
+            ["git", "-C", str(package), "describe", "--always", "--dirty"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        commit = done.stdout.strip() or "unknown"
+    return f"h5etl {h5etl.__version__} from {package} ({commit})"
+
+
 def benchmark(args: argparse.Namespace) -> str:
     corpus = ensure_corpus(args.dir, CorpusParams(samples=args.samples))
     work = args.dir / "work"
     work.mkdir(parents=True, exist_ok=True)
     reads: dict[str, list[Run]] = {}
     state: dict[str, int] = {}
-    runs = run_all(contenders(corpus, work, reads, state), args.repeats)
+    load_before = os.getloadavg()[0]
+    variants = [tuple(v.split("=", 1)) for v in args.variant]
+    cands = contenders(corpus, work, reads, state, [(v[0], v[1]) for v in variants])
+    runs = run_all(cands, args.repeats)
+    load = os.getloadavg()[0]
     header = (
         f"## h5etl build benchmark\n\n{corpus.params.samples} image/mask PNG pairs "
         f"({corpus.root}), {os.cpu_count()} cores, medians of {args.repeats} interleaved "
-        f"repeats.\n"
+        f"repeats; {_h5etl_origin()}; load average {load_before:.1f} before, {load:.1f} after.\n"
     )
     parts = [
         header,
@@ -727,6 +790,13 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--scale", type=int, default=10)
     parser.add_argument("--profile", action="store_true", help="pyinstrument profiles")
     parser.add_argument("--output", type=Path, help="also write the tables here")
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME=PYTHONPATH",
+        help="also build with the h5etl found on PYTHONPATH (A/B a change); repeatable",
+    )
     # child modes
     parser.add_argument("--run", choices=["serial", "limit", "disk", "api", "read", "profile"])
     parser.add_argument("--corpus", type=Path)
