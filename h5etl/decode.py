@@ -35,6 +35,7 @@ class FieldRecipe:
     mode: images.Mode
     values: tuple[int, ...] | None
     layout: ChunkLayout
+    fill: int  # pad.fill for images; pad.mask_fill for masks, so padding is a valid label
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +44,6 @@ class DecodeRecipe:
 
     image_fields: tuple[FieldRecipe, ...]
     text_fields: tuple[tuple[str, int], ...]  # (field name, source index)
-    fill: int
     oversize: str
 
     @classmethod
@@ -60,10 +60,11 @@ class DecodeRecipe:
                     field.mode,
                     field.values,
                     layouts[name],
+                    spec.pad.fill if field.values is None else spec.pad.mask_fill,
                 )
             )
         texts = tuple((name, sources.index(spec.source_of(name))) for name in spec.text_fields)
-        return cls(tuple(fields), texts, spec.pad.fill, spec.pad.oversize)
+        return cls(tuple(fields), texts, spec.pad.oversize)
 
 
 def _fit(array: np.ndarray, field: FieldRecipe, oversize: str) -> np.ndarray:
@@ -116,7 +117,7 @@ def decode_batch(task: DecodeTask, recipe: DecodeRecipe) -> BatchResult:
     started = time.perf_counter()
     count = len(task.samples)
     out = {
-        f.name: np.full((count, *f.layout.shape), recipe.fill, dtype=f.layout.dtype)
+        f.name: np.full((count, *f.layout.shape), f.fill, dtype=f.layout.dtype)
         for f in recipe.image_fields
     }
     result = BatchResult(task, 0)

@@ -44,7 +44,7 @@ def write_raw(raw: Path, *, samples: int = 40, seed: int = 7) -> dict[str, str]:
         images.save_png(raw / "images" / f"cell_{index:03d}.png", image)
         images.save_png(raw / "masks" / f"cell_{index:03d}.png", mask)
     broken = {
-        "images/cell_900.png": "truncated PNG (decode_error)",
+        "images/cell_900.png": "truncated PNG (truncated)",
         "masks/cell_901.png": "mask with a 128 (mask_values)",
         "images/cell_902.png": "image without a mask (orphan)",
     }

@@ -202,12 +202,15 @@ class OutputFolder:
         return max(existing, default=0) + 1
 
     def publish(self, staged: Path, rejects: Iterable[Reject], *, version: int) -> ReleaseInfo:
-        """Name ``staged`` as release ``version``, write its rejects report, move the link."""
+        """Name ``staged`` as release ``version``, then its rejects report, then move the link."""
         final = self.folder / release_filename(self.name, version)
+        report = self.folder / rejects_filename(self.name, version)
+        report_temp = self.folder / f".{report.name}.tmp-{os.getpid()}"
         try:
             _fsync_file(staged)
-            self._write_report(self.folder / rejects_filename(self.name, version), rejects)
+            self._write_report(report_temp, rejects)
             os.link(staged, final)  # unlike rename, refuses to replace an existing release
+            os.replace(report_temp, report)
             os.unlink(staged)
             _fsync_dir(self.folder)
             self.point_link(version)
@@ -217,16 +220,18 @@ class OutputFolder:
             ) from exc
         except OSError as exc:
             raise ReleaseError(f"publishing failed: {exc}", path=self.folder) from exc
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                report_temp.unlink()
         return self.info(version)
 
-    def _write_report(self, report: Path, rejects: Iterable[Reject]) -> None:
-        temp = report.with_name(f".{report.name}.tmp-{os.getpid()}")
-        with open(temp, "w", encoding="utf-8") as handle:
+    @staticmethod
+    def _write_report(path: Path, rejects: Iterable[Reject]) -> None:
+        with open(path, "w", encoding="utf-8") as handle:
             for reject in rejects:
                 handle.write(json.dumps(reject.as_json(), ensure_ascii=False) + "\n")
             handle.flush()
             os.fsync(handle.fileno())
-        os.replace(temp, report)
 
     def point_link(self, version: int) -> None:
         """Atomically point ``<name>.h5`` at a version (relative link, so the folder can move)."""

@@ -116,6 +116,7 @@ class PadSpec(_Strict):
     """How an image smaller or larger than its field's shape is fitted."""
 
     fill: Annotated[int, Field(ge=0, le=255)] = 0
+    mask_fill: Annotated[int, Field(ge=0, le=255)] = 0  # a label: must be in every mask's values
     oversize: Literal["reject", "crop", "resize"] = "reject"
 
 
@@ -229,6 +230,11 @@ class Spec(_Strict):
                 )
             if not field.is_text:
                 problems.extend(self._chunk_problems(field_name))
+            if field.values is not None and self.pad.mask_fill not in field.values:
+                problems.append(
+                    f"pad.mask_fill: padding of mask fields.{field_name} must be one of its "
+                    f"values {list(field.values)}, got {self.pad.mask_fill}"
+                )
         used = {self.source_of(name) for name, f in self.fields.items() if not f.is_text}
         problems.extend(
             f"sources.{name}: no image field reads this source; add fields.{name}"

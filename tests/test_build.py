@@ -27,7 +27,7 @@ from conftest import (
     sha256_file,
 )
 
-from h5etl import BuildFailed, build, load_spec
+from h5etl import BuildFailed, ConfigError, build, load_spec
 from h5etl.pipeline import BuildReport
 
 
@@ -287,6 +287,27 @@ def test_pad_fill_is_used_for_images(
         np.testing.assert_array_equal(
             data[f"{split}/image"][row], expected_image(raw.image(key), fill=7)
         )
+
+
+def test_masks_pad_with_mask_fill_not_the_image_fill(
+    tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig
+) -> None:
+    # pad.fill 7 once padded masks with 7, a label outside values [0, 1]
+    make_raw(tmp_path, n=3, sizes=[(10, 12)])
+    report = _build(write_config(tmp_path, pad={"fill": 7}))
+    assert report.path is not None
+    data = read_release(report.path)
+    masks = np.concatenate([data["train/mask"], data["valid/mask"]])
+    assert set(np.unique(masks).tolist()) <= {0, 1}
+    assert masks[:, 0, 0, :].max() == 0  # the padded top row
+
+
+def test_mask_fill_must_be_a_mask_label(
+    tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig
+) -> None:
+    make_raw(tmp_path, n=1)
+    with pytest.raises(ConfigError, match=r"pad\.mask_fill"):
+        load_spec(write_config(tmp_path, pad={"mask_fill": 3}))
 
 
 def test_on_error_fail_publishes_nothing(

@@ -67,12 +67,17 @@ def test_publish_never_replaces_a_release(tmp_path: Path) -> None:
     output = OutputFolder(tmp_path, "cells")
     existing = tmp_path / "cells-v0001.h5"
     existing.write_bytes(b"old")
+    report = tmp_path / "cells-v0001.rejects.jsonl"
+    report.write_text("old report\n")
     with output.staged() as temp:
         temp.write_bytes(b"new")
         with pytest.raises(ReleaseError, match="appeared"):
-            output.publish(temp, [], version=1)
+            output.publish(temp, [Reject("x.png", "clean", "orphan")], version=1)
     assert existing.read_bytes() == b"old"
+    # the clash once overwrote the existing release's rejects report before failing
+    assert report.read_text() == "old report\n"
     assert not output.link.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [existing.name, report.name]
 
 
 def test_list_and_rollback(tmp_path: Path) -> None:
