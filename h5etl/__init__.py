@@ -4,7 +4,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from h5etl.errors import (  # noqa: E402
+from h5etl.errors import (
     BuildFailed,
     CheckFailed,
     ConfigError,
@@ -12,8 +12,8 @@ from h5etl.errors import (  # noqa: E402
     ReleaseError,
     SinkError,
 )
-from h5etl.pipeline import BuildReport, build  # noqa: E402
-from h5etl.spec import Spec, load_spec  # noqa: E402
+from h5etl.pipeline import BuildReport, build
+from h5etl.spec import Spec, load_spec
 
 __all__ = [
     "BuildFailed",
