@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import multiprocessing.util
 import os
+import threading
 import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -32,6 +33,14 @@ _INHERITED: list[Any] = []
 _OPEN: weakref.WeakSet[Release] = weakref.WeakSet()
 
 
+_LOCK = threading.Lock()  # two threads' first reads must not both open the file
+
+
+def _fresh_lock_in_child() -> None:
+    global _LOCK
+    _LOCK = threading.Lock()  # a fork may copy it held by a thread that does not exist here
+
+
 def _close_before_fork() -> None:
     """Close this process's handles so a forked child never inherits an open HDF5 file.
 
@@ -42,7 +51,7 @@ def _close_before_fork() -> None:
         release.close()
 
 
-os.register_at_fork(before=_close_before_fork)
+os.register_at_fork(before=_close_before_fork, after_in_child=_fresh_lock_in_child)
 
 
 class ReaderError(H5EtlError):
@@ -287,7 +296,7 @@ class Release:
 
     @property
     def chunk_rows(self) -> int:
-        """Rows per chunk of the first chunked field (the unit the sampler keeps together)."""
+        """The largest rows-per-chunk of the array fields: the unit the sampler keeps together."""
         rows = [i.chunks[0] for i in self.info.values() if i.chunks and not i.text]
         return max(rows, default=1)
 
@@ -305,9 +314,15 @@ class Release:
 
     def datasets(self) -> dict[str, h5py.Dataset]:
         """The open datasets of this process, opening the file on first use after a fork."""
-        pid = os.getpid()
-        if self._file is not None and self._pid == pid:
+        if self._file is not None and self._pid == os.getpid():
             return self._datasets
+        with _LOCK:
+            if self._file is not None and self._pid == os.getpid():
+                return self._datasets
+            return self._open()
+
+    def _open(self) -> dict[str, h5py.Dataset]:
+        pid = os.getpid()
         if self._file is not None:  # inherited through fork: the parent's, not ours
             _INHERITED.append((self._file, self._datasets, self._maps))
         self._file, self._datasets, self._maps = None, {}, {}
