@@ -507,3 +507,21 @@ def test_read_benchmark_runs_end_to_end(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     for row in ("| none |", "| lzf |", "| gzip |", "| blosc-lz4 |", "| npy |", "| 8 | ", "| 1 | "):
         assert row in done.stdout
+
+
+def test_readers_exports_are_pinned() -> None:
+    import h5etl.readers as readers
+
+    assert readers.__all__ == [
+        "BatchSampler",
+        "CacheSize",
+        "ChunkSampler",
+        "H5Dataset",
+        "KerasDataset",
+        "ReaderError",
+        "Release",
+        "cache_size",
+        "iter_batches",
+    ]
+    for name in readers.__all__:
+        assert getattr(readers, name) is not None
