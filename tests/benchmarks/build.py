@@ -467,11 +467,17 @@ def contenders(
         for codec in CODECS
         if codec != "lzf"
     ]
-    for variant in variants:
+    # Each variant runs right after the contender it changes, so A and B see the same load.
+    ordered = []
+    for cand in out:
+        ordered.append(cand)
         for codec, jobs in (("lzf", 1), ("lzf", 2), ("blosc-lz4", 2)):
-            name = f"h5etl build -j{jobs} ({codec}) [{variant[0]}]"
-            out.append(Contender(name, _variant_run(corpus, codec, jobs, variant)))
-    return out
+            if cand.name != f"h5etl build -j{jobs} ({codec})":
+                continue
+            for variant in variants:
+                name = f"{cand.name} [{variant[0]}]"
+                ordered.append(Contender(name, _variant_run(corpus, codec, jobs, variant)))
+    return ordered
 
 
 def _variant_run(
@@ -511,8 +517,8 @@ def _mib(value: float) -> str:
 def main_table(runs: dict[str, list[Run]]) -> str:
     lines = [
         "| contender | images/s | (best) | wall s | CPU s (user+sys) | cores busy "
-        "| parent peak RSS MiB | worker peak RSS MiB | on disk MiB |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| images per CPU-s | parent peak RSS MiB | worker peak RSS MiB | on disk MiB |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, items in runs.items():
         wall = _median(r.wall for r in items)
@@ -520,7 +526,9 @@ def main_table(runs: dict[str, list[Run]]) -> str:
         lines.append(
             f"| {name} | {_median(r.rate for r in items):.0f} "
             f"| {max(r.rate for r in items):.0f} | {wall:.2f} | {cpu:.2f} "
-            f"| {cpu / wall if wall else 0:.2f} | {_mib(_median(r.rss_parent for r in items))} "
+            f"| {cpu / wall if wall else 0:.2f} "
+            f"| {_median(r.samples / r.cpu for r in items if r.cpu):.0f} "
+            f"| {_mib(_median(r.rss_parent for r in items))} "
             f"| {_mib(_median(r.rss_workers for r in items))} "
             f"| {_mib(_median(r.disk for r in items))} |"
         )
