@@ -74,11 +74,16 @@ def _to_rgb(image: np.ndarray) -> np.ndarray:
 
 
 def overlay(image: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
-    """Blend mask values > 0 over the image in their palette colour, with an opaque outline."""
-    rgb = _to_rgb(image).astype(np.float32)
-    if mask is None:
-        return rgb.astype(np.uint8)
-    labels = np.asarray(mask[0], dtype=np.int64)
+    """A (C, H, W) sample as (H, W, 3) RGB, mask values > 0 blended over it with an outline."""
+    return _blend(_to_rgb(image), None if mask is None else mask[0])
+
+
+def _blend(pixels: np.ndarray, labels: np.ndarray | None) -> np.ndarray:
+    """Tint each labelled pixel with its palette colour; paint the label edges opaque."""
+    if labels is None:
+        return pixels
+    rgb = pixels.astype(np.float32)
+    labels = np.asarray(labels, dtype=np.int64)
     inside = labels > 0
     colour = PALETTE[(labels - 1) % len(PALETTE)]
     rgb[inside] = (1 - ALPHA) * rgb[inside] + ALPHA * colour[inside]
@@ -92,20 +97,31 @@ def overlay(image: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
     return np.clip(rgb, 0, 255).astype(np.uint8)
 
 
-def _tile(pixels: np.ndarray) -> Image.Image:
-    """Scale a sample to about TILE pixels: whole-pixel blocks up, smooth filtering down."""
-    picture = Image.fromarray(pixels, "RGB")
-    edge = max(picture.size)
+def display_size(height: int, width: int) -> tuple[int, int]:
+    """(height, width) on the sheet: small samples grow by whole pixels, big ones shrink."""
+    edge = max(height, width)
     if edge < TILE:
         factor = max(1, TILE // edge)
-        return picture.resize(
-            (picture.width * factor, picture.height * factor), Image.Resampling.NEAREST
-        )
+        return height * factor, width * factor
     if edge > TILE * 1.5:
         scale = TILE / edge
-        size = (max(1, round(picture.width * scale)), max(1, round(picture.height * scale)))
-        return picture.resize(size, Image.Resampling.LANCZOS)
-    return picture
+        return max(1, round(height * scale)), max(1, round(width * scale))
+    return height, width
+
+
+def _tile(image: np.ndarray, mask: np.ndarray | None) -> Image.Image:
+    """One sample at display size, the mask drawn at display resolution (thin outlines)."""
+    picture = Image.fromarray(_to_rgb(image), "RGB")
+    height, width = display_size(picture.height, picture.width)
+    if (height, width) != (picture.height, picture.width):
+        method = Image.Resampling.NEAREST if height > picture.height else Image.Resampling.LANCZOS
+        picture = picture.resize((width, height), method)
+    labels = None
+    if mask is not None:  # nearest neighbour, in numpy: label values must never be mixed
+        rows = np.arange(height) * mask.shape[1] // height
+        cols = np.arange(width) * mask.shape[2] // width
+        labels = mask[0][rows[:, None], cols[None, :]]
+    return Image.fromarray(_blend(np.asarray(picture), labels), "RGB")
 
 
 def _fit(text: str, font: ImageFont.FreeTypeFont | ImageFont.ImageFont, width: float) -> str:
@@ -153,7 +169,7 @@ def render_preview(
         batch = release.read_slice(0, shown)
         total = len(release)
     tiles = [
-        _tile(overlay(batch[roles.image][i], batch[roles.mask][i] if roles.mask else None))
+        _tile(batch[roles.image][i], batch[roles.mask][i] if roles.mask else None)
         for i in range(shown)
     ]
     labels = [str(batch[roles.label][i]) if roles.label else f"#{i}" for i in range(shown)]

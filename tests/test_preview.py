@@ -13,7 +13,16 @@ from typer.testing import CliRunner
 
 import h5etl
 from h5etl.cli import app
-from h5etl.preview import ALPHA, GAP, PALETTE, _fit, overlay, render_preview, write_preview
+from h5etl.preview import (
+    ALPHA,
+    GAP,
+    PALETTE,
+    _fit,
+    display_size,
+    overlay,
+    render_preview,
+    write_preview,
+)
 from h5etl.readers import ReaderError
 
 
@@ -62,6 +71,12 @@ def test_overlay_tints_inside_outlines_the_edge_and_leaves_the_rest() -> None:
     np.testing.assert_array_equal(out[3, 3], inside)  # the interior: blended
 
 
+def test_big_samples_shrink_and_small_ones_grow_by_whole_pixels() -> None:
+    assert display_size(24, 12) == (192, 96)
+    assert display_size(128, 100) == (128, 100)
+    assert display_size(1024, 512) == (192, 96)
+
+
 def test_overlay_shows_grey_images_and_no_mask() -> None:
     grey = np.arange(16, dtype=np.uint8).reshape(1, 4, 4)
     out = overlay(grey, None)
@@ -74,11 +89,15 @@ def test_sheet_holds_the_stored_pixels_with_the_mask_over_them(release: Path) ->
     sheet = np.asarray(render_preview(release, split="train", n=4))
     with h5py.File(release, "r") as handle:
         image, mask = handle["train/image"][0], handle["train/mask"][0]
-    expected = overlay(image, mask)
-    scale = 192 // 24  # small images are blown up by whole pixels
+    scale = 192 // 24  # small images are blown up by whole pixels, the mask drawn after
+    assert display_size(24, 24) == (24 * scale, 24 * scale)
+    grow = np.ones((1, scale, scale), np.uint8)
+    expected = overlay(np.kron(image, grow), np.kron(mask, grow))
     top = 16 + 2 * GAP
     tile = sheet[top : top + 24 * scale, GAP : GAP + 24 * scale]
-    np.testing.assert_array_equal(tile, np.kron(expected, np.ones((scale, scale, 1), np.uint8)))
+    np.testing.assert_array_equal(tile, expected)
+    outline = expected[4 * scale + 1, 6 * scale + 1 : 18 * scale - 1]  # one display pixel
+    assert not (outline == PALETTE[0].astype(np.uint8)).all(axis=-1).any()  # thin, not 8 px
 
 
 def test_sheet_is_a_grid_with_a_label_under_each_sample(release: Path) -> None:
