@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -67,22 +69,32 @@ def test_runner_prints_every_contender(bench_dir: Path) -> None:
         "1",
         "--output",
         str(output),
+        "--variant",
+        f"same={BENCH.parents[1]}",
     )
     for name in CONTENDERS:
         assert f"| {name} |" in text
     for codec in ("lzf", "gzip", "blosc-lz4", "zstd"):
         assert f"| {codec} |" in text
     assert "h5etl -j2 lzf / work limit" in text
+    assert "| h5etl build -j2 (lzf) [same] |" in text
+    assert "-j2 lzf [same] / -j2 lzf (tree as is)" in text
     assert "parent busy during decode+write" in text
     assert output.read_text() in text
 
 
+def _load_corpus_module() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench_corpus", BENCH / "corpus.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while building
+    spec.loader.exec_module(module)
+    return module
+
+
 def test_corpus_pairs_are_deterministic() -> None:
-    sys.path.insert(0, str(BENCH))
-    try:
-        import corpus
-    finally:
-        sys.path.remove(str(BENCH))
+    corpus = _load_corpus_module()
     params = corpus.CorpusParams(samples=4)
     image, mask = corpus.make_pair(0, 3, params)
     again_image, again_mask = corpus.make_pair(0, 3, params)
