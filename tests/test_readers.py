@@ -51,7 +51,13 @@ def write_raw(root: Path, count: int, *, seed: int = 0, prefix: str = "s") -> No
 
 
 def build_release(
-    root: Path, count: int, *, chunk: int = 4, compression: str = "lzf", prefix: str = "s"
+    root: Path,
+    count: int,
+    *,
+    chunk: int = 4,
+    compression: str = "lzf",
+    prefix: str = "s",
+    image_chunks: list[int] | None = None,
 ) -> Path:
     """Build (or rebuild) ``root/releases/cells.h5`` from ``count`` samples; return the link."""
     write_raw(root, count, prefix=prefix)
@@ -71,6 +77,8 @@ def build_release(
         },
         "storage": {"chunk_samples": chunk, "compression": compression},
     }
+    if image_chunks is not None:
+        config["fields"]["image"]["chunks"] = image_chunks  # type: ignore[index]
     (root / "config.yaml").write_text(yaml.safe_dump(config))
     report = h5etl.build(h5etl.load_spec(root / "config.yaml"), jobs=1)
     assert report.link is not None
@@ -183,6 +191,16 @@ def test_uncompressed_release_is_read_through_mmap(tmp_path: Path) -> None:
     assert_epoch(truth, list(iter_batches(link, "train", 3)))
 
 
+def test_chunks_that_split_the_sample_are_read_through_hdf5(tmp_path: Path) -> None:
+    link = build_release(tmp_path, 9, compression="none", image_chunks=[4, 3, 12, 12])
+    truth = direct(link)
+    with Release(link, "train") as reader:
+        batch = reader.read([8, 1, 2, 3])
+        assert set(reader._maps) == {"mask"}  # image chunks are tiles, not whole rows
+    np.testing.assert_array_equal(batch["image"], truth["image"][[8, 1, 2, 3]])
+    assert_epoch(truth, list(iter_batches(link, "train", 4)))
+
+
 def test_cache_is_sized_from_the_chunk_layout() -> None:
     chunk_bytes = 32 * 3 * 224 * 224
     one = cache_size((32, 3, 224, 224), 1, batch_size=32)
@@ -191,6 +209,9 @@ def test_cache_is_sized_from_the_chunk_layout() -> None:
     two = cache_size((8, 3, 224, 224), 1, batch_size=32)
     assert two.nbytes == 5 * 8 * 3 * 224 * 224
     assert cache_size((32, 3, 224, 224), 1, batch_size=32, filtered=False).nbytes == 0
+    tiled = cache_size((32, 3, 112, 112), 1, batch_size=32, shape=(3, 224, 224))
+    assert tiled.nbytes == 2 * chunk_bytes  # four chunks per row block, 2 blocks
+    assert tiled.nslots == 809  # the first prime >= 100 x 8
 
 
 def test_release_opens_datasets_with_the_sized_cache(release: Path) -> None:

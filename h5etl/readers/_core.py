@@ -84,13 +84,15 @@ def cache_size(
     itemsize: int,
     *,
     batch_size: int,
+    shape: tuple[int, ...] | None = None,
     filtered: bool = True,
     min_chunks: int = 2,
 ) -> CacheSize:
     """Cache settings that hold every chunk one batch of ``batch_size`` rows can touch.
 
     A batch of ``b`` consecutive rows in chunk-local order spans at most ``ceil(b/c) + 1``
-    chunks of ``c`` rows (one more when it straddles a boundary). ``nslots`` is a prime about
+    blocks of ``c`` rows (one more when it straddles a boundary); a block is one chunk, or
+    several when the chunks also split the per-sample ``shape``. ``nslots`` is a prime about
     100 times the number of chunks that fit, as the HDF5 documentation recommends. Unfiltered
     (uncompressed) chunks get no cache: HDF5 then reads the asked rows straight into the
     caller's buffer, while a cache would copy every chunk twice.
@@ -98,7 +100,9 @@ def cache_size(
     if chunks is None or not filtered:
         return CacheSize(nbytes=0, nslots=DEFAULT_NSLOTS)
     rows = chunks[0]
-    held = max(min_chunks, math.ceil(batch_size / rows) + 1)
+    inner = shape if shape is not None else chunks[1:]
+    per_block = math.prod(math.ceil(s / c) for s, c in zip(inner, chunks[1:], strict=True))
+    held = max(min_chunks, (math.ceil(batch_size / rows) + 1) * per_block)
     chunk_bytes = math.prod(chunks) * itemsize
     return CacheSize(nbytes=held * chunk_bytes, nslots=next_prime(100 * held))
 
@@ -277,7 +281,13 @@ class Release:
         self.length = next(iter(lengths.values()))
         self.fields = tuple(names)
         self.caches = {
-            n: cache_size(i.chunks, i.dtype.itemsize, batch_size=batch_size, filtered=i.filtered)
+            n: cache_size(
+                i.chunks,
+                i.dtype.itemsize,
+                batch_size=batch_size,
+                shape=i.shape,
+                filtered=i.filtered,
+            )
             for n, i in self.info.items()
             if not i.text
         }
