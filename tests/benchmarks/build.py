@@ -148,7 +148,8 @@ def measure(cmd: Sequence[str], env: dict[str, str] | None = None) -> tuple[Run,
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{err[-3000:]}")
     cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
-    workers = [peak for pid, peak in sampler.peaks.items() if pid != proc.pid]
+    # Helpers of a few hundred KiB (ldconfig run by ctypes.util, say) are not workers.
+    workers = [peak for pid, peak in sampler.peaks.items() if pid != proc.pid and peak > 8 * MIB]
     run = Run(wall, cpu, sampler.peaks.get(proc.pid, 0), max(workers, default=0))
     return run, out
 
