@@ -17,6 +17,7 @@ from typing import Any
 
 import h5py
 import hdf5plugin
+import imagecodecs
 import numpy as np
 
 from h5etl.records import EncodedChunk
@@ -86,10 +87,34 @@ def _scratch(layout: ChunkLayout) -> tuple[h5py.File, h5py.Dataset]:
     return scratch, dataset
 
 
+def _lzf_direct(layout: ChunkLayout, rows: np.ndarray) -> list[EncodedChunk] | None:
+    """lzf without HDF5's filter pipeline, where the stored bytes are plain LZF of the rows.
+
+    That holds for one chunk per block of a one-byte dtype (HDF5's shuffle of one-byte
+    elements is the identity). imagecodecs' LZF encoder is about 3x faster than the filter
+    h5py registers, and HDF5's lzf filter decodes its output.
+    """
+    if (
+        layout.compression.codec != "lzf"
+        or np.dtype(layout.dtype).itemsize != 1
+        or layout.chunks[1:] != layout.shape
+    ):
+        return None
+    buffer = np.ascontiguousarray(rows).data  # any buffer works; the stubs say bytes
+    stored = bytes(imagecodecs.lzf_encode(buffer))  # type: ignore[arg-type]
+    if len(stored) >= rows.nbytes:
+        return None  # incompressible: let HDF5 store it raw and flag the filter as skipped
+    offset = (0,) * (len(layout.shape) + 1)
+    return [EncodedChunk(offset, 0, stored, hashlib.sha256(stored).hexdigest())]
+
+
 def encode_block(layout: ChunkLayout, rows: np.ndarray) -> list[EncodedChunk]:
     """Compress one block of exactly ``layout.rows`` samples into its stored chunks."""
     if rows.shape != (layout.rows, *layout.shape):
         raise ValueError(f"block shape {rows.shape} does not match layout {layout}")
+    direct = _lzf_direct(layout, rows)
+    if direct is not None:
+        return direct
     scratch, dataset = _scratch(layout)
     with scratch:
         dataset.write_direct(np.ascontiguousarray(rows, dtype=layout.dtype))

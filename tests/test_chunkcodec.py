@@ -75,3 +75,31 @@ def test_wrong_block_shape_is_refused() -> None:
     layout = ChunkLayout((1, 4, 4), "uint8", (2, 1, 4, 4), Compression(codec="lzf"), True)
     with pytest.raises(ValueError, match="block shape"):
         encode_block(layout, np.zeros((1, 1, 4, 4), np.uint8))
+
+
+@pytest.mark.parametrize(
+    ("content", "expected_mask"),
+    [
+        pytest.param("smooth", 0, id="compressible-lzf-outside-hdf5"),
+        pytest.param("noise", 0b10, id="incompressible-stored-raw-filter-skipped"),
+    ],
+)
+def test_lzf_fast_path_reads_back_through_plain_h5py(
+    tmp_path: Path, content: str, expected_mask: int
+) -> None:
+    layout = ChunkLayout((3, 16, 16), "uint8", (4, 3, 16, 16), Compression(codec="lzf"), True)
+    rng = np.random.default_rng(3)
+    if content == "smooth":
+        rows = np.broadcast_to(np.arange(16, dtype=np.uint8), (4, 3, 16, 16)).copy()
+    else:
+        rows = rng.integers(0, 256, (4, 3, 16, 16), dtype=np.uint8)
+    [chunk] = encode_block(layout, rows)
+    assert chunk.filter_mask == expected_mask  # shuffle is filter 0, lzf filter 1
+    path = tmp_path / "direct.h5"
+    with h5py.File(path, "w") as handle:
+        dataset = handle.create_dataset(
+            "rows", shape=rows.shape, chunks=layout.chunks, dtype="uint8", **layout.filter_kwargs()
+        )
+        dataset.id.write_direct_chunk(chunk.offset, chunk.data, chunk.filter_mask)
+    with h5py.File(path, "r") as handle:
+        np.testing.assert_array_equal(handle["rows"][...], rows)
