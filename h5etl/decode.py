@@ -94,6 +94,7 @@ def _decode_sample(
             raise RejectError(
                 "unreadable", f"cannot read: {exc.strerror or exc}", path=source_file.path
             ) from exc
+    decoded = []
     for field in recipe.image_fields:
         path = sample.files[field.source_index].path
         labels = frozenset(field.values) if field.values is not None else None
@@ -102,11 +103,23 @@ def _decode_sample(
         )
         if field.values is not None:
             array = validate.check_mask(array, field.values, path=path)
+        decoded.append((field, path, array))
+    sizes = {array.shape[:2] for _, _, array in decoded}
+    if len(sizes) > 1:  # the header probe cannot see an orientation stored after the pixels
+        shown = ", ".join(f"{f.name} {a.shape[0]}x{a.shape[1]}" for f, _, a in decoded)
+        raise RejectError(
+            "size_mismatch", f"sizes differ after decoding (HxW): {shown}", path=decoded[0][1]
+        )
+    fitted = []
+    for field, path, array in decoded:
         try:
-            array = _fit(array, field, recipe.oversize)
+            fitted.append((field, _fit(array, field, recipe.oversize)))
         except RejectError as exc:
             exc.path = path
             raise
+    # Only a sample that passed every check touches its row: a rejected one must not leave
+    # pixels in the padding of the sample that takes the row next.
+    for field, array in fitted:
         geometry.place(array, out[field.name][row])
     hashes = tuple(hashlib.sha256(data).hexdigest() for data in contents)
     return hashes, sum(len(data) for data in contents)

@@ -234,9 +234,14 @@ def test_broken_files(tmp_path: Path, content: bytes | str, reason: str) -> None
     assert isinstance(content, bytes)
     path = tmp_path / "bad.png"
     path.write_bytes(content)
-    with pytest.raises(RejectError) as probed:
-        images.probe(str(path))
-    assert probed.value.reason == reason
+    if reason == "truncated":
+        # the probe reads headers only (decoding there made planning 25x slower); the header
+        # of a half file is intact, so truncation is the decoder's to find
+        assert images.probe(str(path)).width == 20
+    else:
+        with pytest.raises(RejectError) as probed:
+            images.probe(str(path))
+        assert probed.value.reason == reason
     with pytest.raises(RejectError) as decoded:
         images.decode(content, "RGB", path=str(path))
     assert decoded.value.reason == reason

@@ -1,0 +1,47 @@
+"""decode: worker results for hand-made tasks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from conftest import MakeRaw, WriteConfig, centre_pad, save
+
+from h5etl import decode, pipeline
+from h5etl.records import DecodeTask, PlannedSample, SourceFile
+from h5etl.spec import load_spec
+
+
+def planned(root: Path, key: str, size: tuple[int, int]) -> PlannedSample:
+    files = tuple(
+        SourceFile(source, str(root / "raw" / folder / f"{key}.png"), f"{key}.png")
+        for source, folder in (("image", "images"), ("mask", "masks"))
+    )
+    return PlannedSample(key, files, size)
+
+
+def test_a_rejected_sample_leaves_no_pixels_in_the_next_ones_padding(
+    tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig
+) -> None:
+    # a sample whose image was placed before its mask failed left its pixels in the row,
+    # and the next (smaller) sample in that row kept them as "padding"
+    make_raw(tmp_path, n=0)
+    big = np.full((24, 24, 3), 200, np.uint8)
+    bad_mask = np.zeros((24, 24), np.uint8)
+    bad_mask[0, 0] = 128
+    save(tmp_path / "raw" / "images" / "big.png", big)
+    save(tmp_path / "raw" / "masks" / "big.png", bad_mask)
+    small = np.full((6, 6, 3), 50, np.uint8)
+    save(tmp_path / "raw" / "images" / "small.png", small)
+    save(tmp_path / "raw" / "masks" / "small.png", np.zeros((6, 6), np.uint8))
+    spec = load_spec(write_config(tmp_path))
+    recipe = decode.DecodeRecipe.from_spec(spec, pipeline.layouts_of(spec))
+    task = DecodeTask(
+        "train", 0, (planned(tmp_path, "big", (24, 24)), planned(tmp_path, "small", (6, 6))), 4
+    )
+
+    result = decode.decode_batch(task, recipe)
+
+    assert result.accepted == 1
+    assert {r.reason for r in result.rejects} == {"mask_values"}
+    np.testing.assert_array_equal(result.raw["image"][0], centre_pad(small, 24, 24))
