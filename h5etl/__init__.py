@@ -4,6 +4,8 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from typing import TYPE_CHECKING, Any
+
 from h5etl.errors import (
     BuildFailed,
     CheckFailed,
@@ -12,8 +14,28 @@ from h5etl.errors import (
     ReleaseError,
     SinkError,
 )
-from h5etl.pipeline import BuildReport, build
-from h5etl.spec import Spec, load_spec
+
+if TYPE_CHECKING:
+    from h5etl.pipeline import BuildReport, build
+    from h5etl.spec import Spec, load_spec
+
+# The build API loads on first use: decode workers import h5etl.decode, and should not pay
+# for pydantic and the whole pipeline (about half a CPU-second per worker).
+_LAZY = {
+    "BuildReport": "h5etl.pipeline",
+    "build": "h5etl.pipeline",
+    "Spec": "h5etl.spec",
+    "load_spec": "h5etl.spec",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'h5etl' has no attribute {name!r}")
+
 
 __all__ = [
     "BuildFailed",

@@ -13,7 +13,7 @@ import hashlib
 import itertools
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, cast
 
 import h5py
 import hdf5plugin
@@ -21,9 +21,40 @@ import imagecodecs
 import numpy as np
 
 from h5etl.records import EncodedChunk
-from h5etl.spec import Compression
 
 _BLOSC_SHUFFLE = {"none": 0, "byte": 1, "bit": 2}
+
+
+class CompressionLike(Protocol):
+    """What a layout needs of a compression setting (``spec.Compression`` is one)."""
+
+    @property
+    def codec(self) -> str: ...
+    @property
+    def effective_level(self) -> int | None: ...
+    @property
+    def cname(self) -> str: ...
+    @property
+    def blosc_shuffle(self) -> str: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Codec:
+    """A plain copy of a compression setting: workers unpickle it without importing pydantic."""
+
+    codec: str
+    effective_level: int | None
+    cname: str
+    blosc_shuffle: str
+
+    @classmethod
+    def of(cls, compression: CompressionLike) -> Codec:
+        return cls(
+            compression.codec,
+            compression.effective_level,
+            compression.cname,
+            compression.blosc_shuffle,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,8 +64,12 @@ class ChunkLayout:
     shape: tuple[int, ...]
     dtype: str
     chunks: tuple[int, ...]
-    compression: Compression
+    compression: CompressionLike
     shuffle: bool
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.compression, Codec):
+            object.__setattr__(self, "compression", Codec.of(self.compression))
 
     @property
     def rows(self) -> int:
@@ -51,7 +86,7 @@ class ChunkLayout:
         elif codec == "blosc":
             kwargs.update(
                 hdf5plugin.Blosc(
-                    cname=self.compression.cname,
+                    cname=cast(Any, self.compression.cname),  # validated by spec.Compression
                     clevel=self.compression.effective_level or 0,
                     shuffle=_BLOSC_SHUFFLE[self.compression.blosc_shuffle],
                 )

@@ -14,6 +14,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 from joblib.externals.loky import get_reusable_executor
@@ -23,7 +24,9 @@ from h5etl import digest, geometry, images, validate
 from h5etl.chunkcodec import ChunkLayout, encode_block
 from h5etl.errors import RejectError
 from h5etl.records import BatchResult, DecodeTask, PlannedSample, Reject
-from h5etl.spec import Spec
+
+if TYPE_CHECKING:  # workers import this module; pydantic stays out of them
+    from h5etl.spec import Spec
 
 STAGE = "decode"
 
