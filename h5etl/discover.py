@@ -89,13 +89,12 @@ def find_samples(spec: Spec, progress: Callable[[int], None] | None = None) -> D
     by_key: dict[str, dict[str, list[SourceFile]]] = defaultdict(lambda: defaultdict(list))
     seen = 0
     for source, source_spec in spec.sources.items():
-        root = source_spec.dir
-        for relpath in list_source(root, source_spec.glob):
+        root = str(source_spec.dir)
+        for relpath in list_source(source_spec.dir, source_spec.glob):
             seen += 1
             if progress is not None:
                 progress(1)
-            path = str(root / relpath)
-            by_key[key_of(relpath)][source].append(SourceFile(source, path, relpath))
+            by_key[key_of(relpath)][source].append(SourceFile(source, root, relpath))
     samples: list[Sample] = []
     rejects: list[Reject] = []
     for key in sorted(by_key):

@@ -280,14 +280,14 @@ def _write(
     )
     recipe = decode.DecodeRecipe.from_spec(spec, layouts)
     checkpoints = _Checkpoints(OutputFolder.journal_of(temp), spec, plan, checkpoint_seconds)
-    fingerprint: list[str] = []
+    fingerprint = hashlib.sha256()  # over key and file digests in write order: no list kept
     worker_seconds = 0.0
     try:
         with Sink(temp, sink_layout) as sink:
             if resume is not None:
                 sink.restore(resume.state, resume.partial)
                 checkpoints.seed(resume.state)
-                fingerprint.extend(resume.state.fingerprint)
+                fingerprint.update("".join(resume.state.fingerprint).encode())
                 report.rejects.extend(Reject(**r) for r in resume.state.rejects)
                 report.resumed = resume.state.samples
                 watch.lap("resume_copy")
@@ -307,7 +307,7 @@ def _write(
                 _enforce_limit(spec, report.rejects, report.inputs)
                 sink.write(result)
                 lines = _fingerprint_lines(result)
-                fingerprint.extend(lines)
+                fingerprint.update("".join(lines).encode())
                 checkpoints.note(result, lines)
                 checkpoints.maybe_write(sink)
                 worker_seconds += result.seconds
@@ -327,14 +327,15 @@ def _write(
 
 
 def _fingerprint_lines(result: BatchResult) -> list[str]:
+    """``key<TAB>sha256,sha256<LF>`` per accepted sample."""
     return [
-        f"{key}\t{','.join(hashes)}"
+        f"{key}\t{','.join(hashes)}\n"
         for key, hashes in zip(result.keys, result.lineage, strict=True)
     ]
 
 
-def _file_attrs(spec: Spec, version: int, fingerprint: list[str]) -> dict[str, Any]:
-    source_fingerprint = hashlib.sha256("\n".join(sorted(fingerprint)).encode()).hexdigest()
+def _file_attrs(spec: Spec, version: int, fingerprint: hashlib._Hash) -> dict[str, Any]:
+    source_fingerprint = fingerprint.hexdigest()
     return {
         **spec.attrs,
         "name": spec.name,

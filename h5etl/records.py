@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -9,11 +10,19 @@ import numpy as np
 
 @dataclass(frozen=True, slots=True)
 class SourceFile:
-    """One input file of a sample: its absolute path and its path relative to the source dir."""
+    """One input file of a sample: its source dir and its path relative to it.
+
+    The absolute path is derived, not stored: one shared ``root`` string per source keeps a
+    plan of millions of files small in the single parent process.
+    """
 
     source: str
-    path: str
+    root: str
     relpath: str
+
+    @property
+    def path(self) -> str:
+        return os.path.join(self.root, self.relpath)
 
 
 @dataclass(frozen=True, slots=True)

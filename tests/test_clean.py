@@ -117,9 +117,7 @@ def test_sanitize_key_bounds_length_and_stays_distinct() -> None:
 
 
 def _sample(key: str) -> Sample:
-    return Sample(
-        key, (SourceFile("image", f"/i/{key}", key), SourceFile("mask", f"/m/{key}", key))
-    )
+    return Sample(key, (SourceFile("image", "/i", key), SourceFile("mask", "/m", key)))
 
 
 def test_sanitize_keys_numbers_collisions() -> None:

@@ -14,7 +14,7 @@ from h5etl.spec import load_spec
 
 def planned(root: Path, key: str, size: tuple[int, int]) -> PlannedSample:
     files = tuple(
-        SourceFile(source, str(root / "raw" / folder / f"{key}.png"), f"{key}.png")
+        SourceFile(source, str(root / "raw" / folder), f"{key}.png")
         for source, folder in (("image", "images"), ("mask", "masks"))
     )
     return PlannedSample(key, files, size)
