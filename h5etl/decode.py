@@ -191,6 +191,18 @@ def _finish_arrays(
 Worker = Callable[[DecodeTask, DecodeRecipe], BatchResult]
 
 
+def _ready() -> None:
+    """Nothing: calling it makes a worker start and import this module."""
+
+
+def warm_up(jobs: int) -> None:
+    """Start the worker processes now, so they spawn and import while the parent plans."""
+    if jobs > 1:
+        executor = get_reusable_executor(max_workers=jobs, timeout=60)
+        for _ in range(jobs):
+            executor.submit(_ready)
+
+
 def run_tasks(
     tasks: Iterable[DecodeTask],
     recipe: DecodeRecipe,

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import unicodedata
-from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
@@ -86,51 +86,57 @@ def find_samples(spec: Spec, progress: Callable[[int], None] | None = None) -> D
         Samples sorted by key, plus one reject per file that has no partner (``orphan``) or
         that shares its key with another file of the same source (``duplicate_key``).
     """
-    by_key: dict[str, dict[str, list[SourceFile]]] = defaultdict(lambda: defaultdict(list))
+    # One flat dict per source (key -> file) keeps discovery of millions of files small;
+    # the rare duplicate keys go to a side table.
+    unique: dict[str, dict[str, SourceFile]] = {}
+    duplicated: dict[str, dict[str, list[SourceFile]]] = {}
     seen = 0
     for source, source_spec in spec.sources.items():
         root = str(source_spec.dir)
+        files, copies = unique.setdefault(source, {}), duplicated.setdefault(source, {})
         for relpath in list_source(source_spec.dir, source_spec.glob):
             seen += 1
             if progress is not None:
                 progress(1)
-            by_key[key_of(relpath)][source].append(SourceFile(source, root, relpath))
+            key = sys.intern(key_of(relpath))  # image and mask share one key string
+            entry = SourceFile(source, root, relpath)
+            if key in copies:
+                copies[key].append(entry)
+            elif key in files:
+                copies[key] = [files.pop(key), entry]
+            else:
+                files[key] = entry
     samples: list[Sample] = []
     rejects: list[Reject] = []
-    for key in sorted(by_key):
-        files = by_key[key]
-        duplicated = {s: f for s, f in files.items() if len(f) > 1}
-        for source, copies in sorted(duplicated.items()):
-            names = ", ".join(f.relpath for f in copies)
-            rejects.extend(
-                Reject(
-                    f.path,
-                    STAGE,
-                    "duplicate_key",
-                    f"{source} has {len(copies)} files with key {key!r}: {names}",
-                    key,
-                )
-                for f in copies
-            )
-        unique = {s: f[0] for s, f in files.items() if s not in duplicated}
-        missing = [s for s in spec.sources if s not in files]
-        if duplicated or missing:
-            if missing:
-                rejects.extend(
-                    Reject(
-                        f.path,
-                        STAGE,
-                        "orphan",
-                        f"no {', '.join(missing)} file with key {key!r}",
-                        key,
-                    )
-                    for f in unique.values()
-                )
-            else:
-                rejects.extend(
-                    Reject(f.path, STAGE, "duplicate_key", "its partner has a duplicate key", key)
-                    for f in unique.values()
-                )
-            continue
-        samples.append(Sample(key, tuple(unique[s] for s in spec.sources)))
+    keys = sorted(set().union(*unique.values(), *duplicated.values()))
+    for key in keys:
+        sample = _pair(key, spec, unique, duplicated, rejects)
+        if sample is not None:
+            samples.append(sample)
     return Discovery(samples, rejects, seen)
+
+
+def _pair(
+    key: str,
+    spec: Spec,
+    unique: dict[str, dict[str, SourceFile]],
+    duplicated: dict[str, dict[str, list[SourceFile]]],
+    rejects: list[Reject],
+) -> Sample | None:
+    """The sample of one key, or None after adding its files to ``rejects``."""
+    copies = {s: duplicated[s][key] for s in spec.sources if key in duplicated[s]}
+    single = {s: unique[s][key] for s in spec.sources if key in unique[s]}
+    for source, files in copies.items():
+        names = ", ".join(f.relpath for f in files)
+        detail = f"{source} has {len(files)} files with key {key!r}: {names}"
+        rejects.extend(Reject(f.path, STAGE, "duplicate_key", detail, key) for f in files)
+    missing = [s for s in spec.sources if s not in single and s not in copies]
+    if missing:
+        detail = f"no {', '.join(missing)} file with key {key!r}"
+        rejects.extend(Reject(f.path, STAGE, "orphan", detail, key) for f in single.values())
+        return None
+    if copies:
+        detail = "its partner has a duplicate key"
+        rejects.extend(Reject(f.path, STAGE, "duplicate_key", detail, key) for f in single.values())
+        return None
+    return Sample(key, tuple(single[s] for s in spec.sources))

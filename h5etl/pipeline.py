@@ -7,6 +7,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -143,6 +144,7 @@ def build(
     if dry_run:
         return _plan_only(spec, hook)[0]
     with output.locked():
+        decode.warm_up(jobs)
         previous = output.resumable() if resume else None
         if previous is None:
             output.remove_stale_partials()
@@ -218,7 +220,12 @@ def _plan_only(spec: Spec, hook: ProgressHook) -> tuple[BuildReport, clean.Plan,
 
 
 class _Checkpoints:
-    """Feeds the resume journal: what the sink stored durably, plus the pipeline's own state."""
+    """Feeds the resume journal: what the sink stored durably, plus the pipeline's own state.
+
+    The fsync that makes a checkpoint durable runs in a thread beside the writer (it can take
+    a while on a slow disk and must not stall the workers); the journal line is appended only
+    after it. ``every=0`` checkpoints after each batch, synchronously (for tests).
+    """
 
     def __init__(self, path: Path, spec: Spec, plan: clean.Plan, every: float):
         self.writer = journal.JournalWriter(
@@ -226,6 +233,8 @@ class _Checkpoints:
         )
         self.every = every
         self.last = time.monotonic()
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="h5etl-fsync")
+        self._pending: Future[None] | None = None
         self.consumed: dict[str, int] = {}
         self.rejected: Counter[str] = Counter()
         self.fingerprint: list[str] = []
@@ -245,6 +254,10 @@ class _Checkpoints:
     def maybe_write(self, sink: Sink) -> None:
         if time.monotonic() - self.last < self.every or not sink.consistent:
             return
+        if self._pending is not None:
+            if not self._pending.done():
+                return  # the previous fsync is still running; checkpoint later
+            self._pending.result()  # re-raise a failed fsync here, in the build
         delta = sink.checkpoint()
         delta.update(
             consumed=dict(self.consumed),
@@ -252,9 +265,20 @@ class _Checkpoints:
             fingerprint=self.fingerprint,
             rejects=[r.as_json() for r in self.rejects],
         )
-        self.writer.checkpoint(delta)
         self.fingerprint, self.rejects = [], []
         self.last = time.monotonic()
+        if self.every == 0:
+            self._commit(sink, delta)
+        else:
+            self._pending = self._thread.submit(self._commit, sink, delta)
+
+    def _commit(self, sink: Sink, delta: dict[str, Any]) -> None:
+        sink.sync()
+        self.writer.checkpoint(delta)
+
+    def close(self) -> None:
+        self._thread.shutdown(wait=True)
+        self.writer.close()
 
 
 def _write(
@@ -320,7 +344,7 @@ def _write(
             report.datasets = sink.finish(attrs, diagnostics)
             report.chunk_paths = sink.chunk_paths
     finally:
-        checkpoints.writer.close()
+        checkpoints.close()
     watch.lap("finish")
     report.raw_bytes = sum(d["raw_bytes"] for d in report.datasets.values())
     report.stored_bytes = sum(d["stored_bytes"] for d in report.datasets.values())

@@ -287,13 +287,14 @@ class Sink:
         return all(not writer.carry_rows for writer in self.images.values())
 
     def checkpoint(self) -> dict[str, Any]:
-        """Flush and fsync the file; return what was stored since the last checkpoint."""
+        """Flush the file to the OS; return what was stored since the last checkpoint.
+
+        The delta is durable only after ``sync()``, which may run in another thread.
+        """
         assert self.file is not None
         assert self.consistent
         try:
             self.file.flush()
-            with open(self.path, "rb") as handle:
-                os.fsync(handle.fileno())
         except OSError as exc:
             raise SinkError(f"flushing failed: {exc}", path=self.path) from exc
         chunks: list[dict[str, Any]] = []
@@ -311,6 +312,14 @@ class Sink:
         }
         self._unjournaled_texts, self._unjournaled_lineage = {}, {}
         return delta
+
+    def sync(self) -> None:
+        """fsync the file: no HDF5 call, so it may run beside the writer in a thread."""
+        try:
+            with open(self.path, "rb") as handle:
+                os.fsync(handle.fileno())
+        except OSError as exc:
+            raise SinkError(f"fsync failed: {exc}", path=self.path) from exc
 
     def restore(self, state: ResumeState, partial: Path) -> None:
         """Copy what a killed build stored (per its journal) from its temp file, verified.

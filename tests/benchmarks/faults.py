@@ -1,0 +1,222 @@
+"""Fault report: inflict each failure mode on a real build and print what it left behind.
+
+    python tests/benchmarks/faults.py [--dir DIR]
+
+For every failure mode: the exit status, where the link points, the previous release's
+SHA-256 before and after, and the files left in the output folder. The same failures are
+asserted in tests/test_reliability.py; this script shows them side by side for a report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import errno
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import yaml
+from PIL import Image
+
+import h5etl
+from h5etl.spec import load_spec
+
+KILL_AFTER = """
+import os, signal, sys
+import h5etl, h5etl.sink
+from h5etl.spec import load_spec
+config, after, where = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+seen = stores = 0
+def hook(stage, advance, total):
+    global seen
+    if stage == "decode" and total is None:
+        seen += advance
+        if where == "decode" and seen >= after:
+            os.kill(os.getpid(), signal.SIGKILL)
+original = h5etl.sink._ImageWriter._store
+def store(self, row, chunks):
+    global stores
+    stores += 1
+    if where == "sink" and stores == after:
+        original(self, row, chunks[: len(chunks) // 2 or 1])
+        os.kill(os.getpid(), signal.SIGKILL)
+    original(self, row, chunks)
+h5etl.sink._ImageWriter._store = store
+h5etl.build(load_spec(config), jobs=2, progress=hook, checkpoint_seconds=0)
+"""
+
+SLOW_CLI = """
+import sys, time
+import h5etl.images
+original = h5etl.images.decode
+def slow(*args, **kwargs):
+    time.sleep(0.05)
+    return original(*args, **kwargs)
+h5etl.images.decode = slow
+from h5etl.cli import main
+sys.argv = ["h5etl", "build", sys.argv[1], "--jobs", "1", "--quiet"]
+main()
+"""
+
+
+def make_project(root: Path, samples: int) -> Path:
+    rng = np.random.default_rng(0)
+    for folder in ("images", "masks"):
+        (root / "raw" / folder).mkdir(parents=True, exist_ok=True)
+    for index in range(samples):
+        size = (int(rng.integers(8, 25)), int(rng.integers(8, 25)))
+        image = rng.integers(0, 256, (*size, 3), dtype=np.uint8)
+        mask = np.where(rng.random(size) < 0.5, 255, 0).astype(np.uint8)
+        Image.fromarray(image).save(root / "raw" / "images" / f"s{index:04d}.png")
+        Image.fromarray(mask).save(root / "raw" / "masks" / f"s{index:04d}.png")
+    config = {
+        "name": "cells",
+        "output": "releases",
+        "sources": {"image": {"dir": "raw/images", "glob": "*.png"},
+                    "mask": {"dir": "raw/masks", "glob": "*.png"}},
+        "fields": {"image": {"shape": [3, 24, 24]}, "mask": {"shape": [1, 24, 24]},
+                   "filename": {"dtype": "str"}},
+        "storage": {"chunk_samples": 2},
+    }
+    path = root / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16] if path.exists() else "-"
+
+
+def state(folder: Path) -> tuple[str, list[str]]:
+    link = folder / "cells.h5"
+    target = os.readlink(link) if link.is_symlink() else "-"
+    return target, sorted(os.listdir(folder)) if folder.exists() else []
+
+
+def run_killed(args: list[str], script: str) -> int:
+    with open(os.devnull, "w") as devnull:
+        proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(script), *args],
+                                stdout=devnull, stderr=devnull, start_new_session=True)
+        code = proc.wait(timeout=300)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    return code
+
+
+def fresh(root: Path, samples: int) -> tuple[Path, Path]:
+    shutil.rmtree(root, ignore_errors=True)
+    config = make_project(root, samples)
+    h5etl.build(load_spec(config))
+    return config, root / "releases"
+
+
+def sigkill(where: str) -> Callable[[Path, Path], str]:
+    def inflict(config: Path, folder: Path) -> str:
+        code = run_killed([str(config), "30", where], KILL_AFTER)
+        return f"exit {code}"
+    return inflict
+
+
+def sigint(config: Path, folder: Path) -> str:
+    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(SLOW_CLI), str(config)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not list(folder.glob(".cells.partial-*.h5")) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    return f"exit {proc.returncode}: {err.strip()}"
+
+
+def concurrent(config: Path, folder: Path) -> str:
+    lock = {"pid": os.getpid(), "host": socket.gethostname(), "started": "now"}
+    (folder / ".cells.lock").write_text(json.dumps(lock))
+    try:
+        h5etl.build(load_spec(config))
+    except h5etl.H5EtlError as exc:
+        return f"refused: {str(exc)[-120:]}"
+    finally:
+        (folder / ".cells.lock").unlink()
+    return "built (unexpected)"
+
+
+def disk_full(config: Path, folder: Path) -> str:
+    original = h5etl.sink._ImageWriter._store
+    calls = 0
+
+    def failing(self: object, row: int, chunks: object) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 5:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        original(self, row, chunks)  # type: ignore[arg-type]
+
+    h5etl.sink._ImageWriter._store = failing  # type: ignore[method-assign]
+    try:
+        h5etl.build(load_spec(config))
+    except h5etl.H5EtlError as exc:
+        return f"failed: {exc}"
+    finally:
+        h5etl.sink._ImageWriter._store = original  # type: ignore[method-assign]
+    return "built (unexpected)"
+
+
+def too_many_rejects(config: Path, folder: Path) -> str:
+    for index in range(3):
+        (config.parent / "raw" / "images" / f"zz{index}.png").write_bytes(b"")
+        (config.parent / "raw" / "masks" / f"zz{index}.png").write_bytes(b"")
+    spec = load_spec(config).model_copy(update={"max_rejects": 2})
+    try:
+        h5etl.build(spec)
+    except h5etl.H5EtlError as exc:
+        return f"failed: {str(exc)[-100:]}"
+    return "built (unexpected)"
+
+
+def killed_then_resumed(config: Path, folder: Path) -> str:
+    code = run_killed([str(config), "30", "decode"], KILL_AFTER)
+    report = h5etl.build(load_spec(config), resume=True)
+    return f"killed (exit {code}), resumed: {report.resumed} samples copied, v{report.version}"
+
+
+MODES: dict[str, Callable[[Path, Path], str]] = {
+    "SIGKILL while workers decode": sigkill("decode"),
+    "SIGKILL inside the sink": sigkill("sink"),
+    "SIGINT (Ctrl-C)": sigint,
+    "second build while locked": concurrent,
+    "write error (ENOSPC)": disk_full,
+    "max_rejects exceeded": too_many_rejects,
+    "SIGKILL, then --resume": killed_then_resumed,
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()) / "h5etl-faults")
+    parser.add_argument("--samples", type=int, default=120)
+    args = parser.parse_args()
+    print("| failure | outcome | link after | v0001 sha256 before / after | files left |")
+    print("|---|---|---|---|---|")
+    for name, inflict in MODES.items():
+        config, folder = fresh(args.dir / name.split()[0].lower(), args.samples)
+        before = sha(folder / "cells-v0001.h5")
+        outcome = inflict(config, folder).replace("|", "/").replace("\n", " ")
+        target, files = state(folder)
+        after = sha(folder / "cells-v0001.h5")
+        print(f"| {name} | {outcome} | {target} | {before} / {after} | {', '.join(files)} |")
+
+
+if __name__ == "__main__":
+    main()
