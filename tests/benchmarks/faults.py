@@ -84,10 +84,15 @@ def make_project(root: Path, samples: int) -> Path:
     config = {
         "name": "cells",
         "output": "releases",
-        "sources": {"image": {"dir": "raw/images", "glob": "*.png"},
-                    "mask": {"dir": "raw/masks", "glob": "*.png"}},
-        "fields": {"image": {"shape": [3, 24, 24]}, "mask": {"shape": [1, 24, 24]},
-                   "filename": {"dtype": "str"}},
+        "sources": {
+            "image": {"dir": "raw/images", "glob": "*.png"},
+            "mask": {"dir": "raw/masks", "glob": "*.png"},
+        },
+        "fields": {
+            "image": {"shape": [3, 24, 24]},
+            "mask": {"shape": [1, 24, 24]},
+            "filename": {"dtype": "str"},
+        },
         "storage": {"chunk_samples": 2},
     }
     path = root / "config.yaml"
@@ -107,8 +112,12 @@ def state(folder: Path) -> tuple[str, list[str]]:
 
 def run_killed(args: list[str], script: str) -> int:
     with open(os.devnull, "w") as devnull:
-        proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(script), *args],
-                                stdout=devnull, stderr=devnull, start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", textwrap.dedent(script), *args],
+            stdout=devnull,
+            stderr=devnull,
+            start_new_session=True,
+        )
         code = proc.wait(timeout=300)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
@@ -126,12 +135,17 @@ def sigkill(where: str) -> Callable[[Path, Path], str]:
     def inflict(config: Path, folder: Path) -> str:
         code = run_killed([str(config), "30", where], KILL_AFTER)
         return f"exit {code}"
+
     return inflict
 
 
 def sigint(config: Path, folder: Path) -> str:
-    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(SLOW_CLI), str(config)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(SLOW_CLI), str(config)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 60
     while not list(folder.glob(".cells.partial-*.h5")) and time.monotonic() < deadline:
         time.sleep(0.02)
