@@ -77,7 +77,8 @@ def sanitize_keys(samples: Sequence[Sample]) -> tuple[list[Sample], list[tuple[s
                 taken.add(clean)
         if clean != sample.key:
             renamed.append((sample.key, clean))
-        out.append(Sample(clean, sample.files))
+            sample = Sample(clean, sample.files)
+        out.append(sample)  # unchanged samples are kept, not copied: plans can be large
     return out, renamed
 
 
@@ -130,7 +131,7 @@ def _probe_sample(sample: Sample, spec: Spec) -> PlannedSample | list[Reject]:
                     f"{size[0]}x{size[1]} is larger than fields.{name}.shape "
                     f"{shape[1]}x{shape[2]} (pad.oversize: reject; crop or resize to keep it)",
                 )
-    return PlannedSample(sample.key, sample.files, size)
+    return PlannedSample(sample.key, sample.files, *size)
 
 
 def plan(spec: Spec, samples: Sequence[Sample], progress: Progress | None = None) -> Plan:

@@ -59,7 +59,12 @@ class PlannedSample:
 
     key: str
     files: tuple[SourceFile, ...]
-    size: tuple[int, int]  # (height, width) after EXIF orientation, equal for every source
+    height: int  # after EXIF orientation, equal for every source
+    width: int
+
+    @property
+    def size(self) -> tuple[int, int]:
+        return self.height, self.width
 
 
 @dataclass(frozen=True, slots=True)

@@ -142,7 +142,7 @@ def test_sanitized_keys_are_unique(names: list[str]) -> None:
 
 def _plan(sizes: list[int]) -> Plan:
     splits = {
-        f"s{i}": [PlannedSample(f"s{i}-{j}", (), (1, 1)) for j in range(size)]
+        f"s{i}": [PlannedSample(f"s{i}-{j}", (), 1, 1) for j in range(size)]
         for i, size in enumerate(sizes)
     }
     return Plan(splits, [])
