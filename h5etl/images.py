@@ -126,9 +126,11 @@ def to_array(
         raise RejectError(
             "unsupported_mode", f"pixel mode {image.mode} is not supported", path=path
         )
+    if image.mode == mode:
+        return np.asarray(image)  # convert() to the same mode would copy the pixels
     if mode == "RGB":
         return np.asarray(image.convert("RGB"))
-    if image.mode in {"L", "1", "LA"}:
+    if image.mode in {"1", "LA"}:
         return np.asarray(image.convert("L"))
     rgb = np.asarray(image.convert("RGB"))
     if mask_labels is not None:
@@ -149,8 +151,8 @@ def decode(
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             with Image.open(io.BytesIO(data)) as opened:
                 opened.load()
-                image = ImageOps.exif_transpose(opened) or opened
-                array = to_array(image, mode, mask_labels=mask_labels, path=path)
+                ImageOps.exif_transpose(opened, in_place=True)  # no copy when upright
+                array = to_array(opened, mode, mask_labels=mask_labels, path=path)
     except RejectError as exc:
         exc.path = path
         raise
