@@ -15,8 +15,8 @@ from tqdm import tqdm
 
 from h5etl import __version__, demo, pipeline, release
 from h5etl.check import check_release
+from h5etl.config import load_spec
 from h5etl.errors import ConfigError, H5EtlError
-from h5etl.spec import load_spec
 
 app = typer.Typer(
     add_completion=False,

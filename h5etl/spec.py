@@ -1,8 +1,7 @@
-"""The config contract: YAML in, a frozen, validated ``Spec`` out.
+"""The config contract: the frozen, validated ``Spec`` a build runs from.
 
-``load_spec(path)`` is the only function that reads a config. It merges the defaults of the
-pipeline recipe the config names, resolves paths relative to the config file, and turns every
-problem into a ``ConfigError`` whose lines name the file, the dotted key and what was expected.
+One pydantic model per concern, unknown keys refused; values are checked against each other
+(chunks against shapes, fields against sources). Reading YAML is ``h5etl.config``'s job.
 """
 
 from __future__ import annotations
@@ -10,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import math
 import re
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -20,13 +18,9 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    ValidationError,
     field_validator,
     model_validator,
 )
-
-from h5etl import resources
-from h5etl.errors import ConfigError
 
 __all__ = [
     "Compression",
@@ -35,8 +29,8 @@ __all__ = [
     "SourceSpec",
     "Spec",
     "StorageSpec",
-    "load_spec",
-    "parse_spec",
+    "spec_sha256",
+    "spec_text",
 ]
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
@@ -314,178 +308,6 @@ def _check_name(name: str, what: str) -> None:
             f"{what} name {name!r} must match {NAME_PATTERN} and not be one of "
             f"{sorted(RESERVED_NAMES)}"
         )
-
-
-def _deep_merge(defaults: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
-    merged = dict(defaults)
-    for key, value in override.items():
-        base = merged.get(key)
-        if isinstance(base, Mapping) and isinstance(value, Mapping):
-            merged[key] = _deep_merge(base, value)
-        else:
-            merged[key] = value
-    return merged
-
-
-# Keys whose recipe defaults merge into the config's mapping; any other key the config sets
-# replaces the recipe's value whole: a config's splits or sources never mix with the recipe's.
-_MERGED_KEYS = frozenset({"storage", "pad"})
-
-
-def _apply_recipe(defaults: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
-    """Recipe defaults under the config. The recipe's fields are added unless the config sets
-    them to null; a field both name is merged key by key."""
-    merged = {**defaults, **config}
-    for key in _MERGED_KEYS:
-        if isinstance(defaults.get(key), Mapping) and isinstance(config.get(key), Mapping):
-            merged[key] = _deep_merge(defaults[key], config[key])
-    field_defaults, fields = defaults.get("fields"), config.get("fields")
-    if isinstance(field_defaults, Mapping) and isinstance(fields, Mapping):
-        combined = _deep_merge(field_defaults, fields)
-        merged["fields"] = {name: spec for name, spec in combined.items() if spec is not None}
-    return merged
-
-
-def _read_yaml_mapping(path: Path, what: str) -> dict[str, Any]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError as exc:
-        raise ConfigError(f"{what} not found", path=path) from exc
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read {what}: {exc}", path=path) from exc
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or "invalid YAML"
-        raise ConfigError(f"not valid YAML{where}: {problem}", path=path) from exc
-    except RecursionError as exc:
-        raise ConfigError("YAML nested too deeply", path=path) from exc
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError(
-            f"{what} must be a YAML mapping of keys to values, got {type(data).__name__}",
-            path=path,
-        )
-    if not all(isinstance(key, str) for key in data):
-        raise ConfigError("every top-level key must be a string", path=path)
-    return data
-
-
-def _recipe_defaults(pipeline: Any, config_path: Path) -> dict[str, Any]:
-    if not isinstance(pipeline, str) or not pipeline:
-        raise ConfigError(
-            f"must name a recipe such as 'segmentation' or a path to one, got {pipeline!r}",
-            path=config_path,
-            key="pipeline",
-        )
-    recipe_path = resources.find_recipe(pipeline, relative_to=config_path.parent)
-    if recipe_path is None:
-        known = ", ".join(resources.recipe_names())
-        raise ConfigError(
-            f"no recipe named {pipeline!r}; known recipes: {known}",
-            path=config_path,
-            key="pipeline",
-        )
-    recipe = _read_yaml_mapping(recipe_path, "pipeline recipe")
-    defaults = recipe.get("defaults", {})
-    if not isinstance(defaults, dict):
-        raise ConfigError("defaults must be a mapping", path=recipe_path, key="defaults")
-    return defaults
-
-
-def _fields_for_sources(defaults: dict[str, Any], data: Mapping[str, Any]) -> dict[str, Any]:
-    """Drop recipe fields the config does not name and whose source it does not have.
-
-    A config with its own field names (``img``, ``label``) would otherwise inherit the
-    recipe's ``image`` and ``mask`` without a shape and fail on keys it never wrote.
-    """
-    fields, sources = defaults.get("fields"), data.get("sources")
-    if not isinstance(fields, dict) or not isinstance(sources, dict):
-        return defaults
-    own = data.get("fields")
-    named: Mapping[str, Any] = own if isinstance(own, dict) else {}
-    kept = {
-        name: field
-        for name, field in fields.items()
-        if name in named
-        or (field.get("source", name) if isinstance(field, dict) else name) in sources
-    }
-    return {**defaults, "fields": kept}
-
-
-def _resolve_paths(data: dict[str, Any], base: Path) -> dict[str, Any]:
-    resolved = dict(data)
-    if isinstance(resolved.get("output"), str):
-        resolved["output"] = str(base / resolved["output"])
-    sources = resolved.get("sources")
-    if isinstance(sources, dict):
-        resolved["sources"] = {
-            name: {**src, "dir": str(base / src["dir"])}
-            if isinstance(src, dict) and isinstance(src.get("dir"), str)
-            else src
-            for name, src in sources.items()
-        }
-    return resolved
-
-
-def _format_validation(exc: ValidationError, path: Path) -> list[str]:
-    lines = []
-    for error in exc.errors(include_url=False):
-        key = ".".join(str(part) for part in error["loc"] if part != "function-after[...]")
-        message = error["msg"].removeprefix("Value error, ")
-        if error["type"] == "extra_forbidden":
-            message = "unknown key (check the spelling against the README's config reference)"
-        elif error["type"] == "missing":
-            message = "required key is missing"
-        elif "input" in error and error["type"] not in {"value_error", "assertion_error"}:
-            message = f"{message}, got {error['input']!r}"
-        lines.append(f"{path}: {key}: {message}" if key else f"{path}: {message}")
-    return lines
-
-
-def parse_spec(data: Mapping[str, Any], *, config_path: Path) -> Spec:
-    """Validate an already-parsed config mapping, as ``load_spec`` does after reading YAML.
-
-    Raises:
-        ConfigError: one line per problem, naming the file and the dotted key.
-    """
-    config_path = config_path.absolute()
-    defaults = _fields_for_sources(
-        _recipe_defaults(data.get("pipeline", "segmentation"), config_path), data
-    )
-    merged = _resolve_paths(_apply_recipe(defaults, data), config_path.parent)
-    try:
-        spec = Spec.model_validate(merged)
-    except ValidationError as exc:
-        problems = _format_validation(exc, config_path)
-        raise ConfigError(problems[0], problems=problems) from exc
-    missing = [
-        f"{config_path}: sources.{name}.dir: folder does not exist: {src.dir}"
-        for name, src in spec.sources.items()
-        if not src.dir.is_dir()
-    ]
-    if missing:
-        raise ConfigError(missing[0], problems=missing)
-    return spec
-
-
-def load_spec(path: Path | str) -> Spec:
-    """Read, merge and validate a build config.
-
-    Parameters:
-        path: the config YAML; relative paths inside it are resolved against its folder.
-
-    Returns:
-        The frozen ``Spec``.
-
-    Raises:
-        ConfigError: the file is missing, not YAML, or breaks a rule (exit code 2).
-    """
-    config_path = Path(path).absolute()
-    return parse_spec(_read_yaml_mapping(config_path, "config"), config_path=config_path)
 
 
 def spec_text(spec: Spec) -> str:

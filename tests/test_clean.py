@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from h5etl import clean, discover
 from h5etl.clean import Plan, TaskCutter
+from h5etl.config import load_spec
 from h5etl.records import PlannedSample, Sample, SourceFile
-from h5etl.spec import load_spec
 
 keys = st.text(min_size=1, max_size=12)
 fractions = st.sampled_from(

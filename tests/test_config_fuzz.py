@@ -14,8 +14,9 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from h5etl.cli import app
+from h5etl.config import load_spec
 from h5etl.errors import ConfigError
-from h5etl.spec import Spec, load_spec
+from h5etl.spec import Spec
 
 SCALARS = st.one_of(
     st.none(),

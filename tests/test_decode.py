@@ -8,8 +8,8 @@ import numpy as np
 from conftest import MakeRaw, WriteConfig, centre_pad, save
 
 from h5etl import decode, pipeline
+from h5etl.config import load_spec
 from h5etl.records import DecodeTask, PlannedSample, SourceFile
-from h5etl.spec import load_spec
 
 
 def planned(root: Path, key: str, size: tuple[int, int]) -> PlannedSample:

@@ -25,9 +25,9 @@ from conftest import MakeRaw, WriteConfig, dataset_digests, random_pair, save
 
 import h5etl
 from h5etl import decode, release
+from h5etl.config import load_spec
 from h5etl.errors import BuildFailed, LockHeld, SinkError
 from h5etl.records import BatchResult, DecodeTask
-from h5etl.spec import load_spec
 
 CELLS = "cells"
 PUBLISHED_V1 = ["cells-v0001.h5", "cells-v0001.rejects.jsonl", "cells.h5"]
@@ -87,7 +87,7 @@ def run_script(script: str, *args: str, timeout: float = 120) -> subprocess.Comp
 KILLED_BUILD = """
     import os, signal, sys
     import h5etl, h5etl.sink
-    from h5etl.spec import load_spec
+    from h5etl.config import load_spec
     config, after, jobs, where = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
     seen = 0
     def hook(stage, advance, total):

@@ -9,8 +9,9 @@ import pytest
 import yaml
 from conftest import MakeRaw, WriteConfig, base_config
 
+from h5etl.config import load_spec
 from h5etl.errors import ConfigError
-from h5etl.spec import Compression, load_spec, spec_sha256, spec_text
+from h5etl.spec import Compression, spec_sha256, spec_text
 
 
 @pytest.fixture

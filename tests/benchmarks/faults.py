@@ -31,12 +31,12 @@ import yaml
 from PIL import Image
 
 import h5etl
-from h5etl.spec import load_spec
+from h5etl.config import load_spec
 
 KILL_AFTER = """
 import os, signal, sys
 import h5etl, h5etl.sink
-from h5etl.spec import load_spec
+from h5etl.config import load_spec
 config, after, where = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 seen = stores = 0
 def hook(stage, advance, total):
