@@ -55,31 +55,39 @@ def _run(action: Callable[[], T]) -> T:
 
 
 class _Bars:
-    """Draws the pipeline's progress hook as tqdm bars, only on a terminal."""
+    """Draws the pipeline's progress hook as tqdm bars, only on a terminal.
+
+    Stages run one after another, so one bar is live at a time; a finished stage stays as one
+    line. A stage shorter than a second never draws.
+    """
 
     def __init__(self, enabled: bool):
         self.enabled = enabled
-        self.bars: dict[str, tqdm[Any]] = {}
+        self.bar: tqdm[Any] | None = None
+        self.stage = ""
 
     def __call__(self, stage: str, advance: int, total: int | None) -> None:
         if not self.enabled:
             return
-        if advance == 0:
-            self.bars[stage] = tqdm(
+        if advance == 0 and stage != self.stage:
+            self.close()
+            self.stage = stage
+            self.bar = tqdm(
                 total=total,
-                desc=f"{stage:>8}",
+                desc=f"{stage:>12}",
                 unit=" files" if stage == "discover" else " samples",
-                leave=False,
+                leave=True,
                 dynamic_ncols=True,
                 mininterval=0.2,
                 delay=1.0,
             )
-        elif stage in self.bars:
-            self.bars[stage].update(advance)
+        elif self.bar is not None and stage == self.stage:
+            self.bar.update(advance)
 
     def close(self) -> None:
-        for bar in self.bars.values():
-            bar.close()
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
 
 
 @contextmanager

@@ -26,7 +26,8 @@ from h5etl.spec import Spec, spec_sha256, spec_text
 logger = logging.getLogger(__name__)
 
 ProgressHook = Callable[[str, int, int | None], None]
-"""``hook(stage, advance, total)``: ``advance=0`` opens a stage of ``total`` steps."""
+"""``hook(stage, advance, total)``: ``advance=0`` opens the next stage (``total`` steps, or None
+if unknown); stages come one after another: discover, probe, decode+write."""
 
 
 @dataclass(slots=True)
@@ -321,10 +322,9 @@ def _write(
                 consumed=checkpoints.consumed,
                 rejected=dict(checkpoints.rejected),
             )
-            hook("decode", 0, plan.total)
-            hook("write", 0, plan.total)
-            hook("decode", sum(checkpoints.consumed.values()), None)
-            hook("write", sum(checkpoints.consumed.values()), None)
+            hook("decode+write", 0, plan.total)  # in order: a decoded batch is written at once
+            if resume is not None:
+                hook("decode+write", sum(checkpoints.consumed.values()), None)
             for result in decode.run_tasks(cutter, recipe, jobs=jobs):
                 cutter.note_rejects(result.task.split, len(result.task.samples) - result.accepted)
                 report.rejects.extend(result.rejects)
@@ -335,8 +335,7 @@ def _write(
                 checkpoints.note(result, lines)
                 checkpoints.maybe_write(sink)
                 worker_seconds += result.seconds
-                hook("decode", len(result.task.samples), None)
-                hook("write", len(result.task.samples), None)
+                hook("decode+write", len(result.task.samples), None)
             watch.lap("decode_and_write")
             report.samples = dict(sink.counts)
             attrs = _file_attrs(spec, version, fingerprint)
