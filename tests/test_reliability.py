@@ -92,7 +92,7 @@ KILLED_BUILD = """
     seen = 0
     def hook(stage, advance, total):
         global seen
-        if stage == "decode" and total is None:
+        if stage == "decode+write" and total is None:
             seen += advance
             if where == "decode" and seen >= after:
                 os.kill(os.getpid(), signal.SIGKILL)

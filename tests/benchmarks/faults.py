@@ -41,7 +41,7 @@ config, after, where = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 seen = stores = 0
 def hook(stage, advance, total):
     global seen
-    if stage == "decode" and total is None:
+    if stage == "decode+write" and total is None:
         seen += advance
         if where == "decode" and seen >= after:
             os.kill(os.getpid(), signal.SIGKILL)
