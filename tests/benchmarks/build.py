@@ -293,7 +293,7 @@ def run_api(config: Path, jobs: int) -> dict[str, Any]:
     marks: dict[str, tuple[float, float]] = {}
 
     def hook(stage: str, advance: int, total: int | None) -> None:
-        if stage == "decode" and advance == 0 and "write" not in marks:
+        if stage == "decode+write" and advance == 0 and "write" not in marks:
             marks["write"] = (time.perf_counter(), _cpu(resource.getrusage(resource.RUSAGE_SELF)))
 
     shutil.rmtree(config.parent / "releases" / "api", ignore_errors=True)
