@@ -27,6 +27,7 @@ from h5etl.records import BatchResult, EncodedChunk
 
 LIBVER = ("v110", "v110")  # readable by HDF5 1.10 tools (h5ls, h5dump) and newer
 LINEAGE = "source_sha256"
+WRITE_CACHE_BYTES = 256 * 1024
 
 
 class ResumeMismatch(SinkError):
@@ -174,7 +175,12 @@ class Sink:
 
     def __enter__(self) -> Sink:
         try:
-            self.file = h5py.File(self.path, "x", libver=LIBVER, track_order=True)
+            # Image chunks bypass the chunk cache (write_direct_chunk); the small datasets are
+            # written once, in order, so a small cache suffices. HDF5 2.0's default (8 MiB per
+            # dataset) would keep every row of them in memory: RSS grew with the dataset.
+            self.file = h5py.File(
+                self.path, "x", libver=LIBVER, track_order=True, rdcc_nbytes=WRITE_CACHE_BYTES
+            )
             for split in self.layout.splits:
                 self._create_split(self.file.create_group(split, track_order=True), split)
         except OSError as exc:
