@@ -111,6 +111,21 @@ KILLED_BUILD = """
 """
 
 
+# `h5etl build CONFIG` through the CLI, slowed down so that a signal lands mid-build.
+SLOW_CLI_BUILD = """
+    import sys, time
+    import h5etl.images
+    original = h5etl.images.decode
+    def slow(*args, **kwargs):
+        time.sleep(0.05)
+        return original(*args, **kwargs)
+    h5etl.images.decode = slow
+    from h5etl.cli import main
+    sys.argv = ["h5etl", "build", sys.argv[1], "--jobs", "1", "--quiet"]
+    main()
+"""
+
+
 @pytest.mark.parametrize(
     ("after", "jobs", "where"),
     [
@@ -199,20 +214,8 @@ def test_sigint_stops_cleanly_with_exit_130(project: Path) -> None:
     build(project)
     folder = project.parent / "releases"
     before = file_sha(folder / "cells-v0001.h5")
-    script = """
-        import sys, time
-        import h5etl.images
-        original = h5etl.images.decode
-        def slow(*args, **kwargs):
-            time.sleep(0.05)
-            return original(*args, **kwargs)
-        h5etl.images.decode = slow
-        from h5etl.cli import main
-        sys.argv = ["h5etl", "build", sys.argv[1], "--jobs", "1", "--quiet"]
-        main()
-    """
     proc = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(script), str(project)],
+        [sys.executable, "-c", textwrap.dedent(SLOW_CLI_BUILD), str(project)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

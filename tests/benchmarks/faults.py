@@ -33,42 +33,9 @@ from PIL import Image
 import h5etl
 from h5etl.config import load_spec
 
-KILL_AFTER = """
-import os, signal, sys
-import h5etl, h5etl.sink
-from h5etl.config import load_spec
-config, after, where = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-seen = stores = 0
-def hook(stage, advance, total):
-    global seen
-    if stage == "decode+write" and total is None:
-        seen += advance
-        if where == "decode" and seen >= after:
-            os.kill(os.getpid(), signal.SIGKILL)
-original = h5etl.sink._ImageWriter._store
-def store(self, row, chunks):
-    global stores
-    stores += 1
-    if where == "sink" and stores == after:
-        original(self, row, chunks[: len(chunks) // 2 or 1])
-        os.kill(os.getpid(), signal.SIGKILL)
-    original(self, row, chunks)
-h5etl.sink._ImageWriter._store = store
-h5etl.build(load_spec(config), jobs=2, progress=hook, checkpoint_seconds=0)
-"""
-
-SLOW_CLI = """
-import sys, time
-import h5etl.images
-original = h5etl.images.decode
-def slow(*args, **kwargs):
-    time.sleep(0.05)
-    return original(*args, **kwargs)
-h5etl.images.decode = slow
-from h5etl.cli import main
-sys.argv = ["h5etl", "build", sys.argv[1], "--jobs", "1", "--quiet"]
-main()
-"""
+# The same failure scripts the reliability tests run.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from test_reliability import KILLED_BUILD, SLOW_CLI_BUILD
 
 
 def make_project(root: Path, samples: int) -> Path:
@@ -133,7 +100,7 @@ def fresh(root: Path, samples: int) -> tuple[Path, Path]:
 
 def sigkill(where: str) -> Callable[[Path, Path], str]:
     def inflict(config: Path, folder: Path) -> str:
-        code = run_killed([str(config), "30", where], KILL_AFTER)
+        code = run_killed([str(config), "30", "2", where], KILLED_BUILD)
         return f"exit {code}"
 
     return inflict
@@ -141,7 +108,7 @@ def sigkill(where: str) -> Callable[[Path, Path], str]:
 
 def sigint(config: Path, folder: Path) -> str:
     proc = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(SLOW_CLI), str(config)],
+        [sys.executable, "-c", textwrap.dedent(SLOW_CLI_BUILD), str(config)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -200,7 +167,7 @@ def too_many_rejects(config: Path, folder: Path) -> str:
 
 
 def killed_then_resumed(config: Path, folder: Path) -> str:
-    code = run_killed([str(config), "30", "decode"], KILL_AFTER)
+    code = run_killed([str(config), "30", "2", "decode"], KILLED_BUILD)
     report = h5etl.build(load_spec(config), resume=True)
     return f"killed (exit {code}), resumed: {report.resumed} samples copied, v{report.version}"
 
