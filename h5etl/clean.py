@@ -18,7 +18,7 @@ import numpy as np
 
 from h5etl import geometry, images
 from h5etl.errors import RejectError
-from h5etl.records import DecodeTask, PlannedSample, Reject, Sample
+from h5etl.records import DecodeTask, Reject, Sample
 from h5etl.spec import Spec
 
 STAGE = "clean"
@@ -30,25 +30,24 @@ Progress = Callable[[int], None]
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """Samples per split in write order; decode tasks are cut from it lazily."""
+    """Samples per split in write order; decode tasks are cut from it lazily.
 
-    splits: dict[str, list[PlannedSample]]
+    It holds discover's own ``Sample`` objects (no per-sample copies: a plan of millions of
+    files lives in the single parent process for the whole build).
+    """
+
+    splits: dict[str, list[Sample]]
     rejects: list[Reject]
     renamed: list[tuple[str, str]] = field(default_factory=list)  # (original key, new key)
+    digest: str = ""  # SHA-256 of splits, keys, file names and probed sizes
 
     @property
     def total(self) -> int:
         return sum(len(samples) for samples in self.splits.values())
 
     def fingerprint(self) -> str:
-        """SHA-256 of the write order: splits, keys and files; a resume needs the same plan."""
-        sha = hashlib.sha256()
-        for split, members in self.splits.items():
-            sha.update(f"\x00{split}".encode())
-            for sample in members:
-                names = "\x01".join(f.relpath for f in sample.files)
-                sha.update(f"\x02{sample.key}\x01{names}\x01{sample.size}".encode())
-        return sha.hexdigest()
+        """What a resume must find unchanged: splits, keys, files and their probed sizes."""
+        return self.digest
 
 
 def sanitize_key(key: str) -> str:
@@ -108,7 +107,8 @@ def _reject_sample(sample: Sample, reason: str, detail: str, cause: str = "") ->
     ]
 
 
-def _probe_sample(sample: Sample, spec: Spec) -> PlannedSample | list[Reject]:
+def _probe_sample(sample: Sample, spec: Spec) -> tuple[int, int] | list[Reject]:
+    """The sample's (height, width) from its headers, or the rejects of its files."""
     sizes: dict[str, tuple[int, int]] = {}
     for f in sample.files:
         try:
@@ -131,7 +131,7 @@ def _probe_sample(sample: Sample, spec: Spec) -> PlannedSample | list[Reject]:
                     f"{size[0]}x{size[1]} is larger than fields.{name}.shape "
                     f"{shape[1]}x{shape[2]} (pad.oversize: reject; crop or resize to keep it)",
                 )
-    return PlannedSample(sample.key, sample.files, *size)
+    return size
 
 
 def plan(spec: Spec, samples: Sequence[Sample], progress: Progress | None = None) -> Plan:
@@ -142,13 +142,17 @@ def plan(spec: Spec, samples: Sequence[Sample], progress: Progress | None = None
     """
     renamed_samples, renamed = sanitize_keys(samples)
     rejects: list[Reject] = []
-    by_split: dict[str, list[PlannedSample]] = {name: [] for name in spec.splits}
+    by_split: dict[str, list[Sample]] = {name: [] for name in spec.splits}
+    digest = hashlib.sha256()
     for sample in renamed_samples:
         outcome = _probe_sample(sample, spec)
         if isinstance(outcome, list):
             rejects.extend(outcome)
         else:
-            by_split[split_of(sample.key, spec.splits, spec.seed)].append(outcome)
+            split = split_of(sample.key, spec.splits, spec.seed)
+            by_split[split].append(sample)
+            names = "\x01".join(f.relpath for f in sample.files)
+            digest.update(f"\x00{split}\x02{sample.key}\x01{names}\x01{outcome}".encode())
         if progress is not None:
             progress(1)
     rng = np.random.default_rng(spec.seed)
@@ -156,7 +160,7 @@ def plan(spec: Spec, samples: Sequence[Sample], progress: Progress | None = None
     for name, members in by_split.items():
         members.sort(key=lambda s: s.key)
         ordered[name] = [members[i] for i in rng.permutation(len(members))]
-    return Plan(ordered, rejects, renamed)
+    return Plan(ordered, rejects, renamed, digest.hexdigest())
 
 
 class TaskCutter:

@@ -26,7 +26,7 @@ from joblib.externals.loky.process_executor import BrokenProcessPool
 from h5etl import digest, geometry, images, validate
 from h5etl.chunkcodec import ChunkLayout, encode_block
 from h5etl.errors import RejectError
-from h5etl.records import BatchResult, DecodeTask, PlannedSample, Reject
+from h5etl.records import BatchResult, DecodeTask, Reject, Sample
 
 if TYPE_CHECKING:  # workers import this module; pydantic stays out of them
     from h5etl.spec import Spec
@@ -88,7 +88,7 @@ def _fit(array: np.ndarray, field: FieldRecipe, oversize: str) -> np.ndarray:
 
 
 def _decode_sample(
-    sample: PlannedSample, recipe: DecodeRecipe, out: dict[str, np.ndarray], row: int
+    sample: Sample, recipe: DecodeRecipe, out: dict[str, np.ndarray], row: int
 ) -> tuple[tuple[str, ...], int]:
     """Decode one sample into row ``row`` of ``out``; return each file's hex SHA-256, bytes read."""
     contents = []

@@ -54,26 +54,12 @@ class Reject:
 
 
 @dataclass(frozen=True, slots=True)
-class PlannedSample:
-    """A sample that passed cleaning: header sizes known, split and write position assigned."""
-
-    key: str
-    files: tuple[SourceFile, ...]
-    height: int  # after EXIF orientation, equal for every source
-    width: int
-
-    @property
-    def size(self) -> tuple[int, int]:
-        return self.height, self.width
-
-
-@dataclass(frozen=True, slots=True)
 class DecodeTask:
     """A slice of one split's write order, decoded by one worker call."""
 
     split: str
     start: int  # position of the first sample in the split's write order
-    samples: tuple[PlannedSample, ...]
+    samples: tuple[Sample, ...]  # that passed cleaning, in write order
     full_batch: int  # a result this long can be stored as whole pre-compressed chunks
 
 

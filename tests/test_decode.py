@@ -9,15 +9,15 @@ from conftest import MakeRaw, WriteConfig, centre_pad, save
 
 from h5etl import decode, pipeline
 from h5etl.config import load_spec
-from h5etl.records import DecodeTask, PlannedSample, SourceFile
+from h5etl.records import DecodeTask, Sample, SourceFile
 
 
-def planned(root: Path, key: str, size: tuple[int, int]) -> PlannedSample:
+def planned(root: Path, key: str) -> Sample:
     files = tuple(
         SourceFile(source, str(root / "raw" / folder), f"{key}.png")
         for source, folder in (("image", "images"), ("mask", "masks"))
     )
-    return PlannedSample(key, files, *size)
+    return Sample(key, files)
 
 
 def test_a_rejected_sample_leaves_no_pixels_in_the_next_ones_padding(
@@ -36,9 +36,7 @@ def test_a_rejected_sample_leaves_no_pixels_in_the_next_ones_padding(
     save(tmp_path / "raw" / "masks" / "small.png", np.zeros((6, 6), np.uint8))
     spec = load_spec(write_config(tmp_path))
     recipe = decode.DecodeRecipe.from_spec(spec, pipeline.layouts_of(spec))
-    task = DecodeTask(
-        "train", 0, (planned(tmp_path, "big", (24, 24)), planned(tmp_path, "small", (6, 6))), 4
-    )
+    task = DecodeTask("train", 0, (planned(tmp_path, "big"), planned(tmp_path, "small")), 4)
 
     result = decode.decode_batch(task, recipe)
 
