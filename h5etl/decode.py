@@ -89,8 +89,8 @@ def _fit(array: np.ndarray, field: FieldRecipe, oversize: str) -> np.ndarray:
 
 def _decode_sample(
     sample: Sample, recipe: DecodeRecipe, out: dict[str, np.ndarray], row: int
-) -> tuple[tuple[str, ...], int]:
-    """Decode one sample into row ``row`` of ``out``; return each file's hex SHA-256, bytes read."""
+) -> tuple[str, ...]:
+    """Decode one sample into row ``row`` of ``out``; return each file's hex SHA-256."""
     contents = []
     for source_file in sample.files:
         try:
@@ -127,8 +127,7 @@ def _decode_sample(
     # pixels in the padding of the sample that takes the row next.
     for field, array in fitted:
         geometry.place(array, out[field.name][row])
-    hashes = tuple(hashlib.sha256(data).hexdigest() for data in contents)
-    return hashes, sum(len(data) for data in contents)
+    return tuple(hashlib.sha256(data).hexdigest() for data in contents)
 
 
 def decode_batch(task: DecodeTask, recipe: DecodeRecipe) -> BatchResult:
@@ -143,7 +142,7 @@ def decode_batch(task: DecodeTask, recipe: DecodeRecipe) -> BatchResult:
     kept = []
     for sample in task.samples:
         try:
-            hashes, nbytes = _decode_sample(sample, recipe, out, result.accepted)
+            hashes = _decode_sample(sample, recipe, out, result.accepted)
         except RejectError as exc:
             culprit = str(exc.path or "")
             result.rejects.extend(
@@ -165,7 +164,6 @@ def decode_batch(task: DecodeTask, recipe: DecodeRecipe) -> BatchResult:
             continue
         result.accepted += 1
         result.lineage.append(hashes)
-        result.bytes_read += nbytes
         result.keys.append(sample.key)
         kept.append(sample)
     for name, index in recipe.text_fields:
@@ -181,7 +179,6 @@ def _finish_arrays(
     full = result.accepted == result.task.full_batch == len(result.task.samples)
     for field in recipe.image_fields:
         rows = arrays[field.name]
-        result.raw_nbytes += rows.nbytes
         if not full:
             result.raw[field.name] = rows
             continue

@@ -87,6 +87,4 @@ class BatchResult:
     texts: dict[str, list[str]] = field(default_factory=dict)
     lineage: list[tuple[str, ...]] = field(default_factory=list)  # hex SHA-256 per source
     rejects: list[Reject] = field(default_factory=list)
-    raw_nbytes: int = 0
-    bytes_read: int = 0
     seconds: float = 0.0

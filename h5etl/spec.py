@@ -297,10 +297,6 @@ class Spec(_Strict):
         """Samples per decode task: a whole chunk of every image field (their lcm)."""
         return math.lcm(*(self.chunks_of(name)[0] for name in self.image_fields))
 
-    @property
-    def output_dir(self) -> Path:
-        return self.output
-
 
 def _check_name(name: str, what: str) -> None:
     if not re.match(NAME_PATTERN, name) or name in RESERVED_NAMES:
