@@ -76,7 +76,7 @@ def sanitize_keys(samples: Sequence[Sample]) -> tuple[list[Sample], list[tuple[s
                 taken.add(clean)
         if clean != sample.key:
             renamed.append((sample.key, clean))
-            sample = Sample(clean, sample.files)
+            sample = Sample(clean, sample.relpaths, sample.roots)
         out.append(sample)  # unchanged samples are kept, not copied: plans can be large
     return out, renamed
 
@@ -151,7 +151,7 @@ def plan(spec: Spec, samples: Sequence[Sample], progress: Progress | None = None
         else:
             split = split_of(sample.key, spec.splits, spec.seed)
             by_split[split].append(sample)
-            names = "\x01".join(f.relpath for f in sample.files)
+            names = "\x01".join(sample.relpaths)
             digest.update(f"\x00{split}\x02{sample.key}\x01{names}\x01{outcome}".encode())
         if progress is not None:
             progress(1)

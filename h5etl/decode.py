@@ -91,8 +91,9 @@ def _decode_sample(
     sample: Sample, recipe: DecodeRecipe, out: dict[str, np.ndarray], row: int
 ) -> tuple[str, ...]:
     """Decode one sample into row ``row`` of ``out``; return each file's hex SHA-256."""
+    files = sample.files
     contents = []
-    for source_file in sample.files:
+    for source_file in files:
         try:
             with open(source_file.path, "rb") as handle:
                 contents.append(handle.read())
@@ -102,7 +103,7 @@ def _decode_sample(
             ) from exc
     decoded = []
     for field in recipe.image_fields:
-        path = sample.files[field.source_index].path
+        path = files[field.source_index].path
         labels = frozenset(field.values) if field.values is not None else None
         array = images.decode(
             contents[field.source_index], field.mode, path=path, mask_labels=labels
@@ -167,7 +168,7 @@ def decode_batch(task: DecodeTask, recipe: DecodeRecipe) -> BatchResult:
         result.keys.append(sample.key)
         kept.append(sample)
     for name, index in recipe.text_fields:
-        result.texts[name] = [s.files[index].relpath for s in kept]
+        result.texts[name] = [s.relpaths[index] for s in kept]
     _finish_arrays(result, recipe, {name: rows[: result.accepted] for name, rows in out.items()})
     result.seconds = time.perf_counter() - started
     return result

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from h5etl.records import Reject, Sample, SourceFile
+from h5etl.records import Reject, Roots, Sample, SourceFile
 from h5etl.spec import Spec
 
 STAGE = "discover"
@@ -86,31 +86,30 @@ def find_samples(spec: Spec, progress: Callable[[int], None] | None = None) -> D
         Samples sorted by key, plus one reject per file that has no partner (``orphan``) or
         that shares its key with another file of the same source (``duplicate_key``).
     """
-    # One flat dict per source (key -> file) keeps discovery of millions of files small;
-    # the rare duplicate keys go to a side table.
-    unique: dict[str, dict[str, SourceFile]] = {}
-    duplicated: dict[str, dict[str, list[SourceFile]]] = {}
+    # One flat dict per source (key -> relative path) keeps discovery of millions of files
+    # small; the rare duplicate keys go to a side table.
+    roots: Roots = tuple((source, str(src.dir)) for source, src in spec.sources.items())
+    unique: dict[str, dict[str, str]] = {}
+    duplicated: dict[str, dict[str, list[str]]] = {}
     seen = 0
     for source, source_spec in spec.sources.items():
-        root = str(source_spec.dir)
         files, copies = unique.setdefault(source, {}), duplicated.setdefault(source, {})
         for relpath in list_source(source_spec.dir, source_spec.glob):
             seen += 1
             if progress is not None:
                 progress(1)
             key = sys.intern(key_of(relpath))  # image and mask share one key string
-            entry = SourceFile(source, root, relpath)
             if key in copies:
-                copies[key].append(entry)
+                copies[key].append(relpath)
             elif key in files:
-                copies[key] = [files.pop(key), entry]
+                copies[key] = [files.pop(key), relpath]
             else:
-                files[key] = entry
+                files[key] = relpath
     samples: list[Sample] = []
     rejects: list[Reject] = []
     keys = sorted(set().union(*unique.values(), *duplicated.values()))
     for key in keys:
-        sample = _pair(key, spec, unique, duplicated, rejects)
+        sample = _pair(key, roots, unique, duplicated, rejects)
         if sample is not None:
             samples.append(sample)
     return Discovery(samples, rejects, seen)
@@ -118,25 +117,32 @@ def find_samples(spec: Spec, progress: Callable[[int], None] | None = None) -> D
 
 def _pair(
     key: str,
-    spec: Spec,
-    unique: dict[str, dict[str, SourceFile]],
-    duplicated: dict[str, dict[str, list[SourceFile]]],
+    roots: Roots,
+    unique: dict[str, dict[str, str]],
+    duplicated: dict[str, dict[str, list[str]]],
     rejects: list[Reject],
 ) -> Sample | None:
     """The sample of one key, or None after adding its files to ``rejects``."""
-    copies = {s: duplicated[s][key] for s in spec.sources if key in duplicated[s]}
-    single = {s: unique[s][key] for s in spec.sources if key in unique[s]}
-    for source, files in copies.items():
-        names = ", ".join(f.relpath for f in files)
-        detail = f"{source} has {len(files)} files with key {key!r}: {names}"
-        rejects.extend(Reject(f.path, STAGE, "duplicate_key", detail, key) for f in files)
-    missing = [s for s in spec.sources if s not in single and s not in copies]
-    if missing:
-        detail = f"no {', '.join(missing)} file with key {key!r}"
-        rejects.extend(Reject(f.path, STAGE, "orphan", detail, key) for f in single.values())
+    root = dict(roots)
+    copies = {s: duplicated[s][key] for s, _ in roots if key in duplicated[s]}
+    single = {s: unique[s][key] for s, _ in roots if key in unique[s]}
+
+    def path(source: str, relpath: str) -> str:
+        return SourceFile(source, root[source], relpath).path
+
+    for source, relpaths in copies.items():
+        detail = f"{source} has {len(relpaths)} files with key {key!r}: {', '.join(relpaths)}"
+        rejects.extend(
+            Reject(path(source, r), STAGE, "duplicate_key", detail, key) for r in relpaths
+        )
+    missing = [s for s, _ in roots if s not in single and s not in copies]
+    if missing or copies:
+        reason = "orphan" if missing else "duplicate_key"
+        detail = (
+            f"no {', '.join(missing)} file with key {key!r}"
+            if missing
+            else "its partner has a duplicate key"
+        )
+        rejects.extend(Reject(path(s, r), STAGE, reason, detail, key) for s, r in single.items())
         return None
-    if copies:
-        detail = "its partner has a duplicate key"
-        rejects.extend(Reject(f.path, STAGE, "duplicate_key", detail, key) for f in single.values())
-        return None
-    return Sample(key, tuple(single[s] for s in spec.sources))
+    return Sample(key, tuple(single[s] for s, _ in roots), roots)

@@ -10,11 +10,7 @@ import numpy as np
 
 @dataclass(frozen=True, slots=True)
 class SourceFile:
-    """One input file of a sample: its source dir and its path relative to it.
-
-    The absolute path is derived, not stored: one shared ``root`` string per source keeps a
-    plan of millions of files small in the single parent process.
-    """
+    """One input file of a sample: its source, the source dir and its path relative to it."""
 
     source: str
     root: str
@@ -25,12 +21,32 @@ class SourceFile:
         return os.path.join(self.root, self.relpath)
 
 
+Roots = tuple[tuple[str, str], ...]
+"""(source name, source dir) in source order; one object shared by every sample of a build."""
+
+
 @dataclass(frozen=True, slots=True)
 class Sample:
-    """Files paired by key (their relative stem), one per source, in source order."""
+    """Files paired by key (their relative stem), one per source, in source order.
+
+    Only the relative paths are stored, beside a ``roots`` tuple shared by all samples: the
+    plan of a build lives in the single parent process, so each file costs one string.
+    """
 
     key: str
-    files: tuple[SourceFile, ...]
+    relpaths: tuple[str, ...]
+    roots: Roots
+
+    @classmethod
+    def of(cls, key: str, files: tuple[SourceFile, ...]) -> Sample:
+        return cls(key, tuple(f.relpath for f in files), tuple((f.source, f.root) for f in files))
+
+    @property
+    def files(self) -> tuple[SourceFile, ...]:
+        return tuple(
+            SourceFile(source, root, relpath)
+            for (source, root), relpath in zip(self.roots, self.relpaths, strict=True)
+        )
 
 
 @dataclass(frozen=True, slots=True)

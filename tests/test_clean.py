@@ -116,7 +116,7 @@ def test_sanitize_key_bounds_length_and_stays_distinct() -> None:
 
 
 def _sample(key: str) -> Sample:
-    return Sample(key, (SourceFile("image", "/i", key), SourceFile("mask", "/m", key)))
+    return Sample.of(key, (SourceFile("image", "/i", key), SourceFile("mask", "/m", key)))
 
 
 def test_sanitize_keys_numbers_collisions() -> None:
@@ -141,7 +141,7 @@ def test_sanitized_keys_are_unique(names: list[str]) -> None:
 
 def _plan(sizes: list[int]) -> Plan:
     splits = {
-        f"s{i}": [Sample(f"s{i}-{j}", ()) for j in range(size)] for i, size in enumerate(sizes)
+        f"s{i}": [Sample(f"s{i}-{j}", (), ()) for j in range(size)] for i, size in enumerate(sizes)
     }
     return Plan(splits, [])
 

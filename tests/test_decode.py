@@ -17,7 +17,7 @@ def planned(root: Path, key: str) -> Sample:
         SourceFile(source, str(root / "raw" / folder), f"{key}.png")
         for source, folder in (("image", "images"), ("mask", "masks"))
     )
-    return Sample(key, files)
+    return Sample.of(key, files)
 
 
 def test_a_rejected_sample_leaves_no_pixels_in_the_next_ones_padding(
