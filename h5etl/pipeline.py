@@ -236,6 +236,7 @@ class _Checkpoints:
         self.last = time.monotonic()
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="h5etl-fsync")
         self._pending: Future[None] | None = None
+        self._trimmed = time.monotonic()
         self.consumed: dict[str, int] = {}
         self.rejected: Counter[str] = Counter()
         self.fingerprint: list[str] = []
@@ -272,6 +273,14 @@ class _Checkpoints:
             self._commit(sink, delta)
         else:
             self._pending = self._thread.submit(self._commit, sink, delta)
+
+    def due_for_trim(self) -> bool:
+        """True about once a second: when to hand freed batch buffers back to the OS."""
+        now = time.monotonic()
+        if now - self._trimmed < 1.0:
+            return False
+        self._trimmed = now
+        return True
 
     def _commit(self, sink: Sink, delta: dict[str, Any]) -> None:
         sink.sync()
@@ -334,6 +343,8 @@ def _write(
                 fingerprint.update("".join(lines).encode())
                 checkpoints.note(result, lines)
                 checkpoints.maybe_write(sink)
+                if checkpoints.due_for_trim():
+                    decode.release_free_memory()
                 worker_seconds += result.seconds
                 hook("decode+write", len(result.task.samples), None)
             watch.lap("decode_and_write")
