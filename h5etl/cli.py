@@ -16,7 +16,7 @@ from tqdm import tqdm
 from h5etl import __version__, demo, pipeline, release
 from h5etl.check import check_release
 from h5etl.config import load_spec
-from h5etl.errors import ConfigError, H5EtlError
+from h5etl.errors import H5EtlError
 
 app = typer.Typer(
     add_completion=False,
@@ -230,10 +230,7 @@ def _main(
 
 def main() -> None:
     """Entry point of the ``h5etl`` command."""
-    try:
-        app()
-    except ConfigError as exc:  # pragma: no cover - raised inside commands normally
-        raise SystemExit(_fail(exc).exit_code) from None
+    app()
 
 
 @app.command()

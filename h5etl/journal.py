@@ -3,7 +3,7 @@
 Beside its temp file, a build appends JSON lines: a header (config and plan digests), then a
 checkpoint delta each time the sink has flushed and fsynced a consistent prefix. A delta lists
 the chunks stored since the last one (dataset, chunk offset, byte offset and size in the temp
-file, SHA-256 of the stored bytes) and the small rows (file names, lineage, keys, rejects).
+file, SHA-256 of the stored bytes) and the small rows (names, lineage, fingerprint, rejects).
 ``--resume`` copies the recorded chunk bytes from the dead build's temp file, verified against
 their SHA-256, without trusting HDF5 metadata that may have been half-written at the kill.
 A torn last line is ignored.
@@ -43,7 +43,6 @@ class ResumeState:
     blocks: dict[str, list[str]] = field(default_factory=dict)  # image dataset -> block digests
     texts: dict[str, list[str]] = field(default_factory=dict)  # text dataset -> rows
     lineage: dict[str, list[list[str]]] = field(default_factory=dict)  # split -> rows
-    keys: list[str] = field(default_factory=list)
     fingerprint: list[str] = field(default_factory=list)
     rejects: list[dict[str, str]] = field(default_factory=list)
 
