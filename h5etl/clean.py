@@ -7,25 +7,53 @@ key, so a sample keeps its split when the folder grows: no leakage between relea
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 import unicodedata
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from h5etl import geometry, images
 from h5etl.errors import RejectError
 from h5etl.records import DecodeTask, Reject, Sample
-from h5etl.spec import Spec
+
+if TYPE_CHECKING:  # header probes run in the decode workers; pydantic stays out of them
+    from h5etl.spec import Spec
 
 STAGE = "clean"
 _UNSAFE = re.compile(r"[\x00-\x1f\x7f\\:]+")
 MAX_KEY_LENGTH = 255
 
 Progress = Callable[[int], None]
+ProbeOutcome = tuple[int, int] | list[Reject]  # the sample's (height, width), or its rejects
+PROBE_BATCH = 128  # samples per probe task: big enough that IPC is noise beside the probes
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeRules:
+    """What a header probe checks beyond readability: plain data, picklable for workers."""
+
+    reject_oversize: bool
+    targets: tuple[tuple[str, int, int], ...]  # (field, height, width) of each image field
+
+    @classmethod
+    def of(cls, spec: Spec) -> ProbeRules:
+        targets = []
+        for name in spec.image_fields:
+            shape = spec.fields[name].shape
+            assert shape is not None
+            targets.append((name, shape[1], shape[2]))
+        return cls(spec.pad.oversize == "reject", tuple(targets))
+
+
+ProbeBatch = Callable[[Sequence[Sample]], list[ProbeOutcome]]
+Mapper = Callable[[ProbeBatch, Iterable[Sequence[Sample]]], Iterable[list[ProbeOutcome]]]
+"""``mapper(fn, batches)`` runs ``fn`` on each batch (in parallel or not), results in order."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +135,7 @@ def _reject_sample(sample: Sample, reason: str, detail: str, cause: str = "") ->
     ]
 
 
-def _probe_sample(sample: Sample, spec: Spec) -> tuple[int, int] | list[Reject]:
+def _probe_sample(sample: Sample, rules: ProbeRules) -> ProbeOutcome:
     """The sample's (height, width) from its headers, or the rejects of its files."""
     sizes: dict[str, tuple[int, int]] = {}
     for f in sample.files:
@@ -120,41 +148,59 @@ def _probe_sample(sample: Sample, spec: Spec) -> tuple[int, int] | list[Reject]:
         shown = ", ".join(f"{source} {h}x{w}" for source, (h, w) in sizes.items())
         return _reject_sample(sample, "size_mismatch", f"sizes differ (HxW): {shown}")
     size = next(iter(sizes.values()))
-    if spec.pad.oversize == "reject":
-        for name in spec.image_fields:
-            shape = spec.fields[name].shape
-            assert shape is not None
-            if geometry.is_oversize(size, (shape[1], shape[2])):
+    if rules.reject_oversize:
+        for name, height, width in rules.targets:
+            if geometry.is_oversize(size, (height, width)):
                 return _reject_sample(
                     sample,
                     "oversize",
                     f"{size[0]}x{size[1]} is larger than fields.{name}.shape "
-                    f"{shape[1]}x{shape[2]} (pad.oversize: reject; crop or resize to keep it)",
+                    f"{height}x{width} (pad.oversize: reject; crop or resize to keep it)",
                 )
     return size
 
 
-def plan(spec: Spec, samples: Sequence[Sample], progress: Progress | None = None) -> Plan:
+def probe_samples(samples: Sequence[Sample], rules: ProbeRules) -> list[ProbeOutcome]:
+    """Probe a batch of samples; a decode worker runs this (see ``plan``'s ``mapper``)."""
+    return [_probe_sample(sample, rules) for sample in samples]
+
+
+def plan(
+    spec: Spec,
+    samples: Sequence[Sample],
+    progress: Progress | None = None,
+    *,
+    mapper: Mapper | None = None,
+) -> Plan:
     """Probe and place every sample.
+
+    ``mapper`` runs the header probes (``probe_samples`` over batches of samples), e.g. on the
+    decode workers; by default they run here. Placement does not depend on it.
 
     Returns:
         The plan; every input is either in it once or among its rejects.
     """
     renamed_samples, renamed = sanitize_keys(samples)
+    rules = ProbeRules.of(spec)
+    batches = [
+        renamed_samples[i : i + PROBE_BATCH] for i in range(0, len(renamed_samples), PROBE_BATCH)
+    ]
+    probe_batch: ProbeBatch = functools.partial(probe_samples, rules=rules)
+    outcomes = map(probe_batch, batches) if mapper is None else mapper(probe_batch, batches)
     rejects: list[Reject] = []
     by_split: dict[str, list[Sample]] = {name: [] for name in spec.splits}
     digest = hashlib.sha256()
-    for sample in renamed_samples:
-        outcome = _probe_sample(sample, spec)
-        if isinstance(outcome, list):
-            rejects.extend(outcome)
-        else:
-            split = split_of(sample.key, spec.splits, spec.seed)
-            by_split[split].append(sample)
-            names = "\x01".join(sample.relpaths)
-            digest.update(f"\x00{split}\x02{sample.key}\x01{names}\x01{outcome}".encode())
+    for batch, results in zip(batches, outcomes, strict=True):
+        for sample, outcome in zip(batch, results, strict=True):
+            if isinstance(outcome, list):
+                rejects.extend(outcome)
+            else:
+                split = split_of(sample.key, spec.splits, spec.seed)
+                by_split[split].append(sample)
+                names = "\x01".join(sample.relpaths)
+                digest.update(f"\x00{split}\x02{sample.key}\x01{names}\x01{outcome}".encode())
         if progress is not None:
-            progress(1)
+            progress(len(batch))
     rng = np.random.default_rng(spec.seed)
     ordered = {}
     for name, members in by_split.items():

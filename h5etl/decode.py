@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 from joblib.externals.loky import get_reusable_executor
@@ -32,6 +32,8 @@ if TYPE_CHECKING:  # workers import this module; pydantic stays out of them
     from h5etl.spec import Spec
 
 STAGE = "decode"
+In = TypeVar("In")
+Out = TypeVar("Out")
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,6 +248,46 @@ def run_tasks(
                 yield pool.result(*pending.popleft())
         while pending:
             yield pool.result(*pending.popleft())
+    finally:
+        for _, future in pending:
+            future.cancel()
+
+
+def map_in_workers(
+    fn: Callable[[In], Out], items: Iterable[In], *, jobs: int, window: int | None = None
+) -> Iterator[Out]:
+    """``fn`` over ``items`` on the decode workers (the same processes), results in order.
+
+    For light, pure work such as header probes: at most ``window`` items in flight. An item
+    whose worker died is run once more in a fresh pool, then here: nothing is lost.
+    """
+    if jobs <= 1:
+        yield from map(fn, items)
+        return
+    limit = window or 2 * jobs + 1
+    pending: deque[tuple[In, Future[Out]]] = deque()
+
+    def submit(item: In) -> Future[Out]:
+        executor = get_reusable_executor(max_workers=jobs, timeout=60)
+        return executor.submit(fn, item)  # type: ignore[no-any-return]
+
+    def result(item: In, future: Future[Out]) -> Out:
+        try:
+            return future.result()
+        except BrokenProcessPool:
+            pass
+        try:
+            return submit(item).result()
+        except BrokenProcessPool:
+            return fn(item)
+
+    try:
+        for item in items:
+            pending.append((item, submit(item)))
+            if len(pending) >= limit:
+                yield result(*pending.popleft())
+        while pending:
+            yield result(*pending.popleft())
     finally:
         for _, future in pending:
             future.cancel()

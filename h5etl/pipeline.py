@@ -143,13 +143,13 @@ def build(
     hook = progress or (lambda stage, advance, total: None)
     output = OutputFolder(spec.output, spec.name)
     if dry_run:
-        return _plan_only(spec, hook)[0]
+        return _plan_only(spec, hook, jobs)[0]
     with output.locked():
         decode.warm_up(jobs)
         previous = output.resumable() if resume else None
         if previous is None:
             output.remove_stale_partials()
-        report, plan, watch = _plan_only(spec, hook)
+        report, plan, watch = _plan_only(spec, hook, jobs)
         _enforce_limit(spec, report.rejects, report.inputs)
         version = output.next_version()
         earlier = _usable_resume(previous, spec, plan)
@@ -205,13 +205,20 @@ def _usable_resume(
     return _Resume(state, partial)
 
 
-def _plan_only(spec: Spec, hook: ProgressHook) -> tuple[BuildReport, clean.Plan, _Stopwatch]:
+def _plan_only(
+    spec: Spec, hook: ProgressHook, jobs: int
+) -> tuple[BuildReport, clean.Plan, _Stopwatch]:
     watch = _Stopwatch()
     hook("discover", 0, None)
     found = discover.find_samples(spec, lambda n: hook("discover", n, None))
     watch.lap("discover")
     hook("probe", 0, len(found.samples))
-    plan = clean.plan(spec, found.samples, lambda n: hook("probe", n, None))
+    plan = clean.plan(
+        spec,
+        found.samples,
+        lambda n: hook("probe", n, None),
+        mapper=lambda fn, batches: decode.map_in_workers(fn, batches, jobs=jobs),
+    )
     watch.lap("clean")
     samples = {split: len(members) for split, members in plan.splits.items()}
     report = BuildReport(

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import MakeRaw, WriteConfig
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from h5etl import clean, discover
+from h5etl import clean, decode, discover
 from h5etl.clean import Plan, TaskCutter
 from h5etl.config import load_spec
 from h5etl.records import Sample, SourceFile
@@ -91,6 +93,29 @@ def test_probe_progress_is_reported(
     ticks: list[int] = []
     clean.plan(spec, discover.find_samples(spec).samples, ticks.append)
     assert sum(ticks) == 4
+
+
+def test_probes_on_the_workers_make_the_same_plan(
+    tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    make_raw(tmp_path, n=40, broken=["oversize", "size_mismatch", "empty", "text", "truncated"])
+    spec = load_spec(write_config(tmp_path))
+    samples = discover.find_samples(spec).samples
+    monkeypatch.setattr(clean, "PROBE_BATCH", 7)  # several batches, the last one short
+    here = clean.plan(spec, samples)
+    batches: list[int] = []
+
+    def on_workers(fn: clean.ProbeBatch, items: Iterable[Sequence[Sample]]) -> Iterator[Any]:
+        for outcome in decode.map_in_workers(fn, items, jobs=2):
+            batches.append(len(outcome))
+            yield outcome
+
+    there = clean.plan(spec, samples, mapper=on_workers)
+    assert sum(batches) == len(samples)
+    assert len(batches) == -(-len(samples) // 7)
+    assert there.fingerprint() == here.fingerprint()
+    assert there.splits == here.splits
+    assert there.rejects == here.rejects
 
 
 @pytest.mark.parametrize(

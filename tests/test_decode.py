@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -43,3 +44,23 @@ def test_a_rejected_sample_leaves_no_pixels_in_the_next_ones_padding(
     assert result.accepted == 1
     assert {r.reason for r in result.rejects} == {"mask_values"}
     np.testing.assert_array_equal(result.raw["image"][0], centre_pad(small, 24, 24))
+
+
+def _crash_in_workers(item: tuple[int, int]) -> int:
+    """Squares the number; kills any process but the test's own (a decoder segfaulting)."""
+    value, parent = item
+    if os.getpid() != parent:
+        os._exit(3)
+    return value * value
+
+
+def _square(value: int) -> int:
+    return value * value
+
+
+def test_map_in_workers_keeps_order_and_survives_dead_workers() -> None:
+    assert list(decode.map_in_workers(_square, range(50), jobs=2, window=3)) == [
+        v * v for v in range(50)
+    ]
+    items = [(v, os.getpid()) for v in range(5)]
+    assert list(decode.map_in_workers(_crash_in_workers, items, jobs=2)) == [0, 1, 4, 9, 16]

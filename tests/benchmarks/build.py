@@ -224,16 +224,17 @@ def run_serial(root: Path, out: Path) -> dict[str, Any]:
 
 def _limit_block(paths: list[tuple[str, str]], layouts: dict[str, Any], encode: bool) -> int:
     import numpy as np
-    from PIL import Image
 
     from h5etl.chunkcodec import encode_block
+    from h5etl.images import Mode, decode
 
     image = np.zeros((BATCH, 3, SIZE, SIZE), dtype=np.uint8)
     mask = np.zeros((BATCH, 1, SIZE, SIZE), dtype=np.uint8)
     for row, (image_path, mask_path) in enumerate(paths):
-        for out, path, mode in ((image, image_path, "RGB"), (mask, mask_path, "L")):
-            with Image.open(path) as opened:
-                pixels = np.asarray(opened.convert(mode))
+        fields: list[tuple[Any, str, Mode]] = [(image, image_path, "RGB"), (mask, mask_path, "L")]
+        for out, path, mode in fields:
+            with open(path, "rb") as handle:
+                pixels = decode(handle.read(), mode, path=path)  # h5etl's own decoder
             height, width = pixels.shape[:2]
             top, left = (SIZE - height) // 2, (SIZE - width) // 2
             window = out[row, :, top : top + height, left : left + width]
@@ -248,7 +249,11 @@ def _limit_block(paths: list[tuple[str, str]], layouts: dict[str, Any], encode: 
 
 
 def run_limit(config: Path, encode: bool) -> dict[str, Any]:
-    """Decode + pad (+ compress whole chunks with the release's codec) on all cores; discard."""
+    """Decode + pad (+ compress whole chunks with the release's codec) on all cores; discard.
+
+    The decode is h5etl's own (``h5etl.images.decode``: libpng for plain PNGs), so the limit is
+    the same work h5etl must do, without its pipeline, checks, hashes and file.
+    """
     from joblib import Parallel, delayed
 
     from h5etl import load_spec
