@@ -7,11 +7,14 @@ once per process (checked by pid), so fork, spawn and persistent workers each op
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing.util
 import os
 import threading
 import weakref
-from collections.abc import Iterator, Sequence
+from collections import deque
+from collections.abc import Callable, Generator, Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +23,7 @@ import hdf5plugin  # noqa: F401  (registers the Blosc/Zstd filters for reading)
 import numpy as np
 
 from h5etl.errors import H5EtlError
+from h5etl.readers._chunks import ChunkCache, ChunkFile, ChunkStore, open_stores
 from h5etl.readers._layout import (
     MappedChunks,
     cache_size,
@@ -31,6 +35,7 @@ from h5etl.readers._layout import (
 from h5etl.readers._sampler import ChunkSampler
 
 LINEAGE = "source_sha256"
+_PER_PROCESS = frozenset({"_file", "_datasets", "_maps", "_stores"})
 # Handles inherited through fork: never used nor closed in the child (closing would drop the
 # parent's file lock on the shared descriptor), only kept alive so no destructor runs here.
 _INHERITED: list[Any] = []
@@ -132,7 +137,9 @@ class Release:
         self._file: h5py.File | None = None
         self._datasets: dict[str, h5py.Dataset] = {}
         self._maps: dict[str, MappedChunks] = {}
-        self.use_mmap = True
+        self._stores: dict[str, ChunkStore] = {}
+        self.use_mmap = True  # unfiltered chunks through mmap
+        self.use_decoder = True  # filtered chunks decoded by imagecodecs, outside HDF5
 
     def _group(self, handle: h5py.File) -> h5py.Group:
         group = handle.get(self.split)
@@ -151,13 +158,13 @@ class Release:
         return self.length
 
     def __getstate__(self) -> dict[str, Any]:
-        state = {k: v for k, v in self.__dict__.items() if k not in {"_file", "_datasets", "_maps"}}
+        state = {k: v for k, v in self.__dict__.items() if k not in _PER_PROCESS}
         state["_pid"] = None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._file, self._datasets, self._maps = None, {}, {}
+        self._file, self._datasets, self._maps, self._stores = None, {}, {}, {}
 
     def datasets(self) -> dict[str, h5py.Dataset]:
         """The open datasets of this process, opening the file on first use after a fork."""
@@ -171,8 +178,8 @@ class Release:
     def _open(self) -> dict[str, h5py.Dataset]:
         pid = os.getpid()
         if self._file is not None:  # inherited through fork: the parent's, not ours
-            _INHERITED.append((self._file, self._datasets, self._maps))
-        self._file, self._datasets, self._maps = None, {}, {}
+            _INHERITED.append((self._file, self._datasets, self._maps, self._stores))
+        self._file, self._datasets, self._maps, self._stores = None, {}, {}, {}
         handle = h5py.File(self.path, "r")
         try:
             group = self._group(handle)
@@ -183,15 +190,38 @@ class Release:
                 for n, d in datasets.items()
                 if self.use_mmap and (m := map_chunks(d, self.path, self.info[n], memory))
             }
+            stores = self._open_stores(datasets, maps)
         except BaseException:
             handle.close()
             raise
         self._file, self._datasets, self._maps, self._pid = handle, datasets, maps, pid
+        self._stores = stores
         _OPEN.add(self)
         # Worker processes end through os._exit, which skips atexit; multiprocessing's own
         # finalizers still run there, so teardown closes the file in every process.
         multiprocessing.util.Finalize(self, Release._close_file, args=(handle,), exitpriority=10)
         return datasets
+
+    def _open_stores(
+        self, datasets: dict[str, h5py.Dataset], maps: dict[str, MappedChunks]
+    ) -> dict[str, ChunkStore]:
+        names = [n for n in datasets if n not in maps and not self.info[n].text]
+        if not self.use_decoder or not names:
+            return {}
+        # One cache for the reader, as large as the HDF5 caches it stands in for.
+        cache = ChunkCache(sum(self.caches[n].nbytes for n in names))
+        return open_stores(datasets, names, ChunkFile(self.path), cache)
+
+    def _handles(
+        self,
+    ) -> tuple[dict[str, h5py.Dataset], dict[str, MappedChunks], dict[str, ChunkStore]]:
+        """This process's datasets, mapped and decoded fields, taken together.
+
+        A read works on these references, so a ``close()`` from another thread (or before a
+        fork) cannot swap them out halfway through a batch.
+        """
+        datasets = self.datasets()
+        return datasets, self._maps, self._stores
 
     @staticmethod
     def _close_file(handle: h5py.File) -> None:
@@ -207,7 +237,9 @@ class Release:
         """Close this process's handle (a later read opens it again)."""
         if self._file is not None and self._pid == os.getpid():
             self._close_file(self._file)
-        self._file, self._datasets, self._maps, self._pid = None, {}, {}, None
+        # The decoded fields' descriptor closes once no reading thread holds it any more.
+        self._file, self._datasets, self._maps, self._stores = None, {}, {}, {}
+        self._pid = None
         _OPEN.discard(self)
 
     def __enter__(self) -> Release:
@@ -219,14 +251,16 @@ class Release:
     def read_slice(self, start: int, stop: int) -> dict[str, np.ndarray]:
         """Rows ``start:stop`` of every field, one contiguous read per field."""
         out = {}
-        for name, dataset in self.datasets().items():
+        datasets, maps, stores = self._handles()
+        for name, dataset in datasets.items():
             info = self.info[name]
             if info.text:
                 out[name] = dataset.asstr()[start:stop]
                 continue
             block = np.empty((stop - start, *info.shape), dtype=info.dtype)
-            if name in self._maps:
-                self._maps[name].read_into(block, start, stop, 0)
+            reader = maps.get(name) or stores.get(name)
+            if reader is not None:
+                reader.read_into(block, start, stop, 0)
             elif stop > start:
                 dataset.read_direct(block, np.s_[start:stop])
             out[name] = block
@@ -235,31 +269,49 @@ class Release:
     def read(self, indices: Sequence[int] | np.ndarray) -> dict[str, np.ndarray]:
         """Rows at ``indices`` (any order, repeats allowed), returned in that order.
 
-        HDF5 fields: the indices are sorted and cut into contiguous runs, each run one slice
-        read, so a batch from the chunk-aware sampler costs one read, not one per row.
-        Unfiltered fields are gathered straight from the mapped chunks (one copy).
+        Unfiltered fields are gathered straight from the mapped chunks (one copy); compressed
+        fields from their decoded chunks (each chunk decoded once, several in parallel, kept
+        in a small cache). Fields neither path understands go through HDF5: the indices are
+        sorted and cut into contiguous runs, each run one slice read.
         """
-        wanted = np.asarray(indices, dtype=np.int64).reshape(-1)
-        if wanted.size and (wanted.min() < -self.length or wanted.max() >= self.length):
-            raise IndexError(f"index out of range for {self.length} samples")
-        wanted = np.where(wanted < 0, wanted + self.length, wanted)
-        self.datasets()
-        out = {n: self._maps[n].gather(wanted, self.info[n]) for n in self._maps}
+        wanted = self._checked(indices)
+        datasets, maps, stores = self._handles()
+        out = {n: m.gather(wanted, self.info[n]) for n, m in maps.items()}
+        out.update((n, s.gather(wanted)) for n, s in stores.items())
         rest = [n for n in self.fields if n not in out]
         if not rest:
             return out
         unique, inverse = np.unique(wanted, return_inverse=True)
         pieces = runs(unique)
         in_order = len(unique) == len(wanted) and bool(np.array_equal(unique, wanted))
-        batch = self._read_runs(pieces, len(unique), rest)
+        batch = self._read_runs(datasets, pieces, len(unique), rest)
         for name in rest:
             out[name] = batch[name] if in_order else batch[name][inverse]
         return {n: out[n] for n in self.fields}
 
+    def prefetch(self, indices: Sequence[int] | np.ndarray) -> None:
+        """Start decoding the compressed chunks holding ``indices`` in the background.
+
+        Returns at once; a later ``read`` of those rows finds them decoded (or waits for the
+        decode already running). A no-op for fields read through mmap or HDF5.
+        """
+        wanted = self._checked(indices)
+        for store in self._handles()[2].values():
+            store.prefetch(wanted)
+
+    def _checked(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
+        wanted = np.asarray(indices, dtype=np.int64).reshape(-1)
+        if wanted.size and (wanted.min() < -self.length or wanted.max() >= self.length):
+            raise IndexError(f"index out of range for {self.length} samples")
+        return np.where(wanted < 0, wanted + self.length, wanted)
+
     def _read_runs(
-        self, pieces: list[tuple[int, int, int]], total: int, names: list[str]
+        self,
+        datasets: dict[str, h5py.Dataset],
+        pieces: list[tuple[int, int, int]],
+        total: int,
+        names: list[str],
     ) -> dict[str, np.ndarray]:
-        datasets = self.datasets()
         out: dict[str, np.ndarray] = {}
         for name in names:
             dataset, info = datasets[name], self.info[name]
@@ -286,21 +338,56 @@ def iter_batches(
     seed: int = 0,
     epoch: int = 0,
     drop_last: bool = False,
-) -> Iterator[dict[str, np.ndarray]]:
+    prefetch: int = 2,
+) -> Generator[dict[str, np.ndarray], None, None]:
     """Yield one epoch of a split as dicts of numpy arrays (for JAX, NumPy or anything else).
 
     Batches follow the chunk-aware order (``shuffle``) or the file order and are cut on chunk
     boundaries (see ``ChunkSampler.batches``), so each costs one contiguous read per field.
-    Text fields come back as object arrays of ``str``.
+    Text fields come back as object arrays of ``str``. With ``prefetch`` > 0, background
+    threads (at most one per CPU) read that many batches ahead while you use the current
+    one; batches still come in order, a reading error is raised here, and the threads stop
+    when the iterator is closed or dropped. ``prefetch=0`` reads each batch when asked.
 
     Raises:
         ReaderError: the split or a field is missing.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if prefetch < 0:
+        raise ValueError(f"prefetch must be >= 0, got {prefetch}")
     release = Release(path, split, fields=fields, batch_size=batch_size)
     sampler = ChunkSampler(len(release), release.chunk_rows, shuffle=shuffle, seed=seed)
     sampler.set_epoch(epoch)
     with release:
-        for batch in sampler.batches(batch_size, drop_last=drop_last):
-            yield release.read(batch)
+        batches = sampler.batches(batch_size, drop_last=drop_last)
+        if prefetch:
+            yield from prefetched(release.read, batches, prefetch)
+        else:
+            yield from map(release.read, batches)
+
+
+def prefetched(
+    read: Callable[[np.ndarray], dict[str, np.ndarray]], batches: Iterable[np.ndarray], depth: int
+) -> Generator[dict[str, np.ndarray], None, None]:
+    """``read(batch)`` for each batch, in order, with ``depth`` reads running ahead in threads.
+
+    Memory stays bounded (``depth`` batches in flight plus the one yielded); the pool is shut
+    down, queued reads cancelled and running ones awaited, when the generator finishes, is
+    closed or is garbage collected.
+    """
+    owner = os.getpid()
+    todo = iter(batches)
+    pool = ThreadPoolExecutor(min(depth, os.cpu_count() or 1), thread_name_prefix="h5etl-prefetch")
+    try:
+        pending: deque[Future[dict[str, np.ndarray]]] = deque(
+            pool.submit(read, batch) for batch in itertools.islice(todo, depth)
+        )
+        while pending:
+            if os.getpid() != owner:  # the threads filling ``pending`` stayed in the parent
+                raise RuntimeError("a prefetching iterator cannot be resumed in a forked child")
+            batch = pending.popleft().result()  # a reading error surfaces here, in order
+            pending.extend(pool.submit(read, b) for b in itertools.islice(todo, 1))
+            yield batch
+    finally:
+        pool.shutdown(wait=os.getpid() == owner, cancel_futures=True)
