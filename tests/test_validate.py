@@ -66,3 +66,28 @@ def test_more_than_one_channel_is_rejected() -> None:
 def test_binary_masks_always_become_0_1(pixels: list[int]) -> None:
     mask = np.array(pixels, np.uint8).reshape(1, -1)
     np.testing.assert_array_equal(check_mask(mask, (0, 1), path="m"), mask // 255)
+
+
+@given(
+    st.lists(st.sampled_from([0, 1, 2, 3, 7, 128, 254, 255]), min_size=1, max_size=40),
+    st.sampled_from([(0, 1), (0, 1, 2), (0, 3, 7), (0, 255), (1, 2)]),
+)
+def test_fast_paths_agree_with_the_histogram_rule(
+    pixels: list[int], values: tuple[int, ...]
+) -> None:
+    """Accept exactly the masks whose labels are all allowed, or 0/255 read as 0/1."""
+    mask = np.array(pixels, np.uint8).reshape(1, -1)
+    present = set(pixels)
+    if present <= set(values):
+        expected: np.ndarray | None = mask
+    elif set(values) == {0, 1} and present <= {0, 255}:
+        expected = (mask == 255).astype(np.uint8)
+    else:
+        expected = None
+    if expected is None:
+        with pytest.raises(RejectError):
+            check_mask(mask, values, path="m.png")
+        return
+    out = check_mask(mask, values, path="m.png")
+    assert out.dtype == np.uint8
+    np.testing.assert_array_equal(out, expected)
