@@ -137,10 +137,7 @@ def decode_batch(task: DecodeTask, recipe: DecodeRecipe) -> BatchResult:
     """Decode one task. Runs in a worker process; only plain data goes in and out."""
     started = time.perf_counter()
     count = len(task.samples)
-    out = {
-        f.name: np.full((count, *f.layout.shape), f.fill, dtype=f.layout.dtype)
-        for f in recipe.image_fields
-    }
+    out = {f.name: _batch_buffer(f, count) for f in recipe.image_fields}
     result = BatchResult(task, 0)
     kept = []
     for sample in task.samples:
@@ -172,8 +169,27 @@ def decode_batch(task: DecodeTask, recipe: DecodeRecipe) -> BatchResult:
     for name, index in recipe.text_fields:
         result.texts[name] = [s.relpaths[index] for s in kept]
     _finish_arrays(result, recipe, {name: rows[: result.accepted] for name, rows in out.items()})
+    if result.raw:  # the rows leave with the result: the next task needs new buffers
+        _BUFFERS.clear()
     result.seconds = time.perf_counter() - started
     return result
+
+
+# Per-process batch buffers, reused while tasks end as encoded bytes: a fresh multi-megabyte
+# array per task costs page faults on every first touch, a reused one only the fill.
+_BUFFERS: dict[str, np.ndarray] = {}
+
+
+def _batch_buffer(field: FieldRecipe, count: int) -> np.ndarray:
+    shape = (count, *field.layout.shape)
+    buffer = _BUFFERS.get(field.name)
+    stale = buffer is None or buffer.dtype != np.dtype(field.layout.dtype)
+    if stale or buffer is None or buffer.shape[0] < count or buffer.shape[1:] != shape[1:]:
+        buffer = np.empty(shape, dtype=field.layout.dtype)
+        _BUFFERS[field.name] = buffer
+    rows = buffer[:count]
+    rows.fill(field.fill)
+    return rows
 
 
 def _finish_arrays(

@@ -64,3 +64,33 @@ def test_map_in_workers_keeps_order_and_survives_dead_workers() -> None:
     ]
     items = [(v, os.getpid()) for v in range(5)]
     assert list(decode.map_in_workers(_crash_in_workers, items, jobs=2)) == [0, 1, 4, 9, 16]
+
+
+def test_reused_batch_buffers_never_leak_pixels_between_tasks(
+    tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig
+) -> None:
+    """A worker reuses its batch arrays; padding is refilled and rows that left are kept."""
+    make_raw(tmp_path, n=0)
+    images = tmp_path / "raw" / "images"
+    masks = tmp_path / "raw" / "masks"
+    for key, side, value in [("a", 24, 200), ("b", 24, 180), ("c", 6, 50), ("d", 24, 10)]:
+        save(images / f"{key}.png", np.full((side, side, 3), value, np.uint8))
+        save(masks / f"{key}.png", np.zeros((side, side), np.uint8))
+    bad = np.zeros((24, 24), np.uint8)
+    bad[0, 0] = 128
+    save(images / "e.png", np.full((24, 24, 3), 90, np.uint8))
+    save(masks / "e.png", bad)
+    spec = load_spec(write_config(tmp_path, storage={"chunk_samples": 2}))
+    recipe = decode.DecodeRecipe.from_spec(spec, pipeline.layouts_of(spec))
+    height, width = spec.fields["image"].shape[1:]  # type: ignore[index]
+
+    def task(*keys: str) -> DecodeTask:
+        return DecodeTask("train", 0, tuple(planned(tmp_path, k) for k in keys), 2)
+
+    first = decode.decode_batch(task("a", "b"), recipe)  # full: encoded, buffers kept
+    assert first.encoded
+    partial = decode.decode_batch(task("c", "e"), recipe)  # a reject: rows leave raw
+    kept = partial.raw["image"].copy()
+    np.testing.assert_array_equal(kept[0], centre_pad(np.full((6, 6, 3), 50), height, width))
+    decode.decode_batch(task("d", "a"), recipe)
+    np.testing.assert_array_equal(partial.raw["image"], kept)  # not overwritten by the next task
