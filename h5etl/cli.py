@@ -8,15 +8,18 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from tqdm import tqdm
 
-from h5etl import __version__, demo, pipeline, release
-from h5etl.check import check_release
-from h5etl.config import load_spec
+from h5etl import __version__, workers
 from h5etl.errors import H5EtlError
+
+# The pipeline, pydantic and HDF5 load inside the commands: ``build`` starts its workers
+# first, so their start-up overlaps these imports.
+if TYPE_CHECKING:
+    from h5etl.pipeline import BuildReport
 
 app = typer.Typer(
     add_completion=False,
@@ -107,7 +110,7 @@ def _human(size: float) -> str:
     return f"{size:.1f} GiB"
 
 
-def _summary(report: pipeline.BuildReport) -> None:
+def _summary(report: BuildReport) -> None:
     splits = ", ".join(f"{split} {count}" for split, count in report.samples.items())
     _say(f"samples: {splits} (of {report.inputs} input files)")
     if report.rejects:
@@ -140,6 +143,10 @@ def build(
     quiet: QuietOption = False,
 ) -> None:
     """Build a new release from CONFIG."""
+    workers.warm_up(jobs)
+    from h5etl import pipeline
+    from h5etl.config import load_spec
+
     spec = _run(lambda: load_spec(config))
     with _progress(quiet) as bars:
         report = _run(
@@ -155,6 +162,8 @@ def build(
 @app.command()
 def validate(config: Annotated[Path, typer.Argument(help="The build config (YAML).")]) -> None:
     """Check CONFIG without building."""
+    from h5etl.config import load_spec
+
     spec = _run(lambda: load_spec(config))
     fields = ", ".join(spec.fields)
     _say(f"{config}: OK ({spec.name}: fields {fields}; splits {', '.join(spec.splits)})")
@@ -166,6 +175,8 @@ def check(
     deep: Annotated[bool, typer.Option("--deep", help="Recompute every SHA-256.")] = False,
 ) -> None:
     """Report on a release; exit 1 if anything is damaged."""
+    from h5etl.check import check_release
+
     report = check_release(path, deep=deep)
     for line in report.lines:
         _say(line)
@@ -176,6 +187,8 @@ def check(
 @app.command()
 def releases(folder: Annotated[Path, typer.Argument(help="An output folder.")]) -> None:
     """List the releases in FOLDER and which one each link points at."""
+    from h5etl import release
+
     found = _run(lambda: release.list_releases(folder))
     if not found:
         _say(f"{folder}: no releases")
@@ -192,6 +205,8 @@ def rollback(
     ] = None,
 ) -> None:
     """Point LINK at an earlier (or any) release."""
+    from h5etl import release
+
     info = _run(lambda: release.rollback(link, to))
     _say(f"{link} -> {info.path.name}")
 
@@ -205,6 +220,8 @@ def demo_command(
     quiet: QuietOption = False,
 ) -> None:
     """Build the embedded example (synthetic cells, a few broken inputs) into FOLDER/releases."""
+    from h5etl import demo
+
     config = _run(lambda: demo.prepare(folder))
     _say(f"demo config: {config}")
     build(config, jobs=jobs, dry_run=False, resume=False, quiet=quiet)

@@ -20,10 +20,9 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
-from joblib.externals.loky import get_reusable_executor
 from joblib.externals.loky.process_executor import BrokenProcessPool
 
-from h5etl import digest, geometry, images, validate
+from h5etl import digest, geometry, images, validate, workers
 from h5etl.chunkcodec import ChunkLayout, encode_block
 from h5etl.errors import RejectError
 from h5etl.records import BatchResult, DecodeTask, Reject, Sample
@@ -223,18 +222,6 @@ def release_free_memory() -> None:
             ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
-def _ready() -> None:
-    """Nothing: calling it makes a worker start and import this module."""
-
-
-def warm_up(jobs: int) -> None:
-    """Start the worker processes now, so they spawn and import while the parent plans."""
-    if jobs > 1:
-        executor = get_reusable_executor(max_workers=jobs, timeout=60)
-        for _ in range(jobs):
-            executor.submit(_ready)
-
-
 def run_tasks(
     tasks: Iterable[DecodeTask],
     recipe: DecodeRecipe,
@@ -284,8 +271,7 @@ def map_in_workers(
     pending: deque[tuple[In, Future[Out]]] = deque()
 
     def submit(item: In) -> Future[Out]:
-        executor = get_reusable_executor(max_workers=jobs, timeout=60)
-        return executor.submit(fn, item)  # type: ignore[no-any-return]
+        return workers.pool(jobs).submit(fn, item)
 
     def result(item: In, future: Future[Out]) -> Out:
         try:
@@ -318,8 +304,7 @@ class _Pool:
         self.recipe = recipe
 
     def submit(self, task: DecodeTask) -> Future[BatchResult]:
-        executor = get_reusable_executor(max_workers=self.jobs, timeout=60)
-        return executor.submit(self.worker, task, self.recipe)  # type: ignore[no-any-return]
+        return workers.pool(self.jobs).submit(self.worker, task, self.recipe)
 
     def result(self, task: DecodeTask, future: Future[BatchResult]) -> BatchResult:
         try:

@@ -15,7 +15,7 @@ from typing import Any
 
 import h5py
 
-from h5etl import __version__, clean, decode, discover, journal
+from h5etl import __version__, clean, decode, discover, journal, workers
 from h5etl.chunkcodec import ChunkLayout
 from h5etl.errors import BuildFailed
 from h5etl.records import BatchResult, Reject
@@ -145,7 +145,7 @@ def build(
     if dry_run:
         return _plan_only(spec, hook, jobs)[0]
     with output.locked():
-        decode.warm_up(jobs)
+        workers.warm_up(jobs)
         previous = output.resumable() if resume else None
         if previous is None:
             output.remove_stale_partials()

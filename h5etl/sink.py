@@ -28,6 +28,9 @@ from h5etl.records import BatchResult, EncodedChunk
 LIBVER = ("v110", "v110")  # readable by HDF5 1.10 tools (h5ls, h5dump) and newer
 LINEAGE = "source_sha256"
 WRITE_CACHE_BYTES = 256 * 1024
+# Text and lineage rows are buffered and appended this many at a time: one resize and write
+# per field per thousand rows instead of per batch (the writer's CPU is the budget).
+SMALL_ROWS_PER_WRITE = 1024
 
 
 class ResumeMismatch(SinkError):
@@ -172,6 +175,9 @@ class Sink:
         self._split: str | None = None
         self._unjournaled_texts: dict[str, list[str]] = {}
         self._unjournaled_lineage: dict[str, list[list[str]]] = {}
+        self._small_rows: dict[str, int] = dict.fromkeys(layout.splits, 0)  # stored so far
+        self._pending_texts: dict[str, dict[str, list[str]]] = {}
+        self._pending_lineage: dict[str, list[list[str]]] = {}
 
     def __enter__(self) -> Sink:
         try:
@@ -261,13 +267,26 @@ class Sink:
                 writer.finish()
 
     def _append_rows(self, split: str, result: BatchResult) -> None:
-        self._append_small(split, result.texts, [list(row) for row in result.lineage])
+        texts = self._pending_texts.setdefault(split, {name: [] for name in self.layout.texts})
+        for name in self.layout.texts:
+            texts[name].extend(result.texts[name])
+        lineage = self._pending_lineage.setdefault(split, [])
+        lineage.extend(list(row) for row in result.lineage)
+        if len(lineage) >= SMALL_ROWS_PER_WRITE:
+            self._flush_small()
+
+    def _flush_small(self) -> None:
+        for split, lineage in self._pending_lineage.items():
+            if lineage:
+                self._append_small(split, self._pending_texts[split], lineage)
+        self._pending_texts, self._pending_lineage = {}, {}
 
     def _append_small(
         self, split: str, texts: dict[str, list[str]], lineage_rows: list[list[str]]
     ) -> None:
         assert self.file is not None
-        start, count = self.counts[split], len(lineage_rows)
+        start, count = self._small_rows[split], len(lineage_rows)
+        self._small_rows[split] += count
         group = self.file[split]
         for name in self.layout.texts:
             rows = texts[name]
@@ -300,6 +319,7 @@ class Sink:
         assert self.file is not None
         assert self.consistent
         try:
+            self._flush_small()
             self.file.flush()
         except OSError as exc:
             raise SinkError(f"flushing failed: {exc}", path=self.path) from exc
@@ -364,6 +384,7 @@ class Sink:
         """Store the last partial chunks, the attrs and ``/diagnostics``; return dataset stats."""
         assert self.file is not None
         try:
+            self._flush_small()
             for writer in self.images.values():
                 writer.finish()
             self.file.attrs.update(attrs)

@@ -27,7 +27,7 @@ from conftest import (
     sha256_file,
 )
 
-from h5etl import BuildFailed, ConfigError, build, load_spec
+from h5etl import BuildFailed, ConfigError, build, load_spec, sink
 from h5etl.pipeline import BuildReport
 
 
@@ -211,6 +211,24 @@ def test_jobs_do_not_change_the_release(
         # ...and both the pre-compressed and the re-cut path wrote to the same file
         assert any(v for k, v in one.chunk_paths.items() if k.endswith(":direct"))
         assert any(v for k, v in one.chunk_paths.items() if k.endswith(":rechunked"))
+
+
+def test_buffered_text_and_lineage_rows_match_per_batch_writes(
+    tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sink buffers filename/lineage rows; flushing every 3 rows or at the end agrees."""
+    make_raw(tmp_path, n=23, broken={"b1": "mask_128"})
+    config = write_config(tmp_path, storage={"chunk_samples": 2})
+    whole = _build(config, jobs=1)
+    monkeypatch.setattr(sink, "SMALL_ROWS_PER_WRITE", 3)
+    cut = _build(config, jobs=1)
+    assert whole.path is not None
+    assert cut.path is not None
+    assert dataset_digests(whole.path) == dataset_digests(cut.path)
+    first, second = read_release(whole.path), read_release(cut.path)
+    for name in ("train/filename", "valid/filename", "train/source_sha256"):
+        np.testing.assert_array_equal(first[name], second[name], err_msg=name)
+        assert len(first[name]) == len(first[name.split("/")[0] + "/image"])
 
 
 def test_second_build_makes_v2_and_keeps_v1_bytes(
