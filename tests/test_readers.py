@@ -473,6 +473,20 @@ def test_keras_dataset_reads_every_sample_once_per_epoch(release: Path) -> None:
     dataset.close()
 
 
+def test_keras_dataset_decodes_the_next_block_ahead(release: Path) -> None:
+    from h5etl.readers import KerasDataset
+
+    truth = direct(release)
+    dataset = KerasDataset(release, "train", x="image", y=None, seed=1)
+    x = dataset[0]
+    cache = dataset.release._stores["image"].cache
+    keys: list[Any] = list(cache._items)
+    blocks = {key[1] for key in keys if key[0] == "/train/image"}
+    assert blocks == {int(dataset.rows(0).min()), int(dataset.rows(1).min())}
+    np.testing.assert_array_equal(x, truth["image"][dataset.rows(0)])
+    dataset.close()
+
+
 def test_keras_model_fits_on_the_dataset(release: Path) -> None:
     import keras
 

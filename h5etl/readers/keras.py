@@ -22,11 +22,12 @@ Fields = str | Sequence[str]
 class KerasDataset(keras.utils.PyDataset):  # type: ignore[misc]
     """One split of a release as batches for ``model.fit``: ``(x, y)`` or ``x`` alone.
 
-    Batch ``k`` is a block of ``batch_size`` consecutive rows of the file (one slice read;
+    Batch ``k`` is a block of ``batch_size`` consecutive rows of the file (one read per field;
     with ``batch_size`` equal to the chunk rows, exactly one chunk). With ``shuffle`` the order
     of the blocks and of the rows inside each block change every epoch (seeded); the release's
-    write-time shuffle decides which samples share a block. Safe with ``workers`` and
-    ``use_multiprocessing``: it pickles as a recipe and opens the file once per process.
+    write-time shuffle decides which samples share a block. While a batch is read, the
+    compressed chunks of the next one start decoding in the background. Safe with ``workers``
+    and ``use_multiprocessing``: it pickles as a recipe and opens the file once per process.
 
     Parameters:
         path: the release or its link; the link is resolved once, here.
@@ -81,9 +82,9 @@ class KerasDataset(keras.utils.PyDataset):  # type: ignore[misc]
 
     def __getitem__(self, index: int) -> Any:
         rows = self.rows(index)
-        batch = self.release.read_slice(int(rows.min()), int(rows.max()) + 1)
-        if self.shuffle:
-            batch = {k: v[rows - rows.min()] for k, v in batch.items()}
+        if index + 1 < len(self):  # the next block's chunks decode while this one is used
+            self.release.prefetch(self.rows(index + 1))
+        batch = self.release.read(rows)  # one block of rows, gathered in the order yielded
         if self.transform is not None:
             batch = self.transform(batch)
         inputs = _pick(batch, self.x)
