@@ -24,8 +24,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from h5etl.readers import Release, _chunks, iter_batches
-from h5etl.readers._chunks import ChunkCache, NotDecodable, Pipeline, StoredChunk, unshuffle
-from h5etl.readers._core import prefetched
+from h5etl.readers._chunks import (
+    ChunkCache,
+    NotDecodable,
+    Pipeline,
+    StoredChunk,
+    prefetched,
+    unshuffle,
+)
 
 SHAPE = (2, 12, 12)
 LENGTH = 21  # chunks of 4: the last one holds a single sample
@@ -370,3 +376,25 @@ def test_a_forked_child_decodes_with_its_own_descriptor_cache_and_pool(lzf_file:
     assert reader._stores == {}  # the parent closed before the fork and reopens lazily
     np.testing.assert_array_equal(reader.read([2])["image"], truth(lzf_file)[[2]])
     reader.close()
+
+
+def _nothing() -> None:
+    pass
+
+
+def test_forks_while_a_prefetching_iterator_reads_leave_its_batches_whole(lzf_file: Path) -> None:
+    # Handles close before every fork: a prefetching thread mid-read must finish first, and
+    # must not reopen the file until the fork is done.
+    expected = truth(lzf_file)
+    context = multiprocessing.get_context("fork")
+    batches = iter_batches(lzf_file, "train", 2, shuffle=False, prefetch=3)
+    seen = []
+    for batch in batches:
+        child = context.Process(target=_nothing)
+        child.start()
+        child.join(timeout=60)
+        assert child.exitcode == 0
+        seen.append(batch)
+    rows = np.concatenate([b["image"] for b in seen])
+    np.testing.assert_array_equal(rows, expected)
+    assert [n for b in seen for n in b["name"]] == [f"s{i:03d}" for i in range(LENGTH)]

@@ -7,23 +7,28 @@ once per process (checked by pid), so fork, spawn and persistent workers each op
 
 from __future__ import annotations
 
-import itertools
+import functools
 import multiprocessing.util
 import os
 import threading
 import weakref
-from collections import deque
-from collections.abc import Callable, Generator, Iterable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Generator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import h5py
 import hdf5plugin  # noqa: F401  (registers the Blosc/Zstd filters for reading)
 import numpy as np
 
 from h5etl.errors import H5EtlError
-from h5etl.readers._chunks import ChunkCache, ChunkFile, ChunkStore, open_stores
+from h5etl.readers._chunks import (
+    ChunkCache,
+    ChunkFile,
+    ChunkStore,
+    ForkGate,
+    open_stores,
+    prefetched,
+)
 from h5etl.readers._layout import (
     MappedChunks,
     cache_size,
@@ -44,11 +49,13 @@ _OPEN: weakref.WeakSet[Release] = weakref.WeakSet()
 
 
 _LOCK = threading.Lock()  # two threads' first reads must not both open the file
+_GATE = ForkGate()  # reads in other threads (prefetching) finish before handles close
 
 
 def _fresh_lock_in_child() -> None:
-    global _LOCK
+    global _LOCK, _GATE
     _LOCK = threading.Lock()  # a fork may copy it held by a thread that does not exist here
+    _GATE = ForkGate()
 
 
 def _close_before_fork() -> None:
@@ -57,11 +64,34 @@ def _close_before_fork() -> None:
     HDF5 would otherwise find the file "already open" in the child's copy of the library and
     share the parent's state with it. The parent reopens lazily on its next read.
     """
+    _GATE.close()
     for release in list(_OPEN):
         release.close()
 
 
-os.register_at_fork(before=_close_before_fork, after_in_child=_fresh_lock_in_child)
+def _reopen_gate_in_parent() -> None:
+    _GATE.open()
+
+
+os.register_at_fork(
+    before=_close_before_fork,
+    after_in_parent=_reopen_gate_in_parent,
+    after_in_child=_fresh_lock_in_child,
+)
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _gated(method: F) -> F:
+    """Run ``method`` as a read that a fork waits for (the gate is looked up per call)."""
+
+    @functools.wraps(method)
+    def gated(*args: Any, **kwargs: Any) -> Any:
+        with _GATE.reading():
+            return method(*args, **kwargs)
+
+    return cast(F, gated)
 
 
 class ReaderError(H5EtlError):
@@ -248,6 +278,7 @@ class Release:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    @_gated
     def read_slice(self, start: int, stop: int) -> dict[str, np.ndarray]:
         """Rows ``start:stop`` of every field, one contiguous read per field."""
         out = {}
@@ -266,6 +297,7 @@ class Release:
             out[name] = block
         return out
 
+    @_gated
     def read(self, indices: Sequence[int] | np.ndarray) -> dict[str, np.ndarray]:
         """Rows at ``indices`` (any order, repeats allowed), returned in that order.
 
@@ -289,6 +321,7 @@ class Release:
             out[name] = batch[name] if in_order else batch[name][inverse]
         return {n: out[n] for n in self.fields}
 
+    @_gated
     def prefetch(self, indices: Sequence[int] | np.ndarray) -> None:
         """Start decoding the compressed chunks holding ``indices`` in the background.
 
@@ -365,29 +398,3 @@ def iter_batches(
             yield from prefetched(release.read, batches, prefetch)
         else:
             yield from map(release.read, batches)
-
-
-def prefetched(
-    read: Callable[[np.ndarray], dict[str, np.ndarray]], batches: Iterable[np.ndarray], depth: int
-) -> Generator[dict[str, np.ndarray], None, None]:
-    """``read(batch)`` for each batch, in order, with ``depth`` reads running ahead in threads.
-
-    Memory stays bounded (``depth`` batches in flight plus the one yielded); the pool is shut
-    down, queued reads cancelled and running ones awaited, when the generator finishes, is
-    closed or is garbage collected.
-    """
-    owner = os.getpid()
-    todo = iter(batches)
-    pool = ThreadPoolExecutor(min(depth, os.cpu_count() or 1), thread_name_prefix="h5etl-prefetch")
-    try:
-        pending: deque[Future[dict[str, np.ndarray]]] = deque(
-            pool.submit(read, batch) for batch in itertools.islice(todo, depth)
-        )
-        while pending:
-            if os.getpid() != owner:  # the threads filling ``pending`` stayed in the parent
-                raise RuntimeError("a prefetching iterator cannot be resumed in a forked child")
-            batch = pending.popleft().result()  # a reading error surfaces here, in order
-            pending.extend(pool.submit(read, b) for b in itertools.islice(todo, 1))
-            yield batch
-    finally:
-        pool.shutdown(wait=os.getpid() == owner, cancel_futures=True)
