@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import struct
 import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -192,3 +193,45 @@ def test_pixel_limit_is_left_to_pillow(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(RejectError) as caught:
         images.decode(data, "RGB", path="x.png")
     assert caught.value.reason == "decompression_bomb"
+
+
+def probe_outcome(path: Path, *, fast: bool) -> images.ImageHeader | str:
+    saved = images._probe_plain_png
+    if not fast:
+        images._probe_plain_png = lambda path: None
+    try:
+        return images.probe(str(path))
+    except RejectError as exc:
+        return f"{exc.reason}: {exc.message}"
+    finally:
+        images._probe_plain_png = saved
+
+
+def test_header_probe_matches_pillow(tmp_path: Path) -> None:
+    rng = np.random.default_rng(7)
+    pixels = rng.integers(0, 256, (9, 13, 4), dtype=np.uint8)
+    plain = png(pixels[..., :3])
+    cases = {
+        "rgb": plain,
+        "grey": png(pixels[..., 0]),
+        "rgba": png(pixels, "RGBA"),
+        "gamma": with_chunk(plain, chunk(b"gAMA", struct.pack(">I", 45455))),
+        "exif rotated": with_chunk(plain, chunk(b"eXIf", exif_orientation(6))),
+        "exif after the pixels": plain[:-12] + chunk(b"eXIf", exif_orientation(6)) + plain[-12:],
+        "16-bit": png(pixels[..., 0].astype(np.uint16) * 257),
+        "bad CRC": with_chunk(plain, chunk(b"gAMA", struct.pack(">I", 45455))[:-1] + b"\x00"),
+        "header only": plain[:40],
+        "signature only": plain[:8],
+        "empty": b"",
+        "text": b"not an image",
+    }
+    fast_path_taken = set()
+    for name, data in cases.items():
+        path = tmp_path / f"{name}.png"
+        path.write_bytes(data)
+        if images._probe_plain_png(str(path)) is not None:
+            fast_path_taken.add(name)
+        assert probe_outcome(path, fast=True) == probe_outcome(path, fast=False), name
+    assert fast_path_taken == {"rgb", "grey", "rgba", "gamma", "exif after the pixels"}
+    missing = tmp_path / "missing.png"
+    assert probe_outcome(missing, fast=True) == probe_outcome(missing, fast=False)
