@@ -1,7 +1,7 @@
 """Read a release fast from PyTorch, Keras or plain numpy.
 
 ``iter_batches``, ``ChunkSampler``, ``BatchSampler``, ``Release`` and ``cache_size`` need
-only h5py and numpy.
+only h5py, numpy and imagecodecs (which decodes compressed chunks outside HDF5, in parallel).
 ``H5Dataset`` (PyTorch) and ``KerasDataset`` (Keras 3) import their framework on first use,
 so ``import h5etl.readers`` works without either installed.
 """

@@ -371,16 +371,17 @@ def iter_batches(
     seed: int = 0,
     epoch: int = 0,
     drop_last: bool = False,
-    prefetch: int = 2,
+    prefetch: int = 4,
 ) -> Generator[dict[str, np.ndarray], None, None]:
     """Yield one epoch of a split as dicts of numpy arrays (for JAX, NumPy or anything else).
 
     Batches follow the chunk-aware order (``shuffle``) or the file order and are cut on chunk
     boundaries (see ``ChunkSampler.batches``), so each costs one contiguous read per field.
     Text fields come back as object arrays of ``str``. With ``prefetch`` > 0, background
-    threads (at most one per CPU) read that many batches ahead while you use the current
-    one; batches still come in order, a reading error is raised here, and the threads stop
-    when the iterator is closed or dropped. ``prefetch=0`` reads each batch when asked.
+    threads (at most one per CPU) read up to that many batches ahead while you use the
+    current one, so memory holds ``prefetch`` more batches; compressed chunks decode in
+    parallel there. Batches still come in order, a reading error is raised here, and the
+    threads stop when the iterator is closed or dropped. ``prefetch=0`` reads on demand.
 
     Raises:
         ReaderError: the split or a field is missing.

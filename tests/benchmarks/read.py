@@ -292,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--probes", type=int, default=200, help="random single-sample reads")
     parser.add_argument("--budget", type=float, default=4.0, help="seconds per throughput run")
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--prefetch", type=int, default=2, help="iter_batches(prefetch=)")
+    parser.add_argument("--prefetch", type=int, default=4, help="iter_batches(prefetch=)")
     parser.add_argument("--dir", type=Path, default=None, help="keep the files here")
     parser.add_argument("--no-loader", action="store_true", help="skip the DataLoader rows")
     args = parser.parse_args(argv)
