@@ -1,13 +1,13 @@
-"""Compressed chunks read without HDF5: ``pread`` the stored bytes, decode them with imagecodecs.
+"""Compressed chunks read without HDF5: map the file, decode each chunk with imagecodecs.
 
 HDF5 runs every filter under h5py's global lock, so threads cannot decode two chunks at once.
-Here a field's chunks are indexed once (``chunk_iter``), their stored bytes read with
-``os.pread`` and decoded by imagecodecs, which releases the GIL: two threads decode two chunks
-in parallel. Only layouts and filter pipelines understood exactly are decoded here
-(``Pipeline.of`` raises ``NotDecodable`` otherwise, and h5py reads that field as before); a
-chunk that fails to decode to exactly its size is read through h5py too.
+Here a field's chunks are indexed once (``chunk_iter``) and their stored bytes decoded
+straight from a read-only mapping of the file by imagecodecs, which releases the GIL: two
+threads decode two chunks in parallel. Only layouts and filter pipelines understood exactly
+are decoded here (``ChunkStore`` raises ``NotDecodable`` otherwise, and h5py reads that field
+as before); a chunk that fails to decode to exactly its size is read through h5py too.
 
-Per-process state only: the descriptor, the decoded-chunk cache and the decode pool belong to
+Per-process state only: the mapping, the decoded-chunk cache and the decode pool belong to
 the process that made them (checked by pid), so a forked child builds its own.
 """
 
@@ -176,13 +176,6 @@ class ChunkFile:
         return np.asarray(self.memory[offset : offset + size])
 
 
-@dataclass(frozen=True, slots=True)
-class StoredChunk:
-    offset: int  # bytes into the file
-    size: int  # stored bytes
-    mask: int  # filters skipped for this chunk
-
-
 class ChunkStore:
     """Every chunk of one filtered field, read and decoded outside HDF5, with a shared cache.
 
@@ -215,23 +208,28 @@ class ChunkStore:
         self.dtype: np.dtype[Any] = np.dtype(dataset.dtype)
         self.chunk_shape = (self.rows, *shape[1:])
         self.file, self.cache, self.fallback = file, cache, fallback
-        self.chunks: dict[int, StoredChunk] = {}
+        # Where each chunk is stored, by chunk number: 24 bytes a chunk, not a Python object.
+        count = math.ceil(self.length / self.rows)
+        self.offsets = np.full(count, -1, dtype=np.int64)
+        self.sizes = np.zeros(count, dtype=np.int64)
+        self.masks = np.zeros(count, dtype=np.int64)
 
         def visit(store: Any) -> None:
             if store.byte_offset is None or any(store.chunk_offset[1:]):
                 raise NotDecodable("unallocated or tiled chunk")
-            self.chunks[int(store.chunk_offset[0])] = StoredChunk(
-                int(store.byte_offset), int(store.size), int(store.filter_mask)
-            )
+            number = store.chunk_offset[0] // self.rows
+            self.offsets[number], self.sizes[number] = store.byte_offset, store.size
+            self.masks[number] = store.filter_mask
 
         dataset.id.chunk_iter(visit)
-        if len(self.chunks) != math.ceil(self.length / self.rows):
+        if count and self.offsets.min() < 0:
             raise NotDecodable("unallocated chunks (fill values)")
 
     def _load(self, base: int) -> np.ndarray:
-        stored = self.chunks[base]
+        number = base // self.rows
+        offset, size = int(self.offsets[number]), int(self.sizes[number])
         try:
-            flat = self.pipeline.decode(self.file.read(stored.offset, stored.size), stored.mask)
+            flat = self.pipeline.decode(self.file.read(offset, size), int(self.masks[number]))
             rows = flat.view(self.dtype).reshape(self.chunk_shape)
         except NotDecodable as exc:
             logger.warning("%s: chunk at row %d read through h5py: %s", self.name, base, exc)

@@ -267,7 +267,7 @@ class Release:
         """Close this process's handle (a later read opens it again)."""
         if self._file is not None and self._pid == os.getpid():
             self._close_file(self._file)
-        # The decoded fields' descriptor closes once no reading thread holds it any more.
+        # The decoded fields' mapping ends once no reading thread holds a view of it.
         self._file, self._datasets, self._maps, self._stores = None, {}, {}, {}
         self._pid = None
         _OPEN.discard(self)
