@@ -18,6 +18,7 @@ CONTENDERS = [
     "h5etl build -j2 (lzf)",
     "serial loop (lzf)",
     "work limit: decode+pad+lzf, all cores",
+    "work limit: decode+pad+blosc-lz4, all cores",
     "decode limit: decode+pad, all cores",
     "disk limit: same bytes, sequential+fsync",
     "h5etl API -j2 (lzf, writer CPU)",
@@ -77,6 +78,7 @@ def test_runner_prints_every_contender(bench_dir: Path) -> None:
     for codec in ("lzf", "gzip", "blosc-lz4", "zstd"):
         assert f"| {codec} |" in text
     assert "h5etl -j2 lzf / work limit" in text
+    assert "h5etl -j2 blosc-lz4 / its work limit" in text
     assert "| h5etl build -j2 (lzf) [same] |" in text
     assert "-j2 lzf [same] / -j2 lzf (tree as is)" in text
     assert "parent busy during decode+write" in text

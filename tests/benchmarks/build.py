@@ -459,6 +459,12 @@ def contenders(
             lambda: _child_run(_child("limit", "--config", str(lzf), "--encode"), samples),
         ),
         Contender(
+            "work limit: decode+pad+blosc-lz4, all cores",
+            lambda: _child_run(
+                _child("limit", "--config", str(corpus.config("blosc-lz4")), "--encode"), samples
+            ),
+        ),
+        Contender(
             "decode limit: decode+pad, all cores",
             lambda: _child_run(_child("limit", "--config", str(lzf)), samples),
         ),
@@ -557,6 +563,24 @@ RATIOS = [
     ),
     ("h5etl -j2 lzf / serial loop", "h5etl build -j2 (lzf)", "serial loop (lzf)", 3.0),
     ("h5etl -j2 blosc-lz4 / serial loop", "h5etl build -j2 (blosc-lz4)", "serial loop (lzf)", 3.8),
+    (
+        "h5etl -j2 blosc-lz4 / its work limit",
+        "h5etl build -j2 (blosc-lz4)",
+        "work limit: decode+pad+blosc-lz4, all cores",
+        None,
+    ),
+    (
+        "work limit lzf / serial loop (the most -j2 lzf could reach)",
+        "work limit: decode+pad+lzf, all cores",
+        "serial loop (lzf)",
+        None,
+    ),
+    (
+        "work limit blosc-lz4 / serial loop (the most -j2 blosc-lz4 could reach)",
+        "work limit: decode+pad+blosc-lz4, all cores",
+        "serial loop (lzf)",
+        None,
+    ),
     ("h5etl -j1 lzf / serial loop", "h5etl build -j1 (lzf)", "serial loop (lzf)", 1.5),
     (
         "h5etl -j2 lzf / disk limit",
