@@ -351,6 +351,17 @@ def test_closing_or_dropping_the_iterator_stops_its_threads(lzf_file: Path) -> N
     assert not _prefetch_threads()
 
 
+def test_uncompressed_fields_are_read_without_threads(tmp_path: Path) -> None:
+    path = write(tmp_path / "raw.h5", compressible("uint8"))
+    with h5py.File(path, "a") as handle:
+        del handle["train/name"]  # text goes through h5py, which prefetching would help
+    batches = iter_batches(path, "train", 4, shuffle=False, prefetch=4)
+    first = next(batches)
+    assert not _prefetch_threads()
+    np.testing.assert_array_equal(first["image"], truth(path)[:4])
+    batches.close()
+
+
 def test_prefetch_must_not_be_negative(lzf_file: Path) -> None:
     with pytest.raises(ValueError, match="prefetch must be >= 0, got -1"):
         next(iter_batches(lzf_file, "train", 4, prefetch=-1))

@@ -381,7 +381,8 @@ def iter_batches(
     threads (at most one per CPU) read up to that many batches ahead while you use the
     current one, so memory holds ``prefetch`` more batches; compressed chunks decode in
     parallel there. Batches still come in order, a reading error is raised here, and the
-    threads stop when the iterator is closed or dropped. ``prefetch=0`` reads on demand.
+    threads stop when the iterator is closed or dropped. ``prefetch=0`` reads on demand, as
+    does a release whose fields are all uncompressed (mmap copies are faster in one thread).
 
     Raises:
         ReaderError: the split or a field is missing.
@@ -395,7 +396,8 @@ def iter_batches(
     sampler.set_epoch(epoch)
     with release:
         batches = sampler.batches(batch_size, drop_last=drop_last)
-        if prefetch:
+        mapped = release._handles()[1]
+        if prefetch and len(mapped) < len(release.fields):  # mmap alone gains nothing from it
             yield from prefetched(release.read, batches, prefetch)
         else:
             yield from map(release.read, batches)
