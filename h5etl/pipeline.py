@@ -341,10 +341,16 @@ def _write(
             hook("decode+write", 0, plan.total)  # in order: a decoded batch is written at once
             if resume is not None:
                 hook("decode+write", sum(checkpoints.consumed.values()), None)
+            split = ""
             for result in decode.run_tasks(cutter, recipe, jobs=jobs):
                 cutter.note_rejects(result.task.split, len(result.task.samples) - result.accepted)
                 report.rejects.extend(result.rejects)
                 _enforce_limit(spec, report.rejects, report.inputs)
+                if result.task.split != split:
+                    # The split's last partial chunk is re-cut and compressed here: the
+                    # parent's largest allocation. Trimmed first, it reuses freed pages.
+                    split = result.task.split
+                    decode.release_free_memory()
                 sink.write(result)
                 lines = _fingerprint_lines(result)
                 fingerprint.update("".join(lines).encode())
@@ -358,6 +364,7 @@ def _write(
             report.samples = dict(sink.counts)
             attrs = _file_attrs(spec, version, fingerprint)
             diagnostics = _diagnostics(report, watch, worker_seconds, sink.seconds, plan)
+            decode.release_free_memory()
             report.datasets = sink.finish(attrs, diagnostics)
             report.chunk_paths = sink.chunk_paths
     finally:
