@@ -238,8 +238,11 @@ def run_tasks(
     ``worker_crashed`` and the rest is decoded again in a fresh worker.
     """
     if jobs <= 1:
-        for task in tasks:
-            yield worker(task, recipe)
+        try:
+            for task in tasks:
+                yield worker(task, recipe)
+        finally:
+            _BUFFERS.clear()  # inline, the buffers would outlive the build in this process
         return
     pool = _Pool(jobs, worker, recipe)
     pending: deque[tuple[DecodeTask, Future[BatchResult]]] = deque()
