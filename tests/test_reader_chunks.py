@@ -223,6 +223,18 @@ def test_prefetched_chunks_are_read_later(lzf_file: Path) -> None:
     np.testing.assert_array_equal(batch["image"], truth(lzf_file)[[9, 5, 0]])
 
 
+def test_a_closed_readers_queued_read_aheads_decode_nothing(lzf_file: Path) -> None:
+    reader = Release(lzf_file, "train", batch_size=4)
+    reader.read([0])
+    store = reader._stores["image"]
+    reader.close()
+    assert store.closed
+    store.prefetch(np.arange(4, LENGTH))  # queued after the close: all dropped
+    _chunks.submit(lambda: None).result()  # FIFO: every read-ahead has been dequeued
+    keys: list[Any] = list(store.cache._items)
+    assert [key[1] for key in keys] == [0]
+
+
 # --- the pure pieces -----------------------------------------------------------------------
 
 

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -480,9 +481,17 @@ def test_keras_dataset_decodes_the_next_block_ahead(release: Path) -> None:
     dataset = KerasDataset(release, "train", x="image", y=None, seed=1)
     x = dataset[0]
     cache = dataset.release._stores["image"].cache
-    keys: list[Any] = list(cache._items)
-    blocks = {key[1] for key in keys if key[0] == "/train/image"}
-    assert blocks == {int(dataset.rows(0).min()), int(dataset.rows(1).min())}
+    expected = {int(dataset.rows(0).min()), int(dataset.rows(1).min())}
+
+    def blocks() -> set[int]:
+        keys: list[Any] = list(cache._items)
+        return {key[1] for key in keys if key[0] == "/train/image"}
+
+    # The read-ahead is queued on the decode pool; wait for it to start (no time asserted).
+    deadline = time.monotonic() + 60
+    while blocks() != expected and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert blocks() == expected
     np.testing.assert_array_equal(x, truth["image"][dataset.rows(0)])
     dataset.close()
 

@@ -208,6 +208,7 @@ class ChunkStore:
         self.dtype: np.dtype[Any] = np.dtype(dataset.dtype)
         self.chunk_shape = (self.rows, *shape[1:])
         self.file, self.cache, self.fallback = file, cache, fallback
+        self.closed = False  # set when its reader closes: queued read-aheads are dropped
         # Where each chunk is stored, by chunk number: 24 bytes a chunk, not a Python object.
         count = math.ceil(self.length / self.rows)
         self.offsets = np.full(count, -1, dtype=np.int64)
@@ -254,7 +255,11 @@ class ChunkStore:
     def prefetch(self, indices: np.ndarray) -> None:
         """Start decoding the chunks holding ``indices`` in the background; return at once."""
         for base in np.unique(indices - indices % self.rows).tolist():
-            submit(self.chunk, base)
+            submit(self._read_ahead, base)
+
+    def _read_ahead(self, base: int) -> None:
+        if not self.closed:  # a closed reader's read-aheads would only delay other readers
+            self.chunk(base)
 
     def gather(self, indices: np.ndarray) -> np.ndarray:
         """Rows at ``indices`` in that order: one fancy take per chunk touched."""

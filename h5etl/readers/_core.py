@@ -268,6 +268,8 @@ class Release:
         if self._file is not None and self._pid == os.getpid():
             self._close_file(self._file)
         # The decoded fields' mapping ends once no reading thread holds a view of it.
+        for store in self._stores.values():
+            store.closed = True
         self._file, self._datasets, self._maps, self._stores = None, {}, {}, {}
         self._pid = None
         _OPEN.discard(self)
