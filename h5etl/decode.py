@@ -182,8 +182,12 @@ _BUFFERS: dict[str, np.ndarray] = {}
 def _batch_buffer(field: FieldRecipe, count: int) -> np.ndarray:
     shape = (count, *field.layout.shape)
     buffer = _BUFFERS.get(field.name)
-    stale = buffer is None or buffer.dtype != np.dtype(field.layout.dtype)
-    if stale or buffer is None or buffer.shape[0] < count or buffer.shape[1:] != shape[1:]:
+    if (
+        buffer is None
+        or buffer.dtype != np.dtype(field.layout.dtype)
+        or buffer.shape[1:] != shape[1:]
+        or buffer.shape[0] < count
+    ):
         buffer = np.empty(shape, dtype=field.layout.dtype)
         _BUFFERS[field.name] = buffer
     rows = buffer[:count]

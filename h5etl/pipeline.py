@@ -347,8 +347,9 @@ def _write(
                 report.rejects.extend(result.rejects)
                 _enforce_limit(spec, report.rejects, report.inputs)
                 if result.task.split != split:
-                    # The split's last partial chunk is re-cut and compressed here: the
-                    # parent's largest allocation. Trimmed first, it reuses freed pages.
+                    # Writing the first batch of a split finishes the previous one: its last
+                    # partial chunk is padded and compressed here, the parent's largest
+                    # allocation. On a trimmed heap it reuses freed pages.
                     split = result.task.split
                     decode.release_free_memory()
                 sink.write(result)
