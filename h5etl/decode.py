@@ -249,15 +249,28 @@ def run_tasks(
             _BUFFERS.clear()  # inline, the buffers would outlive the build in this process
         return
     pool = _Pool(jobs, worker, recipe)
-    pending: deque[tuple[DecodeTask, Future[BatchResult]]] = deque()
-    limit = window or 2 * jobs + 1
+    yield from _in_order(tasks, pool.submit, pool.result, window or 2 * jobs + 1)
+
+
+def _in_order(
+    items: Iterable[In],
+    submit: Callable[[In], Future[Out]],
+    result: Callable[[In, Future[Out]], Out],
+    limit: int,
+) -> Iterator[Out]:
+    """Submit ``items`` with at most ``limit`` not yet consumed; yield their results in order.
+
+    ``result(item, future)`` collects one (and recovers from a dead worker); what is still
+    pending when the consumer stops is cancelled.
+    """
+    pending: deque[tuple[In, Future[Out]]] = deque()
     try:
-        for task in tasks:
-            pending.append((task, pool.submit(task)))
+        for item in items:
+            pending.append((item, submit(item)))
             if len(pending) >= limit:
-                yield pool.result(*pending.popleft())
+                yield result(*pending.popleft())
         while pending:
-            yield pool.result(*pending.popleft())
+            yield result(*pending.popleft())
     finally:
         for _, future in pending:
             future.cancel()
@@ -274,8 +287,6 @@ def map_in_workers(
     if jobs <= 1:
         yield from map(fn, items)
         return
-    limit = window or 2 * jobs + 1
-    pending: deque[tuple[In, Future[Out]]] = deque()
 
     def submit(item: In) -> Future[Out]:
         return workers.pool(jobs).submit(fn, item)
@@ -290,16 +301,7 @@ def map_in_workers(
         except BrokenProcessPool:
             return fn(item)
 
-    try:
-        for item in items:
-            pending.append((item, submit(item)))
-            if len(pending) >= limit:
-                yield result(*pending.popleft())
-        while pending:
-            yield result(*pending.popleft())
-    finally:
-        for _, future in pending:
-            future.cancel()
+    yield from _in_order(items, submit, result, window or 2 * jobs + 1)
 
 
 class _Pool:
