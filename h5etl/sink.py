@@ -175,7 +175,6 @@ class Sink:
         self._split: str | None = None
         self._unjournaled_texts: dict[str, list[str]] = {}
         self._unjournaled_lineage: dict[str, list[list[str]]] = {}
-        self._small_rows: dict[str, int] = dict.fromkeys(layout.splits, 0)  # stored so far
         self._pending_texts: dict[str, dict[str, list[str]]] = {}
         self._pending_lineage: dict[str, list[list[str]]] = {}
 
@@ -285,9 +284,8 @@ class Sink:
         self, split: str, texts: dict[str, list[str]], lineage_rows: list[list[str]]
     ) -> None:
         assert self.file is not None
-        start, count = self._small_rows[split], len(lineage_rows)
-        self._small_rows[split] += count
         group = self.file[split]
+        start, count = len(group[LINEAGE]), len(lineage_rows)  # rows stored so far
         for name in self.layout.texts:
             rows = texts[name]
             dataset = group[name]
