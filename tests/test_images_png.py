@@ -38,29 +38,24 @@ def with_chunk(data: bytes, extra: bytes) -> bytes:
     return data[:33] + extra + data[33:]
 
 
-def through_pillow(data: bytes, mode: images.Mode, labels: frozenset[int] | None) -> np.ndarray:
+def outcome(
+    data: bytes, mode: images.Mode, labels: frozenset[int] | None, *, fast: bool
+) -> np.ndarray | str:
+    """``images.decode``'s pixels or reject, with (``fast``) or without the libpng path."""
     saved = images._decode_plain_png
-    images._decode_plain_png = lambda *args, **kwargs: None
+    if not fast:
+        images._decode_plain_png = lambda *args, **kwargs: None
     try:
         return images.decode(data, mode, path="x.png", mask_labels=labels)
+    except RejectError as exc:
+        return f"{exc.reason}: {exc.message}"
     finally:
         images._decode_plain_png = saved
 
 
-def outcome(
-    decoder: object, data: bytes, mode: images.Mode, labels: frozenset[int] | None
-) -> np.ndarray | str:
-    try:
-        if decoder is images.decode:
-            return images.decode(data, mode, path="x.png", mask_labels=labels)
-        return through_pillow(data, mode, labels)
-    except RejectError as exc:
-        return f"{exc.reason}: {exc.message}"
-
-
 def assert_same(data: bytes, mode: images.Mode, labels: frozenset[int] | None = None) -> None:
-    fast = outcome(images.decode, data, mode, labels)
-    slow = outcome(through_pillow, data, mode, labels)
+    fast = outcome(data, mode, labels, fast=True)
+    slow = outcome(data, mode, labels, fast=False)
     if isinstance(slow, str) or isinstance(fast, str):
         assert fast == slow
         return
