@@ -210,24 +210,37 @@ def test_resume_refuses_a_changed_plan(project: Path, make_raw: MakeRaw, tmp_pat
     assert sum(report.samples.values()) == 25
 
 
-def test_sigint_stops_cleanly_with_exit_130(project: Path) -> None:
-    build(project)
-    folder = project.parent / "releases"
-    before = file_sha(folder / "cells-v0001.h5")
+def interrupt_slow_build(config: Path, folder: Path) -> tuple[bool, int, str]:
+    """Run the slow CLI build, Ctrl-C it once it writes its temp file (or after 60 s).
+
+    Returns whether it had started writing, its exit code and its stderr.
+    """
     proc = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(SLOW_CLI_BUILD), str(project)],
+        [sys.executable, "-c", textwrap.dedent(SLOW_CLI_BUILD), str(config)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
     deadline = time.monotonic() + 60
-    while not list(folder.glob(".cells.partial-*.h5")):
-        assert time.monotonic() < deadline, "the build never started writing"
-        time.sleep(0.02)
+    started = False
+    while not started and time.monotonic() < deadline:
+        started = bool(list(folder.glob(".cells.partial-*.h5")))
+        if not started:
+            time.sleep(0.02)
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=60)
+    return started, proc.returncode, stderr
 
-    assert proc.returncode == 130
+
+def test_sigint_stops_cleanly_with_exit_130(project: Path) -> None:
+    build(project)
+    folder = project.parent / "releases"
+    before = file_sha(folder / "cells-v0001.h5")
+
+    started, returncode, stderr = interrupt_slow_build(project, folder)
+
+    assert started, "the build never started writing"
+    assert returncode == 130
     assert stderr.strip().splitlines() == ["h5etl: interrupted; nothing was published"]
     assert folder_state(folder)["files"] == [
         "cells-v0001.h5",

@@ -22,7 +22,6 @@ import subprocess
 import sys
 import tempfile
 import textwrap
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -35,7 +34,7 @@ from h5etl.config import load_spec
 
 # The same failure scripts the reliability tests run.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from test_reliability import KILLED_BUILD, SLOW_CLI_BUILD
+from test_reliability import KILLED_BUILD, interrupt_slow_build
 
 
 def make_project(root: Path, samples: int) -> Path:
@@ -107,18 +106,8 @@ def sigkill(where: str) -> Callable[[Path, Path], str]:
 
 
 def sigint(config: Path, folder: Path) -> str:
-    proc = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(SLOW_CLI_BUILD), str(config)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    deadline = time.monotonic() + 60
-    while not list(folder.glob(".cells.partial-*.h5")) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
-    return f"exit {proc.returncode}: {err.strip()}"
+    _, returncode, err = interrupt_slow_build(config, folder)
+    return f"exit {returncode}: {err.strip()}"
 
 
 def concurrent(config: Path, folder: Path) -> str:
