@@ -29,6 +29,8 @@ import h5py
 import imagecodecs
 import numpy as np
 
+from h5etl.readers._layout import copy_rows, gather_rows
+
 logger = logging.getLogger(__name__)
 
 SHUFFLE, FLETCHER32, DEFLATE, LZF, BLOSC, ZSTD = 2, 3, 1, 32000, 32001, 15 + 32000
@@ -263,24 +265,11 @@ class ChunkStore:
 
     def gather(self, indices: np.ndarray) -> np.ndarray:
         """Rows at ``indices`` in that order: one fancy take per chunk touched."""
-        bases = indices - indices % self.rows
-        if len(indices) and bases.min() == bases.max():  # the usual sampler batch: one chunk
-            first = int(bases[0])
-            rows: np.ndarray = self.chunk(first)[indices - first]
-            return rows
-        out = np.empty((len(indices), *self.chunk_shape[1:]), dtype=self.dtype)
-        unique = np.unique(bases).tolist()
-        for base, chunk in self.load(unique).items():
-            where = np.flatnonzero(bases == base)
-            out[where] = chunk[indices[where] - base]
-        return out
+        return gather_rows(indices, self.rows, self.chunk_shape[1:], self.dtype, self.load)
 
     def read_into(self, out: np.ndarray, start: int, stop: int, pos: int) -> None:
         """Rows ``start:stop`` copied into ``out[pos:]``."""
-        bases = list(range(start - start % self.rows, stop, self.rows))
-        for base, chunk in sorted(self.load(bases).items()):
-            lo, hi = max(start, base), min(stop, base + self.rows)
-            out[pos + lo - start : pos + hi - start] = chunk[lo - base : hi - base]
+        copy_rows(out, start, stop, pos, self.rows, self.load)
 
 
 # --- the decode pool: one per process, shut down before fork ------------------------------

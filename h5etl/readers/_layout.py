@@ -7,6 +7,7 @@ path for unfiltered chunks. No open-file state lives here (see ``_core``).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -136,23 +137,47 @@ class MappedChunks:
 
     def gather(self, indices: np.ndarray, info: FieldInfo) -> np.ndarray:
         """Rows at ``indices`` in that order: one copy, one fancy take per chunk touched."""
-        bases = indices - indices % self.rows
-        if len(indices) and bases.min() == bases.max():  # the usual sampler batch: one chunk
-            first = int(bases[0])
-            rows: np.ndarray = self.chunks[first][indices - first]
-            return rows
-        out = np.empty((len(indices), *info.shape), dtype=info.dtype)
-        for base in np.unique(bases).tolist():
-            where = np.flatnonzero(bases == base)
-            out[where] = self.chunks[base][indices[where] - base]
-        return out
+        return gather_rows(indices, self.rows, info.shape, info.dtype, self._chunks_at)
 
     def read_into(self, out: np.ndarray, start: int, stop: int, pos: int) -> None:
-        while start < stop:
-            base = start - start % self.rows
-            end = min(stop, base + self.rows)
-            out[pos : pos + end - start] = self.chunks[base][start - base : end - base]
-            pos, start = pos + end - start, end
+        copy_rows(out, start, stop, pos, self.rows, self._chunks_at)
+
+    def _chunks_at(self, bases: list[int]) -> dict[int, np.ndarray]:
+        return {base: self.chunks[base] for base in bases}
+
+
+ChunksAt = Callable[[list[int]], dict[int, np.ndarray]]
+"""The chunks starting at the given rows, by starting row (mapped, or decoded)."""
+
+
+def gather_rows(
+    indices: np.ndarray,
+    rows: int,
+    shape: tuple[int, ...],
+    dtype: np.dtype[Any],
+    chunks_at: ChunksAt,
+) -> np.ndarray:
+    """Rows at ``indices`` in that order from chunks of ``rows`` rows: one take per chunk."""
+    bases = indices - indices % rows
+    if len(indices) and bases.min() == bases.max():  # the usual sampler batch: one chunk
+        first = int(bases[0])
+        taken: np.ndarray = chunks_at([first])[first][indices - first]
+        return taken
+    out = np.empty((len(indices), *shape), dtype=dtype)
+    for base, chunk in chunks_at(np.unique(bases).tolist()).items():
+        where = np.flatnonzero(bases == base)
+        out[where] = chunk[indices[where] - base]
+    return out
+
+
+def copy_rows(
+    out: np.ndarray, start: int, stop: int, pos: int, rows: int, chunks_at: ChunksAt
+) -> None:
+    """Rows ``start:stop`` from chunks of ``rows`` rows copied into ``out[pos:]``."""
+    bases = list(range(start - start % rows, stop, rows))
+    for base, chunk in chunks_at(bases).items():
+        lo, hi = max(start, base), min(stop, base + rows)
+        out[pos + lo - start : pos + hi - start] = chunk[lo - base : hi - base]
 
 
 class NotMappable(Exception):
