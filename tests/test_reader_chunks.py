@@ -430,3 +430,75 @@ def test_forks_while_a_prefetching_iterator_reads_leave_its_batches_whole(lzf_fi
     rows = np.concatenate([b["image"] for b in seen])
     np.testing.assert_array_equal(rows, expected)
     assert [n for b in seen for n in b["name"]] == [f"s{i:03d}" for i in range(LENGTH)]
+
+
+# --- the decoded cache across epochs --------------------------------------------------------
+
+CHUNKS = 6  # LENGTH samples in chunks of 4
+
+
+def _epochs(reader: Release, epochs: int, prefetch: int) -> list[list[dict[str, np.ndarray]]]:
+    return [list(reader.iter_batches(4, epoch=epoch, prefetch=prefetch)) for epoch in range(epochs)]
+
+
+def _assert_whole_epoch(path: Path, batches: list[dict[str, np.ndarray]]) -> None:
+    names = [str(n) for b in batches for n in b["name"]]
+    assert sorted(names) == [f"s{i:03d}" for i in range(LENGTH)]
+    rows = [int(n[1:]) for n in names]
+    np.testing.assert_array_equal(np.concatenate([b["image"] for b in batches]), truth(path)[rows])
+
+
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_a_split_cache_decodes_each_chunk_once_over_all_epochs(
+    lzf_file: Path, prefetch: int
+) -> None:
+    with Release(lzf_file, "train", batch_size=4, cache_bytes="split") as reader:
+        epochs = _epochs(reader, 3, prefetch)
+        assert reader._stores["image"].cache.loads == CHUNKS
+    for batches in epochs:
+        _assert_whole_epoch(lzf_file, batches)
+    assert [b["name"].tolist() for b in epochs[0]] != [b["name"].tolist() for b in epochs[1]]
+
+
+def test_the_default_cache_decodes_every_epoch_again(lzf_file: Path) -> None:
+    with Release(lzf_file, "train", batch_size=4) as reader:
+        epochs = _epochs(reader, 2, prefetch=0)
+        assert reader._stores["image"].cache.loads > CHUNKS
+    for batches in epochs:
+        _assert_whole_epoch(lzf_file, batches)
+
+
+def test_decoded_nbytes_counts_whole_chunks_of_compressed_fields(tmp_path: Path) -> None:
+    path = write(tmp_path / "lzf.h5", compressible("uint16"), compression="lzf")
+    with Release(path, "train") as reader:
+        assert reader.decoded_nbytes == CHUNKS * 4 * 2 * 12 * 12 * 2  # the last chunk whole
+    with Release(write(tmp_path / "raw.h5", compressible("uint16")), "train") as raw:
+        assert raw.decoded_nbytes == 0  # mapped from the page cache: nothing to decode
+
+
+def _hdf5_cache_bytes(reader: Release) -> int:
+    nbytes: int = reader.datasets()["image"].id.get_access_plist().get_chunk_cache()[1]
+    return nbytes
+
+
+def test_cache_bytes_sizes_hdf5s_cache_for_fields_it_reads(tmp_path: Path) -> None:
+    path = write(tmp_path / "f.h5", compressible("uint8"), compression="gzip", fletcher32=True)
+    with Release(path, "train", batch_size=4) as default:
+        sized = _hdf5_cache_bytes(default)
+        assert default._stores == {}  # fletcher32: read by h5py
+    with Release(path, "train", batch_size=4, cache_bytes=10_000_000) as wide:
+        assert _hdf5_cache_bytes(wide) == 10_000_000
+        np.testing.assert_array_equal(wide.read([5, 1])["image"], truth(path)[[5, 1]])
+    with Release(path, "train", batch_size=4, cache_bytes=1) as small:
+        assert _hdf5_cache_bytes(small) == sized  # never below what one batch needs
+    with Release(path, "train", batch_size=4, cache_bytes="split") as whole:
+        assert _hdf5_cache_bytes(whole) == whole.decoded_nbytes == CHUNKS * 4 * 2 * 12 * 12
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [(-1, "cache_bytes must be >= 0, got -1"), ("all", "an int, 'split' or None, got 'all'")],
+)
+def test_bad_cache_bytes_are_refused(lzf_file: Path, value: Any, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        Release(lzf_file, "train", cache_bytes=value)

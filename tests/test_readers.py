@@ -448,6 +448,36 @@ def test_torch_workers_keep_the_release_they_started_with(tmp_path: Path) -> Non
     )
 
 
+def _decoded_in_worker(sample: dict[str, Any]) -> dict[str, Any]:
+    """Tags a sample with how many chunks this worker's reader has decoded so far."""
+    from h5etl.readers import _core
+
+    (reader,) = (r for r in _core._OPEN if r.split == "train")
+    return {**sample, "pid": os.getpid(), "loads": reader._stores["image"].cache.loads}
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_persistent_workers_with_a_split_cache_decode_each_chunk_once(
+    release: Path, context: str
+) -> None:
+    from h5etl.readers import H5Dataset
+
+    truth = direct(release)
+    dataset = H5Dataset(
+        release, "train", batch_size=5, cache_bytes="split", transform=_decoded_in_worker
+    )
+    loads: dict[int, int] = {}
+    for batches in _loader_epochs(dataset, context, batch_sampler=True, epochs=3):
+        assert_epoch(truth, batches)
+        for batch in batches:
+            for pid, count in zip(batch["pid"].tolist(), batch["loads"].tolist(), strict=True):
+                loads[pid] = max(loads.get(pid, 0), count)
+    chunks = 2 * 6  # image and mask, 22 rows in chunks of 4
+    assert len(loads) == 2  # both workers read
+    assert all(count <= chunks for count in loads.values())  # no chunk decoded twice
+    dataset.close()
+
+
 # --- Keras 3 -------------------------------------------------------------------------------
 
 
@@ -493,6 +523,22 @@ def test_keras_dataset_decodes_the_next_block_ahead(release: Path) -> None:
         time.sleep(0.01)
     assert blocks() == expected
     np.testing.assert_array_equal(x, truth["image"][dataset.rows(0)])
+    dataset.close()
+
+
+def test_keras_dataset_with_a_split_cache_decodes_each_chunk_once(release: Path) -> None:
+    from h5etl.readers import KerasDataset
+
+    truth = direct(release)
+    dataset = KerasDataset(release, "train", x=("image", "filename"), y="mask", cache_bytes="split")
+    for _ in range(3):
+        batches = []
+        for step in range(len(dataset)):
+            x, y = dataset[step]
+            batches.append({"image": x["image"], "filename": x["filename"], "mask": y})
+        assert_epoch(truth, batches)
+        dataset.on_epoch_end()
+    assert dataset.release._stores["image"].cache.loads == 2 * 6  # image and mask chunks
     dataset.close()
 
 

@@ -116,6 +116,7 @@ class ChunkCache:
     def __init__(self, nbytes: int):
         self.nbytes = nbytes
         self.held = 0
+        self.loads = 0  # chunks loaded (decoded), i.e. misses
         self._lock = threading.Lock()
         self._items: OrderedDict[Hashable, Future[np.ndarray]] = OrderedDict()
 
@@ -143,6 +144,7 @@ class ChunkCache:
             raise
         mine.set_result(value)
         with self._lock:
+            self.loads += 1
             if self._items.get(key) is mine:
                 self.held += value.nbytes
                 self._evict(keep=key)

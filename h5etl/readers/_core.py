@@ -14,7 +14,7 @@ import threading
 import weakref
 from collections.abc import Callable, Generator, Sequence
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any, Literal, TypeVar, cast
 
 import h5py
 import hdf5plugin  # noqa: F401  (registers the Blosc/Zstd filters for reading)
@@ -30,16 +30,20 @@ from h5etl.readers._chunks import (
     prefetched,
 )
 from h5etl.readers._layout import (
+    CacheSize,
     MappedChunks,
     cache_size,
+    decoded_nbytes,
     field_info,
     map_chunks,
     open_dataset,
     runs,
+    widened,
 )
 from h5etl.readers._sampler import ChunkSampler
 
 LINEAGE = "source_sha256"
+CacheBytes = int | Literal["split"] | None
 _PER_PROCESS = frozenset({"_file", "_datasets", "_maps", "_stores"})
 # Handles inherited through fork: never used nor closed in the child (closing would drop the
 # parent's file lock on the shared descriptor), only kept alive so no destructor runs here.
@@ -109,9 +113,16 @@ class Release:
         split: the group to read, e.g. ``"train"``.
         fields: datasets to read; default every field but the ``source_sha256`` lineage.
         batch_size: the largest batch you will ask for; sizes the chunk cache.
+        cache_bytes: decoded chunks of the compressed fields kept per process. ``None`` (the
+            default): the chunks one batch touches, so every epoch decodes every chunk again.
+            ``"split"``: the whole split decoded (``decoded_nbytes``), so each chunk is
+            decoded once per process and later epochs read at memory speed; every process
+            that reads holds its own copy (each DataLoader worker; keep them with
+            ``persistent_workers``). An ``int``: that many bytes, never fewer than the default.
 
     Raises:
         ReaderError: the file, split or a field is missing, or the fields differ in length.
+        ValueError: ``cache_bytes`` is negative or an unknown word.
     """
 
     def __init__(
@@ -121,7 +132,12 @@ class Release:
         *,
         fields: Sequence[str] | None = None,
         batch_size: int = 32,
+        cache_bytes: CacheBytes = None,
     ):
+        if isinstance(cache_bytes, str) and cache_bytes != "split":
+            raise ValueError(f"cache_bytes must be an int, 'split' or None, got {cache_bytes!r}")
+        if isinstance(cache_bytes, int) and cache_bytes < 0:
+            raise ValueError(f"cache_bytes must be >= 0, got {cache_bytes}")
         self.path = Path(os.path.realpath(path))
         self.split = split
         self.batch_size = batch_size
@@ -163,6 +179,9 @@ class Release:
             for n, i in self.info.items()
             if not i.text
         }
+        budget = self.decoded_nbytes if cache_bytes == "split" else cache_bytes
+        if budget:
+            self.caches = self._share(budget)
         self._pid: int | None = None
         self._file: h5py.File | None = None
         self._datasets: dict[str, h5py.Dataset] = {}
@@ -170,6 +189,34 @@ class Release:
         self._stores: dict[str, ChunkStore] = {}
         self.use_mmap = True  # unfiltered chunks through mmap
         self.use_decoder = True  # filtered chunks decoded by imagecodecs, outside HDF5
+
+    @property
+    def decoded_nbytes(self) -> int:
+        """Bytes of every decoded chunk of the compressed fields: what ``"split"`` caches."""
+        return sum(
+            decoded_nbytes(i.chunks, i.dtype.itemsize, (self.length, *i.shape))
+            for n, i in self.info.items()
+            if n in self.caches and self.caches[n].nbytes
+        )
+
+    def _share(self, budget: int) -> dict[str, CacheSize]:
+        """The compressed fields' caches widened to ``budget`` bytes in all, by field size."""
+        sizes = {
+            n: decoded_nbytes(
+                self.info[n].chunks, self.info[n].dtype.itemsize, (self.length, *self.info[n].shape)
+            )
+            for n, c in self.caches.items()
+            if c.nbytes
+        }
+        total = sum(sizes.values()) or 1
+        return {
+            n: widened(
+                c, budget * sizes[n] // total, self.info[n].chunks, self.info[n].dtype.itemsize
+            )
+            if n in sizes
+            else c
+            for n, c in self.caches.items()
+        }
 
     def _group(self, handle: h5py.File) -> h5py.Group:
         group = handle.get(self.split)
@@ -334,6 +381,42 @@ class Release:
         for store in self._handles()[2].values():
             store.prefetch(wanted)
 
+    def iter_batches(
+        self,
+        batch_size: int,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        epoch: int = 0,
+        drop_last: bool = False,
+        prefetch: int = 4,
+    ) -> Generator[dict[str, np.ndarray], None, None]:
+        """Yield one epoch of this split as dicts of numpy arrays; the release stays open.
+
+        Batches follow the chunk-aware order (``shuffle``) or the file order and are cut on
+        chunk boundaries (see ``ChunkSampler.batches``), so each costs one contiguous read per
+        field. Text fields come back as object arrays of ``str``. With ``prefetch`` > 0,
+        background threads (at most one per CPU) read up to that many batches ahead while you
+        use the current one, so memory holds ``prefetch`` more batches; compressed chunks
+        decode in parallel there. Batches still come in order, a reading error is raised
+        here, and the threads stop when the iterator is closed or dropped. ``prefetch=0``
+        reads on demand, as does a release whose fields are all uncompressed (mmap copies are
+        faster in one thread). Decoded chunks stay in this reader's cache for later epochs
+        as far as ``cache_bytes`` allows.
+        """
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if prefetch < 0:
+            raise ValueError(f"prefetch must be >= 0, got {prefetch}")
+        sampler = ChunkSampler(len(self), self.chunk_rows, shuffle=shuffle, seed=seed)
+        sampler.set_epoch(epoch)
+        batches = sampler.batches(batch_size, drop_last=drop_last)
+        mapped = self._handles()[1]
+        if prefetch and len(mapped) < len(self.fields):  # mmap alone gains nothing from it
+            yield from prefetched(self.read, batches, prefetch)
+        else:
+            yield from map(self.read, batches)
+
     def _checked(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
         wanted = np.asarray(indices, dtype=np.int64).reshape(-1)
         if wanted.size and (wanted.min() < -self.length or wanted.max() >= self.length):
@@ -377,29 +460,20 @@ def iter_batches(
 ) -> Generator[dict[str, np.ndarray], None, None]:
     """Yield one epoch of a split as dicts of numpy arrays (for JAX, NumPy or anything else).
 
-    Batches follow the chunk-aware order (``shuffle``) or the file order and are cut on chunk
-    boundaries (see ``ChunkSampler.batches``), so each costs one contiguous read per field.
-    Text fields come back as object arrays of ``str``. With ``prefetch`` > 0, background
-    threads (at most one per CPU) read up to that many batches ahead while you use the
-    current one, so memory holds ``prefetch`` more batches; compressed chunks decode in
-    parallel there. Batches still come in order, a reading error is raised here, and the
-    threads stop when the iterator is closed or dropped. ``prefetch=0`` reads on demand, as
-    does a release whose fields are all uncompressed (mmap copies are faster in one thread).
+    Opens the release, reads one epoch with :meth:`Release.iter_batches` (which see for the
+    arguments) and closes it. For several epochs that should share decoded chunks, keep one
+    ``Release(path, split, cache_bytes="split")`` and call its ``iter_batches`` per epoch.
 
     Raises:
         ReaderError: the split or a field is missing.
     """
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    if prefetch < 0:
-        raise ValueError(f"prefetch must be >= 0, got {prefetch}")
     release = Release(path, split, fields=fields, batch_size=batch_size)
-    sampler = ChunkSampler(len(release), release.chunk_rows, shuffle=shuffle, seed=seed)
-    sampler.set_epoch(epoch)
     with release:
-        batches = sampler.batches(batch_size, drop_last=drop_last)
-        mapped = release._handles()[1]
-        if prefetch and len(mapped) < len(release.fields):  # mmap alone gains nothing from it
-            yield from prefetched(release.read, batches, prefetch)
-        else:
-            yield from map(release.read, batches)
+        yield from release.iter_batches(
+            batch_size,
+            shuffle=shuffle,
+            seed=seed,
+            epoch=epoch,
+            drop_last=drop_last,
+            prefetch=prefetch,
+        )

@@ -16,6 +16,7 @@ import h5py
 import numpy as np
 
 DEFAULT_NSLOTS = 521  # HDF5's own default
+MAX_NSLOTS = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +64,25 @@ def cache_size(
     held = max(min_chunks, (math.ceil(batch_size / rows) + 1) * per_block)
     chunk_bytes = math.prod(chunks) * itemsize
     return CacheSize(nbytes=held * chunk_bytes, nslots=next_prime(100 * held))
+
+
+def decoded_nbytes(chunks: tuple[int, ...] | None, itemsize: int, shape: tuple[int, ...]) -> int:
+    """Bytes of all chunks of a dataset of ``shape``, decoded (edge chunks count whole)."""
+    if chunks is None:
+        return math.prod(shape) * itemsize
+    count = math.prod(math.ceil(s / c) for s, c in zip(shape, chunks, strict=True))
+    return count * math.prod(chunks) * itemsize
+
+
+def widened(
+    cache: CacheSize, nbytes: int, chunks: tuple[int, ...] | None, itemsize: int
+) -> CacheSize:
+    """``cache`` grown to hold ``nbytes`` (never shrunk), with hash slots to match."""
+    if nbytes <= cache.nbytes or chunks is None:
+        return cache
+    held = math.ceil(nbytes / (math.prod(chunks) * itemsize))
+    # HDF5 allocates every slot when it opens the dataset: 8 bytes each, so cap them.
+    return CacheSize(nbytes=nbytes, nslots=next_prime(min(100 * held, MAX_NSLOTS)), w0=cache.w0)
 
 
 def open_dataset(group: h5py.Group, name: str, cache: CacheSize | None) -> h5py.Dataset:

@@ -14,7 +14,7 @@ from typing import Any
 import keras
 import numpy as np
 
-from h5etl.readers._core import Release
+from h5etl.readers._core import CacheBytes, Release
 
 Fields = str | Sequence[str]
 
@@ -38,6 +38,8 @@ class KerasDataset(keras.utils.PyDataset):  # type: ignore[misc]
         shuffle: reshuffle block and row order every epoch.
         seed: the seed of the per-epoch orders.
         transform: applied to each batch dict (field name -> array) before it is split.
+        cache_bytes: decoded chunks kept per process (see :class:`Release`); with
+            ``"split"`` each chunk is decoded once and later epochs read at memory speed.
         **kwargs: ``workers``, ``use_multiprocessing``, ``max_queue_size`` for ``PyDataset``.
     """
 
@@ -52,6 +54,7 @@ class KerasDataset(keras.utils.PyDataset):  # type: ignore[misc]
         shuffle: bool = True,
         seed: int = 0,
         transform: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None,
+        cache_bytes: CacheBytes = None,
         **kwargs: Any,
     ):
         super().__init__(**kwargs)
@@ -59,7 +62,9 @@ class KerasDataset(keras.utils.PyDataset):  # type: ignore[misc]
         names = [*_names(x), *(_names(y) if y is not None else [])]
         probe = Release(path, split, fields=names, batch_size=batch_size or 1)
         self.batch_size = batch_size or probe.chunk_rows
-        self.release = Release(path, split, fields=names, batch_size=self.batch_size)
+        self.release = Release(
+            path, split, fields=names, batch_size=self.batch_size, cache_bytes=cache_bytes
+        )
         self.shuffle = shuffle
         self.seed = seed
         self.transform = transform

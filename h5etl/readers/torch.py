@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch.utils.data
 
-from h5etl.readers._core import Release
+from h5etl.readers._core import CacheBytes, Release
 from h5etl.readers._sampler import BatchSampler, ChunkSampler
 
 Sample = dict[str, Any]
@@ -33,6 +33,9 @@ class H5Dataset(torch.utils.data.Dataset[Any]):
         fields: the datasets to read; default all but the ``source_sha256`` lineage.
         transform: applied to each sample dict (numpy arrays, ``str`` for text fields).
         batch_size: the largest batch the loader asks for; sizes the chunk cache.
+        cache_bytes: decoded chunks kept per process (see :class:`Release`); with
+            ``"split"`` and ``persistent_workers=True`` each worker decodes a chunk at most
+            once over all epochs.
     """
 
     def __init__(
@@ -43,8 +46,11 @@ class H5Dataset(torch.utils.data.Dataset[Any]):
         fields: Sequence[str] | None = None,
         transform: Callable[[Sample], Any] | None = None,
         batch_size: int = 32,
+        cache_bytes: CacheBytes = None,
     ):
-        self.release = Release(path, split, fields=fields, batch_size=batch_size)
+        self.release = Release(
+            path, split, fields=fields, batch_size=batch_size, cache_bytes=cache_bytes
+        )
         self.transform = transform
 
     @property
