@@ -595,6 +595,7 @@ def test_read_benchmark_runs_end_to_end(tmp_path: Path) -> None:
         timeout=600,
     )
     assert done.returncode == 0, done.stderr
+    assert "### Split cache" in done.stdout
     for row in ("| none |", "| lzf |", "| gzip |", "| blosc-lz4 |", "| npy |", "| 8 | ", "| 1 | "):
         assert row in done.stdout
 

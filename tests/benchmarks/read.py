@@ -12,12 +12,16 @@ compression, lzf and gzip, each with the byte shuffle filter as releases use) an
 so numbers are warm page-cache numbers (what a second epoch sees); the "cold" columns read
 one epoch right after dropping the file from the page cache (best of two). "Prefetched" is
 ``iter_batches(..., prefetch=N)``: the same chunk-aware batches, read ahead by background
-threads. Prints markdown tables of medians and ratios.
+threads. "Split cache" is a reader made with ``cache_bytes="split"``: its first epoch decodes
+(and keeps) every chunk, later epochs gather from memory; the DataLoader variant keeps its
+two workers (``persistent_workers``) so their caches survive the epoch. Prints markdown
+tables of medians and ratios.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import statistics
@@ -197,6 +201,49 @@ def loader_epoch(dataset: Any, batches: Any, workers: int) -> float:
     return count / (time.perf_counter() - started)
 
 
+def cached_epochs(path: Path, args: argparse.Namespace) -> tuple[float, float]:
+    """A ``cache_bytes="split"`` reader: its first, whole epoch and its best later epoch."""
+    sampler = ChunkSampler(args.samples, args.chunk, seed=0)
+    with contextlib.ExitStack() as stack:
+        if path.suffix == ".npy":
+            memory = np.load(path, mmap_mode="r")
+            read: Callable[[np.ndarray], Any] = memory.__getitem__
+        else:
+            release = Release(
+                path, "train", fields=["image"], batch_size=BATCH, cache_bytes="split"
+            )
+            read = stack.enter_context(release).read
+        sampler.set_epoch(0)
+        first = throughput(read, sampler.batches(BATCH), math.inf)  # fills the cache
+        later = 0.0
+        for epoch in range(1, 7):
+            sampler.set_epoch(epoch)
+            later = max(later, throughput(read, sampler.batches(BATCH), args.budget))
+    return first, later
+
+
+def persistent_loader_epochs(dataset: Any, batches: Any, workers: int) -> float:
+    """Samples per second of the best later epoch of a DataLoader that keeps its workers."""
+    import torch.utils.data
+
+    loader = torch.utils.data.DataLoader(
+        dataset,
+        batch_sampler=batches,
+        num_workers=workers,
+        multiprocessing_context="fork",
+        persistent_workers=True,
+    )
+    best = 0.0
+    for epoch in range(4):
+        batches.set_epoch(epoch)
+        started = time.perf_counter()
+        count = sum(len(batch["image"]) for batch in loader)
+        if epoch:  # the first epoch starts the workers and fills their caches
+            best = max(best, count / (time.perf_counter() - started))
+    del loader  # stops the workers
+    return best
+
+
 def measure(path: Path, npy: np.ndarray | None, args: argparse.Namespace) -> dict[str, float]:
     """Every number of one row of the main table."""
     rng = np.random.default_rng(1)
@@ -246,19 +293,27 @@ def measure(path: Path, npy: np.ndarray | None, args: argparse.Namespace) -> dic
     return row
 
 
-def loader_rows(paths: dict[str, Path], args: argparse.Namespace) -> dict[str, float]:
+def loader_rows(
+    paths: dict[str, Path], args: argparse.Namespace
+) -> tuple[dict[str, float], dict[str, float]]:
+    """DataLoader epochs: fresh workers each epoch, and persistent workers with a split cache."""
     from h5etl.readers import H5Dataset
 
-    out = {}
+    fresh, kept = {}, {}
     for name, path in paths.items():
         if name == "npy":
             dataset: Any = NpyDataset(path)
+            cached: Any = dataset
             batches: Any = ChunkSampler(args.samples, args.chunk, seed=0).batch_sampler(BATCH)
         else:
             dataset = H5Dataset(path, "train", fields=["image"], batch_size=BATCH)
+            cached = H5Dataset(
+                path, "train", fields=["image"], batch_size=BATCH, cache_bytes="split"
+            )
             batches = dataset.batch_sampler(BATCH, seed=0)
-        out[name] = best_of(3, lambda: loader_epoch(dataset, batches, args.workers))  # noqa: B023
-    return out
+        fresh[name] = best_of(3, lambda: loader_epoch(dataset, batches, args.workers))  # noqa: B023
+        kept[name] = persistent_loader_epochs(cached, batches, args.workers)
+    return fresh, kept
 
 
 def chunk_tradeoff(data: np.ndarray, folder: Path, args: argparse.Namespace) -> list[str]:
@@ -330,7 +385,8 @@ def main(argv: list[str] | None = None) -> int:
                 cold[name] = max(cold.get(name, 0.0), cold_epoch(path, args))
                 ahead = cold_epoch(path, args, prefetch=args.prefetch)
                 cold_ahead[name] = max(cold_ahead.get(name, 0.0), ahead)
-        loader = {} if args.no_loader else loader_rows(paths, args)
+        cached = {name: cached_epochs(path, args) for name, path in paths.items()}
+        loader, kept = ({}, {}) if args.no_loader else loader_rows(paths, args)
         limit = rows["npy"]["sampler"]
         print(
             f"\n### Read throughput, {args.samples} x 3x224x224 uint8, chunks of {args.chunk} "
@@ -374,6 +430,24 @@ def main(argv: list[str] | None = None) -> int:
                 f"| {cold_ahead[name] / cold_ahead['npy']:.2f}x "
                 f"| {row['prefetched'] / row['sampler']:.1f}x / "
                 f"{cold_ahead[name] / cold[name]:.1f}x |"
+            )
+        print(
+            '\n### Split cache: a reader made with cache_bytes="split" (each chunk decoded '
+            "once per process), chunk-aware sampler batch-32\n"
+        )
+        print(
+            "| format | first epoch, fills the cache (samples/s) | later epochs (samples/s) "
+            "| later vs npy | DataLoader 2 persistent workers, later epochs (samples/s) "
+            "| vs npy |"
+        )
+        print("|---|---:|---:|---:|---:|---:|")
+        npy_kept = kept.get("npy", float("nan"))
+        for name in paths:
+            first, later = cached[name]
+            print(
+                f"| {name} | {first:,.0f} | {later:,.0f} | {later / cached['npy'][1]:.2f}x "
+                f"| {kept.get(name, float('nan')):,.0f} "
+                f"| {kept.get(name, float('nan')) / npy_kept:.2f}x |"
             )
         print("\n### Chunk size trade-off (lzf), random access\n")
         print("\n".join(chunk_tradeoff(data, folder, args)))
