@@ -502,3 +502,23 @@ def test_cache_bytes_sizes_hdf5s_cache_for_fields_it_reads(tmp_path: Path) -> No
 def test_bad_cache_bytes_are_refused(lzf_file: Path, value: Any, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         Release(lzf_file, "train", cache_bytes=value)
+
+
+def test_a_split_larger_than_half_the_free_memory_is_capped_with_a_warning(
+    lzf_file: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from h5etl.readers import _core
+
+    chunk = 4 * 2 * 12 * 12 * 2
+    monkeypatch.setattr(_core, "available_memory", lambda: 6 * chunk)  # room for 3 chunks
+    with caplog.at_level(logging.WARNING, logger="h5etl.readers._core"):
+        reader = Release(lzf_file, "train", batch_size=4, cache_bytes="split")
+    assert "more than half the" in caplog.text
+    assert str(lzf_file) in caplog.text
+    with reader:
+        epochs = _epochs(reader, 2, prefetch=0)
+        cache = reader._stores["image"].cache
+        assert cache.nbytes == 3 * chunk
+        assert cache.loads > CHUNKS  # the capped cache evicts, and reads stay right
+    for batches in epochs:
+        _assert_whole_epoch(lzf_file, batches)

@@ -8,6 +8,7 @@ once per process (checked by pid), so fork, spawn and persistent workers each op
 from __future__ import annotations
 
 import functools
+import logging
 import multiprocessing.util
 import os
 import threading
@@ -32,6 +33,7 @@ from h5etl.readers._chunks import (
 from h5etl.readers._layout import (
     CacheSize,
     MappedChunks,
+    available_memory,
     cache_size,
     decoded_nbytes,
     field_info,
@@ -41,6 +43,8 @@ from h5etl.readers._layout import (
     widened,
 )
 from h5etl.readers._sampler import ChunkSampler
+
+logger = logging.getLogger(__name__)
 
 LINEAGE = "source_sha256"
 CacheBytes = int | Literal["split"] | None
@@ -115,8 +119,9 @@ class Release:
         batch_size: the largest batch you will ask for; sizes the chunk cache.
         cache_bytes: decoded chunks of the compressed fields kept per process. ``None`` (the
             default): the chunks one batch touches, so every epoch decodes every chunk again.
-            ``"split"``: the whole split decoded (``decoded_nbytes``), so each chunk is
-            decoded once per process and later epochs read at memory speed; every process
+            ``"split"``: the whole split decoded (``decoded_nbytes``; at most half the memory
+            available when the reader is made, with a warning), so each chunk is decoded
+            once per process and later epochs read at memory speed; every process
             that reads holds its own copy (each DataLoader worker; keep them with
             ``persistent_workers``). An ``int``: that many bytes, never fewer than the default.
 
@@ -179,7 +184,7 @@ class Release:
             for n, i in self.info.items()
             if not i.text
         }
-        budget = self.decoded_nbytes if cache_bytes == "split" else cache_bytes
+        budget = self._split_budget() if cache_bytes == "split" else cache_bytes
         if budget:
             self.caches = self._share(budget)
         self._pid: int | None = None
@@ -198,6 +203,23 @@ class Release:
             for n, i in self.info.items()
             if n in self.caches and self.caches[n].nbytes
         )
+
+    def _split_budget(self) -> int:
+        """The decoded split, or half the available memory if that is less (with a warning)."""
+        wanted = self.decoded_nbytes
+        free = available_memory()
+        if free is None or wanted <= free // 2:
+            return wanted
+        logger.warning(
+            "%s: the decoded %s split takes %.1f GiB, more than half the %.1f GiB of memory "
+            "available; caching %.1f GiB (least recently used chunks go first)",
+            self.path,
+            self.split,
+            wanted / 2**30,
+            free / 2**30,
+            free // 2 / 2**30,
+        )
+        return free // 2
 
     def _share(self, budget: int) -> dict[str, CacheSize]:
         """The compressed fields' caches widened to ``budget`` bytes in all, by field size."""

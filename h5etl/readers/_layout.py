@@ -85,6 +85,18 @@ def widened(
     return CacheSize(nbytes=nbytes, nslots=next_prime(min(100 * held, MAX_NSLOTS)), w0=cache.w0)
 
 
+def available_memory() -> int | None:
+    """Bytes of memory the OS could give this process now (Linux ``MemAvailable``), or None."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def open_dataset(group: h5py.Group, name: str, cache: CacheSize | None) -> h5py.Dataset:
     """Open ``group[name]`` with its own chunk cache.
 
