@@ -511,14 +511,157 @@ def test_a_split_larger_than_half_the_free_memory_is_capped_with_a_warning(
 
     chunk = 4 * 2 * 12 * 12 * 2
     monkeypatch.setattr(_core, "available_memory", lambda: 6 * chunk)  # room for 3 chunks
-    with caplog.at_level(logging.WARNING, logger="h5etl.readers._core"):
-        reader = Release(lzf_file, "train", batch_size=4, cache_bytes="split")
-    assert "more than half the" in caplog.text
-    assert str(lzf_file) in caplog.text
-    with reader:
-        epochs = _epochs(reader, 2, prefetch=0)
+    with Release(lzf_file, "train", batch_size=4, cache_bytes="split") as reader:
+        with caplog.at_level(logging.WARNING, logger="h5etl.readers._core"):
+            epochs = _epochs(reader, 2, prefetch=0)  # the cap is worked out on opening
+        assert "more than this process's share of half" in caplog.text
+        assert str(lzf_file) in caplog.text
         cache = reader._stores["image"].cache
         assert cache.nbytes == 3 * chunk
         assert cache.loads > CHUNKS  # the capped cache evicts, and reads stay right
     for batches in epochs:
         _assert_whole_epoch(lzf_file, batches)
+
+
+def test_a_fork_keeps_the_readers_decoded_chunks(lzf_file: Path) -> None:
+    with Release(lzf_file, "train", batch_size=4, cache_bytes="split") as reader:
+        first = _epochs(reader, 1, prefetch=2)
+        cache = reader._stores["image"].cache
+        child = multiprocessing.get_context("fork").Process(target=_nothing)
+        child.start()  # closes the reader's HDF5 handle first, as every fork does
+        child.join()
+        assert child.exitcode == 0
+        assert not reader.is_open
+        later = _epochs(reader, 2, prefetch=2)
+        assert reader._stores["image"].cache is cache
+        assert cache.loads == CHUNKS  # nothing decoded twice
+    for batches in first + later:
+        _assert_whole_epoch(lzf_file, batches)
+
+
+def test_closing_the_reader_drops_its_decoded_chunks(lzf_file: Path) -> None:
+    reader = Release(lzf_file, "train", batch_size=4, cache_bytes="split")
+    _epochs(reader, 1, prefetch=0)
+    cache = reader._stores["image"].cache
+    reader.close()
+    _epochs(reader, 1, prefetch=0)
+    assert reader._stores["image"].cache is not cache  # the memory went with close()
+    assert reader._stores["image"].cache.loads == CHUNKS
+    reader.close()
+
+
+def test_a_byte_budget_is_shared_by_field_size_and_hdf5_fields_keep_their_own(
+    tmp_path: Path,
+) -> None:
+    path = write(tmp_path / "mixed.h5", compressible("uint8"), compression="lzf")
+    with h5py.File(path, "a") as handle:  # a second field only h5py reads, half the size
+        data = compressible("uint8")[:, :1]
+        handle.create_dataset(
+            "train/other", data=data, chunks=(4, 1, 12, 12), compression="gzip", fletcher32=True
+        )
+    budget = 30_000
+    with Release(path, "train", fields=["image", "other"], batch_size=4, cache_bytes=budget) as r:
+        caches = r.process_caches()
+        assert caches["image"].nbytes == budget * 2 // 3
+        assert caches["other"].nbytes == budget // 3
+        r.read([0])
+        assert set(r._stores) == {"image"}
+        assert r._stores["image"].cache.nbytes == caches["image"].nbytes  # not other's too
+        other = r.datasets()["other"].id.get_access_plist().get_chunk_cache()[1]
+        assert other == caches["other"].nbytes
+        batch = r.read([7, 2])
+    np.testing.assert_array_equal(batch["image"], truth(path)[[7, 2]])
+    np.testing.assert_array_equal(batch["other"], compressible("uint8")[[7, 2], :1])
+
+
+@pytest.mark.parametrize("value", [1.5e9, True, b"split", [1]])
+def test_cache_bytes_of_the_wrong_type_are_refused(lzf_file: Path, value: Any) -> None:
+    with pytest.raises(TypeError, match="cache_bytes must be an int, 'split' or None"):
+        Release(lzf_file, "train", cache_bytes=value)
+
+
+def test_cache_bytes_takes_any_integer(lzf_file: Path) -> None:
+    with Release(lzf_file, "train", batch_size=4, cache_bytes=np.int64(10**6)) as reader:
+        assert reader.cache_bytes == 10**6
+        assert reader.process_caches()["image"].nbytes == 10**6
+    with pytest.raises(ValueError, match="cache_bytes must be >= 0, got -1"):
+        Release(lzf_file, "train", cache_bytes=np.int64(-1))
+
+
+def test_the_memory_cap_is_shared_by_the_reading_processes(
+    lzf_file: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from h5etl.readers import _core
+
+    chunk = 4 * 2 * 12 * 12 * 2
+    monkeypatch.setattr(_core, "available_memory", lambda: 12 * chunk)
+    reader = Release(lzf_file, "train", batch_size=4, cache_bytes="split")
+    assert reader.process_caches()["image"].nbytes == CHUNKS * chunk  # fits half of 12
+    assert not caplog.text
+    reader.processes = 3
+    with caplog.at_level(logging.WARNING, logger="h5etl.readers._core"):
+        assert reader.process_caches()["image"].nbytes == 2 * chunk  # a third of 6 chunks
+    assert "(3 reading processes)" in caplog.text
+
+
+def _cgroup_root(tmp_path: Path, cgroup: str, files: dict[str, str]) -> Path:
+    (tmp_path / "proc/self").mkdir(parents=True)
+    (tmp_path / "proc/meminfo").write_text("MemTotal: 9000 kB\nMemAvailable: 8000 kB\n")
+    (tmp_path / "proc/self/cgroup").write_text(cgroup)
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    ("cgroup", "files", "expected"),
+    [
+        pytest.param("", {}, 8000 * 1024, id="no-cgroup"),
+        pytest.param(
+            "0::/job\n",
+            {
+                "sys/fs/cgroup/job/memory.max": "4096000\n",
+                "sys/fs/cgroup/job/memory.current": "96000",
+            },
+            4_000_000,
+            id="v2-limit",
+        ),
+        pytest.param(
+            "0::/job\n",
+            {"sys/fs/cgroup/memory.max": "max\n", "sys/fs/cgroup/memory.current": "5"},
+            8000 * 1024,
+            id="v2-namespaced-unlimited",
+        ),
+        pytest.param(
+            "4:memory:/slot\n1:cpu:/\n",
+            {
+                "sys/fs/cgroup/memory/slot/memory.limit_in_bytes": "1000000",
+                "sys/fs/cgroup/memory/slot/memory.usage_in_bytes": "250000",
+            },
+            750_000,
+            id="v1-limit",
+        ),
+        pytest.param(
+            "4:memory:/slot\n",
+            {
+                "sys/fs/cgroup/memory/memory.limit_in_bytes": "9223372036854771712",
+                "sys/fs/cgroup/memory/memory.usage_in_bytes": "250000",
+            },
+            8000 * 1024,
+            id="v1-unlimited",
+        ),
+    ],
+)
+def test_available_memory_honours_cgroup_limits(
+    tmp_path: Path, cgroup: str, files: dict[str, str], expected: int
+) -> None:
+    from h5etl.readers._layout import available_memory
+
+    assert available_memory(_cgroup_root(tmp_path, cgroup, files)) == expected
+
+
+def test_available_memory_is_unknown_without_proc(tmp_path: Path) -> None:
+    from h5etl.readers._layout import available_memory
+
+    assert available_memory(tmp_path) is None

@@ -449,32 +449,38 @@ def test_torch_workers_keep_the_release_they_started_with(tmp_path: Path) -> Non
 
 
 def _decoded_in_worker(sample: dict[str, Any]) -> dict[str, Any]:
-    """Tags a sample with how many chunks this worker's reader has decoded so far."""
+    """Tags a sample with its worker, the chunks that worker has decoded, and its share."""
     from h5etl.readers import _core
 
     (reader,) = (r for r in _core._OPEN if r.split == "train")
-    return {**sample, "pid": os.getpid(), "loads": reader._stores["image"].cache.loads}
+    cache = reader._stores["image"].cache
+    return {**sample, "pid": os.getpid(), "loads": cache.loads, "processes": reader.processes}
 
 
 @pytest.mark.parametrize("context", ["fork", "spawn"])
+@pytest.mark.parametrize("cache_bytes", ["split", None])
 def test_persistent_workers_with_a_split_cache_decode_each_chunk_once(
-    release: Path, context: str
+    release: Path, context: str, cache_bytes: Any
 ) -> None:
     from h5etl.readers import H5Dataset
 
     truth = direct(release)
     dataset = H5Dataset(
-        release, "train", batch_size=5, cache_bytes="split", transform=_decoded_in_worker
+        release, "train", batch_size=5, cache_bytes=cache_bytes, transform=_decoded_in_worker
     )
     loads: dict[int, int] = {}
     for batches in _loader_epochs(dataset, context, batch_sampler=True, epochs=3):
         assert_epoch(truth, batches)
         for batch in batches:
+            assert batch["processes"].tolist() == [3] * len(batch["pid"])  # 2 workers + main
             for pid, count in zip(batch["pid"].tolist(), batch["loads"].tolist(), strict=True):
                 loads[pid] = max(loads.get(pid, 0), count)
     chunks = 2 * 6  # image and mask, 22 rows in chunks of 4
     assert len(loads) == 2  # both workers read
-    assert all(count <= chunks for count in loads.values())  # no chunk decoded twice
+    if cache_bytes == "split":
+        assert all(count <= chunks for count in loads.values())  # no chunk decoded twice
+    else:  # the default cache holds a batch's chunks, so a worker decodes some again
+        assert max(loads.values()) > chunks
     dataset.close()
 
 
@@ -540,6 +546,9 @@ def test_keras_dataset_with_a_split_cache_decodes_each_chunk_once(release: Path)
         dataset.on_epoch_end()
     assert dataset.release._stores["image"].cache.loads == 2 * 6  # image and mask chunks
     dataset.close()
+    assert dataset.release.processes == 1
+    pooled = KerasDataset(release, "train", workers=2, use_multiprocessing=True)
+    assert pooled.release.processes == 3  # the memory cap is shared with the pool's workers
 
 
 def test_keras_model_fits_on_the_dataset(release: Path) -> None:
@@ -605,6 +614,7 @@ def test_readers_exports_are_pinned() -> None:
 
     assert readers.__all__ == [
         "BatchSampler",
+        "CacheBytes",
         "CacheSize",
         "ChunkSampler",
         "H5Dataset",

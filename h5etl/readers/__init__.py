@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from h5etl.readers._core import ReaderError, Release, iter_batches
+from h5etl.readers._core import CacheBytes, ReaderError, Release, iter_batches
 from h5etl.readers._layout import CacheSize, cache_size
 from h5etl.readers._sampler import BatchSampler, ChunkSampler
 
@@ -23,6 +23,7 @@ _LAZY = {"H5Dataset": "h5etl.readers.torch", "KerasDataset": "h5etl.readers.kera
 
 __all__ = [
     "BatchSampler",
+    "CacheBytes",
     "CacheSize",
     "ChunkSampler",
     "H5Dataset",

@@ -10,12 +10,13 @@ from __future__ import annotations
 import functools
 import logging
 import multiprocessing.util
+import operator
 import os
 import threading
 import weakref
 from collections.abc import Callable, Generator, Sequence
 from pathlib import Path
-from typing import Any, Literal, TypeVar, cast
+from typing import Any, Literal, SupportsIndex, TypeVar, cast
 
 import h5py
 import hdf5plugin  # noqa: F401  (registers the Blosc/Zstd filters for reading)
@@ -47,8 +48,8 @@ from h5etl.readers._sampler import ChunkSampler
 logger = logging.getLogger(__name__)
 
 LINEAGE = "source_sha256"
-CacheBytes = int | Literal["split"] | None
-_PER_PROCESS = frozenset({"_file", "_datasets", "_maps", "_stores"})
+CacheBytes = SupportsIndex | Literal["split"] | None  # numpy integers count as bytes too
+_PER_PROCESS = frozenset({"_file", "_datasets", "_maps", "_stores", "_decoded"})
 # Handles inherited through fork: never used nor closed in the child (closing would drop the
 # parent's file lock on the shared descriptor), only kept alive so no destructor runs here.
 _INHERITED: list[Any] = []
@@ -74,7 +75,7 @@ def _close_before_fork() -> None:
     """
     _GATE.close()
     for release in list(_OPEN):
-        release.close()
+        release._close_handles()  # the decoded chunks stay: the parent reads on after the fork
 
 
 def _reopen_gate_in_parent() -> None:
@@ -102,6 +103,27 @@ def _gated(method: F) -> F:
     return cast(F, gated)
 
 
+def _cache_request(value: Any) -> int | Literal["split"] | None:
+    """``cache_bytes`` checked: None, ``"split"`` or a byte count >= 0."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        if value == "split":
+            return "split"
+        raise ValueError(f"cache_bytes must be an int, 'split' or None, got {value!r}")
+    if isinstance(value, bool):
+        raise TypeError(f"cache_bytes must be an int, 'split' or None, got {value!r}")
+    try:
+        count = operator.index(value)
+    except TypeError:
+        raise TypeError(
+            f"cache_bytes must be an int, 'split' or None, got {type(value).__name__} {value!r}"
+        ) from None
+    if count < 0:
+        raise ValueError(f"cache_bytes must be >= 0, got {count}")
+    return count
+
+
 class ReaderError(H5EtlError):
     """A release cannot be read as asked (not HDF5, missing split or field, unequal lengths)."""
 
@@ -117,17 +139,21 @@ class Release:
         split: the group to read, e.g. ``"train"``.
         fields: datasets to read; default every field but the ``source_sha256`` lineage.
         batch_size: the largest batch you will ask for; sizes the chunk cache.
-        cache_bytes: decoded chunks of the compressed fields kept per process. ``None`` (the
-            default): the chunks one batch touches, so every epoch decodes every chunk again.
-            ``"split"``: the whole split decoded (``decoded_nbytes``; at most half the memory
-            available when the reader is made, with a warning), so each chunk is decoded
-            once per process and later epochs read at memory speed; every process
-            that reads holds its own copy (each DataLoader worker; keep them with
-            ``persistent_workers``). An ``int``: that many bytes, never fewer than the default.
+        cache_bytes: decoded chunks of the compressed array fields kept per process.
+            ``None`` (the default): the chunks one batch touches, so every epoch decodes every
+            chunk again. ``"split"``: the whole split decoded (``decoded_nbytes``), so each
+            chunk is decoded once per process and later epochs read at memory speed; but at
+            most half the memory available (cgroup limits included) divided among
+            ``processes``, worked out in each process when it opens the file, with a warning
+            when that is less. Every process that reads holds its own cache (each DataLoader
+            worker; keep them with ``persistent_workers``). An ``int``: that many bytes per
+            process, never fewer than the default. Below the split's size the least recently
+            used chunks go first, which gains nothing for epochs read in file order.
 
     Raises:
         ReaderError: the file, split or a field is missing, or the fields differ in length.
-        ValueError: ``cache_bytes`` is negative or an unknown word.
+        ValueError: ``cache_bytes`` is negative or a word other than ``"split"``.
+        TypeError: ``cache_bytes`` is not an int, ``"split"`` or None.
     """
 
     def __init__(
@@ -139,10 +165,10 @@ class Release:
         batch_size: int = 32,
         cache_bytes: CacheBytes = None,
     ):
-        if isinstance(cache_bytes, str) and cache_bytes != "split":
-            raise ValueError(f"cache_bytes must be an int, 'split' or None, got {cache_bytes!r}")
-        if isinstance(cache_bytes, int) and cache_bytes < 0:
-            raise ValueError(f"cache_bytes must be >= 0, got {cache_bytes}")
+        self.cache_bytes = _cache_request(cache_bytes)
+        # Processes reading this recipe at once (a loader's workers and their parent): the
+        # memory cap of "split" is shared among them. H5Dataset sets it in its workers.
+        self.processes = 1
         self.path = Path(os.path.realpath(path))
         self.split = split
         self.batch_size = batch_size
@@ -184,9 +210,7 @@ class Release:
             for n, i in self.info.items()
             if not i.text
         }
-        budget = self._split_budget() if cache_bytes == "split" else cache_bytes
-        if budget:
-            self.caches = self._share(budget)
+        self._decoded: tuple[int, ChunkCache] | None = None  # (pid, cache): kept over a fork
         self._pid: int | None = None
         self._file: h5py.File | None = None
         self._datasets: dict[str, h5py.Dataset] = {}
@@ -195,41 +219,47 @@ class Release:
         self.use_mmap = True  # unfiltered chunks through mmap
         self.use_decoder = True  # filtered chunks decoded by imagecodecs, outside HDF5
 
+    def _field_nbytes(self, name: str) -> int:
+        info = self.info[name]
+        return decoded_nbytes(info.chunks, info.dtype.itemsize, (self.length, *info.shape))
+
     @property
     def decoded_nbytes(self) -> int:
-        """Bytes of every decoded chunk of the compressed fields: what ``"split"`` caches."""
-        return sum(
-            decoded_nbytes(i.chunks, i.dtype.itemsize, (self.length, *i.shape))
-            for n, i in self.info.items()
-            if n in self.caches and self.caches[n].nbytes
-        )
+        """Bytes of every decoded chunk of the compressed array fields (``"split"`` asks this)."""
+        return sum(self._field_nbytes(n) for n, c in self.caches.items() if c.nbytes)
+
+    def process_caches(self) -> dict[str, CacheSize]:
+        """The cache of each array field in this process: the sized default, or ``cache_bytes``."""
+        if self.cache_bytes is None:
+            return self.caches
+        budget = self._split_budget() if self.cache_bytes == "split" else self.cache_bytes
+        return self._share(budget)
 
     def _split_budget(self) -> int:
-        """The decoded split, or half the available memory if that is less (with a warning)."""
+        """The decoded split, or this process's share of half the free memory if less."""
         wanted = self.decoded_nbytes
         free = available_memory()
-        if free is None or wanted <= free // 2:
+        if free is None:
+            return wanted
+        cap = free // 2 // max(1, self.processes)
+        if wanted <= cap:
             return wanted
         logger.warning(
-            "%s: the decoded %s split takes %.1f GiB, more than half the %.1f GiB of memory "
-            "available; caching %.1f GiB (least recently used chunks go first)",
+            "%s: the decoded %s split takes %.1f GiB, more than this process's share of half "
+            "the %.1f GiB of memory available (%d reading processes); caching %.1f GiB: "
+            "least recently used chunks go first, which gains nothing for sequential epochs",
             self.path,
             self.split,
             wanted / 2**30,
             free / 2**30,
-            free // 2 / 2**30,
+            self.processes,
+            cap / 2**30,
         )
-        return free // 2
+        return cap
 
     def _share(self, budget: int) -> dict[str, CacheSize]:
         """The compressed fields' caches widened to ``budget`` bytes in all, by field size."""
-        sizes = {
-            n: decoded_nbytes(
-                self.info[n].chunks, self.info[n].dtype.itemsize, (self.length, *self.info[n].shape)
-            )
-            for n, c in self.caches.items()
-            if c.nbytes
-        }
+        sizes = {n: self._field_nbytes(n) for n, c in self.caches.items() if c.nbytes}
         total = sum(sizes.values()) or 1
         return {
             n: widened(
@@ -264,6 +294,7 @@ class Release:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._file, self._datasets, self._maps, self._stores = None, {}, {}, {}
+        self._decoded = None
 
     def datasets(self) -> dict[str, h5py.Dataset]:
         """The open datasets of this process, opening the file on first use after a fork."""
@@ -280,16 +311,17 @@ class Release:
             _INHERITED.append((self._file, self._datasets, self._maps, self._stores))
         self._file, self._datasets, self._maps, self._stores = None, {}, {}, {}
         handle = h5py.File(self.path, "r")
+        caches = self.process_caches()
         try:
             group = self._group(handle)
-            datasets = {n: open_dataset(group, n, self.caches.get(n)) for n in self.fields}
+            datasets = {n: open_dataset(group, n, caches.get(n)) for n in self.fields}
             memory: list[np.memmap[Any, Any]] = []
             maps = {
                 n: m
                 for n, d in datasets.items()
                 if self.use_mmap and (m := map_chunks(d, self.path, self.info[n], memory))
             }
-            stores = self._open_stores(datasets, maps)
+            stores = self._open_stores(datasets, maps, caches)
         except BaseException:
             handle.close()
             raise
@@ -302,14 +334,22 @@ class Release:
         return datasets
 
     def _open_stores(
-        self, datasets: dict[str, h5py.Dataset], maps: dict[str, MappedChunks]
+        self,
+        datasets: dict[str, h5py.Dataset],
+        maps: dict[str, MappedChunks],
+        caches: dict[str, CacheSize],
     ) -> dict[str, ChunkStore]:
         names = [n for n in datasets if n not in maps and not self.info[n].text]
         if not self.use_decoder or not names:
             return {}
-        # One cache for the reader, as large as the HDF5 caches it stands in for.
-        cache = ChunkCache(sum(self.caches[n].nbytes for n in names))
-        return open_stores(datasets, names, ChunkFile(self.path), cache)
+        pid = os.getpid()
+        if self._decoded is None or self._decoded[0] != pid:  # a forked child starts empty
+            self._decoded = (pid, ChunkCache(0))
+        cache = self._decoded[1]
+        stores = open_stores(datasets, names, ChunkFile(self.path), cache)
+        # As large as the HDF5 caches it stands in for; fields h5py reads keep their own.
+        cache.nbytes = sum(caches[n].nbytes for n in stores)
+        return stores
 
     def _handles(
         self,
@@ -333,7 +373,11 @@ class Release:
         return self._file is not None and self._pid == os.getpid() and bool(self._file.id.valid)
 
     def close(self) -> None:
-        """Close this process's handle (a later read opens it again)."""
+        """Close this process's handle and drop its decoded chunks (a later read reopens)."""
+        self._close_handles()
+        self._decoded = None
+
+    def _close_handles(self) -> None:
         if self._file is not None and self._pid == os.getpid():
             self._close_file(self._file)
         # The decoded fields' mapping ends once no reading thread holds a view of it.
@@ -405,7 +449,7 @@ class Release:
 
     def iter_batches(
         self,
-        batch_size: int,
+        batch_size: int | None = None,
         *,
         shuffle: bool = True,
         seed: int = 0,
@@ -424,8 +468,10 @@ class Release:
         here, and the threads stop when the iterator is closed or dropped. ``prefetch=0``
         reads on demand, as does a release whose fields are all uncompressed (mmap copies are
         faster in one thread). Decoded chunks stay in this reader's cache for later epochs
-        as far as ``cache_bytes`` allows.
+        as far as ``cache_bytes`` allows. ``batch_size`` defaults to the reader's, which
+        sized its cache: a larger one may decode chunks twice.
         """
+        batch_size = self.batch_size if batch_size is None else batch_size
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if prefetch < 0:

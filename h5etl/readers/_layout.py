@@ -85,15 +85,52 @@ def widened(
     return CacheSize(nbytes=nbytes, nslots=next_prime(min(100 * held, MAX_NSLOTS)), w0=cache.w0)
 
 
-def available_memory() -> int | None:
-    """Bytes of memory the OS could give this process now (Linux ``MemAvailable``), or None."""
+def available_memory(root: Path = Path("/")) -> int | None:
+    """Bytes this process could still get: Linux ``MemAvailable``, and the cgroup's headroom.
+
+    In a container (Docker, Kubernetes, SLURM) ``MemAvailable`` is the host's; the cgroup
+    limit (v2 ``memory.max``, v1 ``memory.limit_in_bytes``) minus its usage is what the
+    kernel's OOM killer goes by. None where neither can be read (not Linux).
+    """
+    found = [v for v in (_meminfo_available(root), _cgroup_headroom(root)) if v is not None]
+    return min(found, default=None)
+
+
+def _meminfo_available(root: Path) -> int | None:
     try:
-        with open("/proc/meminfo", encoding="ascii") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+        for line in (root / "proc/meminfo").read_text(encoding="ascii").splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
+    return None
+
+
+def _cgroup_headroom(root: Path) -> int | None:
+    """The memory cgroup's limit minus its usage, or None when unlimited or unknown."""
+    try:
+        lines = (root / "proc/self/cgroup").read_text(encoding="ascii").splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":  # v2: one unified hierarchy
+            base, limit_name, usage_name = "sys/fs/cgroup", "memory.max", "memory.current"
+        elif "memory" in controllers.split(","):
+            base = "sys/fs/cgroup/memory"
+            limit_name, usage_name = "memory.limit_in_bytes", "memory.usage_in_bytes"
+        else:
+            continue
+        # With a cgroup namespace the process sees its own cgroup as the root.
+        for folder in (root / base / path.lstrip("/"), root / base):
+            try:
+                limit = (folder / limit_name).read_text(encoding="ascii").strip()
+                usage = int((folder / usage_name).read_text(encoding="ascii"))
+            except (OSError, ValueError):
+                continue
+            if limit == "max" or int(limit) >= 1 << 60:  # v1 writes "no limit" as ~2**63
+                return None
+            return max(0, int(limit) - usage)
     return None
 
 

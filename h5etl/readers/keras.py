@@ -40,6 +40,8 @@ class KerasDataset(keras.utils.PyDataset):  # type: ignore[misc]
         transform: applied to each batch dict (field name -> array) before it is split.
         cache_bytes: decoded chunks kept per process (see :class:`Release`); with
             ``"split"`` each chunk is decoded once and later epochs read at memory speed.
+            Keras starts new worker processes every epoch, so with ``use_multiprocessing``
+            the cache lasts one epoch; thread workers (the default) keep it.
         **kwargs: ``workers``, ``use_multiprocessing``, ``max_queue_size`` for ``PyDataset``.
     """
 
@@ -65,6 +67,8 @@ class KerasDataset(keras.utils.PyDataset):  # type: ignore[misc]
         self.release = Release(
             path, split, fields=names, batch_size=self.batch_size, cache_bytes=cache_bytes
         )
+        if self.use_multiprocessing:  # the workers and this process share the memory cap
+            self.release.processes = self.workers + 1
         self.shuffle = shuffle
         self.seed = seed
         self.transform = transform

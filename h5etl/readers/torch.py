@@ -33,9 +33,10 @@ class H5Dataset(torch.utils.data.Dataset[Any]):
         fields: the datasets to read; default all but the ``source_sha256`` lineage.
         transform: applied to each sample dict (numpy arrays, ``str`` for text fields).
         batch_size: the largest batch the loader asks for; sizes the chunk cache.
-        cache_bytes: decoded chunks kept per process (see :class:`Release`); with
+        cache_bytes: decoded chunks kept per process (see :class:`Release`). With
             ``"split"`` and ``persistent_workers=True`` each worker decodes a chunk at most
-            once over all epochs.
+            once over all epochs, as long as the split fits in its share of memory (half
+            of what is available, divided among the workers and the main process).
     """
 
     def __init__(
@@ -67,13 +68,19 @@ class H5Dataset(torch.utils.data.Dataset[Any]):
             samples = [self.transform(s) for s in samples]
         return samples
 
+    def _read(self, indices: list[int]) -> dict[str, np.ndarray]:
+        if not self.release.is_open:  # first read in this process: count who shares memory
+            worker = torch.utils.data.get_worker_info()
+            self.release.processes = 1 if worker is None else worker.num_workers + 1
+        return self.release.read(indices)
+
     def __getitem__(self, index: int) -> Any:
         if not -len(self) <= index < len(self):
             raise IndexError(f"index {index} out of range for {len(self)} samples")
-        return self._samples(self.release.read([index]), 1)[0]
+        return self._samples(self._read([index]), 1)[0]
 
     def __getitems__(self, indices: list[int]) -> list[Any]:
-        return self._samples(self.release.read(indices), len(indices))
+        return self._samples(self._read(indices), len(indices))
 
     def sampler(self, **kwargs: Any) -> ChunkSampler:
         """A :class:`ChunkSampler` for this dataset (``shuffle``, ``seed``, ``rank``, ...)."""

@@ -15,7 +15,8 @@ one epoch right after dropping the file from the page cache (best of two). "Pref
 threads. "Split cache" is a reader made with ``cache_bytes="split"``: its first epoch decodes
 (and keeps) every chunk, later epochs gather from memory; the DataLoader variant keeps its
 two workers (``persistent_workers``) so their caches survive the epoch. Prints markdown
-tables of medians and ratios.
+tables: latencies are medians; throughputs the best of several epochs or runs (the machine
+is shared, so noise only ever slows a run), and ratios of those.
 """
 
 from __future__ import annotations
