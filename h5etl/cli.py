@@ -247,6 +247,7 @@ def _main(
 
 def main() -> None:
     """Entry point of the ``h5etl`` command."""
+    workers.limit_native_threads()  # numpy is not imported yet (a test holds this)
     app()
 
 

@@ -7,16 +7,43 @@ second) overlaps the parent's own imports, config loading and planning.
 
 from __future__ import annotations
 
+import os
+from collections.abc import MutableMapping
 from concurrent.futures import Executor
 
-from joblib.externals.loky import get_reusable_executor
-
 IDLE_SECONDS = 60  # workers outlive one build briefly, so a second one in-process reuses them
+
+# One thread for the native thread pools under numpy and friends (what joblib's Parallel sets
+# for its workers too). A worker is already one of ``jobs`` processes on as many cores, and
+# h5etl makes no BLAS calls; but OpenBLAS starts a thread per core on import that spins for
+# about 0.1 CPU-s, in the parent and in every worker of every build.
+NATIVE_THREAD_LIMITS = dict.fromkeys(
+    (
+        "OMP_NUM_THREADS",
+        "OPENBLAS_NUM_THREADS",
+        "MKL_NUM_THREADS",
+        "BLIS_NUM_THREADS",
+        "VECLIB_MAXIMUM_THREADS",
+        "NUMEXPR_NUM_THREADS",
+    ),
+    "1",
+)
+
+
+def limit_native_threads(environ: MutableMapping[str, str] = os.environ) -> None:
+    """Apply ``NATIVE_THREAD_LIMITS`` where not set: before numpy is imported, to count."""
+    for name, value in NATIVE_THREAD_LIMITS.items():
+        environ.setdefault(name, value)
 
 
 def pool(jobs: int) -> Executor:
     """The shared pool of ``jobs`` workers (re-created if one died)."""
-    executor: Executor = get_reusable_executor(max_workers=jobs, timeout=IDLE_SECONDS)
+    # Imported here: joblib imports numpy, and the CLI limits native threads before that.
+    from joblib.externals.loky import get_reusable_executor
+
+    executor: Executor = get_reusable_executor(
+        max_workers=jobs, timeout=IDLE_SECONDS, env=NATIVE_THREAD_LIMITS
+    )
     return executor
 
 

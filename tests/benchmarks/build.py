@@ -33,6 +33,8 @@ from typing import Any
 
 from corpus import CODECS, DEFAULT_DIR, DEFAULT_SAMPLES, Corpus, CorpusParams, ensure_corpus
 
+from h5etl.workers import NATIVE_THREAD_LIMITS
+
 MIB = 2**20
 BATCH = 32
 SIZE = 224
@@ -404,8 +406,10 @@ def _h5etl_cli(
     return run
 
 
-def _child_run(cmd: list[str], samples: int, disk: Path | None = None) -> Run:
-    run, out = measure(cmd)
+def _child_run(
+    cmd: list[str], samples: int, disk: Path | None = None, env: dict[str, str] | None = None
+) -> Run:
+    run, out = measure(cmd, env)
     info = _child_json(out)
     run.samples = int(info.get("samples", samples))
     run.extra = info
@@ -413,6 +417,11 @@ def _child_run(cmd: list[str], samples: int, disk: Path | None = None) -> Run:
         run.disk = disk.stat().st_size
         disk.unlink()
     return run
+
+
+# The limits run with the native thread limits h5etl's CLI sets for itself (joblib's Parallel
+# sets them in its workers anyway): an idle BLAS thread spinning in their parent is not work.
+LIMIT_ENV = {**os.environ, **NATIVE_THREAD_LIMITS}
 
 
 def contenders(
@@ -456,17 +465,21 @@ def contenders(
         ),
         Contender(
             "work limit: decode+pad+lzf, all cores",
-            lambda: _child_run(_child("limit", "--config", str(lzf), "--encode"), samples),
+            lambda: _child_run(
+                _child("limit", "--config", str(lzf), "--encode"), samples, env=LIMIT_ENV
+            ),
         ),
         Contender(
             "work limit: decode+pad+blosc-lz4, all cores",
             lambda: _child_run(
-                _child("limit", "--config", str(corpus.config("blosc-lz4")), "--encode"), samples
+                _child("limit", "--config", str(corpus.config("blosc-lz4")), "--encode"),
+                samples,
+                env=LIMIT_ENV,
             ),
         ),
         Contender(
             "decode limit: decode+pad, all cores",
-            lambda: _child_run(_child("limit", "--config", str(lzf)), samples),
+            lambda: _child_run(_child("limit", "--config", str(lzf)), samples, env=LIMIT_ENV),
         ),
         Contender("disk limit: same bytes, sequential+fsync", disk),
         Contender(
