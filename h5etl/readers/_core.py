@@ -219,14 +219,18 @@ class Release:
         self.use_mmap = True  # unfiltered chunks through mmap
         self.use_decoder = True  # filtered chunks decoded by imagecodecs, outside HDF5
 
-    def _field_nbytes(self, name: str) -> int:
-        info = self.info[name]
-        return decoded_nbytes(info.chunks, info.dtype.itemsize, (self.length, *info.shape))
+    def _decoded_sizes(self) -> dict[str, int]:
+        """Bytes of every decoded chunk, per compressed array field (those with a cache)."""
+        return {
+            n: decoded_nbytes(i.chunks, i.dtype.itemsize, (self.length, *i.shape))
+            for n, i in self.info.items()
+            if n in self.caches and self.caches[n].nbytes
+        }
 
     @property
     def decoded_nbytes(self) -> int:
         """Bytes of every decoded chunk of the compressed array fields (``"split"`` asks this)."""
-        return sum(self._field_nbytes(n) for n, c in self.caches.items() if c.nbytes)
+        return sum(self._decoded_sizes().values())
 
     def process_caches(self) -> dict[str, CacheSize]:
         """The cache of each array field in this process: the sized default, or ``cache_bytes``."""
@@ -259,7 +263,7 @@ class Release:
 
     def _share(self, budget: int) -> dict[str, CacheSize]:
         """The compressed fields' caches widened to ``budget`` bytes in all, by field size."""
-        sizes = {n: self._field_nbytes(n) for n, c in self.caches.items() if c.nbytes}
+        sizes = self._decoded_sizes()
         total = sum(sizes.values()) or 1
         return {
             n: widened(
