@@ -16,7 +16,8 @@ SAMPLES = "40"
 CONTENDERS = [
     "h5etl build -j1 (lzf)",
     "h5etl build -j2 (lzf)",
-    "serial loop (lzf)",
+    "serial loop (lzf, h5py's automatic chunks)",
+    "serial loop (lzf, one chunk per batch of 32)",
     "work limit: decode+pad+lzf, all cores",
     "work limit: decode+pad+blosc-lz4, all cores",
     "decode limit: decode+pad, all cores",
@@ -83,6 +84,36 @@ def test_runner_prints_every_contender(bench_dir: Path) -> None:
     assert "-j2 lzf [same] / -j2 lzf (tree as is)" in text
     assert "parent busy during decode+write" in text
     assert output.read_text() in text
+
+
+def test_both_serial_loops_store_the_same_pixels(bench_dir: Path) -> None:
+    import h5py
+    import numpy as np
+
+    _run("corpus.py", "--dir", str(bench_dir), "--samples", SAMPLES)
+    root = next(bench_dir.glob("corpus-n40-*"))
+    stored = {}
+    for chunks in ("auto", "batch"):
+        out = bench_dir / f"serial-{chunks}.h5"
+        _run(
+            "build.py",
+            "--run",
+            "serial",
+            "--corpus",
+            str(root),
+            "--out",
+            str(out),
+            "--chunks",
+            chunks,
+        )
+        with h5py.File(out, "r") as f:
+            stored[chunks] = (f["image"][:], f["mask"][:], f["image"].chunks)
+    assert stored["batch"][2] == (32, 3, 224, 224)
+    assert stored["auto"][2] != stored["batch"][2]  # h5py's guess, what tutorials get
+    assert stored["auto"][0].shape == (40, 3, 224, 224)
+    np.testing.assert_array_equal(stored["auto"][0], stored["batch"][0])
+    np.testing.assert_array_equal(stored["auto"][1], stored["batch"][1])
+    assert set(np.unique(stored["auto"][1])) <= {0, 1}
 
 
 def _load_corpus_module() -> ModuleType:
