@@ -10,6 +10,8 @@ from types import ModuleType
 
 import pytest
 
+import h5etl
+
 BENCH = Path(__file__).parent / "benchmarks"
 SAMPLES = "40"
 
@@ -20,6 +22,7 @@ CONTENDERS = [
     "serial loop (lzf, one chunk per batch of 32)",
     "work limit: decode+pad+lzf, all cores",
     "work limit: decode+pad+blosc-lz4, all cores",
+    "work limit with the required SHA-256: decode+pad+lzf+hashes, all cores",
     "decode limit: decode+pad, all cores",
     "disk limit: same bytes, sequential+fsync",
     "h5etl API -j2 (lzf, writer CPU)",
@@ -80,6 +83,8 @@ def test_runner_prints_every_contender(bench_dir: Path) -> None:
         assert f"| {codec} |" in text
     assert "h5etl -j2 lzf / work limit" in text
     assert "h5etl -j2 blosc-lz4 / its work limit" in text
+    assert "h5etl -j2 lzf / work limit with the SHA-256 a release must carry" in text
+    assert f"h5etl {h5etl.__version__} from" in text
     assert "| h5etl build -j2 (lzf) [same] |" in text
     assert "-j2 lzf [same] / -j2 lzf (tree as is)" in text
     assert "parent busy during decode+write" in text

@@ -236,10 +236,15 @@ def run_serial(root: Path, out: Path, chunks: str = "auto") -> dict[str, Any]:
 _LIMIT_BUFFERS: dict[str, Any] = {}
 
 
-def _limit_block(paths: list[tuple[str, str]], layouts: dict[str, Any], encode: bool) -> int:
+def _limit_block(
+    paths: list[tuple[str, str]], layouts: dict[str, Any], encode: bool, hashes: bool
+) -> int:
+    import hashlib
+
     import numpy as np
 
     from h5etl.chunkcodec import encode_block
+    from h5etl.digest import block_digest
     from h5etl.images import Mode, decode
 
     # Reused like h5etl's own batch buffers: fresh arrays would add a page fault per 4 KiB.
@@ -251,7 +256,10 @@ def _limit_block(paths: list[tuple[str, str]], layouts: dict[str, Any], encode: 
         fields: list[tuple[Any, str, Mode]] = [(image, image_path, "RGB"), (mask, mask_path, "L")]
         for out, path, mode in fields:
             with open(path, "rb") as handle:
-                pixels = decode(handle.read(), mode, path=path)  # h5etl's own decoder
+                data = handle.read()
+            pixels = decode(data, mode, path=path)  # h5etl's own decoder
+            if hashes:
+                hashlib.sha256(data).hexdigest()
             height, width = pixels.shape[:2]
             top, left = (SIZE - height) // 2, (SIZE - width) // 2
             window = out[row, :, top : top + height, left : left + width]
@@ -262,14 +270,18 @@ def _limit_block(paths: list[tuple[str, str]], layouts: dict[str, Any], encode: 
     if encode:
         encode_block(layouts["image"], image)
         encode_block(layouts["mask"], mask)
+    if hashes:
+        block_digest(image)
+        block_digest(mask)
     return len(paths)
 
 
-def run_limit(config: Path, encode: bool) -> dict[str, Any]:
+def run_limit(config: Path, encode: bool, hashes: bool = False) -> dict[str, Any]:
     """Decode + pad (+ compress whole chunks with the release's codec) on all cores; discard.
 
     The decode is h5etl's own (``h5etl.images.decode``: libpng for plain PNGs), so the limit is
-    the same work h5etl must do, without its pipeline, checks, hashes and file.
+    the same work h5etl must do, without its pipeline, checks, hashes and file. ``hashes`` adds
+    the SHA-256 digests a release must carry (each source file, each block of raw rows).
     """
     from joblib import Parallel, delayed
 
@@ -283,7 +295,7 @@ def run_limit(config: Path, encode: bool) -> dict[str, Any]:
     pairs = [(str(root / "images" / n), str(root / "masks" / n)) for n in names]
     blocks = [pairs[i : i + BATCH] for i in range(0, len(pairs), BATCH)]
     done = Parallel(n_jobs=os.cpu_count() or 1)(
-        delayed(_limit_block)(block, layouts, encode) for block in blocks
+        delayed(_limit_block)(block, layouts, encode, hashes) for block in blocks
     )
     return {"samples": sum(done)}
 
@@ -434,6 +446,7 @@ def _child_run(
     return run
 
 
+WORK_LIMIT_HASHED = "work limit with the required SHA-256: decode+pad+lzf+hashes, all cores"
 SERIAL = "serial loop (lzf, h5py's automatic chunks)"
 SERIAL_BATCH_CHUNKS = "serial loop (lzf, one chunk per batch of 32)"
 
@@ -490,6 +503,14 @@ def contenders(
             "work limit: decode+pad+blosc-lz4, all cores",
             lambda: _child_run(
                 _child("limit", "--config", str(corpus.config("blosc-lz4")), "--encode"),
+                samples,
+                env=LIMIT_ENV,
+            ),
+        ),
+        Contender(
+            WORK_LIMIT_HASHED,
+            lambda: _child_run(
+                _child("limit", "--config", str(lzf), "--encode", "--hashes"),
                 samples,
                 env=LIMIT_ENV,
             ),
@@ -584,6 +605,18 @@ RATIOS = [
         "h5etl build -j2 (lzf)",
         "work limit: decode+pad+lzf, all cores",
         0.9,
+    ),
+    (
+        "h5etl -j2 lzf / work limit with the SHA-256 a release must carry",
+        "h5etl build -j2 (lzf)",
+        WORK_LIMIT_HASHED,
+        None,
+    ),
+    (
+        "work limit with the required SHA-256 / work limit",
+        WORK_LIMIT_HASHED,
+        "work limit: decode+pad+lzf, all cores",
+        None,
     ),
     (
         "h5etl -j2 lzf / decode limit",
@@ -756,14 +789,17 @@ def _h5etl_origin() -> str:
     stamp = package.parent / "COMMIT"
     if stamp.exists():
         commit = stamp.read_text().strip()
-    else:
-        done = subprocess.run(
-            ["git", "-C", str(package), "describe", "--always", "--dirty"],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        commit = done.stdout.strip() or "unknown"
+    else:  # a source tree; an installed copy may sit inside some other repository
+
+        def git(*args: str) -> str:
+            done = subprocess.run(
+                ["git", "-C", str(package), *args], capture_output=True, text=True, check=False
+            )
+            return done.stdout.strip()
+
+        top = git("rev-parse", "--show-toplevel")
+        inside = bool(top) and Path(top).resolve() == package.parent
+        commit = git("describe", "--always", "--dirty") if inside else "installed copy"
     return f"h5etl {h5etl.__version__} from {package} ({commit})"
 
 
@@ -857,7 +893,7 @@ def child_main(args: argparse.Namespace) -> None:
     if args.run == "serial":
         info = run_serial(args.corpus, args.out, args.chunks)
     elif args.run == "limit":
-        info = run_limit(args.config, args.encode)
+        info = run_limit(args.config, args.encode, args.hashes)
     elif args.run == "disk":
         info = run_disk(args.bytes, args.out)
     elif args.run == "api":
@@ -895,6 +931,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--bytes", type=int, default=0)
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--encode", action="store_true")
+    parser.add_argument("--hashes", action="store_true", help="limit: add the required SHA-256")
     parser.add_argument("--chunks", choices=SERIAL_CHUNKS, default="auto")
     return parser.parse_args(argv)
 
