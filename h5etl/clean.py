@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
 import re
 import unicodedata
 from collections import Counter
@@ -20,7 +21,7 @@ import numpy as np
 
 from h5etl import geometry, images
 from h5etl.errors import RejectError
-from h5etl.records import DecodeTask, Reject, Sample
+from h5etl.records import DecodeTask, Reject, Sample, text_bytes, valid_text
 
 if TYPE_CHECKING:  # header probes run in the decode workers; pydantic stays out of them
     from h5etl.spec import Spec
@@ -30,7 +31,18 @@ _UNSAFE = re.compile(r"[\x00-\x1f\x7f\\:]+")
 MAX_KEY_LENGTH = 255
 
 Progress = Callable[[int], None]
-ProbeOutcome = tuple[int, int] | list[Reject]  # the sample's (height, width), or its rejects
+
+
+@dataclass(frozen=True, slots=True)
+class Probed:
+    """A sample that passed its header probes: its size, and what identifies its files' bytes."""
+
+    height: int
+    width: int
+    stamp: str  # size and mtime (ns) of each file: a resume must find the same bytes
+
+
+ProbeOutcome = Probed | list[Reject]
 PROBE_BATCH = 128  # samples per probe task: big enough that IPC is noise beside the probes
 
 
@@ -67,20 +79,21 @@ class Plan:
     splits: dict[str, list[Sample]]
     rejects: list[Reject]
     renamed: list[tuple[str, str]] = field(default_factory=list)  # (original key, new key)
-    digest: str = ""  # SHA-256 of splits, keys, file names and probed sizes
+    digest: str = ""  # SHA-256 of splits, keys, file names, probed sizes, file sizes and mtimes
 
     @property
     def total(self) -> int:
         return sum(len(samples) for samples in self.splits.values())
 
     def fingerprint(self) -> str:
-        """What a resume must find unchanged: splits, keys, files and their probed sizes."""
+        """What a resume must find unchanged: splits, keys, files, their sizes and mtimes."""
         return self.digest
 
 
 def sanitize_key(key: str) -> str:
-    """NFC, control characters and backslashes/colons as ``_``, at most 255 characters."""
-    cleaned = _UNSAFE.sub("_", unicodedata.normalize("NFC", key)).strip() or "_"
+    """NFC, control characters and backslashes/colons as ``_``, undecodable bytes of a name
+    as ``\\xNN``, at most 255 characters."""
+    cleaned = _UNSAFE.sub("_", unicodedata.normalize("NFC", valid_text(key))).strip() or "_"
     if len(cleaned) > MAX_KEY_LENGTH:
         digest = hashlib.sha256(cleaned.encode()).hexdigest()[:12]
         cleaned = f"{cleaned[: MAX_KEY_LENGTH - 13]}~{digest}"
@@ -88,30 +101,39 @@ def sanitize_key(key: str) -> str:
 
 
 def sanitize_keys(samples: Sequence[Sample]) -> tuple[list[Sample], list[tuple[str, str]]]:
-    """Sanitise every key; keys that collide afterwards are all kept as ``key~2``, ``key~3``."""
-    counts = Counter(sanitize_key(s.key) for s in samples)
-    taken = set(counts)  # a number must not land on a key that exists already (``a~2``)
+    """Sanitise every key; keys that collide afterwards are all kept, numbered ``key~2``, ...
+
+    A key that needs no cleaning keeps its name, so a new file that cleans to it (``img:1``
+    beside ``img_1``) cannot rename a file of earlier releases; the others are numbered in
+    the (sorted) order given.
+    """
+    cleaned = [sanitize_key(s.key) for s in samples]
+    counts = Counter(cleaned)
+    taken = set(cleaned)  # a number must not land on a key that exists already (``a~2``)
+    claimed = {c for sample, c in zip(samples, cleaned, strict=True) if sample.key == c}
     used: Counter[str] = Counter()
     out, renamed = [], []
-    for sample in samples:  # sorted by original key, so numbering is deterministic
-        clean = sanitize_key(sample.key)
-        if counts[clean] > 1:
-            used[clean] += 1
-            if used[clean] > 1:
+    for sample, clean in zip(samples, cleaned, strict=True):
+        key = clean
+        if counts[clean] > 1 and sample.key != clean:
+            if clean in claimed:
+                used[clean] = max(used[clean], 1) + 1
                 while f"{clean}~{used[clean]}" in taken:
                     used[clean] += 1
-                clean = f"{clean}~{used[clean]}"
-                taken.add(clean)
-        if clean != sample.key:
-            renamed.append((sample.key, clean))
-            sample = Sample(clean, sample.relpaths, sample.roots)
+                key = f"{clean}~{used[clean]}"
+                taken.add(key)
+            else:
+                claimed.add(clean)
+        if key != sample.key:
+            renamed.append((sample.key, key))
+            sample = Sample(key, sample.relpaths, sample.roots)
         out.append(sample)  # unchanged samples are kept, not copied: plans can be large
     return out, renamed
 
 
 def split_of(key: str, splits: dict[str, float], seed: int) -> str:
     """The split of a key: a seeded hash mapped onto the cumulative split fractions."""
-    digest = hashlib.sha256(f"{seed}\x00{key}".encode()).digest()
+    digest = hashlib.sha256(text_bytes(f"{seed}\x00{key}")).digest()
     position = int.from_bytes(digest[:8], "big") / 2**64
     cumulative = 0.0
     names = list(splits)
@@ -136,14 +158,20 @@ def _reject_sample(sample: Sample, reason: str, detail: str, cause: str = "") ->
 
 
 def _probe_sample(sample: Sample, rules: ProbeRules) -> ProbeOutcome:
-    """The sample's (height, width) from its headers, or the rejects of its files."""
+    """The sample's size from its headers (and its files' stamps), or the rejects of its files."""
     sizes: dict[str, tuple[int, int]] = {}
+    stamps = []
     for f in sample.files:
         try:
             header = images.probe(f.path)
+            stat = os.stat(f.path)
         except RejectError as exc:
             return _reject_sample(sample, exc.reason, exc.message, f.path)
+        except OSError as exc:
+            detail = f"cannot read: {exc.strerror or exc}"
+            return _reject_sample(sample, "unreadable", detail, f.path)
         sizes[f.source] = (header.height, header.width)
+        stamps.append(f"{stat.st_size}:{stat.st_mtime_ns}")
     if len(set(sizes.values())) > 1:
         shown = ", ".join(f"{source} {h}x{w}" for source, (h, w) in sizes.items())
         return _reject_sample(sample, "size_mismatch", f"sizes differ (HxW): {shown}")
@@ -157,7 +185,7 @@ def _probe_sample(sample: Sample, rules: ProbeRules) -> ProbeOutcome:
                     f"{size[0]}x{size[1]} is larger than fields.{name}.shape "
                     f"{height}x{width} (pad.oversize: reject; crop or resize to keep it)",
                 )
-    return size
+    return Probed(size[0], size[1], ",".join(stamps))
 
 
 def probe_samples(samples: Sequence[Sample], rules: ProbeRules) -> list[ProbeOutcome]:
@@ -190,15 +218,20 @@ def plan(
     rejects: list[Reject] = []
     by_split: dict[str, list[Sample]] = {name: [] for name in spec.splits}
     digest = hashlib.sha256()
+    # A sample's split follows from its own name (NFC), never from the key it was given, which
+    # can change when another file's key collides with it.
+    originals = {new: old for old, new in renamed}
     for batch, results in zip(batches, outcomes, strict=True):
         for sample, outcome in zip(batch, results, strict=True):
             if isinstance(outcome, list):
                 rejects.extend(outcome)
             else:
-                split = split_of(sample.key, spec.splits, spec.seed)
+                name = unicodedata.normalize("NFC", originals.get(sample.key, sample.key))
+                split = split_of(name, spec.splits, spec.seed)
                 by_split[split].append(sample)
                 names = "\x01".join(sample.relpaths)
-                digest.update(f"\x00{split}\x02{sample.key}\x01{names}\x01{outcome}".encode())
+                size = f"{outcome.height}x{outcome.width}\x01{outcome.stamp}"
+                digest.update(text_bytes(f"\x00{split}\x02{sample.key}\x01{names}\x01{size}"))
         if progress is not None:
             progress(len(batch))
     rng = np.random.default_rng(spec.seed)

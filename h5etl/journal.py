@@ -80,7 +80,11 @@ class JournalWriter:
 
     def __init__(self, path: Path, *, config_sha256: str, plan_sha256: str):
         self.path = path
-        self._handle = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        # A name's undecodable bytes (lone surrogates) are written as JSON escapes, which
+        # read back as the same string.
+        self._handle = open(  # noqa: SIM115 - closed in close()
+            path, "w", encoding="utf-8", errors="backslashreplace"
+        )
         self._append({"format": FORMAT, "config_sha256": config_sha256, "plan_sha256": plan_sha256})
 
     def _append(self, record: dict[str, Any]) -> None:

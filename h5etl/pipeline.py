@@ -18,7 +18,7 @@ import h5py
 from h5etl import __version__, clean, decode, discover, journal, workers
 from h5etl.chunkcodec import ChunkLayout
 from h5etl.errors import BuildFailed
-from h5etl.records import BatchResult, Reject
+from h5etl.records import BatchResult, Reject, valid_text
 from h5etl.release import OutputFolder
 from h5etl.sink import ResumeMismatch, Sink, SinkLayout
 from h5etl.spec import Spec, spec_sha256, spec_text
@@ -249,9 +249,18 @@ class _Checkpoints:
         self.fingerprint: list[str] = []
         self.rejects: list[Reject] = []
 
-    def seed(self, state: journal.ResumeState) -> None:
+    def seed(self, state: journal.ResumeState, sink: Sink) -> None:
+        """Carry a resumed build's state into this journal, and record it at once.
+
+        This journal replaces the old one, so it must hold everything copied from it (the
+        sink keeps the copied chunks and rows unjournaled): a build killed again and resumed
+        again then finds the whole prefix here.
+        """
         self.consumed.update(state.consumed)
         self.rejected.update(state.decode_rejected)
+        self.fingerprint = list(state.fingerprint)
+        self.rejects = [Reject(**r) for r in state.rejects]
+        self.write_now(sink)
 
     def note(self, result: BatchResult, lines: list[str]) -> None:
         task = result.task
@@ -267,6 +276,20 @@ class _Checkpoints:
             if not self._pending.done():
                 return  # the previous fsync is still running; checkpoint later
             self._pending.result()  # re-raise a failed fsync here, in the build
+        delta = self._delta(sink)
+        if self.every == 0:
+            self._commit(sink, delta)
+        else:
+            self._pending = self._thread.submit(self._commit, sink, delta)
+
+    def write_now(self, sink: Sink) -> None:
+        """A checkpoint now, in this thread (the sink must be consistent)."""
+        if self._pending is not None:
+            self._pending.result()
+            self._pending = None
+        self._commit(sink, self._delta(sink))
+
+    def _delta(self, sink: Sink) -> dict[str, Any]:
         delta = sink.checkpoint()
         delta.update(
             consumed=dict(self.consumed),
@@ -276,10 +299,7 @@ class _Checkpoints:
         )
         self.fingerprint, self.rejects = [], []
         self.last = time.monotonic()
-        if self.every == 0:
-            self._commit(sink, delta)
-        else:
-            self._pending = self._thread.submit(self._commit, sink, delta)
+        return delta
 
     def due_for_trim(self) -> bool:
         """True about once a second: when to hand freed batch buffers back to the OS."""
@@ -292,6 +312,12 @@ class _Checkpoints:
     def _commit(self, sink: Sink, delta: dict[str, Any]) -> None:
         sink.sync()
         self.writer.checkpoint(delta)
+
+    def drain(self) -> None:
+        """Wait for the checkpoint in flight: a failed fsync of the file fails the build."""
+        if self._pending is not None:
+            self._pending.result()
+            self._pending = None
 
     def close(self) -> None:
         self._thread.shutdown(wait=True)
@@ -327,7 +353,7 @@ def _write(
         with Sink(temp, sink_layout) as sink:
             if resume is not None:
                 sink.restore(resume.state, resume.partial)
-                checkpoints.seed(resume.state)
+                checkpoints.seed(resume.state, sink)
                 fingerprint.update("".join(resume.state.fingerprint).encode())
                 report.rejects.extend(Reject(**r) for r in resume.state.rejects)
                 report.resumed = resume.state.samples
@@ -368,6 +394,7 @@ def _write(
             decode.release_free_memory()
             report.datasets = sink.finish(attrs, diagnostics)
             report.chunk_paths = sink.chunk_paths
+            checkpoints.drain()
     finally:
         checkpoints.close()
     watch.lap("finish")
@@ -416,5 +443,5 @@ def _diagnostics(
         out[f"rejects_{reason}"] = count
     for split, count in report.samples.items():
         out[f"samples_{split}"] = count
-    out["renamed_keys"] = [f"{old} -> {new}" for old, new in plan.renamed]
+    out["renamed_keys"] = [f"{valid_text(old)} -> {new}" for old, new in plan.renamed]
     return out

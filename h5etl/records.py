@@ -8,6 +8,29 @@ from dataclasses import dataclass, field
 import numpy as np
 
 
+def valid_text(text: str) -> str:
+    """``text`` as valid Unicode, for places that must store or encode it as UTF-8.
+
+    Python's file APIs return the bytes of a name that is not valid UTF-8 (an archive from
+    another system) as lone surrogates; those become ``\\xNN`` escapes here, so
+    ``caf\\xe9.png`` is what HDF5 stores. Valid text comes back unchanged.
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        try:
+            raw = text.encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError:  # surrogates no file name can hold
+            return text.encode("utf-8", "backslashreplace").decode("utf-8")
+        return raw.decode("utf-8", "backslashreplace")
+    return text
+
+
+def text_bytes(text: str) -> bytes:
+    """``text`` as bytes for hashing: UTF-8, lone surrogates included (never fails)."""
+    return text.encode("utf-8", "surrogatepass")
+
+
 @dataclass(frozen=True, slots=True)
 class SourceFile:
     """One input file of a sample: its source, the source dir and its path relative to it."""

@@ -227,7 +227,9 @@ class OutputFolder:
 
     @staticmethod
     def _write_report(path: Path, rejects: Iterable[Reject]) -> None:
-        with open(path, "w", encoding="utf-8") as handle:
+        # Undecodable bytes of a file name (lone surrogates) become JSON escapes, which read
+        # back as the very string Python's file APIs give for that name.
+        with open(path, "w", encoding="utf-8", errors="backslashreplace") as handle:
             for reject in rejects:
                 handle.write(json.dumps(reject.as_json(), ensure_ascii=False) + "\n")
             handle.flush()

@@ -23,7 +23,7 @@ from h5etl import digest
 from h5etl.chunkcodec import ChunkLayout, decode_block, encode_block
 from h5etl.errors import SinkError
 from h5etl.journal import ResumeState
-from h5etl.records import BatchResult, EncodedChunk
+from h5etl.records import BatchResult, EncodedChunk, valid_text
 
 LIBVER = ("v110", "v110")  # readable by HDF5 1.10 tools (h5ls, h5dump) and newer
 LINEAGE = "source_sha256"
@@ -116,12 +116,19 @@ class _ImageWriter:
         self.carry, self.carry_rows = [], 0
 
     def restore(self, rows: int, blocks: list[str]) -> None:
-        """Adopt ``rows`` rows already copied in, with their block digests."""
+        """Adopt ``rows`` rows already copied in, with their block digests.
+
+        The copied chunks (``note_copied``) and these digests stay unjournaled: the new
+        build's journal must describe the whole file, or a second kill loses them.
+        """
         self.dataset.resize(rows, axis=0)
         self.rows = rows
         self.stats.blocks = [bytes.fromhex(b) for b in blocks]
         self.stats.raw_bytes = rows * self.layout.block_nbytes // self.layout.rows
-        self.unjournaled, self.unjournaled_blocks = [], []
+        self.unjournaled_blocks = list(self.stats.blocks)
+
+    def note_copied(self, offset: tuple[int, ...], sha256: str) -> None:
+        self.unjournaled.append((offset, sha256))
 
     def _store_rows(self, block: np.ndarray, count: int | None = None) -> None:
         count = len(block) if count is None else count
@@ -268,7 +275,7 @@ class Sink:
     def _append_rows(self, split: str, result: BatchResult) -> None:
         texts = self._pending_texts.setdefault(split, {name: [] for name in self.layout.texts})
         for name in self.layout.texts:
-            texts[name].extend(result.texts[name])
+            texts[name].extend(valid_text(text) for text in result.texts[name])
         lineage = self._pending_lineage.setdefault(split, [])
         lineage.extend(list(row) for row in result.lineage)
         if len(lineage) >= SMALL_ROWS_PER_WRITE:
@@ -352,20 +359,23 @@ class Sink:
             ResumeMismatch: a recorded chunk is missing or its bytes changed.
         """
         assert self.file is not None
+        writers = {writer.stats.path: writer for writer in self.images.values()}
         try:
             with open(partial, "rb") as source:
                 for record in state.chunks:
                     source.seek(record.byte_offset)
                     data = source.read(record.size)
-                    if hashlib.sha256(data).hexdigest() != record.sha256:
+                    writer = writers.get(record.dataset)
+                    if writer is None or hashlib.sha256(data).hexdigest() != record.sha256:
                         raise ResumeMismatch(
                             f"chunk {record.offset} of {record.dataset} does not match the journal",
                             path=partial,
                         )
-                    dataset = self.file[record.dataset]
+                    dataset = writer.dataset
                     if dataset.shape[0] < record.offset[0] + 1:
                         dataset.resize(record.offset[0] + 1, axis=0)
                     dataset.id.write_direct_chunk(record.offset, data, record.filter_mask)
+                    writer.note_copied(record.offset, record.sha256)
         except OSError as exc:
             raise ResumeMismatch(f"cannot read the earlier temp file: {exc}", path=partial) from exc
         for (split, _), writer in self.images.items():
@@ -374,9 +384,8 @@ class Sink:
             texts = {name: state.texts.get(f"/{split}/{name}", []) for name in self.layout.texts}
             lineage = state.lineage.get(split, [])
             if lineage:
-                self._append_small(split, texts, lineage)
+                self._append_small(split, texts, lineage)  # and they stay unjournaled
                 self.counts[split] = len(lineage)
-        self._unjournaled_texts, self._unjournaled_lineage = {}, {}
 
     def finish(self, attrs: dict[str, Any], diagnostics: dict[str, Any]) -> dict[str, Any]:
         """Store the last partial chunks, the attrs and ``/diagnostics``; return dataset stats."""

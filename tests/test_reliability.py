@@ -22,6 +22,7 @@ import h5py
 import numpy as np
 import pytest
 from conftest import MakeRaw, WriteConfig, dataset_digests, random_pair, save
+from PIL import Image
 
 import h5etl
 from h5etl import decode, release
@@ -107,7 +108,8 @@ KILLED_BUILD = """
             os.kill(os.getpid(), signal.SIGKILL)
         original(self, row, chunks)
     h5etl.sink._ImageWriter._store = store
-    h5etl.build(load_spec(config), jobs=jobs, progress=hook, checkpoint_seconds=0)
+    resume = sys.argv[5:] == ["resume"]
+    h5etl.build(load_spec(config), jobs=jobs, progress=hook, checkpoint_seconds=0, resume=resume)
 """
 
 
@@ -189,6 +191,63 @@ def test_resume_after_kill_matches_uninterrupted_build(
     report = check_deep(resumed.path)
     assert report.ok, report.problems
     assert not [f for f in os.listdir(resumed.path.parent) if ".partial-" in f]
+
+
+def test_resume_of_a_resumed_build_that_was_killed_again(project: Path, tmp_path: Path) -> None:
+    # Undecodable images (valid header, truncated pixels) give decode rejects on both sides of
+    # each kill; a resumed build must carry them, the rows and the lineage of the first part.
+    for key in ("s003", "s011", "s019"):
+        path = tmp_path / "raw" / "images" / f"{key}.png"
+        path.write_bytes(path.read_bytes()[:-40])
+    reference = build(project, jobs=1)
+    assert reference.path is not None
+    expected = dataset_digests(reference.path)
+    with h5py.File(reference.path) as f:
+        expected_fingerprint = f.attrs["source_fingerprint"]
+    expected_rejects = sorted((r.path, r.reason) for r in reference.rejects)
+    assert len(expected_rejects) == 6  # each image with its mask
+    reference.path.unlink()
+    (reference.path.parent / "cells.h5").unlink()
+
+    first = run_script(KILLED_BUILD, str(project), "6", "1", "decode")
+    second = run_script(KILLED_BUILD, str(project), "14", "1", "decode", "resume")
+    assert (first.returncode, second.returncode) == (-signal.SIGKILL, -signal.SIGKILL)
+
+    resumed = build(project, jobs=2, resume=True)
+
+    assert resumed.path is not None
+    assert resumed.resumed >= 10, "the work of both killed builds was reused"
+    assert dataset_digests(resumed.path) == expected
+    with h5py.File(resumed.path) as f:
+        assert f.attrs["source_fingerprint"] == expected_fingerprint
+        for split in f:
+            if split != "diagnostics":
+                lengths = {len(f[split][name]) for name in f[split]}
+                assert len(lengths) == 1, f"{split}: fields of different lengths {lengths}"
+    assert sorted((r.path, r.reason) for r in resumed.rejects) == expected_rejects
+    report = check_deep(resumed.path)
+    assert report.ok, report.problems
+
+
+def test_resume_refuses_inputs_edited_in_place(project: Path, tmp_path: Path) -> None:
+    killed = run_script(KILLED_BUILD, str(project), "10", "1", "decode")
+    assert killed.returncode == -signal.SIGKILL
+    # Every file: same name, same size in pixels; one gets new pixels, the others only a new
+    # mtime, which is all a resume can see without reading them.
+    images = sorted((tmp_path / "raw" / "images").glob("*.png"))
+    with Image.open(images[0]) as opened:
+        edited = 255 - np.asarray(opened)
+    save(images[0], edited)
+    stamp = images[0].stat().st_mtime_ns + 1_000_000_000
+    os.utime(images[0], ns=(stamp, stamp))
+
+    report = build(project, resume=True)
+
+    assert report.resumed == 0  # built from the start: no old pixels mixed in
+    assert report.path is not None
+    expected = build(project)
+    assert expected.path is not None
+    assert dataset_digests(report.path) == dataset_digests(expected.path)
 
 
 def check_deep(path: Path) -> Any:
