@@ -146,8 +146,8 @@ def build(
         return _plan_only(spec, hook, jobs)[0]
     with output.locked():
         workers.warm_up(jobs)
-        previous = output.resumable() if resume else None
-        if previous is None:
+        previous = output.resumables() if resume else []
+        if not previous:
             output.remove_stale_partials()
         report, plan, watch = _plan_only(spec, hook, jobs)
         _enforce_limit(spec, report.rejects, report.inputs)
@@ -187,22 +187,29 @@ def build(
 
 
 def _usable_resume(
-    previous: tuple[Path, Path] | None, spec: Spec, plan: clean.Plan
+    candidates: list[tuple[Path, Path]], spec: Spec, plan: clean.Plan
 ) -> _Resume | None:
-    if previous is None:
+    """The newest killed build whose journal holds a checkpoint, if it built this plan.
+
+    A build killed again before its first checkpoint leaves a journal with nothing in it
+    beside an older one that still holds its work.
+    """
+    if not candidates:
         logger.info("nothing to resume; building from the start")
         return None
-    partial, journal_path = previous
-    state = journal.read(journal_path)
-    if state is None or (not state.chunks and not state.samples):
-        logger.warning("the journal %s holds no checkpoint; building from the start", journal_path)
-        return None
-    if state.config_sha256 != spec_sha256(spec) or state.plan_sha256 != plan.fingerprint():
-        logger.warning(
-            "the config or the inputs changed since the killed build; building from the start"
-        )
-        return None
-    return _Resume(state, partial)
+    for partial, journal_path in candidates:
+        state = journal.read(journal_path)
+        if state is None or (not state.chunks and not state.samples):
+            logger.info("the journal %s holds no checkpoint", journal_path)
+            continue
+        if state.config_sha256 != spec_sha256(spec) or state.plan_sha256 != plan.fingerprint():
+            logger.warning(
+                "the config or the inputs changed since the killed build; building from the start"
+            )
+            return None
+        return _Resume(state, partial)
+    logger.warning("no journal of a killed build holds a checkpoint; building from the start")
+    return None
 
 
 def _plan_only(

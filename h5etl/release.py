@@ -175,16 +175,15 @@ class OutputFolder:
     def journal_of(partial: Path) -> Path:
         return partial.with_suffix(".journal")
 
-    def resumable(self) -> tuple[Path, Path] | None:
-        """The newest temp file a killed build left with its journal; call under the lock."""
+    def resumables(self) -> list[tuple[Path, Path]]:
+        """Temp files killed builds left with their journals, newest journal first; call
+        under the lock."""
         candidates = [
             (p, self.journal_of(p))
             for p in self.stale_partials()
             if p.suffix == ".h5" and self.journal_of(p).is_file()
         ]
-        if not candidates:
-            return None
-        return max(candidates, key=lambda pair: pair[1].stat().st_mtime)
+        return sorted(candidates, key=lambda pair: pair[1].stat().st_mtime_ns, reverse=True)
 
     @contextlib.contextmanager
     def staged(self) -> Iterator[Path]:

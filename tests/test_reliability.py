@@ -229,6 +229,32 @@ def test_resume_of_a_resumed_build_that_was_killed_again(project: Path, tmp_path
     assert report.ok, report.problems
 
 
+def test_resume_skips_a_newer_journal_without_checkpoints(project: Path) -> None:
+    reference = build(project, jobs=1)
+    assert reference.path is not None
+    expected = dataset_digests(reference.path)
+    reference.path.unlink()
+    (reference.path.parent / "cells.h5").unlink()
+    killed = run_script(KILLED_BUILD, str(project), "10", "1", "decode")
+    assert killed.returncode == -signal.SIGKILL
+    folder = reference.path.parent
+    (journal_path,) = folder.glob(".cells.partial-*.journal")
+    # A later build killed before its first checkpoint: a header and nothing else.
+    later = folder / ".cells.partial-1-abcdef.h5"
+    later.write_bytes(b"")
+    header = journal_path.read_text("utf-8").splitlines()[0]
+    later.with_suffix(".journal").write_text(header + "\n", "utf-8")
+    stamp = journal_path.stat().st_mtime_ns + 1_000_000_000
+    os.utime(later.with_suffix(".journal"), ns=(stamp, stamp))
+
+    resumed = build(project, resume=True)
+
+    assert resumed.resumed > 0, "the older journal's work was reused"
+    assert resumed.path is not None
+    assert dataset_digests(resumed.path) == expected
+    assert not [f for f in os.listdir(folder) if ".partial-" in f]
+
+
 def test_resume_refuses_inputs_edited_in_place(project: Path, tmp_path: Path) -> None:
     killed = run_script(KILLED_BUILD, str(project), "10", "1", "decode")
     assert killed.returncode == -signal.SIGKILL
