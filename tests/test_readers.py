@@ -7,6 +7,7 @@ with what h5py reads directly from the same file.
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing.util
 import os
 import subprocess
 import sys
@@ -31,9 +32,11 @@ from h5etl.readers import (
     ChunkSampler,
     ReaderError,
     Release,
+    _core,
     cache_size,
     iter_batches,
 )
+from h5etl.readers._layout import MAX_NSLOTS, CacheSize, next_prime, widened
 
 FIELDS = ("image", "mask")
 
@@ -215,6 +218,24 @@ def test_cache_is_sized_from_the_chunk_layout() -> None:
     assert tiled.nslots == 809  # the first prime >= 100 x 8
 
 
+def test_cache_slots_are_capped_as_widened_caps_them(release: Path) -> None:
+    # batch_size=100_000 over 1-sample chunks asked HDF5 for ~10^7 slots (80 MB per field)
+    capped = next_prime(MAX_NSLOTS)
+    huge = cache_size((1, 3, 24, 24), 1, batch_size=100_000)
+    assert huge.nbytes == 100_001 * 3 * 24 * 24  # the bytes are not capped, only the slots
+    assert huge.nslots == capped
+    start = CacheSize(nbytes=0, nslots=211)
+    assert widened(start, huge.nbytes, (1, 3, 24, 24), 1).nslots == capped
+    assert cache_size((32, 3, 224, 224), 1, batch_size=32).nslots == 211  # small ones unchanged
+    truth = direct(release)
+    with Release(release, "train", batch_size=100_000) as reader:
+        assert reader.caches["image"].nslots == capped
+        nslots = reader.datasets()["image"].id.get_access_plist().get_chunk_cache()[0]
+        batch = reader.read([21, 0, 9])
+    assert nslots == capped
+    np.testing.assert_array_equal(batch["image"], truth["image"][[21, 0, 9]])
+
+
 def test_release_opens_datasets_with_the_sized_cache(release: Path) -> None:
     with Release(release, "train", batch_size=8) as reader:
         dataset = reader.datasets()["image"]
@@ -255,6 +276,65 @@ def test_a_forked_child_never_inherits_the_open_handle(release: Path) -> None:
     np.testing.assert_array_equal(row, direct(release)["image"][[2]])
     np.testing.assert_array_equal(reader.read([3])["image"], direct(release)["image"][[3]])
     reader.close()
+
+
+def _nothing() -> None:
+    pass
+
+
+def _exit_finalizers(reader: Release) -> list[Any]:
+    """The entries of multiprocessing's exit registry that would close ``reader``'s file."""
+    registry = vars(multiprocessing.util)["_finalizer_registry"]
+    return [
+        entry
+        for entry in list(registry.values())
+        if getattr(entry, "_weakref", None) is not None and entry._weakref() is reader
+    ]
+
+
+def test_reopening_after_every_fork_keeps_one_exit_finalizer(release: Path) -> None:
+    # each reopen registered another Finalize holding its closed file: a reader in a
+    # process that forks every epoch gained one registry entry per epoch
+    truth = direct(release)
+    reader = Release(release, "train")
+    reader.read([0])
+    assert len(_exit_finalizers(reader)) == 1
+    context = multiprocessing.get_context("fork")
+    for epoch in range(4):
+        child = context.Process(target=_nothing)
+        child.start()  # closes the reader's handle first
+        child.join(timeout=60)
+        assert child.exitcode == 0
+        assert not reader.is_open
+        assert _exit_finalizers(reader) == []  # nothing left to close at exit
+        np.testing.assert_array_equal(reader.read([epoch])["image"], truth["image"][[epoch]])
+        assert len(_exit_finalizers(reader)) == 1
+    for _ in range(3):  # close() and a lazy reopen, as between epochs
+        reader.close()
+        assert _exit_finalizers(reader) == []
+        reader.read([1])
+        assert len(_exit_finalizers(reader)) == 1
+    reader.close()
+    assert _exit_finalizers(reader) == []
+
+
+def test_iter_batches_opens_the_file_inside_the_fork_gate(
+    release: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # iter_batches opened the file outside the gate: a fork from another thread meanwhile
+    # would not wait, and the child could inherit a half-open HDF5 file
+    readers_at_open: list[int] = []
+    original = Release._open
+
+    def watched(self: Release) -> dict[str, h5py.Dataset]:
+        readers_at_open.append(_core._GATE._readers)  # a fork waits while this is above 0
+        return original(self)
+
+    monkeypatch.setattr(Release, "_open", watched)
+    with Release(release, "train") as reader:
+        batches = list(reader.iter_batches(4, prefetch=0))
+    assert readers_at_open == [1]
+    assert_epoch(direct(release), batches)
 
 
 def test_reader_keeps_reading_its_release_after_the_link_moves(tmp_path: Path) -> None:
@@ -507,6 +587,47 @@ def test_keras_dataset_reads_every_sample_once_per_epoch(release: Path) -> None:
         orders.append([n for b in batches for n in b["filename"]])
         dataset.on_epoch_end()
     assert orders[0] != orders[1]
+    dataset.close()
+
+
+def test_keras_dataset_reads_the_release_it_sized_its_batches_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the link was resolved twice: swapped in between, batch_size came from one release
+    # (chunks of 4) and the rows from another (chunks of 8)
+    from h5etl.readers import keras as keras_reader
+
+    link = build_release(tmp_path, 9, chunk=4, prefix="old")
+    first = link.resolve()
+    second = build_release(tmp_path, 6, chunk=8, prefix="new").resolve()
+    assert second != first
+
+    def point_link_at(target: Path) -> None:
+        temp = link.with_name(".swap.h5")
+        os.symlink(target.name, temp)
+        os.replace(temp, link)
+
+    point_link_at(first)
+    made: list[Release] = []
+
+    def swapping(*args: Any, **kwargs: Any) -> Release:
+        made.append(Release(*args, **kwargs))
+        if len(made) == 1:
+            point_link_at(second)  # a build publishes right after the probe
+        return made[-1]
+
+    monkeypatch.setattr(keras_reader, "Release", swapping)
+    dataset = keras_reader.KerasDataset(link, "train", x=("image", "filename"), y="mask")
+    assert link.resolve() == second
+    assert [r.path for r in made] == [first, first]
+    assert dataset.release.path == first
+    assert dataset.batch_size == dataset.release.chunk_rows == 4
+    assert len(dataset.release) == 9
+    batches = []
+    for step in range(len(dataset)):
+        x, y = dataset[step]
+        batches.append({"image": x["image"], "filename": x["filename"], "mask": y})
+    assert_epoch(direct(first), batches)
     dataset.close()
 
 

@@ -271,7 +271,7 @@ class ChunkStore:
 
     def read_into(self, out: np.ndarray, start: int, stop: int, pos: int) -> None:
         """Rows ``start:stop`` copied into ``out[pos:]``."""
-        copy_rows(out, start, stop, pos, self.rows, self.load)
+        copy_rows(out, start, stop, pos, self.rows, self.load, length=self.length)
 
 
 # --- the decode pool: one per process, shut down before fork ------------------------------

@@ -49,7 +49,7 @@ logger = logging.getLogger(__name__)
 
 LINEAGE = "source_sha256"
 CacheBytes = SupportsIndex | Literal["split"] | None  # numpy integers count as bytes too
-_PER_PROCESS = frozenset({"_file", "_datasets", "_maps", "_stores", "_decoded"})
+_PER_PROCESS = frozenset({"_file", "_datasets", "_maps", "_stores", "_decoded", "_finalizer"})
 # Handles inherited through fork: never used nor closed in the child (closing would drop the
 # parent's file lock on the shared descriptor), only kept alive so no destructor runs here.
 _INHERITED: list[Any] = []
@@ -213,6 +213,8 @@ class Release:
         self._decoded: tuple[int, ChunkCache] | None = None  # (pid, cache): kept over a fork
         self._pid: int | None = None
         self._file: h5py.File | None = None
+        # Closes _file at process exit; at most one per Release, cancelled when _file closes.
+        self._finalizer: multiprocessing.util.Finalize | None = None
         self._datasets: dict[str, h5py.Dataset] = {}
         self._maps: dict[str, MappedChunks] = {}
         self._stores: dict[str, ChunkStore] = {}
@@ -298,7 +300,7 @@ class Release:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._file, self._datasets, self._maps, self._stores = None, {}, {}, {}
-        self._decoded = None
+        self._decoded, self._finalizer = None, None
 
     def datasets(self) -> dict[str, h5py.Dataset]:
         """The open datasets of this process, opening the file on first use after a fork."""
@@ -313,6 +315,7 @@ class Release:
         pid = os.getpid()
         if self._file is not None:  # inherited through fork: the parent's, not ours
             _INHERITED.append((self._file, self._datasets, self._maps, self._stores))
+        self._forget_finalizer()  # an inherited one would only be skipped here, at exit
         self._file, self._datasets, self._maps, self._stores = None, {}, {}, {}
         handle = h5py.File(self.path, "r")
         caches = self.process_caches()
@@ -333,8 +336,11 @@ class Release:
         self._stores = stores
         _OPEN.add(self)
         # Worker processes end through os._exit, which skips atexit; multiprocessing's own
-        # finalizers still run there, so teardown closes the file in every process.
-        multiprocessing.util.Finalize(self, Release._close_file, args=(handle,), exitpriority=10)
+        # finalizers still run there, so teardown closes the file in every process. Closing
+        # cancels it: a reader reopened after every fork keeps one entry, not one per epoch.
+        self._finalizer = multiprocessing.util.Finalize(
+            self, Release._close_file, args=(handle,), exitpriority=10
+        )
         return datasets
 
     def _open_stores(
@@ -384,12 +390,19 @@ class Release:
     def _close_handles(self) -> None:
         if self._file is not None and self._pid == os.getpid():
             self._close_file(self._file)
+        self._forget_finalizer()
         # The decoded fields' mapping ends once no reading thread holds a view of it.
         for store in self._stores.values():
             store.closed = True
         self._file, self._datasets, self._maps, self._stores = None, {}, {}, {}
         self._pid = None
         _OPEN.discard(self)
+
+    def _forget_finalizer(self) -> None:
+        """Take this reader's exit finalizer out of multiprocessing's registry."""
+        if self._finalizer is not None:
+            self._finalizer.cancel()
+            self._finalizer = None
 
     def __enter__(self) -> Release:
         return self
@@ -399,7 +412,25 @@ class Release:
 
     @_gated
     def read_slice(self, start: int, stop: int) -> dict[str, np.ndarray]:
-        """Rows ``start:stop`` of every field, one contiguous read per field."""
+        """Rows ``start:stop`` of every field, one contiguous read per field.
+
+        The bounds work as Python slicing of a sequence of ``len(self)`` rows does: a negative
+        value counts from the end, values past either end are clipped to it, and ``stop`` at or
+        before ``start`` gives zero rows. Every field comes back with the same number of rows,
+        whatever the codec, so ``read_slice(0, n)`` reads at most the whole split.
+
+        Parameters:
+            start: the first row (negative: from the end).
+            stop: the row after the last (negative: from the end).
+
+        Returns:
+            Field name -> array of ``len(range(len(self))[start:stop])`` rows.
+
+        Raises:
+            TypeError: ``start`` or ``stop`` is not an integer.
+        """
+        start, stop, _ = slice(start, stop).indices(self.length)
+        stop = max(start, stop)  # slice.indices leaves stop < start for an empty slice
         out = {}
         datasets, maps, stores = self._handles()
         for name, dataset in datasets.items():
@@ -483,7 +514,8 @@ class Release:
         sampler = ChunkSampler(len(self), self.chunk_rows, shuffle=shuffle, seed=seed)
         sampler.set_epoch(epoch)
         batches = sampler.batches(batch_size, drop_last=drop_last)
-        mapped = self._handles()[1]
+        with _GATE.reading():  # this may open the file: a fork must not copy it half-open
+            mapped = self._handles()[1]
         if prefetch and len(mapped) < len(self.fields):  # mmap alone gains nothing from it
             yield from prefetched(self.read, batches, prefetch)
         else:

@@ -52,7 +52,8 @@ def cache_size(
     A batch of ``b`` consecutive rows in chunk-local order spans at most ``ceil(b/c) + 1``
     blocks of ``c`` rows (one more when it straddles a boundary); a block is one chunk, or
     several when the chunks also split the per-sample ``shape``. ``nslots`` is a prime about
-    100 times the number of chunks that fit, as the HDF5 documentation recommends. Unfiltered
+    100 times the number of chunks that fit, as the HDF5 documentation recommends, capped near
+    ``MAX_NSLOTS`` (HDF5 allocates every slot when it opens the dataset). Unfiltered
     (uncompressed) chunks get no cache: HDF5 then reads the asked rows straight into the
     caller's buffer, while a cache would copy every chunk twice.
     """
@@ -63,7 +64,7 @@ def cache_size(
     per_block = math.prod(math.ceil(s / c) for s, c in zip(inner, chunks[1:], strict=True))
     held = max(min_chunks, (math.ceil(batch_size / rows) + 1) * per_block)
     chunk_bytes = math.prod(chunks) * itemsize
-    return CacheSize(nbytes=held * chunk_bytes, nslots=next_prime(100 * held))
+    return CacheSize(nbytes=held * chunk_bytes, nslots=_slots(held))
 
 
 def decoded_nbytes(chunks: tuple[int, ...] | None, itemsize: int, shape: tuple[int, ...]) -> int:
@@ -81,8 +82,13 @@ def widened(
     if nbytes <= cache.nbytes or chunks is None:
         return cache
     held = math.ceil(nbytes / (math.prod(chunks) * itemsize))
+    return CacheSize(nbytes=nbytes, nslots=_slots(held), w0=cache.w0)
+
+
+def _slots(held: int) -> int:
+    """Hash slots for ``held`` chunks: a prime near 100 per chunk, capped near ``MAX_NSLOTS``."""
     # HDF5 allocates every slot when it opens the dataset: 8 bytes each, so cap them.
-    return CacheSize(nbytes=nbytes, nslots=next_prime(min(100 * held, MAX_NSLOTS)), w0=cache.w0)
+    return next_prime(min(100 * held, MAX_NSLOTS))
 
 
 def available_memory(root: Path = Path("/")) -> int | None:
@@ -209,7 +215,7 @@ class MappedChunks:
         return gather_rows(indices, self.rows, info.shape, info.dtype, self._chunks_at)
 
     def read_into(self, out: np.ndarray, start: int, stop: int, pos: int) -> None:
-        copy_rows(out, start, stop, pos, self.rows, self._chunks_at)
+        copy_rows(out, start, stop, pos, self.rows, self._chunks_at, length=self.length)
 
     def _chunks_at(self, bases: list[int]) -> dict[int, np.ndarray]:
         return {base: self.chunks[base] for base in bases}
@@ -240,9 +246,22 @@ def gather_rows(
 
 
 def copy_rows(
-    out: np.ndarray, start: int, stop: int, pos: int, rows: int, chunks_at: ChunksAt
+    out: np.ndarray,
+    start: int,
+    stop: int,
+    pos: int,
+    rows: int,
+    chunks_at: ChunksAt,
+    *,
+    length: int,
 ) -> None:
-    """Rows ``start:stop`` from chunks of ``rows`` rows copied into ``out[pos:]``."""
+    """Rows ``start:stop`` from chunks of ``rows`` rows copied into ``out[pos:]``.
+
+    ``start:stop`` must lie within the dataset's ``length`` rows: a stored edge chunk is
+    whole, so rows past the end would be its padding, not data.
+    """
+    if not 0 <= start <= stop <= length:
+        raise IndexError(f"rows {start}:{stop} are not within the {length} rows of the field")
     bases = list(range(start - start % rows, stop, rows))
     for base, chunk in chunks_at(bases).items():
         lo, hi = max(start, base), min(stop, base + rows)

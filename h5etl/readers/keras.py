@@ -64,8 +64,10 @@ class KerasDataset(keras.utils.PyDataset):  # type: ignore[misc]
         names = [*_names(x), *(_names(y) if y is not None else [])]
         probe = Release(path, split, fields=names, batch_size=batch_size or 1)
         self.batch_size = batch_size or probe.chunk_rows
+        # The probe's resolved file, not ``path`` again: a link swapped meanwhile would give
+        # a batch size taken from one release and rows read from another.
         self.release = Release(
-            path, split, fields=names, batch_size=self.batch_size, cache_bytes=cache_bytes
+            probe.path, split, fields=names, batch_size=self.batch_size, cache_bytes=cache_bytes
         )
         if self.use_multiprocessing:  # the workers and this process share the memory cap
             self.release.processes = self.workers + 1
