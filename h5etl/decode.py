@@ -14,7 +14,7 @@ import hashlib
 import sys
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, TypeVar
@@ -31,8 +31,10 @@ if TYPE_CHECKING:  # workers import this module; pydantic stays out of them
     from h5etl.spec import Spec
 
 STAGE = "decode"
+PROBE_STAGE = "clean"  # header probes belong to cleaning (clean.STAGE); stages do not import stages
 In = TypeVar("In")
 Out = TypeVar("Out")
+Got = TypeVar("Got")
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,7 +241,7 @@ def run_tasks(
     At most ``window`` tasks (default ``2 * jobs + 1``) are submitted and not yet consumed, so
     memory stays bounded whatever the dataset size or the speed of the consumer. A worker that
     dies (segfault, killed) costs only the samples that kill it: they are rejected with reason
-    ``worker_crashed`` and the rest is decoded again in a fresh worker.
+    ``worker_crashed`` and the rest is decoded one by one in fresh workers.
     """
     if jobs <= 1:
         try:
@@ -254,8 +256,8 @@ def run_tasks(
 
 def _in_order(
     items: Iterable[In],
-    submit: Callable[[In], Future[Out]],
-    result: Callable[[In, Future[Out]], Out],
+    submit: Callable[[In], Future[Got]],
+    result: Callable[[In, Future[Got]], Out],
     limit: int,
 ) -> Iterator[Out]:
     """Submit ``items`` with at most ``limit`` not yet consumed; yield their results in order.
@@ -263,7 +265,7 @@ def _in_order(
     ``result(item, future)`` collects one (and recovers from a dead worker); what is still
     pending when the consumer stops is cancelled.
     """
-    pending: deque[tuple[In, Future[Out]]] = deque()
+    pending: deque[tuple[In, Future[Got]]] = deque()
     try:
         for item in items:
             pending.append((item, submit(item)))
@@ -276,32 +278,51 @@ def _in_order(
             future.cancel()
 
 
-def map_in_workers(
-    fn: Callable[[In], Out], items: Iterable[In], *, jobs: int, window: int | None = None
-) -> Iterator[Out]:
-    """``fn`` over ``items`` on the decode workers (the same processes), results in order.
+def _crash_rejects(sample: Sample, stage: str, exc: BaseException) -> list[Reject]:
+    detail = f"the worker process died on this sample ({exc})"
+    return [Reject(f.path, stage, "worker_crashed", detail, sample.key) for f in sample.files]
 
-    For light, pure work such as header probes: at most ``window`` items in flight. An item
-    whose worker died is run once more in a fresh pool, then here: nothing is lost.
+
+def map_in_workers(
+    fn: Callable[[Sequence[Sample]], list[Out]],
+    batches: Iterable[Sequence[Sample]],
+    *,
+    jobs: int,
+    window: int | None = None,
+    stage: str = PROBE_STAGE,
+) -> Iterator[list[Out | list[Reject]]]:
+    """``fn`` over batches of samples on the decode workers, one outcome per sample, in order.
+
+    For light, pure work such as header probes: at most ``window`` batches in flight. A batch
+    whose worker died runs once more, then each of its samples alone in a fresh worker; a
+    sample that still kills its worker gets ``worker_crashed`` rejects (of ``stage``) as its
+    outcome. Nothing runs in this process, so a crash costs only the samples that cause it.
     """
     if jobs <= 1:
-        yield from map(fn, items)
+        for batch in batches:
+            yield list(fn(batch))
         return
 
-    def submit(item: In) -> Future[Out]:
-        return workers.pool(jobs).submit(fn, item)
+    def submit(batch: Sequence[Sample]) -> Future[list[Out]]:
+        return workers.pool(jobs).submit(fn, batch)
 
-    def result(item: In, future: Future[Out]) -> Out:
+    def alone(sample: Sample) -> Out | list[Reject]:
         try:
-            return future.result()
+            return submit((sample,)).result()[0]
+        except BrokenProcessPool as exc:
+            return _crash_rejects(sample, stage, exc)
+
+    def result(batch: Sequence[Sample], future: Future[list[Out]]) -> list[Out | list[Reject]]:
+        try:
+            return list(future.result())
         except BrokenProcessPool:
             pass
-        try:
-            return submit(item).result()
+        try:  # the batch may only have shared a pool with the crash: run it again alone
+            return list(submit(batch).result())
         except BrokenProcessPool:
-            return fn(item)
+            return [alone(sample) for sample in batch]
 
-    yield from _in_order(items, submit, result, window or 2 * jobs + 1)
+    yield from _in_order(batches, submit, result, window or 2 * jobs + 1)
 
 
 class _Pool:
@@ -326,24 +347,34 @@ class _Pool:
             return self._isolate(task)
 
     def _isolate(self, task: DecodeTask) -> BatchResult:
-        crashed: list[Reject] = []
-        survivors = []
+        """Decode each sample of ``task`` alone in a fresh worker and join the results here.
+
+        A sample whose worker dies is rejected with ``worker_crashed``; every other sample
+        keeps the result of its own run. Nothing is decoded twice, and no rerun of the
+        survivors can crash again (a flaky native crash, an OOM kill that needed the whole
+        batch). ``full_batch=0`` has the rows come back raw, ready to be joined.
+        """
+        result = BatchResult(task, 0)
+        rows: dict[str, list[np.ndarray]] = {
+            f.name: [np.empty((0, *f.layout.shape), f.layout.dtype)]
+            for f in self.recipe.image_fields
+        }
+        texts: dict[str, list[str]] = {name: [] for name, _ in self.recipe.text_fields}
         for sample in task.samples:
             try:
-                self.submit(replace(task, samples=(sample,))).result()
-                survivors.append(sample)
+                part = self.submit(replace(task, samples=(sample,), full_batch=0)).result()
             except BrokenProcessPool as exc:
-                crashed.extend(
-                    Reject(
-                        f.path,
-                        STAGE,
-                        "worker_crashed",
-                        f"the decoder process died on this sample ({exc})",
-                        sample.key,
-                    )
-                    for f in sample.files
-                )
-        result = self.submit(replace(task, samples=tuple(survivors))).result()
-        result.task = task
-        result.rejects.extend(crashed)
+                result.rejects.extend(_crash_rejects(sample, STAGE, exc))
+                continue
+            result.accepted += part.accepted
+            result.keys.extend(part.keys)
+            result.lineage.extend(part.lineage)
+            result.rejects.extend(part.rejects)
+            result.seconds += part.seconds
+            for name, column in texts.items():
+                column.extend(part.texts[name])
+            for name, blocks in rows.items():
+                blocks.append(part.raw[name])
+        result.texts = texts
+        result.raw = {name: np.concatenate(blocks) for name, blocks in rows.items()}
         return result

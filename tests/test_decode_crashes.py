@@ -1,0 +1,170 @@
+"""decode: a worker process that dies (segfault, OOM kill) costs only the samples that kill it.
+
+The crashing functions below run in loky workers, pickled by value (so ``_PARENT`` travels with
+them); each refuses to run in the test's own process, which is the build's parent.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import signal
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import MakeRaw, WriteConfig, read_release
+
+import h5etl
+from h5etl import clean, decode
+from h5etl.config import load_spec
+from h5etl.records import BatchResult, DecodeTask, Sample, SourceFile
+
+_PARENT = os.getpid()
+DOOMED = "s003"  # the sample whose decoder (or header probe) kills its process every time
+
+
+@pytest.fixture(autouse=True)
+def _pickled_by_value() -> Iterator[None]:
+    from joblib.externals.loky.backend.reduction import cloudpickle  # what loky pickles with
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    yield
+    cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+
+
+def _die_in_worker() -> None:
+    if os.getpid() == _PARENT:
+        raise AssertionError("work that kills its process ran in the build's own process")
+    os.kill(os.getpid(), signal.SIGKILL)  # what the OOM killer does; a segfault is alike
+
+
+def _keys_or_die(samples: Sequence[Sample]) -> list[str]:
+    if any(s.key == DOOMED for s in samples):
+        _die_in_worker()
+    return [s.key for s in samples]
+
+
+def _probe_or_die(probe: clean.ProbeBatch, samples: Sequence[Sample]) -> list[clean.ProbeOutcome]:
+    """A header probe that kills its worker on ``DOOMED`` every time (a segfaulting codec)."""
+    if any(s.key == DOOMED for s in samples):
+        _die_in_worker()
+    return probe(samples)
+
+
+def _decode_or_die(task: DecodeTask, recipe: decode.DecodeRecipe) -> BatchResult:
+    """Kills its worker on ``DOOMED`` every time, and on any valid task of several samples.
+
+    The second crash needs the whole batch (an OOM kill, a flaky native crash): each sample
+    decodes alone, so a rerun of the survivors of a task would crash again.
+    """
+    if any(s.key == DOOMED for s in task.samples):
+        _die_in_worker()
+    if task.split == "valid" and len(task.samples) > 1:
+        _die_in_worker()
+    return decode.decode_batch(task, recipe)
+
+
+def _sample(key: str) -> Sample:
+    files = tuple(SourceFile(source, f"/raw/{source}", f"{key}.png") for source in ("a", "b"))
+    return Sample.of(key, files)
+
+
+def test_a_batch_that_kills_its_worker_loses_only_the_sample_that_does() -> None:
+    keys = [f"s{i:03d}" for i in range(10)]
+    batches = [tuple(_sample(k) for k in keys[i : i + 3]) for i in range(0, len(keys), 3)]
+
+    outcomes = list(decode.map_in_workers(_keys_or_die, batches, jobs=2, window=2))
+
+    flat = [outcome for batch in outcomes for outcome in batch]
+    assert flat[:3] + flat[4:] == keys[:3] + keys[4:]
+    crashed = flat[3]
+    assert isinstance(crashed, list)
+    assert [(r.path, r.stage, r.reason, r.key) for r in crashed] == [
+        (f.path, "clean", "worker_crashed", DOOMED) for f in _sample(DOOMED).files
+    ]
+    assert all("died" in r.detail for r in crashed)
+
+
+def _build(config: Path, **kwargs: Any) -> h5etl.BuildReport:
+    return h5etl.build(load_spec(config), **kwargs)
+
+
+def _without(data: dict[str, np.ndarray], filename: str) -> dict[str, np.ndarray]:
+    """Every dataset of a release with the row of ``filename`` removed (rows kept in order)."""
+    out = {}
+    for split in {name.split("/")[0] for name in data}:
+        keep = data[f"{split}/filename"] != filename
+        out.update({n: a[keep] for n, a in data.items() if n.startswith(f"{split}/")})
+    return out
+
+
+def _assert_only_doomed_lost(
+    report: h5etl.BuildReport, expected: dict[str, np.ndarray], stage: str
+) -> None:
+    """``DOOMED``'s image and mask are ``worker_crashed`` rejects; the file holds ``expected``."""
+    assert report.path is not None
+    assert report.rejects_path is not None
+    assert report.reject_counts == {"worker_crashed": 2}
+    rejects = [json.loads(line) for line in report.rejects_path.read_text("utf-8").splitlines()]
+    assert [(Path(r["path"]).name, r["stage"], r["reason"], r["key"]) for r in rejects] == [
+        (f"{DOOMED}.png", stage, "worker_crashed", DOOMED)
+    ] * 2
+    assert {Path(r["path"]).parent.name for r in rejects} == {"images", "masks"}
+    got = read_release(report.path)
+    assert sorted(got) == sorted(expected)
+    for name, array in expected.items():
+        np.testing.assert_array_equal(got[name], array, err_msg=name)
+
+
+@pytest.fixture
+def project(tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig) -> Path:
+    """12 good pairs (8 train, 4 valid with seed 0); tasks of 4 samples."""
+    make_raw(tmp_path, n=12)
+    return write_config(tmp_path, storage={"chunk_samples": 4})
+
+
+def test_a_header_probe_that_kills_its_worker_rejects_its_sample(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a probe batch whose worker died twice ran a third time in the parent: a probe that
+    # segfaults every time took the build (and its lock) down with it
+    doomed = [project.parent / "raw" / kind / f"{DOOMED}.png" for kind in ("images", "masks")]
+    for path in doomed:  # the reference: the same folder without the sample (same plan)
+        path.rename(path.with_suffix(".aside"))
+    reference = _build(project, jobs=1)
+    for path in doomed:
+        path.with_suffix(".aside").rename(path)
+    assert reference.path is not None
+    mapper: Callable[..., Any] = decode.map_in_workers
+
+    def probing_or_dying(fn: clean.ProbeBatch, *args: Any, **kwargs: Any) -> Any:
+        return mapper(functools.partial(_probe_or_die, fn), *args, **kwargs)
+
+    monkeypatch.setattr(decode, "map_in_workers", probing_or_dying)
+
+    report = _build(project, jobs=2)
+
+    _assert_only_doomed_lost(report, read_release(reference.path), "clean")
+
+
+def test_a_crash_on_the_rerun_of_the_survivors_is_no_traceback(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # after isolating the sample that crashed, the survivors ran again as one task; a crash
+    # there (OOM, a flaky codec) escaped run_tasks as BrokenProcessPool and ended the build
+    reference = _build(project, jobs=1)  # the same plan; DOOMED's row goes, the rest keep order
+    assert reference.path is not None
+    assert reference.samples["valid"] > 1  # so a valid task of several samples crashes
+    monkeypatch.setattr(
+        decode, "run_tasks", functools.partial(decode.run_tasks, worker=_decode_or_die)
+    )
+
+    report = _build(project, jobs=2)
+
+    expected = _without(read_release(reference.path), f"{DOOMED}.png")
+    _assert_only_doomed_lost(report, expected, "decode")
