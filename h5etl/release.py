@@ -9,16 +9,17 @@ that fails or is killed never leaves a file under a release name, and never move
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import re
 import secrets
 import socket
-import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import NoReturn
 
 from h5etl.errors import LockHeld, ReleaseError
 from h5etl.records import Reject
@@ -98,29 +99,49 @@ class OutputFolder:
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
-        """Hold the build lock; a lock left by a dead process on this host is taken over."""
+        """Hold the build lock: an exclusive ``flock`` on the lock file, which the kernel
+        drops when its holder dies, so a lock left by a dead build is simply taken.
+
+        The file also names its holder (pid, host, start) for the error a second build
+        prints. A holder the lock cannot see (an h5etl without ``flock``, or another host on
+        a file system that does not share locks) still counts while its pid lives.
+        """
         self.folder.mkdir(parents=True, exist_ok=True)
-        holder = {
-            "pid": os.getpid(),
-            "host": socket.gethostname(),
-            "started": datetime.now(UTC).isoformat(timespec="seconds"),
-        }
-        for _ in range(3):
-            try:
-                fd = os.open(self.lock_path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                self._take_over_if_stale()
-                continue
-            with os.fdopen(fd, "w") as handle:
-                json.dump(holder, handle)
-            break
-        else:
-            self._raise_held()
+        fd = self._acquire()
         try:
             yield
         finally:
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.lock_path)
+                os.unlink(self.lock_path)  # before the unlock: no one may lock this inode
+            os.close(fd)
+
+    def _acquire(self) -> int:
+        for _ in range(3):
+            fd = os.open(self.lock_path, os.O_CREAT | os.O_RDWR, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                self._raise_held()
+            try:
+                current = os.stat(self.lock_path).st_ino
+            except FileNotFoundError:
+                current = None
+            if current != os.fstat(fd).st_ino:  # its holder finished and removed it meanwhile
+                os.close(fd)
+                continue
+            if self._held_without_flock():
+                os.close(fd)
+                self._raise_held()
+            holder = {
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "started": datetime.now(UTC).isoformat(timespec="seconds"),
+            }
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, json.dumps(holder).encode(), 0)
+            return fd
+        self._raise_held()
 
     def _read_lock(self) -> dict[str, object]:
         try:
@@ -129,25 +150,16 @@ class OutputFolder:
             return {}
         return data if isinstance(data, dict) else {}
 
-    def _take_over_if_stale(self) -> None:
+    def _held_without_flock(self) -> bool:
         holder = self._read_lock()
         pid = holder.get("pid")
-        same_host = holder.get("host") == socket.gethostname()
-        if not holder and time.time() - self._lock_age_origin() < 5:
-            time.sleep(0.2)  # a lock being written right now
-            return
-        if holder and not (same_host and isinstance(pid, int) and not _pid_alive(pid)):
-            self._raise_held()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.lock_path)
+        if not holder or pid == os.getpid():
+            return False
+        if holder.get("host") != socket.gethostname():
+            return True  # its pid means nothing here
+        return isinstance(pid, int) and _pid_alive(pid)
 
-    def _lock_age_origin(self) -> float:
-        try:
-            return self.lock_path.stat().st_mtime
-        except FileNotFoundError:
-            return 0.0
-
-    def _raise_held(self) -> None:
+    def _raise_held(self) -> NoReturn:
         holder = self._read_lock()
         raise LockHeld(
             f"another build of {self.name!r} is running (pid {holder.get('pid')} on "

@@ -365,6 +365,36 @@ def test_stale_lock_of_a_dead_process_is_taken_over(project: Path) -> None:
     assert not (spec.output / ".cells.lock").exists()
 
 
+def test_a_held_lock_that_looks_stale_is_not_taken(project: Path) -> None:
+    # Two builds that both judged a dead build's lock stale: the first took it over and
+    # rewrote it, the second still reads the dead pid. It must not take the lock too.
+    spec = load_spec(project)
+    output = release.OutputFolder(spec.output, spec.name)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    stale = {"pid": int(dead.stdout), "host": socket.gethostname(), "started": "2026-01-01"}
+    with output.locked():
+        (spec.output / ".cells.lock").write_text(json.dumps(stale))
+        with pytest.raises(LockHeld):
+            build(project)
+    assert not release_named(spec.output)
+    assert build(project).version == 1  # and once released, the next build takes it
+
+
+def test_a_lock_whose_holder_lives_on_without_flock_is_respected(project: Path) -> None:
+    spec = load_spec(project)
+    spec.output.mkdir(parents=True)
+    alive = {"pid": os.getppid(), "host": socket.gethostname(), "started": "2026-01-01"}
+    (spec.output / ".cells.lock").write_text(json.dumps(alive))  # no flock held on it
+    with pytest.raises(LockHeld) as caught:
+        build(project)
+    assert f"pid {os.getppid()}" in str(caught.value)
+
+
 def test_builds_of_different_configs_run_side_by_side(
     tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig
 ) -> None:
