@@ -2,17 +2,20 @@
 
 A key is a file's path relative to its source dir, without suffix, Unicode-normalised (NFC).
 Hidden files and folders are ignored; symlinked folders are not walked (no loops); symlinked
-files are kept so that clean can follow or reject them. Output is sorted by key.
+files are kept so that clean can follow or reject them (dangling, looping). An entry that is not
+a regular file once links are followed (a FIFO, socket, device, linked folder) is rejected here
+as ``not_a_file``, with its partners: opening a FIFO would block the build. Output is sorted by key.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import stat
 import sys
 import unicodedata
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
@@ -56,21 +59,93 @@ def glob_regex(pattern: str) -> re.Pattern[str]:
     return re.compile("".join(out) + r"\Z", re.DOTALL)
 
 
-def list_source(root: Path, pattern: str) -> list[str]:
-    """Relative POSIX paths of the non-hidden entries under ``root`` that match ``pattern``."""
+@dataclass(frozen=True, slots=True)
+class Listing:
+    """The matching entries of one source: relative POSIX paths, sorted, and those of them
+    that are not regular files, with what they are."""
+
+    relpaths: list[str]
+    not_files: dict[str, str]
+
+
+_KINDS = (
+    (stat.S_ISDIR, "a folder"),
+    (stat.S_ISFIFO, "a named pipe (FIFO)"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)
+
+
+def _walk(root: str) -> Iterator[tuple[str, os.DirEntry[str]]]:
+    """(relative POSIX path, entry) of every non-hidden non-folder entry under ``root``.
+
+    Symlinked folders are entries, not walked. A folder that cannot be listed is skipped,
+    as ``os.walk`` does.
+    """
+    pending = [""]
+    while pending:
+        relative_dir = pending.pop()
+        try:
+            scan = os.scandir(os.path.join(root, relative_dir))
+        except OSError:
+            continue
+        with scan:  # iterated, not listed: a folder of millions of files holds no entry list
+            while True:
+                try:
+                    entry = next(scan)
+                except (StopIteration, OSError):  # an unreadable rest is skipped, as os.walk does
+                    break
+                if entry.name.startswith("."):
+                    continue
+                relpath = f"{relative_dir}/{entry.name}" if relative_dir else entry.name
+                if _is_folder(entry):
+                    pending.append(relpath)
+                else:
+                    yield relpath, entry
+
+
+def _is_folder(entry: os.DirEntry[str]) -> bool:
+    try:
+        return entry.is_dir(follow_symlinks=False)
+    except OSError:  # as os.walk: what cannot be looked at is not walked
+        return False
+
+
+def not_a_file(entry: os.DirEntry[str]) -> str | None:
+    """What an entry is when it is not a regular file once links are followed, else None.
+
+    Dangling and looping links (and entries that cannot be looked at) return None: clean
+    rejects them with their own reasons. Only links and non-regular entries cost a stat.
+    """
+    try:
+        if entry.is_file(follow_symlinks=False):
+            return None
+        link = entry.is_symlink()
+        mode = os.stat(entry.path).st_mode if link else entry.stat(follow_symlinks=False).st_mode
+    except OSError:
+        return None  # dangling, looping, gone or forbidden: clean words it
+    if stat.S_ISREG(mode):
+        return None
+    what = next((name for test, name in _KINDS if test(mode)), f"a file of mode {mode:o}")
+    if link:
+        what = f"a symbolic link to {what}"
+    return f"not a regular file but {what}; only regular files (or links to them) are read"
+
+
+def list_source(root: Path, pattern: str) -> Listing:
+    """The non-hidden entries under ``root`` whose relative POSIX path matches ``pattern``."""
     regex = glob_regex(pattern)
     found: list[str] = []
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        relative_dir = os.path.relpath(dirpath, root)
-        for name in filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
-            if name.startswith("."):
-                continue
-            relpath = name if relative_dir == "." else f"{relative_dir}/{name}"
-            relpath = relpath.replace(os.sep, "/")
-            if regex.match(relpath):
-                found.append(relpath)
-    return sorted(found)
+    not_files: dict[str, str] = {}
+    for relpath, entry in _walk(str(root)):
+        if regex.match(relpath):
+            found.append(relpath)
+            what = not_a_file(entry)
+            if what is not None:
+                not_files[relpath] = what
+    found.sort()
+    return Listing(found, not_files)
 
 
 def key_of(relpath: str) -> str:
@@ -79,22 +154,35 @@ def key_of(relpath: str) -> str:
     return unicodedata.normalize("NFC", base)
 
 
+@dataclass(slots=True)
+class _Listed:
+    """What the sources hold, per source: key -> relative path, the rare duplicate keys, and
+    the entries that are not regular files (relative path -> what they are)."""
+
+    unique: dict[str, dict[str, str]] = field(default_factory=dict)
+    duplicated: dict[str, dict[str, list[str]]] = field(default_factory=dict)
+    not_files: dict[str, dict[str, str]] = field(default_factory=dict)
+
+
 def find_samples(spec: Spec, progress: Callable[[int], None] | None = None) -> Discovery:
     """Pair the files of every source by key.
 
     Returns:
-        Samples sorted by key, plus one reject per file that has no partner (``orphan``) or
-        that shares its key with another file of the same source (``duplicate_key``).
+        Samples sorted by key, plus one reject per file that has no partner (``orphan``),
+        that shares its key with another file of the same source (``duplicate_key``), or
+        that is not a regular file (``not_a_file``; its partners get that reason too).
     """
     # One flat dict per source (key -> relative path) keeps discovery of millions of files
-    # small; the rare duplicate keys go to a side table.
+    # small; the rare duplicate keys and non-files go to side tables.
     roots: Roots = tuple((source, str(src.dir)) for source, src in spec.sources.items())
-    unique: dict[str, dict[str, str]] = {}
-    duplicated: dict[str, dict[str, list[str]]] = {}
+    listed = _Listed()
     seen = 0
     for source, source_spec in spec.sources.items():
-        files, copies = unique.setdefault(source, {}), duplicated.setdefault(source, {})
-        for relpath in list_source(source_spec.dir, source_spec.glob):
+        files = listed.unique.setdefault(source, {})
+        copies = listed.duplicated.setdefault(source, {})
+        listing = list_source(source_spec.dir, source_spec.glob)
+        listed.not_files[source] = listing.not_files
+        for relpath in listing.relpaths:
             seen += 1
             if progress is not None:
                 progress(1)
@@ -107,25 +195,20 @@ def find_samples(spec: Spec, progress: Callable[[int], None] | None = None) -> D
                 files[key] = relpath
     samples: list[Sample] = []
     rejects: list[Reject] = []
-    keys = sorted(set().union(*unique.values(), *duplicated.values()))
+    keys = sorted(set().union(*listed.unique.values(), *listed.duplicated.values()))
     for key in keys:
-        sample = _pair(key, roots, unique, duplicated, rejects)
+        sample = _pair(key, roots, listed, rejects)
         if sample is not None:
             samples.append(sample)
     return Discovery(samples, rejects, seen)
 
 
-def _pair(
-    key: str,
-    roots: Roots,
-    unique: dict[str, dict[str, str]],
-    duplicated: dict[str, dict[str, list[str]]],
-    rejects: list[Reject],
-) -> Sample | None:
+def _pair(key: str, roots: Roots, listed: _Listed, rejects: list[Reject]) -> Sample | None:
     """The sample of one key, or None after adding its files to ``rejects``."""
     root = dict(roots)
-    copies = {s: duplicated[s][key] for s, _ in roots if key in duplicated[s]}
-    single = {s: unique[s][key] for s, _ in roots if key in unique[s]}
+    copies = {s: listed.duplicated[s][key] for s, _ in roots if key in listed.duplicated[s]}
+    single = {s: listed.unique[s][key] for s, _ in roots if key in listed.unique[s]}
+    odd = {s: listed.not_files[s][r] for s, r in single.items() if r in listed.not_files[s]}
 
     def path(source: str, relpath: str) -> str:
         return SourceFile(source, root[source], relpath).path
@@ -136,13 +219,18 @@ def _pair(
             Reject(path(source, r), STAGE, "duplicate_key", detail, key) for r in relpaths
         )
     missing = [s for s, _ in roots if s not in single and s not in copies]
-    if missing or copies:
-        reason = "orphan" if missing else "duplicate_key"
-        detail = (
-            f"no {', '.join(missing)} file with key {key!r}"
-            if missing
-            else "its partner has a duplicate key"
-        )
-        rejects.extend(Reject(path(s, r), STAGE, reason, detail, key) for s, r in single.items())
-        return None
-    return Sample(key, tuple(single[s] for s, _ in roots), roots)
+    if not (missing or copies or odd):
+        return Sample(key, tuple(single[s] for s, _ in roots), roots)
+    if missing:
+        reason, detail = "orphan", f"no {', '.join(missing)} file with key {key!r}"
+    elif copies:
+        reason, detail = "duplicate_key", "its partner has a duplicate key"
+    else:  # as clean rejects a pair: the partner names the culprit
+        culprit = next(iter(odd))
+        reason, detail = "not_a_file", f"{odd[culprit]} (in {path(culprit, single[culprit])})"
+    for s, r in single.items():
+        if s in odd:  # whatever else is wrong, this entry could never be read
+            rejects.append(Reject(path(s, r), STAGE, "not_a_file", odd[s], key))
+        else:
+            rejects.append(Reject(path(s, r), STAGE, reason, detail, key))
+    return None

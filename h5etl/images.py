@@ -70,7 +70,8 @@ def probe(path: str) -> ImageHeader:
     """Read the header only (no pixel decode): size after EXIF orientation, mode, format.
 
     Raises:
-        RejectError: missing, dangling, looping, empty, unidentifiable or too large.
+        RejectError: missing, dangling, looping, empty, unidentifiable, undecodable or too
+            large.
     """
     plain = _probe_plain_png(path)
     if plain is not None:
@@ -92,6 +93,10 @@ def probe(path: str) -> ImageHeader:
         Image.DecompressionBombWarning,
     ) as exc:
         raise _open_error(path, exc) from exc
+    except MemoryError:
+        raise
+    except Exception as exc:  # a plugin's or the EXIF parser's own error: see decode
+        raise _unexpected(path, exc) from exc
     if height == 0 or width == 0:
         raise RejectError("empty_image", "image has zero width or height", path=path)
     if orientation in _SWAPS_AXES:
@@ -99,14 +104,30 @@ def probe(path: str) -> ImageHeader:
     return header
 
 
-def _scale_sixteen_bit(image: Image.Image, keep_labels: frozenset[int] | None) -> np.ndarray:
+def _scale_sixteen_bit(image: Image.Image, *, is_mask: bool) -> np.ndarray:
     values = np.asarray(image)
-    if values.min(initial=0) < 0 or values.max(initial=0) > 0xFFFF:
+    top = int(values.max(initial=0))
+    if values.min(initial=0) < 0 or top > 0xFFFF:
         raise RejectError("unsupported_mode", f"{image.mode} values outside 0..65535")
-    if keep_labels is not None and set(np.unique(values).tolist()) <= keep_labels:
-        # A 16-bit mask that already holds its labels (0/1) would become all zeros under v >> 8.
+    if not is_mask:
+        return (values >> 8).astype(np.uint8)
+    if top <= 0xFF:
+        # Labels stored in 16 bits (0/1, 0/255, 0..k) keep their values, so that
+        # validate.check_mask judges them: under v >> 8 they would all become 0, a valid mask.
         return values.astype(np.uint8)
-    return (values >> 8).astype(np.uint8)
+    scaled = values >> 8
+    # 8-bit labels widened to 16 bits (0/65535 is 255 * 257; 256 is 1 << 8) shift back
+    # exactly; any other value above 255 would merge with its neighbours, so say which.
+    inexact = values[(values != scaled * 257) & (values != scaled << 8)]
+    if inexact.size:
+        bad = np.unique(inexact)
+        shown = ", ".join(map(str, bad[:5].tolist())) + (", ..." if bad.size > 5 else "")
+        raise RejectError(
+            "mask_values",
+            f"16-bit mask values must be labels up to 255 or 8-bit labels widened to 16 bits "
+            f"(v * 257 or v * 256), got {shown}",
+        )
+    return scaled.astype(np.uint8)
 
 
 def _single_channel(rgb: np.ndarray, path: str) -> np.ndarray:
@@ -136,7 +157,7 @@ def to_array(
     """
     image = _without_palette(image)
     if image.mode in SIXTEEN_BIT_MODES:
-        grey = _scale_sixteen_bit(image, mask_labels)
+        grey = _scale_sixteen_bit(image, is_mask=mask_labels is not None)
         return np.repeat(grey[..., None], 3, axis=2) if mode == "RGB" else grey
     if image.mode in {"F", "I;32", "BGR;24"}:
         raise RejectError(
@@ -249,19 +270,15 @@ def decode(
     Raises:
         RejectError: undecodable, truncated, too large or of an unsupported pixel mode.
     """
-    fast = _decode_plain_png(data, mode, path=path, mask_labels=mask_labels)
-    if fast is not None:
-        return fast
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(io.BytesIO(data)) as opened:
-                opened.load()
-                ImageOps.exif_transpose(opened, in_place=True)  # no copy when upright
-                array = to_array(opened, mode, mask_labels=mask_labels, path=path)
+        array = _decode_plain_png(data, mode, path=path, mask_labels=mask_labels)
+        if array is None:
+            array = _decode_with_pillow(data, mode, path=path, mask_labels=mask_labels)
     except RejectError as exc:
         exc.path = path
         raise
+    except MemoryError:
+        raise  # the decode stage rejects the sample as memory_error
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
         raise _open_error(path, exc) from exc
     except UnidentifiedImageError as exc:
@@ -270,9 +287,34 @@ def decode(
         if "truncated" in str(exc):
             raise _open_error(path, exc) from exc
         raise RejectError("decode_error", f"cannot decode: {exc}", path=path) from exc
+    except Exception as exc:
+        # Pillow plugins and EXIF handling also raise struct.error, TypeError, KeyError,
+        # IndexError, ZeroDivisionError...: one bad file is one reject, never a failed build.
+        raise _unexpected(path, exc) from exc
     if array.size == 0:
         raise RejectError("empty_image", "image has zero width or height", path=path)
     return array
+
+
+def _decode_with_pillow(
+    data: bytes, mode: Mode, *, path: str, mask_labels: frozenset[int] | None
+) -> np.ndarray:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", Image.DecompressionBombWarning)
+        with Image.open(io.BytesIO(data)) as opened:
+            opened.load()
+            ImageOps.exif_transpose(opened, in_place=True)  # no copy when upright
+            return to_array(opened, mode, mask_labels=mask_labels, path=path)
+
+
+def _unexpected(path: str, exc: Exception) -> RejectError:
+    kind = type(exc)
+    name = (
+        kind.__qualname__
+        if kind.__module__ == "builtins"
+        else f"{kind.__module__}.{kind.__qualname__}"
+    )
+    return RejectError("decode_error", f"cannot decode: {name}: {exc}", path=path)
 
 
 def resize(array: np.ndarray, size: tuple[int, int], *, is_mask: bool) -> np.ndarray:

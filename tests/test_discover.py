@@ -148,3 +148,68 @@ def test_symlinked_files_kept_and_folders_not_walked(tmp_path: Path) -> None:
 )
 def test_glob_regex(pattern: str, path: str, matches: bool) -> None:
     assert bool(discover.glob_regex(pattern).match(path)) is matches
+
+
+# --- entries that are not regular files ---------------------------------------------------
+# A FIFO among the inputs hung the build: the header probe's open() waited for a writer.
+
+
+def test_fifo_is_rejected_with_its_partner(tmp_path: Path) -> None:
+    spec = spec_for(tmp_path)
+    os.mkfifo(tmp_path / "raw/images/pipe.png")
+    touch(tmp_path / "raw/masks/pipe.png")
+    os.mkfifo(tmp_path / "raw/masks/lonely.png")  # no partner: still named for what it is
+    for source in ("images", "masks"):
+        touch(tmp_path / "raw" / source / "good.png")
+    found = discover.find_samples(spec)
+    assert [s.key for s in found.samples] == ["good"]
+    assert found.files_seen == 5
+    by_path = {Path(r.path).relative_to(tmp_path).as_posix(): r for r in found.rejects}
+    assert sorted(by_path) == ["raw/images/pipe.png", "raw/masks/lonely.png", "raw/masks/pipe.png"]
+    assert {r.reason for r in found.rejects} == {"not_a_file"}
+    assert {r.stage for r in found.rejects} == {"discover"}
+    fifo = by_path["raw/images/pipe.png"]
+    assert fifo.detail.startswith("not a regular file but a named pipe (FIFO)")
+    assert fifo.key == "pipe"
+    partner = by_path["raw/masks/pipe.png"]
+    assert partner.detail.endswith(f"(in {tmp_path / 'raw/images/pipe.png'})")
+    assert "named pipe" in by_path["raw/masks/lonely.png"].detail
+
+
+def test_links_to_non_files_are_rejected(tmp_path: Path) -> None:
+    spec = spec_for(tmp_path, glob="*")
+    os.mkfifo(tmp_path / "pipe")
+    (tmp_path / "folder").mkdir()
+    os.symlink(tmp_path / "pipe", tmp_path / "raw/images/a.png")
+    os.symlink(tmp_path / "folder", tmp_path / "raw/images/b.png")
+    for key in ("a", "b"):
+        touch(tmp_path / "raw/masks" / f"{key}.png")
+    found = discover.find_samples(spec)
+    assert found.samples == []
+    details = {Path(r.path).name: r.detail for r in found.rejects if "raw/images" in r.path}
+    assert details["a.png"].startswith("not a regular file but a symbolic link to a named pipe")
+    assert details["b.png"].startswith("not a regular file but a symbolic link to a folder")
+    assert {r.reason for r in found.rejects} == {"not_a_file"}
+
+
+def test_dangling_and_looping_links_are_left_to_clean(tmp_path: Path) -> None:
+    # clean rejects them as dangling_symlink / symlink_loop; discover keeps them as samples
+    spec = spec_for(tmp_path)
+    os.symlink(tmp_path / "gone.png", tmp_path / "raw/images/a.png")
+    os.symlink(tmp_path / "raw/images/c.png", tmp_path / "raw/images/b.png")
+    os.symlink(tmp_path / "raw/images/b.png", tmp_path / "raw/images/c.png")
+    for key in ("a", "b", "c"):
+        touch(tmp_path / "raw/masks" / f"{key}.png")
+    found = discover.find_samples(spec)
+    assert [s.key for s in found.samples] == ["a", "b", "c"]
+    assert found.rejects == []
+
+
+def test_listing_walks_like_os_walk(tmp_path: Path) -> None:
+    root = tmp_path / "src"
+    for relpath in ("a.png", "x/b.png", "x/y/c.png", ".hidden/d.png", "x/.e.png", "f.txt"):
+        touch(root / relpath)
+    os.symlink(root / "x", root / "linked")  # a linked folder is an entry, never walked
+    listing = discover.list_source(root, "**/*")
+    assert listing.relpaths == ["a.png", "f.txt", "linked", "x/b.png", "x/y/c.png"]
+    assert list(listing.not_files) == ["linked"]

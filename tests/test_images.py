@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import io
 import os
+import struct
 from pathlib import Path
 
 import numpy as np
 import pytest
 from conftest import save
-from PIL import Image
+from PIL import Image, ImageOps
 
 from h5etl import images, validate
 from h5etl.errors import RejectError
@@ -131,6 +132,47 @@ def test_sixteen_bit_mask_already_labels() -> None:
     values = np.array([[0, 1], [1, 1]])
     out = images.decode(sixteen_bit(values), "L", path="m16.png", mask_labels=MASK)
     np.testing.assert_array_equal(validate.check_mask(out, (0, 1), path="m"), values)
+
+
+def decode_mask(data: bytes, *, path: str) -> np.ndarray:
+    """What the decode stage does with a mask file: decode, then validate."""
+    out = images.decode(data, "L", path=path, mask_labels=MASK)
+    return validate.check_mask(out, (0, 1), path=path)
+
+
+@pytest.mark.parametrize(
+    ("values", "stored"),
+    [
+        pytest.param([[0, 1], [1, 0]], [[0, 1], [1, 0]], id="0-1"),
+        pytest.param([[0, 255], [255, 0]], [[0, 1], [1, 0]], id="0-255"),
+        pytest.param([[0, 65535], [65535, 0]], [[0, 1], [1, 0]], id="0-65535"),
+        pytest.param([[0, 256], [256, 0]], [[0, 1], [1, 0]], id="labels-shifted-by-8"),
+    ],
+)
+def test_sixteen_bit_mask_keeps_its_labels(
+    values: list[list[int]], stored: list[list[int]]
+) -> None:
+    # a 16-bit 0/255 mask went through v >> 8 and was stored as all zeros
+    np.testing.assert_array_equal(decode_mask(sixteen_bit(np.array(values)), path="m"), stored)
+
+
+@pytest.mark.parametrize(
+    ("values", "named"),
+    [
+        pytest.param([[0, 1], [2, 1]], "got 2", id="label-out-of-set"),
+        pytest.param([[0, 1], [65535, 1]], "got 1", id="labels-and-65535"),
+        pytest.param([[0, 300], [300, 0]], "got 300", id="not-a-widened-label"),
+    ],
+)
+def test_sixteen_bit_mask_with_wrong_labels_is_rejected(
+    values: list[list[int]], named: str
+) -> None:
+    # a 16-bit {0, 1, 2} mask became all zeros under v >> 8 and passed as an empty mask
+    with pytest.raises(RejectError) as caught:
+        decode_mask(sixteen_bit(np.array(values)), path="m16.png")
+    assert caught.value.reason == "mask_values"
+    assert named in caught.value.message
+    assert caught.value.path == "m16.png"
 
 
 def test_rgb_mask_with_equal_channels_is_accepted() -> None:
@@ -284,3 +326,62 @@ def test_save_png_round_trip(tmp_path: Path) -> None:
     images.save_png(tmp_path / "sub" / "x.png", array)
     with Image.open(tmp_path / "sub" / "x.png") as image:
         np.testing.assert_array_equal(np.asarray(image), array)
+
+
+def _raise_for(size: tuple[int, int], exc: BaseException) -> object:
+    """A stand-in for a Pillow call that fails, as a plugin might, on images of ``size``."""
+
+    def fail(image: Image.Image, *, in_place: bool = False) -> Image.Image | None:
+        if image.size == size:
+            raise exc
+        return original(image, in_place=True) if in_place else original(image)
+
+    original = ImageOps.exif_transpose
+    return fail
+
+
+@pytest.mark.parametrize(
+    ("exc", "name"),
+    [
+        pytest.param(
+            struct.error("unpack requires a buffer of 4 bytes"), "struct.error", id="struct"
+        ),
+        pytest.param(KeyError(274), "KeyError", id="key"),
+        pytest.param(ZeroDivisionError("division by zero"), "ZeroDivisionError", id="zero-div"),
+        pytest.param(NotImplementedError("plugin"), "NotImplementedError", id="not-implemented"),
+    ],
+)
+def test_any_decoder_error_is_a_reject(
+    monkeypatch: pytest.MonkeyPatch, exc: Exception, name: str
+) -> None:
+    # struct.error from a plugin escaped images.decode and ended the whole build
+    monkeypatch.setattr(ImageOps, "exif_transpose", _raise_for((5, 6), exc))
+    data = encode(Image.fromarray(rgb_array(6, 5)), "BMP")  # not a PNG: Pillow decodes it
+    with pytest.raises(RejectError) as caught:
+        images.decode(data, "RGB", path="bad.bmp")
+    assert caught.value.reason == "decode_error"
+    assert caught.value.path == "bad.bmp"
+    assert caught.value.message.startswith(f"cannot decode: {name}: ")
+    assert images.decode(encode(Image.fromarray(rgb_array(4, 4)), "BMP"), "RGB", path="ok").shape
+
+
+def test_memory_error_is_not_a_decode_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the decode stage rejects it as memory_error itself
+    monkeypatch.setattr(ImageOps, "exif_transpose", _raise_for((5, 6), MemoryError()))
+    with pytest.raises(MemoryError):
+        images.decode(encode(Image.fromarray(rgb_array(6, 5)), "BMP"), "RGB", path="m.bmp")
+
+
+def test_any_header_error_is_a_reject(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "bad.bmp"
+    path.write_bytes(encode(Image.fromarray(rgb_array(6, 5)), "BMP"))
+
+    def broken_exif(image: Image.Image) -> Image.Exif:
+        raise struct.error("bad EXIF")
+
+    monkeypatch.setattr(Image.Image, "getexif", broken_exif)
+    with pytest.raises(RejectError) as caught:
+        images.probe(str(path))
+    assert caught.value.reason == "decode_error"
+    assert caught.value.message == "cannot decode: struct.error: bad EXIF"
+    assert caught.value.path == str(path)
