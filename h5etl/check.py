@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,6 +17,8 @@ import yaml
 from h5etl import digest
 
 REQUIRED_ATTRS = ("name", "version", "created_at", "config", "config_sha256", "source_fingerprint")
+# What reading a damaged file, or one h5etl did not write, raises from h5py and numpy
+_DAMAGE = (OSError, KeyError, ValueError, TypeError, RuntimeError)
 
 
 @dataclass(slots=True)
@@ -30,6 +34,25 @@ class CheckReport:
     def problem(self, text: str) -> None:
         self.problems.append(text)
         self.lines.append(f"PROBLEM {text}")
+
+    @property
+    def summary(self) -> str:
+        """The first problem, on one line, with how many more there are."""
+        if not self.problems:
+            return "OK"
+        more = len(self.problems) - 1
+        return self.problems[0] + (f" (and {more} more problem(s), listed above)" if more else "")
+
+
+@contextmanager
+def _section(report: CheckReport, where: str) -> Iterator[None]:
+    """Report what a damaged or foreign file raises while reading ``where``; go on after it."""
+    try:
+        yield
+    except _DAMAGE as exc:
+        report.problem(
+            f"{where}: unreadable, or not as h5etl writes it: {type(exc).__name__}: {exc}"
+        )
 
 
 def _filters(dataset: h5py.Dataset) -> str:
@@ -52,15 +75,23 @@ def _attrs_section(handle: h5py.File, report: CheckReport) -> None:
     )
 
 
-def _diagnostics(handle: h5py.File) -> dict[str, dict[str, Any]]:
+def _diagnostics(handle: h5py.File, report: CheckReport) -> dict[str, dict[str, Any]]:
     group = handle.get("diagnostics/datasets")
     if group is None:
         return {}
+    if not isinstance(group, h5py.Group):
+        report.problem("/diagnostics/datasets: not a group: not an h5etl release, or damaged")
+        return {}
     out = {}
-    for node in group.values():
-        info = dict(node.attrs)
-        info["block_sha256"] = [b.decode() for b in node["block_sha256"][...]]
-        out[str(info["dataset"])] = info
+    for name in group:
+        with _section(report, f"/diagnostics/datasets/{name}"):
+            node = group[name]
+            info = dict(node.attrs)
+            digests = node["block_sha256"][...]
+            if digests.dtype.kind != "S" or digests.ndim != 1:
+                raise ValueError(f"block_sha256 is {digests.dtype} {digests.shape}, not S64 (n,)")
+            info["block_sha256"] = [b.decode() for b in digests]
+            out[str(info["dataset"])] = info
     return out
 
 
@@ -110,61 +141,102 @@ def check_release(path: Path, *, deep: bool = False) -> CheckReport:
         A report; ``report.ok`` is false when anything is damaged or missing.
     """
     report = CheckReport(path)
-    try:
-        handle = h5py.File(path, "r")
-    except (OSError, ValueError) as exc:
-        report.problem(f"cannot open as HDF5 (truncated or not a release): {exc}")
+    handle = _open(path, report)
+    if handle is None:
         return report
     with handle:
-        _attrs_section(handle, report)
-        expected = _diagnostics(handle)
+        with _section(report, "file attrs"):
+            _attrs_section(handle, report)
+        expected = _diagnostics(handle, report)
         if not expected:
             report.problem("no /diagnostics/datasets: not an h5etl release, or damaged")
-        for name in expected:
-            if name not in handle:
-                report.problem(f"{name}: dataset listed in diagnostics is missing")
+        with _section(report, "/diagnostics/datasets"):
+            for name in expected:
+                if name not in handle:
+                    report.problem(f"{name}: dataset listed in diagnostics is missing")
         for split in (k for k in handle if k != "diagnostics"):
-            _split_section(handle[split], expected, report, deep=deep)
-        rejects = (
-            {
-                k.removeprefix("rejects_"): int(v)
-                for k, v in handle["diagnostics"].attrs.items()
-                if k.startswith("rejects_")
-            }
-            if "diagnostics" in handle
-            else {}
-        )
-        _ratio_line(expected, report)
-        total = rejects.pop("total", sum(rejects.values()))  # rejects_total is not a reason
-        shown = ", ".join(f"{k} {v}" for k, v in rejects.items())
-        report.lines.append(f"rejects: {total} ({shown})" if total else "rejects: none")
+            group = handle.get(split)
+            if not isinstance(group, h5py.Group):
+                what = "a broken link" if group is None else f"a {type(group).__name__}"
+                report.problem(f"/{split}: {what}, not a split group: not an h5etl release")
+                continue
+            with _section(report, f"/{split}"):
+                _split_section(group, expected, report, deep=deep)
+        with _section(report, "/diagnostics/datasets"):
+            _ratio_line(expected, report)
+        with _section(report, "/diagnostics"):
+            _rejects_line(handle, report)
     report.lines.append("OK" if report.ok else f"{len(report.problems)} problem(s)")
     return report
+
+
+def _open(path: Path, report: CheckReport) -> h5py.File | None:
+    try:
+        return h5py.File(path, "r")
+    except (OSError, ValueError) as exc:
+        if not path.exists():
+            report.problem("no such file" if not path.is_symlink() else "link points nowhere")
+        elif path.is_dir():
+            report.problem("a folder, not a release file")
+        else:
+            report.problem(f"cannot open as HDF5 (not an HDF5 file, or truncated): {exc}")
+        return None
+
+
+def _rejects_line(handle: h5py.File, report: CheckReport) -> None:
+    rejects = (
+        {
+            k.removeprefix("rejects_"): int(v)
+            for k, v in handle["diagnostics"].attrs.items()
+            if k.startswith("rejects_")
+        }
+        if "diagnostics" in handle
+        else {}
+    )
+    total = rejects.pop("total", sum(rejects.values()))  # rejects_total is not a reason
+    shown = ", ".join(f"{k} {v}" for k, v in rejects.items())
+    report.lines.append(f"rejects: {total} ({shown})" if total else "rejects: none")
 
 
 def _split_section(
     group: h5py.Group, expected: dict[str, dict[str, Any]], report: CheckReport, *, deep: bool
 ) -> None:
-    lengths = {name: len(ds) for name, ds in group.items() if isinstance(ds, h5py.Dataset)}
-    count = max(lengths.values(), default=0)
+    datasets = [ds for ds in group.values() if isinstance(ds, h5py.Dataset)]
+    count = max((_rows(ds) for ds in datasets), default=0)
     report.lines.append(f"{group.name}: {count} samples")
-    for name, dataset in group.items():
-        if not isinstance(dataset, h5py.Dataset):
-            continue
-        info = expected.get(dataset.name)
-        stored = info.get("stored_bytes") if info else None
-        ratio = f", ratio {info['ratio']}" if info else ""
-        report.lines.append(
-            f"  {name}: {dataset.shape} {dataset.dtype}, chunks {dataset.chunks}, "
-            f"{_filters(dataset)}, stored {stored} bytes{ratio}"
-        )
-        if lengths[name] != count:
-            report.problem(f"{dataset.name}: {lengths[name]} rows, the split has {count}")
-        if info is None:
-            report.problem(f"{dataset.name}: no digest in /diagnostics")
-        elif deep:
-            _deep_verify(dataset, info, report)
+    for dataset in datasets:
+        with _section(report, dataset.name):
+            _dataset_section(dataset, count, expected, report, deep=deep)
     _values_section(group, report)
+
+
+def _rows(dataset: h5py.Dataset) -> int:
+    return int(dataset.shape[0]) if dataset.shape else 0  # a scalar or empty dataspace: none
+
+
+def _dataset_section(
+    dataset: h5py.Dataset,
+    count: int,
+    expected: dict[str, dict[str, Any]],
+    report: CheckReport,
+    *,
+    deep: bool,
+) -> None:
+    info = expected.get(dataset.name)
+    stored = info.get("stored_bytes") if info else None
+    ratio = f", ratio {info.get('ratio')}" if info else ""
+    report.lines.append(
+        f"  {dataset.name.rsplit('/', 1)[-1]}: {dataset.shape} {dataset.dtype}, chunks "
+        f"{dataset.chunks}, {_filters(dataset)}, stored {stored} bytes{ratio}"
+    )
+    if not dataset.shape:
+        report.problem(f"{dataset.name}: a scalar, not rows of samples")
+    elif _rows(dataset) != count:
+        report.problem(f"{dataset.name}: {_rows(dataset)} rows, the split has {count}")
+    if info is None:
+        report.problem(f"{dataset.name}: no digest in /diagnostics")
+    elif deep:
+        _deep_verify(dataset, info, report)
 
 
 # --- value histograms and the overall ratio (readers issue) ---------------------------------

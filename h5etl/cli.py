@@ -176,12 +176,13 @@ def check(
 ) -> None:
     """Report on a release; exit 1 if anything is damaged."""
     from h5etl.check import check_release
+    from h5etl.errors import CheckFailed
 
-    report = check_release(path, deep=deep)
+    report = _run(lambda: check_release(path, deep=deep))
     for line in report.lines:
         _say(line)
     if not report.ok:
-        raise typer.Exit(1)
+        raise _fail(CheckFailed(report.summary, path=path))
 
 
 @app.command()

@@ -296,6 +296,12 @@ def rollback(link: Path, to: int | None = None) -> ReleaseInfo:
     if to is None:
         older = [v for v in existing if current is None or v < current]
         if not older:
+            if current is None:  # the link points at a file that is not <name>-vNNNN.h5
+                raise ReleaseError(
+                    f"no {name}-vNNNN.h5 release to roll back to (the link points at "
+                    f"{os.readlink(link)})",
+                    path=link,
+                )
             raise ReleaseError(f"no release older than v{current:04d} to roll back to", path=link)
         to = older[-1]
     if to not in existing:

@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 import numpy as np
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -51,6 +52,74 @@ RESERVED_ATTRS = frozenset(
 )  # file attributes every build writes (pipeline._file_attrs)
 IMAGE_MODES: dict[str, int] = {"RGB": 3, "L": 1}
 MAX_CHUNK_BYTES = 2**32 - 1  # HDF5 refuses chunks of 4 GiB or more
+# A decode task holds a whole chunk of every image field: the lcm of their chunk rows. Fields
+# that agree make that one chunk, the user's own choice; fields that disagree may grow it to
+# this many samples (32 chunks of the default 32) before memory stops being "a few batches".
+MAX_BATCH_SAMPLES = 1024
+INT64_MIN, INT64_MAX, UINT64_MAX = -(2**63), 2**63 - 1, 2**64 - 1
+MAX_ATTR_NAME_BYTES = 65534  # HDF5's limit on an attribute name (UTF-8, without the NUL)
+
+
+def _shown(text: str) -> str:
+    return repr(text) if len(text) <= 60 else f"{text[:60]!r}..."
+
+
+def _storable_text(text: str) -> str:
+    """A string HDF5 stores as it is: no NUL (it ends C strings), valid UTF-8."""
+    if "\x00" in text:
+        raise ValueError(f"HDF5 text cannot hold a NUL character (\\0), got {_shown(text)}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"text must be valid UTF-8, got {_shown(text)}") from exc
+    return text
+
+
+def _storable_attr(value: Any) -> Any:
+    """An attribute value h5py stores exactly: text as above, integers in 64 bits."""
+    if isinstance(value, str):
+        return _storable_text(value)
+    if isinstance(value, list):
+        for item in value:
+            if isinstance(item, str):
+                _storable_text(item)
+            elif isinstance(item, int) and not INT64_MIN <= item <= INT64_MAX:
+                # numpy turns such a list into float64 (or objects HDF5 cannot store)
+                raise ValueError(
+                    f"integers in a list must fit in int64 ({INT64_MIN}..{INT64_MAX}), got "
+                    f"{item}; write it as a string"
+                )
+    elif isinstance(value, int) and not INT64_MIN <= value <= UINT64_MAX:
+        raise ValueError(
+            f"integers must fit in 64 bits ({INT64_MIN}..{UINT64_MAX}), got {value}; "
+            f"write it as a string"
+        )
+    return value
+
+
+def _attr_name_problem(name: str) -> str | None:
+    """Why HDF5 would refuse (or truncate) an attribute name, or None."""
+    if not name:
+        return "attribute names cannot be empty"
+    if "\x00" in name:
+        return f"attribute names cannot hold a NUL character (\\0), got {_shown(name)}"
+    try:
+        size = len(name.encode("utf-8"))
+    except UnicodeEncodeError:
+        return f"attribute names must be valid UTF-8, got {_shown(name)}"
+    if size > MAX_ATTR_NAME_BYTES:
+        return (
+            f"attribute names must be at most {MAX_ATTR_NAME_BYTES} bytes of UTF-8, got {size} "
+            f"({_shown(name)})"
+        )
+    return None
+
+
+Text = Annotated[str, AfterValidator(_storable_text)]
+AttrValue = Annotated[
+    str | int | float | bool | list[str] | list[int] | list[float],
+    AfterValidator(_storable_attr),
+]
 
 
 class _Strict(BaseModel):
@@ -172,10 +241,8 @@ class Spec(_Strict):
     name: Annotated[str, Field(pattern=NAME_PATTERN, max_length=100)]
     pipeline: str = "segmentation"
     output: Path = Path("releases")
-    description: str = ""
-    attrs: dict[str, str | int | float | bool | list[str] | list[int] | list[float]] = Field(
-        default_factory=dict
-    )
+    description: Text = ""
+    attrs: dict[str, AttrValue] = Field(default_factory=dict)
     sources: Annotated[dict[str, SourceSpec], Field(min_length=1)]
     splits: dict[str, Annotated[float, Field(gt=0, le=1)]] = Field(
         default_factory=lambda: {"train": 1.0}
@@ -197,6 +264,10 @@ class Spec(_Strict):
                 f"names reserved for the attributes h5etl writes itself, pick others: "
                 f"{', '.join(clash)}"
             )
+        # HDF5 refuses these only when the file is finished, after all the decoding
+        problems = [p for name in attrs if (p := _attr_name_problem(name)) is not None]
+        if problems:
+            raise ValueError("; ".join(problems))
         return attrs
 
     @field_validator("splits")
@@ -214,6 +285,7 @@ class Spec(_Strict):
     @model_validator(mode="after")
     def _fields_match_sources(self) -> Spec:
         problems: list[str] = []
+        chunk_problems: list[str] = []  # of every image field
         for field_name, field in self.fields.items():
             _check_name(field_name, "field")
             source = self.source_of(field_name)
@@ -223,12 +295,16 @@ class Spec(_Strict):
                     f"{sorted(self.sources)}"
                 )
             if not field.is_text:
-                problems.extend(self._chunk_problems(field_name))
+                found = self._chunk_problems(field_name)
+                chunk_problems.extend(found)
+                problems.extend(found)
             if field.values is not None and self.pad.mask_fill not in field.values:
                 problems.append(
                     f"pad.mask_fill: padding of mask fields.{field_name} must be one of its "
                     f"values {list(field.values)}, got {self.pad.mask_fill}"
                 )
+        if not chunk_problems:  # the chunk shapes are sound, so their sample rows are known
+            problems.extend(self._batch_problems())
         used = {self.source_of(name) for name, f in self.fields.items() if not f.is_text}
         problems.extend(
             f"sources.{name}: no image field reads this source; add fields.{name}"
@@ -258,6 +334,25 @@ class Spec(_Strict):
         if math.prod(chunks) * np.dtype(field.dtype).itemsize > MAX_CHUNK_BYTES:
             return [f"fields.{field_name}.chunks: a chunk must be under 4 GiB, got {list(chunks)}"]
         return []
+
+    def _batch_problems(self) -> list[str]:
+        rows = {name: self.chunks_of(name)[0] for name in self.image_fields}
+        batch = math.lcm(*rows.values())
+        if batch <= max([MAX_BATCH_SAMPLES, *rows.values()]):
+            return []
+        keys = dict.fromkeys(
+            f"fields.{name}.chunks"
+            if self.fields[name].chunks is not None
+            else "storage.chunk_samples"
+            for name in rows
+        )
+        shown = ", ".join(f"{name} {count}" for name, count in rows.items())
+        return [
+            f"{', '.join(keys)}: chunk rows {shown} make decode tasks of {batch} samples (a "
+            f"task holds a whole chunk of every image field: their least common multiple); "
+            f"at most {MAX_BATCH_SAMPLES} or the largest chunk rows keeps memory bounded: use "
+            f"chunk rows that divide one another, e.g. the same for every field"
+        ]
 
     # Derived views; computed, never stored, so they cannot drift from the config.
     def source_of(self, field_name: str) -> str:

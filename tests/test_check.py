@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import h5py
@@ -156,3 +157,96 @@ def test_check_never_modifies_the_file(release: Path, tmp_path: Path) -> None:
     _exit_code(copy, "--deep")
     assert copy.read_bytes() == before
     assert copy.stat().st_mtime_ns == stat.st_mtime_ns
+
+
+# --- files h5etl did not write, or damaged where check did not look ------------------------
+# These printed tracebacks (AttributeError on a root dataset, KeyError/OSError in
+# /diagnostics) instead of a problem and exit code 1.
+
+
+def _cli_error(path: Path) -> str:
+    """Run ``h5etl check``: exit 1, no traceback; the one error line naming the file."""
+    result = CliRunner().invoke(app, ["check", str(path)])
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.output
+    assert result.exit_code == 1, result.output
+    assert "Traceback" not in result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("h5etl: error:")]
+    assert len(errors) == 1, result.output
+    assert errors[0].startswith(f"h5etl: error: {path}: ")
+    return errors[0]
+
+
+def test_foreign_hdf5_file_is_a_problem_not_a_traceback(tmp_path: Path) -> None:
+    path = tmp_path / "foreign.h5"
+    with h5py.File(path, "w") as handle:
+        handle["data"] = [1, 2, 3]  # a dataset at the root, where a release has split groups
+        handle["group/scalar"] = 5  # a split-like group holding a scalar
+    report = check_release(path, deep=True)
+    assert not report.ok
+    assert "/data: a Dataset, not a split group: not an h5etl release" in report.problems
+    assert "/group/scalar: a scalar, not rows of samples" in report.problems
+    error = _cli_error(path)
+    assert "file attrs missing" in error
+    assert f"and {len(report.problems) - 1} more problem(s)" in error
+
+
+def test_diagnostics_without_digests_is_a_problem(release: Path, tmp_path: Path) -> None:
+    copy = _copy(release, tmp_path)
+    with h5py.File(copy, "r+") as handle:
+        nodes = handle["diagnostics/datasets"]
+        del nodes["train.image/block_sha256"]
+        del nodes["train.mask"].attrs["dataset"]
+    report = check_release(copy, deep=True)
+    assert any(
+        p.startswith("/diagnostics/datasets/train.image: unreadable") and "block_sha256" in p
+        for p in report.problems
+    ), report.problems
+    assert any(
+        p.startswith("/diagnostics/datasets/train.mask: unreadable") and "KeyError" in p
+        for p in report.problems
+    ), report.problems
+    assert "/train/image: no digest in /diagnostics" in report.problems
+    _cli_error(copy)
+
+
+def test_damaged_digests_are_a_problem(release: Path, tmp_path: Path) -> None:
+    copy = _copy(release, tmp_path)
+    with h5py.File(copy, "r") as handle:
+        digests = handle["diagnostics/datasets/train.image/block_sha256"]
+        offset, size = digests.id.get_offset(), digests.id.get_storage_size()
+    with open(copy, "r+b") as raw:
+        raw.seek(offset)
+        raw.write(b"\xff" * size)  # not hex, not even UTF-8
+    report = check_release(copy, deep=True)
+    assert any(
+        p.startswith("/diagnostics/datasets/train.image: unreadable") for p in report.problems
+    ), report.problems
+    _cli_error(copy)
+
+
+def test_diagnostics_that_is_not_a_group(tmp_path: Path) -> None:
+    path = tmp_path / "odd.h5"
+    with h5py.File(path, "w") as handle:
+        handle.create_group("diagnostics")["datasets"] = [1]
+    assert any(
+        p.startswith("/diagnostics/datasets: not a group") for p in check_release(path).problems
+    )
+    _cli_error(path)
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        pytest.param(lambda p: p.write_text("hello", "utf-8"), "not an HDF5 file", id="text"),
+        pytest.param(lambda p: p.write_bytes(b""), "not an HDF5 file", id="empty"),
+        pytest.param(lambda p: None, "no such file", id="missing"),
+        pytest.param(lambda p: p.mkdir(), "a folder, not a release file", id="folder"),
+        pytest.param(
+            lambda p: p.symlink_to(p.parent / "gone.h5"), "link points nowhere", id="dangling"
+        ),
+    ],
+)
+def test_not_a_release_file(tmp_path: Path, make: Callable[[Path], object], message: str) -> None:
+    path = tmp_path / "x.h5"
+    make(path)
+    assert message in _cli_error(path)

@@ -54,6 +54,15 @@ BAD_CONFIGS = [
     pytest.param({"name": None}, "name", id="missing-name"),
     pytest.param({"name": "a/b"}, "name", id="bad-name"),
     pytest.param({"pipeline": "nosuchrecipe"}, "pipeline", id="unknown-recipe"),
+    # refused up front, not with a traceback in Sink.finish after the whole decode
+    pytest.param({"attrs": {"big": 2**64}}, "attrs.big", id="attr-int-beyond-64-bits"),
+    pytest.param({"attrs": {"note": "a\0b"}}, "attrs.note", id="attr-nul"),
+    pytest.param({"attrs": {"": "x"}}, "attrs", id="attr-empty-name"),
+    pytest.param(
+        {"fields": {"image": {"chunks": [100, 3, 24, 24]}, "mask": {"chunks": [64, 1, 24, 24]}}},
+        "fields.mask.chunks",
+        id="decode-task-lcm",
+    ),
 ]
 
 

@@ -107,6 +107,21 @@ def test_list_and_rollback(tmp_path: Path) -> None:
     assert release.current_version(output.link) == 3
 
 
+def test_rollback_of_a_link_to_an_unversioned_file(tmp_path: Path) -> None:
+    # cells.h5 -> cells-final.h5 with no cells-vNNNN.h5 raised TypeError formatting None
+    (tmp_path / "cells-final.h5").write_bytes(b"x")
+    link = tmp_path / "cells.h5"
+    os.symlink("cells-final.h5", link)
+    with pytest.raises(ReleaseError) as caught:
+        release.rollback(link)
+    assert str(caught.value) == (
+        f"{link}: no cells-vNNNN.h5 release to roll back to (the link points at cells-final.h5)"
+    )
+    assert os.readlink(link) == "cells-final.h5"
+    with pytest.raises(ReleaseError, match="no release v0001; have none"):
+        release.rollback(link, 1)
+
+
 def test_rollback_needs_a_link(tmp_path: Path) -> None:
     path = tmp_path / "cells-v0001.h5"
     path.write_bytes(b"x")

@@ -5,10 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import h5py
 import pytest
 import yaml
 from conftest import MakeRaw, WriteConfig, base_config
 
+from h5etl import sink
 from h5etl.config import load_spec
 from h5etl.errors import ConfigError
 from h5etl.spec import Compression, spec_sha256, spec_text
@@ -108,6 +110,64 @@ def test_batch_samples_is_the_lcm(raw_root: Path, write_config: WriteConfig) -> 
 
 
 @pytest.mark.parametrize(
+    ("image_rows", "mask_rows", "batch"),
+    [
+        pytest.param(32, 31, 992, id="lcm-under-the-limit"),
+        pytest.param(1024, 512, 1024, id="at-the-limit"),
+        pytest.param(4096, 4096, 4096, id="one-large-chunk-for-all"),
+        pytest.param(4096, 64, 4096, id="dividing-the-largest"),
+    ],
+)
+def test_batch_samples_within_the_limit(
+    raw_root: Path, write_config: WriteConfig, image_rows: int, mask_rows: int, batch: int
+) -> None:
+    # fields that agree make a task of one chunk, whatever its size: the user chose it
+    fields = {
+        "image": {"chunks": [image_rows, 3, 24, 24]},
+        "mask": {"chunks": [mask_rows, 1, 24, 24]},
+    }
+    assert load_spec(write_config(raw_root, fields=fields)).batch_samples == batch
+
+
+def test_batch_samples_over_the_limit_is_one_clear_line(
+    raw_root: Path, write_config: WriteConfig
+) -> None:
+    # co-prime chunk rows made every decode task (and its memory) as large as the split
+    fields = {"image": {"chunks": [4096, 3, 24, 24]}, "mask": {"chunks": [4095, 1, 24, 24]}}
+    config = write_config(raw_root, fields=fields)
+    with pytest.raises(ConfigError) as caught:
+        load_spec(config)
+    assert caught.value.problems == [
+        f"{config}: fields.image.chunks, fields.mask.chunks: chunk rows image 4096, mask 4095 "
+        f"make decode tasks of 16773120 samples (a task holds a whole chunk of every image "
+        f"field: their least common multiple); at most 1024 or the largest chunk rows keeps "
+        f"memory bounded: use chunk rows that divide one another, e.g. the same for every field"
+    ]
+
+
+def test_storable_attrs_are_kept(raw_root: Path, write_config: WriteConfig) -> None:
+    # the limits of what HDF5 stores, just inside them
+    attrs = {
+        "uint64_max": 2**64 - 1,
+        "int64_min": -(2**63),
+        "ints": [-(2**63), 2**63 - 1],
+        "floats": [1.5, 2.0],
+        "none": [],
+        "text": "é\tx",
+        "y" * 65534: True,
+    }
+    spec = load_spec(write_config(raw_root, attrs=attrs))
+    assert spec.attrs == attrs
+    # and HDF5 stores them as they are, with the sink's file settings
+    with h5py.File(
+        raw_root / "attrs.h5", "w", driver="core", backing_store=False, libver=sink.LIBVER
+    ) as handle:
+        handle.attrs.update(spec.attrs)
+        stored = {k: v.tolist() if hasattr(v, "tolist") else v for k, v in handle.attrs.items()}
+    assert stored == attrs
+
+
+@pytest.mark.parametrize(
     ("compression", "codec", "level"),
     [
         pytest.param("lzf", "lzf", None, id="lzf"),
@@ -178,6 +238,46 @@ ERRORS = [
         id="attr",
     ),
     pytest.param({"max_rejects": -1}, "max_rejects", id="max-rejects"),
+    # attrs HDF5 cannot store passed validation and failed in Sink.finish, after the decoding
+    pytest.param(
+        {"attrs": {"big": 2**64}},
+        "attrs.big: integers must fit in 64 bits (-9223372036854775808..18446744073709551615), "
+        "got 18446744073709551616",
+        id="attr-int-too-big",
+    ),
+    pytest.param({"attrs": {"small": -(2**63) - 1}}, "attrs.small: integers", id="attr-int-low"),
+    pytest.param(
+        {"attrs": {"ids": [1, 2**63]}},
+        "attrs.ids: integers in a list must fit in int64",
+        id="attr-list-beyond-int64",
+    ),
+    pytest.param(
+        {"attrs": {"note": "a\0b"}}, "attrs.note: HDF5 text cannot hold a NUL", id="attr-nul"
+    ),
+    pytest.param(
+        {"attrs": {"tags": ["a", "b\0"]}}, "attrs.tags: HDF5 text cannot hold a NUL", id="attr-lnul"
+    ),
+    pytest.param({"attrs": {"": 1}}, "attrs: attribute names cannot be empty", id="attr-empty"),
+    pytest.param(
+        {"attrs": {"a\0b": 1}}, "attrs: attribute names cannot hold a NUL", id="attr-name-nul"
+    ),
+    pytest.param(
+        {"attrs": {"x" * 65535: 1}}, "attribute names must be at most 65534 bytes", id="attr-long"
+    ),
+    pytest.param({"description": "a\0b"}, "description: HDF5 text cannot hold a NUL", id="desc"),
+    # chunks 100 and 64 made decode tasks of 1600 samples; co-prime ones, the whole split
+    pytest.param(
+        {"fields": {"image": {"chunks": [1023, 3, 24, 24]}}},
+        "fields.image.chunks, storage.chunk_samples: chunk rows image 1023, mask 4 make decode "
+        "tasks of 4092 samples",
+        id="batch-lcm-with-storage",
+    ),
+    pytest.param(
+        {"fields": {"image": {"chunks": [100, 3, 24, 24]}, "mask": {"chunks": [64, 1, 24, 24]}}},
+        "fields.image.chunks, fields.mask.chunks: chunk rows image 100, mask 64 make decode "
+        "tasks of 1600 samples",
+        id="batch-lcm",
+    ),
 ]
 
 
