@@ -347,9 +347,8 @@ def test_second_build_refuses_while_lock_is_held(project: Path) -> None:
     assert not release_named(spec.output)
 
 
-def test_stale_lock_of_a_dead_process_is_taken_over(project: Path) -> None:
-    spec = load_spec(project)
-    spec.output.mkdir(parents=True)
+def dead_holder() -> str:
+    """Lock file content naming a process of this host that has exited."""
     dead = subprocess.run(
         [sys.executable, "-c", "import os; print(os.getpid())"],
         capture_output=True,
@@ -357,7 +356,13 @@ def test_stale_lock_of_a_dead_process_is_taken_over(project: Path) -> None:
         check=True,
     )
     lock = {"pid": int(dead.stdout), "host": socket.gethostname(), "started": "2026-01-01"}
-    (spec.output / ".cells.lock").write_text(json.dumps(lock))
+    return json.dumps(lock)
+
+
+def test_stale_lock_of_a_dead_process_is_taken_over(project: Path) -> None:
+    spec = load_spec(project)
+    spec.output.mkdir(parents=True)
+    (spec.output / ".cells.lock").write_text(dead_holder())
 
     report = build(project)
 
@@ -370,15 +375,8 @@ def test_a_held_lock_that_looks_stale_is_not_taken(project: Path) -> None:
     # rewrote it, the second still reads the dead pid. It must not take the lock too.
     spec = load_spec(project)
     output = release.OutputFolder(spec.output, spec.name)
-    dead = subprocess.run(
-        [sys.executable, "-c", "import os; print(os.getpid())"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    stale = {"pid": int(dead.stdout), "host": socket.gethostname(), "started": "2026-01-01"}
     with output.locked():
-        (spec.output / ".cells.lock").write_text(json.dumps(stale))
+        (spec.output / ".cells.lock").write_text(dead_holder())
         with pytest.raises(LockHeld):
             build(project)
     assert not release_named(spec.output)
