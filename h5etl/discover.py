@@ -66,6 +66,7 @@ class Listing:
 
     relpaths: list[str]
     not_files: dict[str, str]
+    unlistable: list[tuple[str, str]] = field(default_factory=list)  # (folder, why)
 
 
 _KINDS = (
@@ -77,24 +78,29 @@ _KINDS = (
 )
 
 
-def _walk(root: str) -> Iterator[tuple[str, os.DirEntry[str]]]:
+def _walk(root: str, unlistable: list[tuple[str, str]]) -> Iterator[tuple[str, os.DirEntry[str]]]:
     """(relative POSIX path, entry) of every non-hidden non-folder entry under ``root``.
 
-    Symlinked folders are entries, not walked. A folder that cannot be listed is skipped,
-    as ``os.walk`` does.
+    Symlinked folders are entries, not walked. A folder that cannot be listed (or whose
+    listing breaks off) goes to ``unlistable`` with the reason: the files in it are inputs
+    nobody can see, so the build reports the folder rather than dropping them silently.
     """
     pending = [""]
     while pending:
         relative_dir = pending.pop()
         try:
             scan = os.scandir(os.path.join(root, relative_dir))
-        except OSError:
+        except OSError as exc:
+            unlistable.append((relative_dir or ".", exc.strerror or str(exc)))
             continue
         with scan:  # iterated, not listed: a folder of millions of files holds no entry list
             while True:
                 try:
                     entry = next(scan)
-                except (StopIteration, OSError):  # an unreadable rest is skipped, as os.walk does
+                except StopIteration:
+                    break
+                except OSError as exc:
+                    unlistable.append((relative_dir or ".", exc.strerror or str(exc)))
                     break
                 if entry.name.startswith("."):
                     continue
@@ -138,14 +144,15 @@ def list_source(root: Path, pattern: str) -> Listing:
     regex = glob_regex(pattern)
     found: list[str] = []
     not_files: dict[str, str] = {}
-    for relpath, entry in _walk(str(root)):
+    unlistable: list[tuple[str, str]] = []
+    for relpath, entry in _walk(str(root), unlistable):
         if regex.match(relpath):
             found.append(relpath)
             what = not_a_file(entry)
             if what is not None:
                 not_files[relpath] = what
     found.sort()
-    return Listing(found, not_files)
+    return Listing(found, not_files, unlistable)
 
 
 def key_of(relpath: str) -> str:
@@ -170,18 +177,29 @@ def find_samples(spec: Spec, progress: Callable[[int], None] | None = None) -> D
     Returns:
         Samples sorted by key, plus one reject per file that has no partner (``orphan``),
         that shares its key with another file of the same source (``duplicate_key``), or
-        that is not a regular file (``not_a_file``; its partners get that reason too).
+        that is not a regular file (``not_a_file``; its partners get that reason too), and
+        one per folder that cannot be listed (``unreadable``).
     """
     # One flat dict per source (key -> relative path) keeps discovery of millions of files
     # small; the rare duplicate keys and non-files go to side tables.
     roots: Roots = tuple((source, str(src.dir)) for source, src in spec.sources.items())
     listed = _Listed()
+    unlisted: list[Reject] = []
     seen = 0
     for source, source_spec in spec.sources.items():
         files = listed.unique.setdefault(source, {})
         copies = listed.duplicated.setdefault(source, {})
         listing = list_source(source_spec.dir, source_spec.glob)
         listed.not_files[source] = listing.not_files
+        unlisted.extend(
+            Reject(
+                os.path.normpath(os.path.join(source_spec.dir, folder)),
+                STAGE,
+                "unreadable",
+                f"cannot list this folder, its files are not in the release: {why}",
+            )
+            for folder, why in listing.unlistable
+        )
         for relpath in listing.relpaths:
             seen += 1
             if progress is not None:
@@ -194,7 +212,7 @@ def find_samples(spec: Spec, progress: Callable[[int], None] | None = None) -> D
             else:
                 files[key] = relpath
     samples: list[Sample] = []
-    rejects: list[Reject] = []
+    rejects: list[Reject] = unlisted
     keys = sorted(set().union(*listed.unique.values(), *listed.duplicated.values()))
     for key in keys:
         sample = _pair(key, roots, listed, rejects)

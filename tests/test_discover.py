@@ -213,3 +213,61 @@ def test_listing_walks_like_os_walk(tmp_path: Path) -> None:
     listing = discover.list_source(root, "**/*")
     assert listing.relpaths == ["a.png", "f.txt", "linked", "x/b.png", "x/y/c.png"]
     assert list(listing.not_files) == ["linked"]
+
+
+class _BreaksOff:
+    """An ``os.scandir`` iterator whose listing fails after ``good`` entries (an NFS hiccup)."""
+
+    def __init__(self, inner: os._ScandirIterator[str], good: int):
+        self.inner, self.good = inner, good
+
+    def __enter__(self) -> _BreaksOff:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.inner.close()
+
+    def __iter__(self) -> _BreaksOff:
+        return self
+
+    def __next__(self) -> os.DirEntry[str]:
+        if self.good == 0:
+            raise OSError(5, "Input/output error")
+        self.good -= 1
+        return next(self.inner)
+
+
+def test_folders_that_cannot_be_listed_are_reported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = spec_for(tmp_path, glob="**/*.png")
+    for source in ("images", "masks"):
+        touch(tmp_path / "raw" / source / "good.png")
+        touch(tmp_path / "raw" / source / "locked" / "hidden_from_us.png")
+        for i in range(3):
+            touch(tmp_path / "raw" / source / "flaky" / f"f{i}.png")
+    real = os.scandir
+
+    def scandir(path: str) -> object:
+        if path.endswith("images/locked"):
+            raise PermissionError(13, "Permission denied", path)
+        if path.endswith("masks/flaky"):
+            return _BreaksOff(real(path), good=1)
+        return real(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    found = discover.find_samples(spec)
+
+    folders = {
+        Path(r.path).relative_to(tmp_path).as_posix(): r
+        for r in found.rejects
+        if r.reason == "unreadable"
+    }
+    assert sorted(folders) == ["raw/images/locked", "raw/masks/flaky"]
+    assert folders["raw/images/locked"].detail.endswith("Permission denied")
+    assert folders["raw/masks/flaky"].detail.endswith("Input/output error")
+    assert {r.stage for r in folders.values()} == {"discover"}
+    # what could be listed is paired as usual; the partners of the unseen files are orphans
+    assert "good" in [s.key for s in found.samples]
+    orphans = {Path(r.path).name for r in found.rejects if r.reason == "orphan"}
+    assert "hidden_from_us.png" in orphans
