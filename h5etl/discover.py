@@ -78,12 +78,30 @@ _KINDS = (
 )
 
 
-def _walk(root: str, unlistable: list[tuple[str, str]]) -> Iterator[tuple[str, os.DirEntry[str]]]:
-    """(relative POSIX path, entry) of every non-hidden non-folder entry under ``root``.
+def folder_may_match(reldir: str, pattern: str) -> bool:
+    """Whether a file under the folder ``reldir`` (relative POSIX path) can match ``pattern``."""
+    parts = pattern.split("/")
+    for depth, name in enumerate(reldir.split("/")):
+        if depth >= len(parts):
+            return False
+        part = parts[depth]
+        if "**" in part:
+            return True  # any depth below
+        if depth == len(parts) - 1 or not glob_regex(part).match(name):
+            return False  # the last part names the file itself
+    return True
+
+
+def _walk(
+    root: str, pattern: str, unlistable: list[tuple[str, str]]
+) -> Iterator[tuple[str, os.DirEntry[str]]]:
+    """(relative POSIX path, entry) of every non-hidden non-folder entry under ``root`` in a
+    folder where ``pattern`` can match.
 
     Symlinked folders are entries, not walked. A folder that cannot be listed (or whose
     listing breaks off) goes to ``unlistable`` with the reason: the files in it are inputs
     nobody can see, so the build reports the folder rather than dropping them silently.
+    Folders the pattern cannot reach (``lost+found`` beside ``*.png``) are not entered.
     """
     pending = [""]
     while pending:
@@ -106,7 +124,8 @@ def _walk(root: str, unlistable: list[tuple[str, str]]) -> Iterator[tuple[str, o
                     continue
                 relpath = f"{relative_dir}/{entry.name}" if relative_dir else entry.name
                 if _is_folder(entry):
-                    pending.append(relpath)
+                    if folder_may_match(relpath, pattern):
+                        pending.append(relpath)
                 else:
                     yield relpath, entry
 
@@ -145,7 +164,7 @@ def list_source(root: Path, pattern: str) -> Listing:
     found: list[str] = []
     not_files: dict[str, str] = {}
     unlistable: list[tuple[str, str]] = []
-    for relpath, entry in _walk(str(root), unlistable):
+    for relpath, entry in _walk(str(root), pattern, unlistable):
         if regex.match(relpath):
             found.append(relpath)
             what = not_a_file(entry)
@@ -191,15 +210,11 @@ def find_samples(spec: Spec, progress: Callable[[int], None] | None = None) -> D
         copies = listed.duplicated.setdefault(source, {})
         listing = list_source(source_spec.dir, source_spec.glob)
         listed.not_files[source] = listing.not_files
-        unlisted.extend(
-            Reject(
-                os.path.normpath(os.path.join(source_spec.dir, folder)),
-                STAGE,
-                "unreadable",
-                f"cannot list this folder, its files are not in the release: {why}",
-            )
-            for folder, why in listing.unlistable
-        )
+        for folder, why in listing.unlistable:
+            where = os.path.normpath(os.path.join(source_spec.dir, folder))
+            if where not in {r.path for r in unlisted}:  # sources may share a folder
+                detail = f"cannot list this folder, its files are not in the release: {why}"
+                unlisted.append(Reject(where, STAGE, "unreadable", detail))
         for relpath in listing.relpaths:
             seen += 1
             if progress is not None:

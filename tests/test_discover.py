@@ -271,3 +271,56 @@ def test_folders_that_cannot_be_listed_are_reported(
     assert "good" in [s.key for s in found.samples]
     orphans = {Path(r.path).name for r in found.rejects if r.reason == "orphan"}
     assert "hidden_from_us.png" in orphans
+
+
+def test_folders_the_glob_cannot_reach_are_neither_walked_nor_reported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = spec_for(tmp_path)  # "*.png": top-level files only
+    for source in ("images", "masks"):
+        touch(tmp_path / "raw" / source / "good.png")
+        touch(tmp_path / "raw" / source / "lost+found" / "x.png")
+    real = os.scandir
+    entered: list[str] = []
+
+    def scandir(path: str) -> object:
+        entered.append(path)
+        if path.endswith("lost+found"):  # root-owned on every ext4 mount
+            raise PermissionError(13, "Permission denied", path)
+        return real(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    found = discover.find_samples(spec)
+
+    assert [s.key for s in found.samples] == ["good"]
+    assert found.rejects == []
+    assert not [p for p in entered if p.endswith("lost+found")]
+
+
+@given(
+    folder=st.lists(st.sampled_from(["a", "b", "ab", "x.png"]), min_size=1, max_size=3),
+    file=st.sampled_from(["a", "b.png", "x.png"]),
+    pattern=st.sampled_from(
+        ["*.png", "a/*.png", "a*/*", "*/b.png", "**/*.png", "a/**/b.png", "a/**", "?/?.png", "*"]
+    ),
+)
+def test_folder_may_match_never_hides_a_match(folder: list[str], file: str, pattern: str) -> None:
+    reldir = "/".join(folder)
+    if discover.glob_regex(pattern).match(f"{reldir}/{file}"):
+        assert discover.folder_may_match(reldir, pattern)
+
+
+@pytest.mark.parametrize(
+    ("reldir", "pattern", "may"),
+    [
+        ("lost+found", "*.png", False),
+        ("sub", "sub/*.png", True),
+        ("other", "sub/*.png", False),
+        ("sub/deeper", "sub/*.png", False),
+        ("any/depth", "**/*.png", True),
+        ("a/b/c", "a/**/x.png", True),
+        ("b", "a/**/x.png", False),
+    ],
+)
+def test_folder_may_match(reldir: str, pattern: str, may: bool) -> None:
+    assert discover.folder_may_match(reldir, pattern) is may
