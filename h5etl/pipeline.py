@@ -189,26 +189,32 @@ def build(
 def _usable_resume(
     candidates: list[tuple[Path, Path]], spec: Spec, plan: clean.Plan
 ) -> _Resume | None:
-    """The newest killed build whose journal holds a checkpoint, if it built this plan.
+    """The newest killed build whose journal holds a checkpoint of this config and plan.
 
     A build killed again before its first checkpoint leaves a journal with nothing in it
-    beside an older one that still holds its work.
+    beside an older one that still holds its work; a build of another config may have been
+    killed after one of this config.
     """
     if not candidates:
         logger.info("nothing to resume; building from the start")
         return None
+    changed = False
     for partial, journal_path in candidates:
         state = journal.read(journal_path)
         if state is None or (not state.chunks and not state.samples):
             logger.info("the journal %s holds no checkpoint", journal_path)
             continue
         if state.config_sha256 != spec_sha256(spec) or state.plan_sha256 != plan.fingerprint():
-            logger.warning(
-                "the config or the inputs changed since the killed build; building from the start"
-            )
-            return None
+            logger.info("the journal %s is of another config or other inputs", journal_path)
+            changed = True
+            continue
         return _Resume(state, partial)
-    logger.warning("no journal of a killed build holds a checkpoint; building from the start")
+    if changed:
+        logger.warning(
+            "the config or the inputs changed since the killed build; building from the start"
+        )
+    else:
+        logger.warning("no journal of a killed build holds a checkpoint; building from the start")
     return None
 
 

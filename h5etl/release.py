@@ -137,6 +137,7 @@ class OutputFolder:
                 "pid": os.getpid(),
                 "host": socket.gethostname(),
                 "started": datetime.now(UTC).isoformat(timespec="seconds"),
+                "flock": True,  # its holder is alive exactly while the flock is held
             }
             os.ftruncate(fd, 0)
             os.pwrite(fd, json.dumps(holder).encode(), 0)
@@ -151,9 +152,14 @@ class OutputFolder:
         return data if isinstance(data, dict) else {}
 
     def _held_without_flock(self) -> bool:
+        """Whether the file names a live holder that does not use flock (an older h5etl).
+
+        A holder that did use flock is dead once its flock could be taken, whatever its pid
+        now names (pids are reused) or whichever host it ran on.
+        """
         holder = self._read_lock()
         pid = holder.get("pid")
-        if not holder or pid == os.getpid():
+        if not holder or holder.get("flock") is True or pid == os.getpid():
             return False
         if holder.get("host") != socket.gethostname():
             return True  # its pid means nothing here

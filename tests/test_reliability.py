@@ -255,6 +255,29 @@ def test_resume_skips_a_newer_journal_without_checkpoints(project: Path) -> None
     assert not [f for f in os.listdir(folder) if ".partial-" in f]
 
 
+def test_resume_passes_over_a_newer_journal_of_another_config(project: Path) -> None:
+    killed = run_script(KILLED_BUILD, str(project), "10", "1", "decode")
+    assert killed.returncode == -signal.SIGKILL
+    folder = project.parent / "releases"
+    (journal_path,) = folder.glob(".cells.partial-*.journal")
+    other = folder / ".cells.partial-1-abcdef.h5"
+    other.write_bytes(b"")
+    header = {"format": 1, "config_sha256": "another", "plan_sha256": "another"}
+    delta: dict[str, Any] = {"consumed": {"train": 4}, "decode_rejected": {}, "rows": {"train": 4}}
+    delta |= {"chunks": [], "blocks": {}, "texts": {}, "lineage": {}}
+    delta |= {"fingerprint": [], "rejects": []}
+    lines = [json.dumps(header), json.dumps(delta)]
+    other.with_suffix(".journal").write_text("\n".join(lines) + "\n", "utf-8")
+    stamp = journal_path.stat().st_mtime_ns + 1_000_000_000
+    os.utime(other.with_suffix(".journal"), ns=(stamp, stamp))
+
+    resumed = build(project, resume=True)
+
+    assert resumed.resumed > 0, "the older journal of this config was used"
+    assert resumed.path is not None
+    assert check_deep(resumed.path).ok
+
+
 def test_resume_refuses_inputs_edited_in_place(project: Path, tmp_path: Path) -> None:
     killed = run_script(KILLED_BUILD, str(project), "10", "1", "decode")
     assert killed.returncode == -signal.SIGKILL
@@ -391,6 +414,17 @@ def test_a_lock_whose_holder_lives_on_without_flock_is_respected(project: Path) 
     with pytest.raises(LockHeld) as caught:
         build(project)
     assert f"pid {os.getppid()}" in str(caught.value)
+
+
+def test_a_dead_flock_holder_is_taken_over_whatever_its_pid_names(project: Path) -> None:
+    # A killed build's lock file names a pid that now belongs to a live process (pid reuse);
+    # it used flock, so the free flock already proves it dead.
+    spec = load_spec(project)
+    spec.output.mkdir(parents=True)
+    reused = {"pid": os.getppid(), "host": "elsewhere", "started": "2026-01-01", "flock": True}
+    (spec.output / ".cells.lock").write_text(json.dumps(reused))
+
+    assert build(project).version == 1
 
 
 def test_builds_of_different_configs_run_side_by_side(
