@@ -287,10 +287,6 @@ def decode(
         if "truncated" in str(exc):
             raise _open_error(path, exc) from exc
         raise RejectError("decode_error", f"cannot decode: {exc}", path=path) from exc
-    except Exception as exc:
-        # Pillow plugins and EXIF handling also raise struct.error, TypeError, KeyError,
-        # IndexError, ZeroDivisionError...: one bad file is one reject, never a failed build.
-        raise _unexpected(path, exc) from exc
     if array.size == 0:
         raise RejectError("empty_image", "image has zero width or height", path=path)
     return array
@@ -301,10 +297,44 @@ def _decode_with_pillow(
 ) -> np.ndarray:
     with warnings.catch_warnings():
         warnings.simplefilter("error", Image.DecompressionBombWarning)
-        with Image.open(io.BytesIO(data)) as opened:
-            opened.load()
-            ImageOps.exif_transpose(opened, in_place=True)  # no copy when upright
+        with _opened_and_loaded(data, path) as opened:
             return to_array(opened, mode, mask_labels=mask_labels, path=path)
+
+
+# What Pillow raises by design for a bad file; decode words each of them.
+_PILLOW_ERRORS = (
+    OSError,
+    ValueError,
+    SyntaxError,
+    EOFError,
+    MemoryError,
+    Image.DecompressionBombError,
+    Image.DecompressionBombWarning,
+)
+
+
+def _opened_and_loaded(data: bytes, path: str) -> Image.Image:
+    """Pillow's open, load and EXIF orientation, upright.
+
+    Plugins and the EXIF parser also raise ``struct.error``, ``KeyError``,
+    ``ZeroDivisionError``... for a malformed file: those become a ``decode_error`` of that
+    file. Only these calls are guarded, so a bug in h5etl's own conversion keeps its traceback.
+    """
+    try:
+        opened = Image.open(io.BytesIO(data))
+    except _PILLOW_ERRORS:
+        raise
+    except Exception as exc:
+        raise _unexpected(path, exc) from exc
+    try:
+        opened.load()
+        ImageOps.exif_transpose(opened, in_place=True)  # no copy when upright
+    except BaseException as exc:
+        opened.close()
+        if isinstance(exc, Exception) and not isinstance(exc, _PILLOW_ERRORS):
+            raise _unexpected(path, exc) from exc
+        raise
+    return opened
 
 
 def _unexpected(path: str, exc: Exception) -> RejectError:

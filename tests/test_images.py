@@ -365,6 +365,16 @@ def test_any_decoder_error_is_a_reject(
     assert images.decode(encode(Image.fromarray(rgb_array(4, 4)), "BMP"), "RGB", path="ok").shape
 
 
+def test_a_bug_in_our_own_conversion_keeps_its_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
+    # only Pillow's open, load and EXIF steps are guarded: h5etl's own errors are not rejects
+    def broken(*args: object, **kwargs: object) -> None:
+        raise TypeError("a bug in to_array")
+
+    monkeypatch.setattr(images, "to_array", broken)
+    with pytest.raises(TypeError, match="a bug in to_array"):
+        images.decode(encode(Image.fromarray(rgb_array(6, 5)), "BMP"), "RGB", path="b.bmp")
+
+
 def test_memory_error_is_not_a_decode_error(monkeypatch: pytest.MonkeyPatch) -> None:
     # the decode stage rejects it as memory_error itself
     monkeypatch.setattr(ImageOps, "exif_transpose", _raise_for((5, 6), MemoryError()))
