@@ -169,6 +169,7 @@ def build(
                         watch=watch,
                         resume=earlier,
                         checkpoint_seconds=checkpoint_seconds,
+                        output=output,
                     )
                     info = output.publish(temp, report.rejects, version=version)
                 break
@@ -349,6 +350,7 @@ def _write(
     watch: _Stopwatch,
     resume: _Resume | None,
     checkpoint_seconds: float,
+    output: OutputFolder,
 ) -> None:
     layouts = layouts_of(spec)
     sink_layout = SinkLayout(
@@ -367,6 +369,8 @@ def _write(
             if resume is not None:
                 sink.restore(resume.state, resume.partial)
                 checkpoints.seed(resume.state, sink)
+                # This build's journal now holds everything the killed builds' files did.
+                output.remove_stale_partials(keep={temp, OutputFolder.journal_of(temp)})
                 fingerprint.update("".join(resume.state.fingerprint).encode())
                 report.rejects.extend(Reject(**r) for r in resume.state.rejects)
                 report.resumed = resume.state.samples

@@ -178,8 +178,10 @@ class OutputFolder:
         """Temp files of builds that died; call only while holding the lock."""
         return sorted(self.folder.glob(f".{self.name}{PARTIAL_MARK}*"))
 
-    def remove_stale_partials(self) -> list[Path]:
-        removed = self.stale_partials()
+    def remove_stale_partials(self, keep: Iterable[Path] = ()) -> list[Path]:
+        """Delete the temp files and journals of dead builds, except ``keep``."""
+        kept = set(keep)
+        removed = [path for path in self.stale_partials() if path not in kept]
         for path in removed:
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()

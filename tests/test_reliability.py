@@ -212,6 +212,8 @@ def test_resume_of_a_resumed_build_that_was_killed_again(project: Path, tmp_path
     first = run_script(KILLED_BUILD, str(project), "6", "1", "decode")
     second = run_script(KILLED_BUILD, str(project), "14", "1", "decode", "resume")
     assert (first.returncode, second.returncode) == (-signal.SIGKILL, -signal.SIGKILL)
+    leftovers = sorted(p.suffix for p in reference.path.parent.glob(".cells.partial-*"))
+    assert leftovers == [".h5", ".journal"], "the first build's files went once copied"
 
     resumed = build(project, jobs=2, resume=True)
 
