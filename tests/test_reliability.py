@@ -283,8 +283,8 @@ def test_resume_passes_over_a_newer_journal_of_another_config(project: Path) -> 
 def test_resume_refuses_inputs_edited_in_place(project: Path, tmp_path: Path) -> None:
     killed = run_script(KILLED_BUILD, str(project), "10", "1", "decode")
     assert killed.returncode == -signal.SIGKILL
-    # Every file: same name, same size in pixels; one gets new pixels, the others only a new
-    # mtime, which is all a resume can see without reading them.
+    # One image is edited in place: same name and size in pixels, new pixels and a later
+    # mtime. Its size and mtime are what a resume sees without reading the file.
     images = sorted((tmp_path / "raw" / "images").glob("*.png"))
     with Image.open(images[0]) as opened:
         edited = 255 - np.asarray(opened)
