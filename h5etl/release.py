@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import logging
 import os
 import re
 import secrets
@@ -23,6 +24,8 @@ from typing import NoReturn
 
 from h5etl.errors import LockHeld, ReleaseError
 from h5etl.records import Reject
+
+logger = logging.getLogger(__name__)
 
 _VERSION = re.compile(r"^(?P<name>.+)-v(?P<version>\d{4,})\.h5$")
 PARTIAL_MARK = ".partial-"
@@ -117,32 +120,61 @@ class OutputFolder:
 
     def _acquire(self) -> int:
         for _ in range(3):
-            fd = os.open(self.lock_path, os.O_CREAT | os.O_RDWR, 0o644)
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                self._raise_held()
-            try:
-                current = os.stat(self.lock_path).st_ino
-            except FileNotFoundError:
-                current = None
-            if current != os.fstat(fd).st_ino:  # its holder finished and removed it meanwhile
+                fd = os.open(self.lock_path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o644)
+                created = True
+            except FileExistsError:
+                try:
+                    fd = os.open(self.lock_path, os.O_RDWR)
+                except FileNotFoundError:
+                    continue  # its holder finished meanwhile
+                created = False
+            locked = self._flock(fd)
+            if not self._still_named(fd):  # its holder finished and removed it meanwhile
                 os.close(fd)
                 continue
-            if self._held_without_flock():
+            if not created and self._held_without_flock(trust_flock=locked):
                 os.close(fd)
                 self._raise_held()
+            if not created and not locked:
+                # No flock on this file system (NFS mounted nolock): take a dead holder's
+                # lock as before flock, by removing it and creating it anew.
+                os.close(fd)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.lock_path)
+                continue
             holder = {
                 "pid": os.getpid(),
                 "host": socket.gethostname(),
                 "started": datetime.now(UTC).isoformat(timespec="seconds"),
-                "flock": True,  # its holder is alive exactly while the flock is held
+                "flock": locked,  # if so, its holder is alive exactly while the flock is held
             }
             os.ftruncate(fd, 0)
             os.pwrite(fd, json.dumps(holder).encode(), 0)
             return fd
         self._raise_held()
+
+    def _flock(self, fd: int) -> bool:
+        """Take the flock on ``fd``; False where the file system has none."""
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            self._raise_held()
+        except OSError as exc:
+            logger.warning(
+                "%s: the file system offers no flock (%s); the lock relies on the pid it names",
+                self.lock_path,
+                exc.strerror or exc,
+            )
+            return False
+        return True
+
+    def _still_named(self, fd: int) -> bool:
+        try:
+            return os.stat(self.lock_path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            return False
 
     def _read_lock(self) -> dict[str, object]:
         try:
@@ -151,15 +183,16 @@ class OutputFolder:
             return {}
         return data if isinstance(data, dict) else {}
 
-    def _held_without_flock(self) -> bool:
-        """Whether the file names a live holder that does not use flock (an older h5etl).
+    def _held_without_flock(self, *, trust_flock: bool) -> bool:
+        """Whether the file names a live holder that the flock does not speak for.
 
-        A holder that did use flock is dead once its flock could be taken, whatever its pid
-        now names (pids are reused) or whichever host it ran on.
+        With ``trust_flock`` (we hold the flock), a holder that used flock is dead, whatever
+        its pid now names (pids are reused) or whichever host it ran on; a holder without
+        flock (an older h5etl, a file system without it) is judged by its pid on this host.
         """
         holder = self._read_lock()
         pid = holder.get("pid")
-        if not holder or holder.get("flock") is True or pid == os.getpid():
+        if not holder or pid == os.getpid() or (trust_flock and holder.get("flock") is True):
             return False
         if holder.get("host") != socket.gethostname():
             return True  # its pid means nothing here

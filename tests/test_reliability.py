@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import hashlib
 import json
 import os
@@ -427,6 +428,29 @@ def test_a_dead_flock_holder_is_taken_over_whatever_its_pid_names(project: Path)
     (spec.output / ".cells.lock").write_text(json.dumps(reused))
 
     assert build(project).version == 1
+
+
+def test_lock_without_flock_support_falls_back_to_the_pid(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # NFS mounted with nolock, some FUSE file systems: flock fails with ENOLCK
+    def no_flock(fd: int, operation: int) -> None:
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_flock)
+    spec = load_spec(project)
+    output = release.OutputFolder(spec.output, spec.name)
+    with output.locked():
+        holder = json.loads((spec.output / ".cells.lock").read_text())
+        assert (holder["pid"], holder["flock"]) == (os.getpid(), False)
+    spec.output.mkdir(parents=True, exist_ok=True)
+    alive = {"pid": os.getppid(), "host": socket.gethostname(), "started": "2026-01-01"}
+    (spec.output / ".cells.lock").write_text(json.dumps({**alive, "flock": True}))
+    with pytest.raises(LockHeld):  # without flock, a live pid holds the lock
+        build(project)
+    (spec.output / ".cells.lock").write_text(dead_holder())
+    assert build(project).version == 1  # a dead one is taken over as before
+    assert not (spec.output / ".cells.lock").exists()
 
 
 def test_builds_of_different_configs_run_side_by_side(
