@@ -203,7 +203,7 @@ def find_samples(spec: Spec, progress: Callable[[int], None] | None = None) -> D
     # small; the rare duplicate keys and non-files go to side tables.
     roots: Roots = tuple((source, str(src.dir)) for source, src in spec.sources.items())
     listed = _Listed()
-    unlisted: list[Reject] = []
+    unlisted: dict[str, Reject] = {}  # by folder: sources may share one
     seen = 0
     for source, source_spec in spec.sources.items():
         files = listed.unique.setdefault(source, {})
@@ -212,9 +212,8 @@ def find_samples(spec: Spec, progress: Callable[[int], None] | None = None) -> D
         listed.not_files[source] = listing.not_files
         for folder, why in listing.unlistable:
             where = os.path.normpath(os.path.join(source_spec.dir, folder))
-            if where not in {r.path for r in unlisted}:  # sources may share a folder
-                detail = f"cannot list this folder, its files are not in the release: {why}"
-                unlisted.append(Reject(where, STAGE, "unreadable", detail))
+            detail = f"cannot list this folder, its files are not in the release: {why}"
+            unlisted.setdefault(where, Reject(where, STAGE, "unreadable", detail))
         for relpath in listing.relpaths:
             seen += 1
             if progress is not None:
@@ -227,7 +226,7 @@ def find_samples(spec: Spec, progress: Callable[[int], None] | None = None) -> D
             else:
                 files[key] = relpath
     samples: list[Sample] = []
-    rejects: list[Reject] = unlisted
+    rejects = list(unlisted.values())
     keys = sorted(set().union(*listed.unique.values(), *listed.duplicated.values()))
     for key in keys:
         sample = _pair(key, roots, listed, rejects)
