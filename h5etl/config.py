@@ -19,6 +19,8 @@ from h5etl.spec import Spec
 
 __all__ = ["load_spec", "parse_spec"]
 
+DEFAULT_OUTPUT = "releases"  # relative to the config file, like every path in it
+
 
 def _deep_merge(defaults: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
     merged = dict(defaults)
@@ -120,19 +122,29 @@ def _fields_for_sources(defaults: dict[str, Any], data: Mapping[str, Any]) -> di
     return {**defaults, "fields": kept}
 
 
-def _resolve_paths(data: dict[str, Any], base: Path) -> dict[str, Any]:
+def _resolve_paths(
+    data: dict[str, Any], base: Path
+) -> tuple[dict[str, Any], dict[tuple[str, ...], str]]:
+    """Paths made absolute against the config's folder, and the relative ones as written."""
     resolved = dict(data)
+    written: dict[tuple[str, ...], str] = {}
+
+    def absolute(key: tuple[str, ...], text: str) -> str:
+        if not Path(text).is_absolute():
+            written[key] = Path(text).as_posix()  # "./raw/images/" is stored as raw/images
+        return str(base / text)
+
     if isinstance(resolved.get("output"), str):
-        resolved["output"] = str(base / resolved["output"])
+        resolved["output"] = absolute(("output",), resolved["output"])
     sources = resolved.get("sources")
     if isinstance(sources, dict):
         resolved["sources"] = {
-            name: {**src, "dir": str(base / src["dir"])}
+            name: {**src, "dir": absolute(("sources", str(name), "dir"), src["dir"])}
             if isinstance(src, dict) and isinstance(src.get("dir"), str)
             else src
             for name, src in sources.items()
         }
-    return resolved
+    return resolved, written
 
 
 def _format_validation(exc: ValidationError, path: Path) -> list[str]:
@@ -160,12 +172,19 @@ def parse_spec(data: Mapping[str, Any], *, config_path: Path) -> Spec:
     defaults = _fields_for_sources(
         _recipe_defaults(data.get("pipeline", "segmentation"), config_path), data
     )
-    merged = _resolve_paths(_apply_recipe(defaults, data), config_path.parent)
+    merged = _apply_recipe(defaults, data)
+    merged.setdefault("output", DEFAULT_OUTPUT)  # the config's folder's, not the current one's
+    resolved, written = _resolve_paths(merged, config_path.parent)
     try:
-        spec = Spec.model_validate(merged)
+        spec = Spec.model_validate(resolved)
     except ValidationError as exc:
         problems = _format_validation(exc, config_path)
         raise ConfigError(problems[0], problems=problems) from exc
+    spec = spec.located(
+        config_dir=config_path.parent,
+        config_file=config_path if config_path.is_file() else None,
+        written_paths=written,
+    )
     missing = [
         f"{config_path}: sources.{name}.dir: folder does not exist: {src.dir}"
         for name, src in spec.sources.items()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import math
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -19,6 +20,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     field_validator,
     model_validator,
 )
@@ -235,8 +237,17 @@ class FieldSpec(_Strict):
         return self
 
 
+PathKey = tuple[str, ...]  # ("output",) or ("sources", <name>, "dir")
+
+
 class Spec(_Strict):
-    """A validated build config; paths are absolute, recipe defaults applied."""
+    """A validated build config; paths are absolute, recipe defaults applied.
+
+    A spec read from a file also knows where it came from (``config_file``, and the paths as the
+    config wrote them relative to its folder), so the stored config and its digest hold
+    relative paths and stay the same when the project folder moves. That origin is no field:
+    YAML cannot set it and it is not part of ``spec_text``.
+    """
 
     name: Annotated[str, Field(pattern=NAME_PATTERN, max_length=100)]
     pipeline: str = "segmentation"
@@ -253,6 +264,42 @@ class Spec(_Strict):
     pad: PadSpec = PadSpec()
     on_error: Literal["skip", "fail"] = "skip"
     max_rejects: Annotated[int, Field(ge=0)] | Annotated[float, Field(ge=0, lt=1)] | None = None
+    _config_file: Path | None = PrivateAttr(default=None)
+    _config_dir: Path | None = PrivateAttr(default=None)
+    _written_paths: dict[PathKey, str] = PrivateAttr(default_factory=dict)
+
+    def located(
+        self, *, config_dir: Path, config_file: Path | None, written_paths: Mapping[PathKey, str]
+    ) -> Spec:
+        """This spec, knowing the config it came from.
+
+        Parameters:
+            config_dir: the absolute folder relative paths were resolved against.
+            config_file: the absolute config file, or None when there is no real file.
+            written_paths: the paths the config wrote relative, by key, as written.
+        """
+        copy = self.model_copy()
+        copy._config_dir = config_dir
+        copy._config_file = config_file
+        copy._written_paths = dict(written_paths)
+        return copy
+
+    @property
+    def config_file(self) -> Path | None:
+        """The absolute path of the config file this spec was read from, if any."""
+        return self._config_file
+
+    def stored_path(self, key: PathKey, value: Path) -> str:
+        """How a path is stored: as the config wrote it relative to its folder, while it still
+        names the same place; otherwise (written absolute, or replaced in code) absolute."""
+        written = self._written_paths.get(key)
+        if (
+            written is not None
+            and self._config_dir is not None
+            and self._config_dir / written == value
+        ):
+            return written
+        return str(value)
 
     @field_validator("attrs")
     @classmethod
@@ -402,8 +449,16 @@ def _check_name(name: str, what: str) -> None:
 
 
 def spec_text(spec: Spec) -> str:
-    """The resolved config as YAML, as stored in every release it builds."""
-    return yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False, allow_unicode=True)
+    """The resolved config as YAML, as stored in every release it builds.
+
+    Paths the config wrote relative to its folder stay relative, so a moved or copied project
+    stores (and hashes) the same text.
+    """
+    data = spec.model_dump(mode="json")
+    data["output"] = spec.stored_path(("output",), spec.output)
+    for name, source in spec.sources.items():
+        data["sources"][name]["dir"] = spec.stored_path(("sources", name, "dir"), source.dir)
+    return yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
 
 
 def spec_sha256(spec: Spec) -> str:
