@@ -14,7 +14,7 @@ import hdf5plugin  # noqa: F401  (registers the Blosc/Zstd filters for reading)
 import numpy as np
 import yaml
 
-from h5etl import digest
+from h5etl import digest, hdf5info
 
 REQUIRED_ATTRS = ("name", "version", "created_at", "config", "config_sha256", "source_fingerprint")
 # What reading a damaged file, or one h5etl did not write, raises from h5py and numpy
@@ -22,10 +22,39 @@ _DAMAGE = (OSError, KeyError, ValueError, TypeError, RuntimeError)
 
 
 @dataclass(slots=True)
+class DeepTally:
+    """What ``deep`` recomputed: datasets, blocks and uncompressed bytes hashed."""
+
+    datasets: int = 0
+    blocks: int = 0
+    nbytes: int = 0
+    differ: list[str] = field(default_factory=list)
+    unreadable: list[str] = field(default_factory=list)
+
+    @property
+    def line(self) -> str:
+        done = f"deep: {self.datasets} datasets, {self.blocks} blocks, {_human(self.nbytes)} hashed"
+        if not self.differ and not self.unreadable:
+            return f"{done}, all SHA-256 digests equal"
+        if self.differ:
+            done += (
+                f", SHA-256 digests differ in {len(self.differ)} of {self.datasets}: "
+                + ", ".join(self.differ)
+            )
+        if self.unreadable:
+            done += f"; {len(self.unreadable)} unreadable: " + ", ".join(self.unreadable)
+        return done
+
+
+@dataclass(slots=True)
 class CheckReport:
+    """``lines`` is the report, ``PROBLEM`` and ``WARNING`` lines where they were found."""
+
     path: Path
     lines: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    deep: DeepTally | None = None
 
     @property
     def ok(self) -> bool:
@@ -35,13 +64,18 @@ class CheckReport:
         self.problems.append(text)
         self.lines.append(f"PROBLEM {text}")
 
+    def warn(self, text: str) -> None:
+        self.warnings.append(text)
+        self.lines.append(f"WARNING {text}")
+
     @property
     def summary(self) -> str:
-        """The first problem, on one line, with how many more there are."""
-        if not self.problems:
-            return "OK"
-        more = len(self.problems) - 1
-        return self.problems[0] + (f" (and {more} more problem(s), listed above)" if more else "")
+        """The verdict on one line; it counts the problems and repeats none of them."""
+        if self.problems:
+            n = len(self.problems)
+            return f"{n} problem{'s' if n > 1 else ''} (the PROBLEM lines of the report)"
+        n = len(self.warnings)
+        return f"OK ({n} warning{'s' if n > 1 else ''})" if n else "OK"
 
 
 @contextmanager
@@ -53,12 +87,6 @@ def _section(report: CheckReport, where: str) -> Iterator[None]:
         report.problem(
             f"{where}: unreadable, or not as h5etl writes it: {type(exc).__name__}: {exc}"
         )
-
-
-def _filters(dataset: h5py.Dataset) -> str:
-    names = {"32000": "lzf", "1": "gzip", "2": "shuffle", "32001": "blosc", "32015": "zstd"}
-    found = [names.get(str(k), str(k)) for k in dataset._filters] or ["none"]
-    return "+".join(found)
 
 
 def _attrs_section(handle: h5py.File, report: CheckReport) -> None:
@@ -95,35 +123,45 @@ def _diagnostics(handle: h5py.File, report: CheckReport) -> dict[str, dict[str, 
     return out
 
 
-def _recompute(dataset: h5py.Dataset, info: dict[str, Any]) -> tuple[str, list[str]]:
-    """The dataset's digest and block digests, recomputed from the stored data."""
+def _recompute(dataset: h5py.Dataset, info: dict[str, Any]) -> tuple[str, list[str], int]:
+    """The dataset's digest, block digests and bytes hashed, recomputed from the stored data."""
     if dataset.dtype.kind == "O":
-        rows = [r.decode("utf-8") if isinstance(r, bytes) else r for r in dataset[...]]
-        block = digest.text_block_digest(rows)
-        return digest.combine([block]), [block.hex()]
+        texts = [r.decode("utf-8") if isinstance(r, bytes) else r for r in dataset[...]]
+        data = digest.text_rows_bytes(texts)
+        block = hashlib.sha256(data).digest()
+        return digest.combine([block]), [block.hex()], len(data)
     if not info.get("block_rows"):
         # the sink hashes these (lineage) as one stream: one block, even when empty
-        block = digest.block_digest(np.ascontiguousarray(dataset[...]))
-        return digest.combine([block]), [block.hex()]
+        array = np.ascontiguousarray(dataset[...])
+        block = digest.block_digest(array)
+        return digest.combine([block]), [block.hex()], array.nbytes
     step = int(info["block_rows"])
-    blocks = []
+    blocks, nbytes = [], 0
     for start in range(0, len(dataset), step):
         try:
-            rows = dataset[start : start + step]
+            rows = np.ascontiguousarray(dataset[start : start + step])
         except OSError as exc:
             raise OSError(f"rows {start}..{start + step - 1} unreadable: {exc}") from exc
-        blocks.append(digest.block_digest(np.ascontiguousarray(rows)))
-    return digest.combine(blocks), [b.hex() for b in blocks]
+        blocks.append(digest.block_digest(rows))
+        nbytes += rows.nbytes
+    return digest.combine(blocks), [b.hex() for b in blocks], nbytes
 
 
 def _deep_verify(dataset: h5py.Dataset, info: dict[str, Any], report: CheckReport) -> None:
+    tally = report.deep
+    assert tally is not None, "a deep check starts with a tally"
+    tally.datasets += 1
     try:
-        sha, blocks = _recompute(dataset, info)
+        sha, blocks, nbytes = _recompute(dataset, info)
     except OSError as exc:
+        tally.unreadable.append(dataset.name)
         report.problem(f"{dataset.name}: {exc}")
         return
+    tally.blocks += len(blocks)
+    tally.nbytes += nbytes
     if sha == info["sha256"]:
         return
+    tally.differ.append(dataset.name)
     bad = [i for i, (a, b) in enumerate(zip(blocks, info["block_sha256"], strict=False)) if a != b]
     where = (
         f" (first bad block {bad[0]}, rows from {bad[0] * int(info['block_rows'])})" if bad else ""
@@ -139,12 +177,13 @@ def check_release(path: Path, *, deep: bool = False) -> CheckReport:
 
     Returns:
         A report; ``report.ok`` is false when anything is damaged or missing.
+
+    Raises:
+        ConfigError: ``path`` is no file: missing, a folder, a link to nothing, a FIFO.
+        CheckFailed: the file is not HDF5, or HDF5 cannot open it (truncated, overwritten).
     """
-    report = CheckReport(path)
-    handle = _open(path, report)
-    if handle is None:
-        return report
-    with handle:
+    report = CheckReport(path, deep=DeepTally() if deep else None)
+    with hdf5info.open_file(path) as handle:
         with _section(report, "file attrs"):
             _attrs_section(handle, report)
         expected = _diagnostics(handle, report)
@@ -154,33 +193,69 @@ def check_release(path: Path, *, deep: bool = False) -> CheckReport:
             for name in expected:
                 if name not in handle:
                     report.problem(f"{name}: dataset listed in diagnostics is missing")
-        for split in (k for k in handle if k != "diagnostics"):
-            group = handle.get(split)
-            if not isinstance(group, h5py.Group):
-                what = "a broken link" if group is None else f"a {type(group).__name__}"
-                report.problem(f"/{split}: {what}, not a split group: not an h5etl release")
-                continue
-            with _section(report, f"/{split}"):
-                _split_section(group, expected, report, deep=deep)
+        counts = _splits_section(handle, expected, report, deep=deep)
         with _section(report, "/diagnostics/datasets"):
             _ratio_line(expected, report)
+        with _section(report, "/"):
+            report.lines.append(hdf5info.readers(_filter_ids(handle)))
         with _section(report, "/diagnostics"):
             _rejects_line(handle, report)
-    report.lines.append("OK" if report.ok else f"{len(report.problems)} problem(s)")
+        if report.deep is not None:
+            report.lines.append(report.deep.line)
+    _empty_section(counts, report)
     return report
 
 
-def _open(path: Path, report: CheckReport) -> h5py.File | None:
-    try:
-        return h5py.File(path, "r")
-    except (OSError, ValueError) as exc:
-        if not path.exists():
-            report.problem("no such file" if not path.is_symlink() else "link points nowhere")
-        elif path.is_dir():
-            report.problem("a folder, not a release file")
-        else:
-            report.problem(f"cannot open as HDF5 (not an HDF5 file, or truncated): {exc}")
-        return None
+def _splits_section(
+    handle: h5py.File, expected: dict[str, dict[str, Any]], report: CheckReport, *, deep: bool
+) -> dict[str, int]:
+    """Report each split group; return its sample count."""
+    counts = {}
+    for split in (k for k in handle if k != "diagnostics"):
+        group = handle.get(split)
+        if not isinstance(group, h5py.Group):
+            what = "a broken link" if group is None else f"a {type(group).__name__}"
+            report.problem(f"/{split}: {what}, not a split group: not an h5etl release")
+            continue
+        with _section(report, f"/{split}"):
+            counts[split] = _split_section(group, expected, report, deep=deep)
+    return counts
+
+
+def _empty_section(counts: dict[str, int], report: CheckReport) -> None:
+    """A release of no sample is a problem (older versions published them); an empty split
+    is a warning."""
+    if not sum(counts.values()):
+        report.problem(
+            "0 samples in the release: every input was rejected, or none was found; "
+            "build it again from inputs that pass (h5etl no longer publishes such builds)"
+        )
+        return
+    for split, count in counts.items():
+        if not count:
+            report.warn(
+                f"/{split}: 0 samples: the split is empty (too few inputs, or all of its "
+                "inputs were rejected)"
+            )
+
+
+def _filter_ids(handle: h5py.File) -> list[int]:
+    return [
+        number
+        for group in handle.values()
+        if isinstance(group, h5py.Group) and group.name != "/diagnostics"
+        for dataset in group.values()
+        if isinstance(dataset, h5py.Dataset)
+        for number in hdf5info.filter_ids(dataset)
+    ]
+
+
+def _human(size: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.1f} {unit}" if unit != "B" else f"{int(size)} B"
+        size /= 1024
+    return f"{size:.1f} GiB"
 
 
 def _rejects_line(handle: h5py.File, report: CheckReport) -> None:
@@ -200,7 +275,7 @@ def _rejects_line(handle: h5py.File, report: CheckReport) -> None:
 
 def _split_section(
     group: h5py.Group, expected: dict[str, dict[str, Any]], report: CheckReport, *, deep: bool
-) -> None:
+) -> int:
     datasets = [ds for ds in group.values() if isinstance(ds, h5py.Dataset)]
     count = max((_rows(ds) for ds in datasets), default=0)
     report.lines.append(f"{group.name}: {count} samples")
@@ -208,6 +283,11 @@ def _split_section(
         with _section(report, dataset.name):
             _dataset_section(dataset, count, expected, report, deep=deep)
     _values_section(group, report)
+    return count
+
+
+def _filters(dataset: h5py.Dataset) -> str:
+    return "+".join(hdf5info.filter_name(n) for n in hdf5info.filter_ids(dataset)) or "none"
 
 
 def _rows(dataset: h5py.Dataset) -> int:

@@ -178,11 +178,14 @@ def check(
     from h5etl.check import check_release
     from h5etl.errors import CheckFailed
 
+    # The report, PROBLEM and WARNING lines included, goes to stdout; on failure one verdict
+    # line goes to stderr, counting the problems without repeating them.
     report = _run(lambda: check_release(path, deep=deep))
     for line in report.lines:
         _say(line)
     if not report.ok:
         raise _fail(CheckFailed(report.summary, path=path))
+    _say(report.summary)
 
 
 @app.command()

@@ -1,0 +1,129 @@
+"""hdf5info: what a file is, in h5etl's words. Opens it or says why not; names its filters
+and which tools can read them.
+
+Checked with Debian's HDF5 1.10.8 tools: gzip and shuffle are built into every HDF5; lzf is
+h5py's own filter; Blosc and Zstd come from hdf5plugin. Without the filter, h5dump prints
+``DATA { }`` and h5ls "Unable to print data", both with exit code 0.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+import h5py
+import hdf5plugin
+
+from h5etl.errors import CheckFailed, ConfigError
+
+BUILT_IN = {1: "gzip", 2: "shuffle", 3: "fletcher32", 4: "szip", 5: "nbit", 6: "scaleoffset"}
+LZF = 32000  # h5py's own filter: compiled into h5py, not into HDF5
+HDF5PLUGIN = {number: name for name, number in hdf5plugin.FILTERS.items()}
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"  # at 0, 512, 1024, 2048, ... (after a user block)
+PLUGIN_NAMES = {
+    "blosc": "Blosc",
+    "blosc2": "Blosc2",
+    "zstd": "Zstd",
+    "lz4": "LZ4",
+    "bshuf": "Bitshuffle",
+}
+
+
+def filter_ids(dataset: h5py.Dataset) -> list[int]:
+    """The dataset's filter ids, in pipeline order (empty for contiguous datasets)."""
+    plist = dataset.id.get_create_plist()
+    return [int(plist.get_filter(index)[0]) for index in range(plist.get_nfilters())]
+
+
+def filter_name(number: int) -> str:
+    if number == LZF:
+        return "lzf"
+    return BUILT_IN.get(number) or HDF5PLUGIN.get(number) or f"filter {number}"
+
+
+def _and(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def readers(numbers: Iterable[int]) -> str:
+    """Which tools can read data stored through these filters: one line, for ``check``."""
+    used = sorted(set(numbers))
+    if all(n in BUILT_IN for n in used):
+        names = [BUILT_IN[n] for n in used]
+        why = (
+            f"{_and(names)} {'is' if len(names) == 1 else 'are'} built into HDF5"
+            if names
+            else "no filters"
+        )
+        return f"readable by: every HDF5 tool and library ({why})"
+    pip = [PLUGIN_NAMES.get(HDF5PLUGIN[n], HDF5PLUGIN[n]) for n in used if n in HDF5PLUGIN]
+    other = [f"filter {n}" for n in used if n not in BUILT_IN and n not in HDF5PLUGIN and n != LZF]
+    h5py_reads = 'h5py after "import hdf5plugin"' if pip else "h5py"
+    if other:
+        h5py_reads += f" with the plugin for {_and(other)} in HDF5_PLUGIN_PATH"
+    if LZF in used:
+        h5py_reads += " (lzf is h5py's own filter)"
+    plugins = ["LZF"] * (LZF in used) + pip + other
+    many = len(plugins) > 1
+    where = ""
+    if pip:
+        where = (
+            f" (hdf5plugin.PLUGIN_PATH holds {'it' if plugins == pip and not many else _and(pip)})"
+        )
+    return (
+        f"readable by: {h5py_reads}; h5dump, h5ls and other HDF5 tools need the "
+        f"{_and(plugins)} plugin{'s' if many else ''} in HDF5_PLUGIN_PATH{where}, "
+        f"without {'them' if many else 'it'} they print no data"
+    )
+
+
+def open_file(path: Path) -> h5py.File:
+    """Open the release file ``path`` read-only.
+
+    Raises:
+        ConfigError: ``path`` is no file: missing, a folder, a link to nothing, a FIFO.
+        CheckFailed: the file is not HDF5, or HDF5 cannot open it (truncated, overwritten).
+    """
+    if path.is_symlink() and not path.exists():
+        raise ConfigError(
+            f"a link to {os.readlink(path)}, which does not exist; "
+            "point it at a release with h5etl rollback",
+            path=path,
+        )
+    if not path.exists():
+        raise ConfigError("no such file; give a release file or its link", path=path)
+    if path.is_dir():
+        raise ConfigError(
+            "a folder, not a release file; h5etl releases lists the releases in it", path=path
+        )
+    if not path.is_file():  # a FIFO would block the open
+        raise ConfigError("not a regular file (a FIFO, socket or device)", path=path)
+    try:
+        return h5py.File(path, "r")
+    except (OSError, ValueError) as exc:
+        raise CheckFailed(_why_not_hdf5(path, exc), path=path) from exc
+
+
+def _why_not_hdf5(path: Path, exc: Exception) -> str:
+    """Why HDF5 could not open ``path``, in our words, without HDF5's."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as raw:
+            offset, signed = 0, False
+            while offset + len(HDF5_SIGNATURE) <= size and not signed:
+                raw.seek(offset)
+                signed = raw.read(len(HDF5_SIGNATURE)) == HDF5_SIGNATURE
+                offset = max(512, offset * 2)
+    except OSError as error:
+        return f"cannot read it: {error.strerror or error}"
+    if not size:
+        return "an empty file, not an HDF5 file (h5etl releases are HDF5)"
+    if not signed:
+        return "not an HDF5 file (h5etl releases are HDF5)"
+    if "truncated file" in str(exc):
+        return (
+            f"a truncated HDF5 file: HDF5 cannot open it ({size:,} bytes are left of it); "
+            "copy it again from where it came from"
+        )
+    return "a damaged HDF5 file: HDF5 cannot open it; copy it again from where it came from"
