@@ -6,16 +6,28 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import difflib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from h5etl import resources
 from h5etl.errors import ConfigError
-from h5etl.spec import Spec
+from h5etl.spec import (
+    Compression,
+    FieldSpec,
+    PadSpec,
+    SourceSpec,
+    Spec,
+    SpecProblems,
+    StorageSpec,
+    source_for,
+    unknown_source,
+)
 
 __all__ = ["load_spec", "parse_spec"]
 
@@ -80,7 +92,7 @@ def _read_yaml_mapping(path: Path, what: str) -> dict[str, Any]:
     return data
 
 
-def _recipe_defaults(pipeline: Any, config_path: Path) -> dict[str, Any]:
+def _recipe_defaults(pipeline: Any, config_path: Path) -> tuple[Path, dict[str, Any]]:
     if not isinstance(pipeline, str) or not pipeline:
         raise ConfigError(
             f"must name a recipe such as 'segmentation' or a path to one, got {pipeline!r}",
@@ -99,7 +111,7 @@ def _recipe_defaults(pipeline: Any, config_path: Path) -> dict[str, Any]:
     defaults = recipe.get("defaults", {})
     if not isinstance(defaults, dict):
         raise ConfigError("defaults must be a mapping", path=recipe_path, key="defaults")
-    return defaults
+    return recipe_path, defaults
 
 
 def _fields_for_sources(defaults: dict[str, Any], data: Mapping[str, Any]) -> dict[str, Any]:
@@ -116,10 +128,18 @@ def _fields_for_sources(defaults: dict[str, Any], data: Mapping[str, Any]) -> di
     kept = {
         name: field
         for name, field in fields.items()
-        if name in named
-        or (field.get("source", name) if isinstance(field, dict) else name) in sources
+        if name in named or _reads_one_of(name, field, sources)
     }
     return {**defaults, "fields": kept}
+
+
+def _reads_one_of(name: str, field: Any, sources: Mapping[str, Any]) -> bool:
+    if not isinstance(field, dict):
+        return name in sources
+    source = field.get("source")
+    if source is None and field.get("dtype") == "str":
+        return True  # a text field without a source reads the first source, whatever its name
+    return (name if source is None else source) in sources
 
 
 def _resolve_paths(
@@ -147,19 +167,155 @@ def _resolve_paths(
     return resolved, written
 
 
-def _format_validation(exc: ValidationError, path: Path) -> list[str]:
-    lines = []
+Key = tuple[str | int, ...]
+Kind = Literal["unknown_key", "unknown_source", "other"]
+
+# The model that validates the mapping at each key path (None: any name), for "did you mean".
+_MODELS: list[tuple[tuple[str | None, ...], type[BaseModel]]] = [
+    ((), Spec),
+    (("storage",), StorageSpec),
+    (("pad",), PadSpec),
+    (("sources", None), SourceSpec),
+    (("fields", None), FieldSpec),
+    (("storage", "compression"), Compression),
+    (("fields", None, "compression"), Compression),
+]
+
+
+@dataclass(frozen=True, slots=True)
+class _Found:
+    keys: tuple[Key, ...]
+    message: str
+    kind: Kind = "other"
+
+
+def _unknown_key(key: Key) -> str:
+    parent, name = key[:-1], str(key[-1])
+    for pattern, model in _MODELS:
+        if len(pattern) == len(parent) and all(
+            want is None or want == part for want, part in zip(pattern, parent, strict=True)
+        ):
+            close = difflib.get_close_matches(name, list(model.model_fields), n=1)
+            if close:
+                return (
+                    f"unknown key; did you mean {close[0]!r}? (the README's config reference "
+                    f"lists every key)"
+                )
+    return "unknown key (check the spelling against the README's config reference)"
+
+
+def _typos(data: Mapping[str, Any], merged: Mapping[str, Any]) -> list[_Found]:
+    """Unknown top-level keys and fields reading no source: the likely cause of the rest."""
+    found = [
+        _Found(((key,),), _unknown_key((key,)), "unknown_key")
+        for key in data
+        if key not in Spec.model_fields
+    ]
+    sources, fields = merged.get("sources"), merged.get("fields")
+    if not isinstance(sources, Mapping) or not sources or not isinstance(fields, Mapping):
+        return found
+    names = [str(name) for name in sources]
+    for name, field in fields.items():
+        source = field.get("source") if isinstance(field, Mapping) else None
+        if not isinstance(name, str) or not isinstance(field, Mapping):
+            continue
+        if source is not None and not isinstance(source, str):
+            continue
+        read = source_for(name, source=source, is_text=field.get("dtype") == "str", sources=names)
+        if read not in names:
+            key: Key = ("fields", name) if source is None else ("fields", name, "source")
+            message = unknown_source(read, names, implicit=source is None)
+            found.append(_Found((key,), message, "unknown_source"))
+    return found
+
+
+def _from_validation(exc: ValidationError) -> list[_Found]:
+    found: list[_Found] = []
     for error in exc.errors(include_url=False):
-        key = ".".join(str(part) for part in error["loc"] if part != "function-after[...]")
+        loc = tuple(part for part in error["loc"] if part != "function-after[...]")
+        cause = error.get("ctx", {}).get("error")
+        if isinstance(cause, SpecProblems):  # a model validator that names its own keys
+            found.extend(
+                _Found(tuple((*loc, *key) for key in problem.keys), problem.message)
+                for problem in cause.problems
+            )
+            continue
         message = error["msg"].removeprefix("Value error, ")
+        kind: Kind = "other"
         if error["type"] == "extra_forbidden":
-            message = "unknown key (check the spelling against the README's config reference)"
+            message, kind = _unknown_key(loc), "unknown_key"
         elif error["type"] == "missing":
             message = "required key is missing"
         elif "input" in error and error["type"] not in {"value_error", "assertion_error"}:
             message = f"{message}, got {error['input']!r}"
-        lines.append(f"{path}: {key}: {message}" if key else f"{path}: {message}")
-    return lines
+        found.append(_Found((loc,), message, kind))
+    return found
+
+
+def _depth(tree: Any, key: Key) -> int:
+    """How many leading parts of ``key`` the mapping ``tree`` holds."""
+    depth = 0
+    for part in key:
+        if isinstance(tree, Mapping) and part in tree:
+            tree = tree[part]
+        elif isinstance(tree, list) and isinstance(part, int) and 0 <= part < len(tree):
+            tree = tree[part]  # a list index in a pydantic location
+        else:
+            break
+        depth += 1
+    return depth
+
+
+@dataclass(frozen=True, slots=True)
+class _Origin:
+    """Which file wrote a key: the config, or the recipe whose defaults filled it in."""
+
+    config_path: Path
+    config: Mapping[str, Any]
+    recipe_path: Path
+    recipe: Mapping[str, Any]
+
+    def from_recipe(self, keys: Sequence[Key]) -> bool:
+        """Whether the recipe wrote the offending value (and the config did not replace it)."""
+        return all(_depth(self.recipe, key) == len(key) > _depth(self.config, key) for key in keys)
+
+    def written(self, keys: Sequence[Key]) -> bool:
+        """Whether the config itself set one of these keys (not the recipe, not nobody)."""
+        return any(0 < _depth(self.config, key) >= _depth(self.recipe, key) for key in keys)
+
+    def line(self, found: _Found) -> str:
+        if self.from_recipe(found.keys):
+            shown = ", ".join(".".join(map(str, ("defaults", *key))) for key in found.keys)
+            return (
+                f"{self.recipe_path}: {shown}: {found.message} (a recipe default, used by "
+                f"{self.config_path})"
+            )
+        shown = ", ".join(".".join(map(str, key)) for key in found.keys if key)
+        where = f"{self.config_path}: {shown}" if shown else str(self.config_path)
+        return f"{where}: {found.message}{self._recipe_note(found.keys)}"
+
+    def _recipe_note(self, keys: Sequence[Key]) -> str:
+        """Where a key the config never wrote came from: ``fields.image`` of the recipe."""
+        for key in keys:
+            depth = _depth(self.recipe, key)
+            if depth > _depth(self.config, key):
+                part = ".".join(map(str, key[:depth]))
+                return f" ({part} comes from the recipe {self.recipe_path})"
+        return ""
+
+
+def _problem_lines(origin: _Origin, typos: list[_Found], found: list[_Found]) -> list[str]:
+    """Typos first; beside one, only what the config itself wrote (the rest is likely their
+    side effect: ``feilds:`` leaves the recipe's fields without shapes)."""
+    seen = {typo.keys for typo in typos}
+    found = [f for f in found if f.keys not in seen]
+    typos = typos + [f for f in found if f.kind != "other"]
+    others = [f for f in found if f.kind == "other"]
+    if typos:
+        # a model with an unknown key: its complaints about itself are likely the typo's
+        parents = {f.keys[0][:-1] for f in typos if f.kind == "unknown_key"}
+        others = [f for f in others if origin.written(f.keys) and f.keys[0] not in parents]
+    return [origin.line(f) for f in typos + others]
 
 
 def parse_spec(data: Mapping[str, Any], *, config_path: Path) -> Spec:
@@ -169,16 +325,15 @@ def parse_spec(data: Mapping[str, Any], *, config_path: Path) -> Spec:
         ConfigError: one line per problem, naming the file and the dotted key.
     """
     config_path = config_path.absolute()
-    defaults = _fields_for_sources(
-        _recipe_defaults(data.get("pipeline", "segmentation"), config_path), data
-    )
-    merged = _apply_recipe(defaults, data)
+    recipe_path, recipe = _recipe_defaults(data.get("pipeline", "segmentation"), config_path)
+    origin = _Origin(config_path, data, recipe_path, recipe)
+    merged = _apply_recipe(_fields_for_sources(recipe, data), data)
     merged.setdefault("output", DEFAULT_OUTPUT)  # the config's folder's, not the current one's
     resolved, written = _resolve_paths(merged, config_path.parent)
     try:
         spec = Spec.model_validate(resolved)
     except ValidationError as exc:
-        problems = _format_validation(exc, config_path)
+        problems = _problem_lines(origin, _typos(data, merged), _from_validation(exc))
         raise ConfigError(problems[0], problems=problems) from exc
     spec = spec.located(
         config_dir=config_path.parent,
@@ -186,7 +341,7 @@ def parse_spec(data: Mapping[str, Any], *, config_path: Path) -> Spec:
         written_paths=written,
     )
     missing = [
-        f"{config_path}: sources.{name}.dir: folder does not exist: {src.dir}"
+        origin.line(_Found((("sources", name, "dir"),), f"folder does not exist: {src.dir}"))
         for name, src in spec.sources.items()
         if not src.dir.is_dir()
     ]

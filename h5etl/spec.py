@@ -6,34 +6,48 @@ One pydantic model per concern, unknown keys refused; values are checked against
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import numpy as np
 import yaml
 from pydantic import (
-    AfterValidator,
-    BaseModel,
-    ConfigDict,
     Field,
     PrivateAttr,
     field_validator,
     model_validator,
 )
 
+from h5etl.specparts import (
+    Compression,
+    FieldSpec,
+    PadSpec,
+    Problem,
+    SourceSpec,
+    SpecProblems,
+    StorageSpec,
+    Strict,
+)
+from h5etl.storable import AttrValue, Text, attr_name_problem
+
 __all__ = [
     "Compression",
     "FieldSpec",
     "PadSpec",
+    "Problem",
     "SourceSpec",
     "Spec",
+    "SpecProblems",
     "StorageSpec",
+    "source_for",
     "spec_sha256",
     "spec_text",
+    "unknown_source",
 ]
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
@@ -52,195 +66,40 @@ RESERVED_ATTRS = frozenset(
         "source_fingerprint",
     }
 )  # file attributes every build writes (pipeline._file_attrs)
-IMAGE_MODES: dict[str, int] = {"RGB": 3, "L": 1}
 MAX_CHUNK_BYTES = 2**32 - 1  # HDF5 refuses chunks of 4 GiB or more
 # A decode task holds a whole chunk of every image field: the lcm of their chunk rows. Fields
 # that agree make that one chunk, the user's own choice; fields that disagree may grow it to
 # this many samples (32 chunks of the default 32) before memory stops being "a few batches".
 MAX_BATCH_SAMPLES = 1024
-INT64_MIN, INT64_MAX, UINT64_MAX = -(2**63), 2**63 - 1, 2**64 - 1
-MAX_ATTR_NAME_BYTES = 65534  # HDF5's limit on an attribute name (UTF-8, without the NUL)
 
 
-def _shown(text: str) -> str:
-    return repr(text) if len(text) <= 60 else f"{text[:60]!r}..."
+def source_for(
+    field_name: str, *, source: str | None, is_text: bool, sources: Sequence[str]
+) -> str:
+    """The source a field reads: ``source``, else the same-named source, else (a text field)
+    the first source."""
+    if source is not None:
+        return source
+    if field_name in sources or not is_text or not sources:
+        return field_name
+    return sources[0]
 
 
-def _storable_text(text: str) -> str:
-    """A string HDF5 stores as it is: no NUL (it ends C strings), valid UTF-8."""
-    if "\x00" in text:
-        raise ValueError(f"HDF5 text cannot hold a NUL character (\\0), got {_shown(text)}")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise ValueError(f"text must be valid UTF-8, got {_shown(text)}") from exc
-    return text
-
-
-def _storable_attr(value: Any) -> Any:
-    """An attribute value h5py stores exactly: text as above, integers in 64 bits."""
-    if isinstance(value, str):
-        return _storable_text(value)
-    if isinstance(value, list):
-        for item in value:
-            if isinstance(item, str):
-                _storable_text(item)
-            elif isinstance(item, int) and not INT64_MIN <= item <= INT64_MAX:
-                # numpy turns such a list into float64 (or objects HDF5 cannot store)
-                raise ValueError(
-                    f"integers in a list must fit in int64 ({INT64_MIN}..{INT64_MAX}), got "
-                    f"{item}; write it as a string"
-                )
-    elif isinstance(value, int) and not INT64_MIN <= value <= UINT64_MAX:
-        raise ValueError(
-            f"integers must fit in 64 bits ({INT64_MIN}..{UINT64_MAX}), got {value}; "
-            f"write it as a string"
-        )
-    return value
-
-
-def _attr_name_problem(name: str) -> str | None:
-    """Why HDF5 would refuse (or truncate) an attribute name, or None."""
-    if not name:
-        return "attribute names cannot be empty"
-    if "\x00" in name:
-        return f"attribute names cannot hold a NUL character (\\0), got {_shown(name)}"
-    try:
-        size = len(name.encode("utf-8"))
-    except UnicodeEncodeError:
-        return f"attribute names must be valid UTF-8, got {_shown(name)}"
-    if size > MAX_ATTR_NAME_BYTES:
-        return (
-            f"attribute names must be at most {MAX_ATTR_NAME_BYTES} bytes of UTF-8, got {size} "
-            f"({_shown(name)})"
-        )
-    return None
-
-
-Text = Annotated[str, AfterValidator(_storable_text)]
-AttrValue = Annotated[
-    str | int | float | bool | list[str] | list[int] | list[float],
-    AfterValidator(_storable_attr),
-]
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class Compression(_Strict):
-    """A compression filter; written in YAML as ``lzf`` or as a mapping with options."""
-
-    codec: Literal["none", "lzf", "gzip", "blosc", "zstd"]
-    level: int | None = None
-    cname: Literal["lz4", "lz4hc", "zstd", "blosclz", "zlib"] = "lz4"
-    blosc_shuffle: Literal["none", "byte", "bit"] = "byte"
-
-    @model_validator(mode="before")
-    @classmethod
-    def _from_shorthand(cls, data: Any) -> Any:
-        if data is None or data is False:
-            return {"codec": "none"}
-        if isinstance(data, str):
-            return {"codec": data}
-        return data
-
-    @model_validator(mode="after")
-    def _level_in_range(self) -> Compression:
-        ranges = {"gzip": (0, 9), "blosc": (0, 9), "zstd": (1, 22)}
-        if self.level is not None:
-            if self.codec not in ranges:
-                raise ValueError(f"codec {self.codec} takes no level, got level {self.level}")
-            low, high = ranges[self.codec]
-            if not low <= self.level <= high:
-                raise ValueError(f"{self.codec} level must be in {low}..{high}, got {self.level}")
-        return self
-
-    @property
-    def effective_level(self) -> int | None:
-        defaults = {"gzip": 4, "blosc": 5, "zstd": 3}
-        return self.level if self.level is not None else defaults.get(self.codec)
-
-
-class SourceSpec(_Strict):
-    """One folder of inputs; files are paired across sources by their relative stem."""
-
-    dir: Path
-    glob: str = "*"
-
-
-class StorageSpec(_Strict):
-    """Chunking and filters for every field, unless a field overrides them."""
-
-    chunk_samples: Annotated[int, Field(gt=0, le=65536)] = 32
-    compression: Compression = Compression(codec="lzf")
-    shuffle: bool = True
-
-
-class PadSpec(_Strict):
-    """How an image smaller or larger than its field's shape is fitted."""
-
-    fill: Annotated[int, Field(ge=0, le=255)] = 0
-    mask_fill: Annotated[int, Field(ge=0, le=255)] = 0  # a label: must be in every mask's values
-    oversize: Literal["reject", "crop", "resize"] = "reject"
-
-
-class FieldSpec(_Strict):
-    """One dataset per split: decoded pixels of a source, or the source's file name."""
-
-    dtype: str = "uint8"
-    shape: tuple[Annotated[int, Field(gt=0)], ...] | None = None
-    mode: Literal["RGB", "L"] | None = None
-    values: tuple[Annotated[int, Field(ge=0, le=255)], ...] | None = None
-    source: str | None = None
-    chunks: tuple[Annotated[int, Field(gt=0)], ...] | None = None
-    compression: Compression | None = None
-    shuffle: bool | None = None
-
-    @property
-    def is_text(self) -> bool:
-        return self.dtype == "str"
-
-    @model_validator(mode="after")
-    def _consistent(self) -> FieldSpec:
-        if self.is_text:
-            for key in ("shape", "mode", "values", "chunks", "compression", "shuffle"):
-                if getattr(self, key) is not None:
-                    raise ValueError(f"a str field takes no {key}")
-            return self
-        try:
-            np.dtype(self.dtype)
-        except TypeError as exc:
-            raise ValueError(
-                f"dtype must be a numpy dtype name or str, got {self.dtype!r}"
-            ) from exc
-        if self.shape is None:
-            raise ValueError("an image field needs a shape, e.g. [3, 224, 224]")
-        if self.mode is None:
-            raise ValueError("an image field needs a mode: RGB or L")
-        if np.dtype(self.dtype) != np.uint8:
-            raise ValueError(
-                f"mode {self.mode} is stored as uint8 (16-bit inputs are scaled to 8 bits), "
-                f"got dtype {self.dtype}"
-            )
-        channels = IMAGE_MODES[self.mode]
-        if len(self.shape) != 3 or self.shape[0] != channels:
-            raise ValueError(
-                f"mode {self.mode} needs shape [{channels}, H, W] (channels first), "
-                f"got {list(self.shape)}"
-            )
-        if self.values is not None:
-            if self.mode != "L":
-                raise ValueError("values (a mask's allowed labels) need mode L")
-            if len(set(self.values)) != len(self.values):
-                raise ValueError(f"values must be distinct, got {list(self.values)}")
-        return self
+def unknown_source(source: str, sources: Iterable[str], *, implicit: bool) -> str:
+    """The message for a field reading a source that does not exist, with a likely fix."""
+    known = sorted(sources)
+    text = f"no source named {source!r}"
+    if implicit:
+        text += " (an image field reads the source of its own name unless it sets source)"
+    text += f"; sources: {', '.join(known)}"
+    close = difflib.get_close_matches(source, known, n=1)
+    return f"{text}; did you mean {close[0]!r}?" if close else f"{text}; set source: to one of them"
 
 
 PathKey = tuple[str, ...]  # ("output",) or ("sources", <name>, "dir")
 
 
-class Spec(_Strict):
+class Spec(Strict):
     """A validated build config; paths are absolute, recipe defaults applied.
 
     A spec read from a file also knows where it came from (``config_file``, and the paths as the
@@ -312,7 +171,7 @@ class Spec(_Strict):
                 f"{', '.join(clash)}"
             )
         # HDF5 refuses these only when the file is finished, after all the decoding
-        problems = [p for name in attrs if (p := _attr_name_problem(name)) is not None]
+        problems = [p for name in attrs if (p := attr_name_problem(name)) is not None]
         if problems:
             raise ValueError("; ".join(problems))
         return attrs
@@ -331,15 +190,22 @@ class Spec(_Strict):
 
     @model_validator(mode="after")
     def _fields_match_sources(self) -> Spec:
-        problems: list[str] = []
-        chunk_problems: list[str] = []  # of every image field
+        problems: list[Problem] = []
+        chunk_problems: list[Problem] = []  # of every image field
         for field_name, field in self.fields.items():
-            _check_name(field_name, "field")
+            key = ("fields", field_name)
+            name_problem = _name_problem(field_name, "field")
+            if name_problem is not None:
+                problems.append(Problem((key,), name_problem))
+                continue
             source = self.source_of(field_name)
             if source not in self.sources:
+                implicit = field.source is None
                 problems.append(
-                    f"fields.{field_name}: source {source!r} is not one of the sources "
-                    f"{sorted(self.sources)}"
+                    Problem(
+                        (key if implicit else (*key, "source"),),
+                        unknown_source(source, self.sources, implicit=implicit),
+                    )
                 )
             if not field.is_text:
                 found = self._chunk_problems(field_name)
@@ -347,69 +213,78 @@ class Spec(_Strict):
                 problems.extend(found)
             if field.values is not None and self.pad.mask_fill not in field.values:
                 problems.append(
-                    f"pad.mask_fill: padding of mask fields.{field_name} must be one of its "
-                    f"values {list(field.values)}, got {self.pad.mask_fill}"
+                    Problem(
+                        (("pad", "mask_fill"),),
+                        f"padding of mask fields.{field_name} must be one of its values "
+                        f"{list(field.values)}, got {self.pad.mask_fill}",
+                    )
                 )
         if not chunk_problems:  # the chunk shapes are sound, so their sample rows are known
             problems.extend(self._batch_problems())
         used = {self.source_of(name) for name, f in self.fields.items() if not f.is_text}
         problems.extend(
-            f"sources.{name}: no image field reads this source; add fields.{name}"
+            Problem((("sources", name),), f"no image field reads this source; add fields.{name}")
             for name in self.sources
             if name not in used
         )
         if problems:
-            raise ValueError("; ".join(problems))
+            raise SpecProblems(problems)
         return self
 
-    def _chunk_problems(self, field_name: str) -> list[str]:
+    def _chunk_problems(self, field_name: str) -> list[Problem]:
         field = self.fields[field_name]
         assert field.shape is not None
+        key = (("fields", field_name, "chunks"),)
         chunks = self.chunks_of(field_name)
         expected_rank = len(field.shape) + 1
         if len(chunks) != expected_rank:
             return [
-                f"fields.{field_name}.chunks: needs {expected_rank} numbers (samples, then one "
-                f"per axis of shape {list(field.shape)}), got {list(chunks)}"
+                Problem(
+                    key,
+                    f"needs {expected_rank} numbers (samples, then one per axis of shape "
+                    f"{list(field.shape)}), got {list(chunks)}",
+                )
             ]
         too_big = [c for c, s in zip(chunks[1:], field.shape, strict=True) if c > s]
         if too_big:
             return [
-                f"fields.{field_name}.chunks: each axis must fit the shape "
-                f"{list(field.shape)}, got {list(chunks)}"
+                Problem(
+                    key, f"each axis must fit the shape {list(field.shape)}, got {list(chunks)}"
+                )
             ]
         if math.prod(chunks) * np.dtype(field.dtype).itemsize > MAX_CHUNK_BYTES:
-            return [f"fields.{field_name}.chunks: a chunk must be under 4 GiB, got {list(chunks)}"]
+            return [Problem(key, f"a chunk must be under 4 GiB, got {list(chunks)}")]
         return []
 
-    def _batch_problems(self) -> list[str]:
+    def _batch_problems(self) -> list[Problem]:
         rows = {name: self.chunks_of(name)[0] for name in self.image_fields}
         batch = math.lcm(*rows.values())
         if batch <= max([MAX_BATCH_SAMPLES, *rows.values()]):
             return []
         keys = dict.fromkeys(
-            f"fields.{name}.chunks"
+            ("fields", name, "chunks")
             if self.fields[name].chunks is not None
-            else "storage.chunk_samples"
+            else ("storage", "chunk_samples")
             for name in rows
         )
         shown = ", ".join(f"{name} {count}" for name, count in rows.items())
         return [
-            f"{', '.join(keys)}: chunk rows {shown} make decode tasks of {batch} samples (a "
-            f"task holds a whole chunk of every image field: their least common multiple); "
-            f"at most {MAX_BATCH_SAMPLES} or the largest chunk rows keeps memory bounded: use "
-            f"chunk rows that divide one another, e.g. the same for every field"
+            Problem(
+                tuple(keys),
+                f"chunk rows {shown} make decode tasks of {batch} samples (a task holds a whole "
+                f"chunk of every image field: their least common multiple); at most "
+                f"{MAX_BATCH_SAMPLES} or the largest chunk rows keeps memory bounded: use chunk "
+                f"rows that divide one another, e.g. the same for every field",
+            )
         ]
 
     # Derived views; computed, never stored, so they cannot drift from the config.
     def source_of(self, field_name: str) -> str:
         """The source a field reads: ``source``, else the same-named source, else the first."""
         field = self.fields[field_name]
-        if field.source is not None:
-            return field.source
-        if field_name in self.sources or not field.is_text:
-            return field_name
-        return next(iter(self.sources))
+        return source_for(
+            field_name, source=field.source, is_text=field.is_text, sources=list(self.sources)
+        )
 
     def chunks_of(self, field_name: str) -> tuple[int, ...]:
         """The HDF5 chunk shape of a field, sample axis first."""
@@ -440,12 +315,19 @@ class Spec(_Strict):
         return math.lcm(*(self.chunks_of(name)[0] for name in self.image_fields))
 
 
-def _check_name(name: str, what: str) -> None:
+def _name_problem(name: str, what: str) -> str | None:
     if not re.match(NAME_PATTERN, name) or name in RESERVED_NAMES:
-        raise ValueError(
+        return (
             f"{what} name {name!r} must match {NAME_PATTERN} and not be one of "
             f"{sorted(RESERVED_NAMES)}"
         )
+    return None
+
+
+def _check_name(name: str, what: str) -> None:
+    problem = _name_problem(name, what)
+    if problem is not None:
+        raise ValueError(problem)
 
 
 def spec_text(spec: Spec) -> str:

@@ -71,7 +71,9 @@ def test_own_field_names_do_not_inherit_the_recipe_fields(raw_root: Path) -> Non
     }
     config.write_text(yaml.safe_dump(data), encoding="utf-8")
     spec = load_spec(config)
-    assert list(spec.fields) == ["img", "lbl"]
+    # the recipe's file-name field comes along: a text field reads the first source
+    assert sorted(spec.fields) == ["filename", "img", "lbl"]
+    assert spec.source_of("filename") == "img"
 
 
 def test_paths_resolve_relative_to_the_config(
@@ -206,15 +208,23 @@ ERRORS = [
         "fields.image.chunks: each axis must fit",
         id="too-big",
     ),
-    pytest.param({"fields": {"image": {"dtype": "float77"}}}, "fields.image: dtype", id="dtype"),
     pytest.param(
-        {"fields": {"image": {"dtype": "uint16"}}}, "fields.image: mode RGB is stored", id="uint16"
+        {"fields": {"image": {"dtype": "float77"}}}, "fields.image.dtype: allowed", id="dtype"
+    ),
+    pytest.param(
+        {"fields": {"image": {"dtype": "uint16"}}},
+        "fields.image.dtype: allowed dtypes are uint8",
+        id="uint16",
     ),
     pytest.param({"fields": {"image": {"shape": [1, 24, 24]}}}, "needs shape [3", id="channels"),
     pytest.param({"fields": {"image": {"values": [0, 1]}}}, "need mode L", id="values-rgb"),
     pytest.param({"fields": {"mask": {"values": [0, 0]}}}, "distinct", id="values-dup"),
     pytest.param({"fields": {"filename": {"shape": [1]}}}, "str field takes no shape", id="text"),
-    pytest.param({"fields": {"mask": {"source": "labels"}}}, "fields.mask: source", id="source"),
+    pytest.param(
+        {"fields": {"mask": {"source": "labels"}}},
+        "fields.mask.source: no source named 'labels'",
+        id="source",
+    ),
     pytest.param({"fields": {"diagnostics": {"dtype": "str"}}}, "field name", id="reserved"),
     pytest.param({"splits": {"train": 0.5, "valid": 0.2}}, "sum to 1, got 0.7", id="sum"),
     pytest.param({"splits": {"a b": 1.0}}, "split name", id="split-name"),

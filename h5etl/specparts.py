@@ -1,0 +1,169 @@
+"""The parts of a config: one frozen pydantic model per concern, unknown keys refused.
+
+``h5etl.spec`` puts them together in ``Spec`` and checks them against each other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+__all__ = [
+    "Compression",
+    "FieldSpec",
+    "PadSpec",
+    "Problem",
+    "SourceSpec",
+    "SpecProblems",
+    "StorageSpec",
+    "Strict",
+]
+
+IMAGE_MODES: dict[str, int] = {"RGB": 3, "L": 1}
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """One broken rule: the keys it is about (relative to the model that found it)."""
+
+    keys: tuple[tuple[str, ...], ...]
+    message: str
+
+    def line(self) -> str:
+        return f"{', '.join('.'.join(key) for key in self.keys)}: {self.message}"
+
+
+class SpecProblems(ValueError):
+    """Problems a model validator found, each with its own key, so ``h5etl.config`` can say
+    which file wrote the value (the config or its recipe)."""
+
+    def __init__(self, problems: Sequence[Problem]):
+        super().__init__("; ".join(problem.line() for problem in problems))
+        self.problems = list(problems)
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Compression(Strict):
+    """A compression filter; written in YAML as ``lzf`` or as a mapping with options."""
+
+    codec: Literal["none", "lzf", "gzip", "blosc", "zstd"]
+    level: int | None = None
+    cname: Literal["lz4", "lz4hc", "zstd", "blosclz", "zlib"] = "lz4"
+    blosc_shuffle: Literal["none", "byte", "bit"] = "byte"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_shorthand(cls, data: Any) -> Any:
+        if data is None or data is False:
+            return {"codec": "none"}
+        if isinstance(data, str):
+            return {"codec": data}
+        return data
+
+    @model_validator(mode="after")
+    def _level_in_range(self) -> Compression:
+        ranges = {"gzip": (0, 9), "blosc": (0, 9), "zstd": (1, 22)}
+        if self.level is not None:
+            if self.codec not in ranges:
+                raise ValueError(f"codec {self.codec} takes no level, got level {self.level}")
+            low, high = ranges[self.codec]
+            if not low <= self.level <= high:
+                raise ValueError(f"{self.codec} level must be in {low}..{high}, got {self.level}")
+        return self
+
+    @property
+    def effective_level(self) -> int | None:
+        defaults = {"gzip": 4, "blosc": 5, "zstd": 3}
+        return self.level if self.level is not None else defaults.get(self.codec)
+
+
+class SourceSpec(Strict):
+    """One folder of inputs; files are paired across sources by their relative stem."""
+
+    dir: Path
+    glob: str = "*"
+
+
+class StorageSpec(Strict):
+    """Chunking and filters for every field, unless a field overrides them."""
+
+    chunk_samples: Annotated[int, Field(gt=0, le=65536)] = 32
+    compression: Compression = Compression(codec="lzf")
+    shuffle: bool = True
+
+
+class PadSpec(Strict):
+    """How an image smaller or larger than its field's shape is fitted."""
+
+    fill: Annotated[int, Field(ge=0, le=255)] = 0
+    mask_fill: Annotated[int, Field(ge=0, le=255)] = 0  # a label: must be in every mask's values
+    oversize: Literal["reject", "crop", "resize"] = "reject"
+
+
+class FieldSpec(Strict):
+    """One dataset per split: decoded pixels of a source, or the source's file name."""
+
+    dtype: str = "uint8"
+    shape: tuple[Annotated[int, Field(gt=0)], ...] | None = None
+    mode: Literal["RGB", "L"] | None = None
+    values: tuple[Annotated[int, Field(ge=0, le=255)], ...] | None = None
+    source: str | None = None
+    chunks: tuple[Annotated[int, Field(gt=0)], ...] | None = None
+    compression: Compression | None = None
+    shuffle: bool | None = None
+
+    @property
+    def is_text(self) -> bool:
+        return self.dtype == "str"
+
+    @model_validator(mode="after")
+    def _consistent(self) -> FieldSpec:
+        problem = self._problem()
+        if problem is not None:
+            key, message = problem
+            raise SpecProblems([Problem(((key,),), message)])
+        return self
+
+    def _problem(self) -> tuple[str, str] | None:
+        """The first broken rule, as (key, message)."""
+        if self.is_text:
+            for key in ("shape", "mode", "values", "chunks", "compression", "shuffle"):
+                if getattr(self, key) is not None:
+                    return key, f"a str field takes no {key}"
+            return None
+        if not _is_uint8(self.dtype):
+            return "dtype", (
+                f"allowed dtypes are uint8 (image and mask fields; 16-bit inputs are scaled to "
+                f"8 bits) and str (a file-name field), got {self.dtype!r}"
+            )
+        if self.shape is None:
+            return "shape", "an image field needs a shape, e.g. [3, 224, 224]"
+        if self.mode is None:
+            return "mode", "an image field needs a mode: RGB or L"
+        channels = IMAGE_MODES[self.mode]
+        if len(self.shape) != 3 or self.shape[0] != channels:
+            return "shape", (
+                f"mode {self.mode} needs shape [{channels}, H, W] (channels first), "
+                f"got {list(self.shape)}"
+            )
+        if self.values is not None:
+            if self.mode != "L":
+                return "values", "values (a mask's allowed labels) need mode L"
+            if len(set(self.values)) != len(self.values):
+                return "values", f"values must be distinct, got {list(self.values)}"
+        return None
+
+
+def _is_uint8(dtype: str) -> bool:
+    try:
+        return bool(np.dtype(dtype) == np.uint8)
+    except (TypeError, ValueError, SyntaxError):  # numpy's parser raises all three
+        return False

@@ -1,0 +1,204 @@
+"""Config errors a new user meets: typos named first and alone, recipe values blamed on it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from conftest import MakeRaw, WriteConfig, base_config
+from typer.testing import CliRunner
+
+from h5etl import resources
+from h5etl.cli import app
+from h5etl.config import load_spec
+from h5etl.errors import ConfigError
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def raw_root(tmp_path: Path, make_raw: MakeRaw) -> Path:
+    make_raw(tmp_path, n=1)
+    return tmp_path
+
+
+def _problems(config: Path) -> list[str]:
+    with pytest.raises(ConfigError) as caught:
+        load_spec(config)
+    assert caught.value.exit_code == 2
+    return caught.value.problems
+
+
+def _write(path: Path, data: dict[str, Any]) -> Path:
+    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def _own_names(fields: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A config whose sources are not called image and mask."""
+    data = base_config()
+    data["sources"] = {"img": {"dir": "raw/images"}, "lbl": {"dir": "raw/masks"}}
+    data["fields"] = fields or {
+        "img": {"shape": [3, 24, 24], "mode": "RGB"},
+        "lbl": {"shape": [1, 24, 24], "mode": "L", "values": [0, 1]},
+        "filename": {"dtype": "str"},
+    }
+    return data
+
+
+# --- item 5: the recipe pinned filename.source: image ---
+
+
+def test_text_field_reads_the_first_source(raw_root: Path) -> None:
+    # "fields.filename: source 'image' is not one of the sources": a key the user never wrote
+    spec = load_spec(_write(raw_root / "own.yaml", _own_names()))
+    assert spec.source_of("filename") == "img"
+
+
+def test_recipe_file_name_field_comes_with_own_source_names(raw_root: Path) -> None:
+    fields = {
+        "img": {"shape": [3, 24, 24], "mode": "RGB"},
+        "lbl": {"shape": [1, 24, 24], "mode": "L", "values": [0, 1]},
+    }
+    spec = load_spec(_write(raw_root / "own.yaml", _own_names(fields)))
+    assert sorted(spec.fields) == ["filename", "img", "lbl"]
+    assert spec.source_of("filename") == "img"
+
+
+def test_shipped_recipe_pins_no_source() -> None:
+    recipe = yaml.safe_load(
+        (resources.data_dir("pipelines") / "segmentation.yaml").read_text("utf-8")
+    )
+    assert all("source" not in field for field in recipe["defaults"]["fields"].values())
+
+
+@pytest.mark.parametrize(
+    ("recipe_defaults", "key"),
+    [
+        pytest.param(
+            {"fields": {"filename": {"dtype": "str", "source": "image"}}},
+            "defaults.fields.filename.source: no source named 'image'",
+            id="pinned-source",
+        ),
+        pytest.param(
+            {"storage": {"chunk_samples": 0}}, "defaults.storage.chunk_samples", id="bad-value"
+        ),
+        pytest.param({"splits": {"train": 0.5}}, "defaults.splits: ", id="bad-splits"),
+        pytest.param({"colour": 1}, "defaults.colour: unknown key", id="unknown-key"),
+    ],
+)
+def test_error_from_a_recipe_value_names_the_recipe(
+    raw_root: Path, recipe_defaults: dict[str, Any], key: str
+) -> None:
+    recipe = _write(raw_root / "my-recipe.yaml", {"defaults": recipe_defaults})
+    data = _own_names()
+    data["pipeline"] = "my-recipe.yaml"
+    for name in ("splits", "storage"):
+        data.pop(name)
+    config = _write(raw_root / "own.yaml", data)
+    problems = _problems(config)
+    assert len(problems) == 1, problems
+    assert problems[0].startswith(f"{recipe}: {key}"), problems
+    assert str(config) in problems[0]  # and which config used it
+
+
+def test_config_value_over_a_recipe_default_is_the_configs(raw_root: Path) -> None:
+    data = _own_names()
+    data["storage"] = {"chunk_samples": 0}
+    config = _write(raw_root / "own.yaml", data)
+    assert _problems(config)[0].startswith(f"{config}: storage.chunk_samples")
+
+
+# --- item 8: typos ---
+
+
+def test_misspelled_top_level_key_is_the_only_line(raw_root: Path) -> None:
+    # "feilds" came third, after two "fields.image/mask: needs a shape" side effects
+    data = base_config()
+    data["feilds"] = data.pop("fields")
+    config = _write(raw_root / "config.yaml", data)
+    assert _problems(config) == [
+        f"{config}: feilds: unknown key; did you mean 'fields'? (the README's config "
+        f"reference lists every key)"
+    ]
+
+
+def test_misspelled_top_level_key_on_the_command_line(raw_root: Path) -> None:
+    data = base_config()
+    data["feilds"] = data.pop("fields")
+    config = _write(raw_root / "config.yaml", data)
+    result = runner.invoke(app, ["validate", str(config)])
+    assert result.exit_code == 2
+    assert result.output.splitlines() == [
+        f"h5etl: error: {config}: feilds: unknown key; did you mean 'fields'? (the README's "
+        f"config reference lists every key)"
+    ]
+
+
+def test_misspelled_field_name_is_named(raw_root: Path) -> None:
+    # only "fields.image: an image field needs a shape" was said; imag went unmentioned
+    data = base_config()
+    data["fields"] = {"imag" if k == "image" else k: v for k, v in data["fields"].items()}
+    config = _write(raw_root / "config.yaml", data)
+    problems = _problems(config)
+    assert len(problems) == 1, problems
+    assert problems[0].startswith(f"{config}: fields.imag: no source named 'imag'"), problems
+    assert "did you mean 'image'?" in problems[0]
+
+
+def test_misspelled_source_of_a_field(raw_root: Path, write_config: WriteConfig) -> None:
+    config = write_config(raw_root, fields={"mask": {"source": "msk"}})
+    problems = _problems(config)
+    assert problems[0].startswith(f"{config}: fields.mask.source: no source named 'msk'")
+    assert "did you mean 'mask'?" in problems[0]
+
+
+def test_other_problems_are_still_reported_beside_a_typo(
+    raw_root: Path, write_config: WriteConfig
+) -> None:
+    config = write_config(raw_root, colour=1, seed="x")
+    problems = _problems(config)
+    assert len(problems) == 2, problems
+    assert problems[0].startswith(f"{config}: colour: unknown key")
+    assert problems[1].startswith(f"{config}: seed:")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        pytest.param(
+            {"storage": {"chunk_sample": 4}},
+            "storage.chunk_sample: unknown key; did you mean 'chunk_samples'?",
+            id="nested",
+        ),
+        pytest.param(
+            {"fields": {"image": {"shap": [3, 24, 24]}}},
+            "fields.image.shap: unknown key; did you mean 'shape'?",
+            id="field-key",
+        ),
+        pytest.param(
+            {"sources": {"image": {"globs": "*.png"}}},
+            "sources.image.globs: unknown key; did you mean 'glob'?",
+            id="source-key",
+        ),
+    ],
+)
+def test_misspelled_nested_keys_suggest_the_key(
+    raw_root: Path, write_config: WriteConfig, overrides: dict[str, Any], expected: str
+) -> None:
+    config = write_config(raw_root, **overrides)
+    assert _problems(config)[0].startswith(f"{config}: {expected}")
+
+
+@pytest.mark.parametrize("dtype", ["uint9", "uint16", "float32"])
+def test_bad_dtype_points_at_the_key_and_lists_the_choices(
+    raw_root: Path, write_config: WriteConfig, dtype: str
+) -> None:
+    # "fields.image: dtype must be a numpy dtype name or str, got 'uint9'"
+    config = write_config(raw_root, fields={"image": {"dtype": dtype}})
+    assert _problems(config) == [
+        f"{config}: fields.image.dtype: allowed dtypes are uint8 (image and mask fields; "
+        f"16-bit inputs are scaled to 8 bits) and str (a file-name field), got {dtype!r}"
+    ]
