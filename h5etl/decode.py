@@ -1,28 +1,21 @@
-"""decode: in parallel workers, turn each task's files into stacked, validated, encoded rows.
+"""decode: in a worker, turn one task's files into validated, stacked, compressed chunks.
 
 Per sample: read the bytes once (hashing them for lineage), decode, convert the mode, fit
-(crop/resize/pad), validate masks. Per task: stack into one array per field and, when no sample
-was rejected, compress whole chunks and hash each block, so the single writer only writes.
-Tasks run on joblib's loky workers through an ordered, bounded window; ``jobs=1`` runs inline.
+(crop/resize/pad), validate masks. Per task: keep whole chunks of accepted samples (reserves
+replace rejects; what cannot fill a chunk is deferred), compress them and hash each block, so
+the single writer only writes. Scheduling the tasks is ``h5etl.schedule``'s job.
 """
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import hashlib
-import sys
 import time
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import Future
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, TypeVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-from joblib.externals.loky.process_executor import BrokenProcessPool
 
-from h5etl import digest, geometry, images, validate, workers
+from h5etl import digest, geometry, images, validate
 from h5etl.chunkcodec import ChunkLayout, encode_block
 from h5etl.errors import RejectError
 from h5etl.records import BatchResult, DecodeTask, Reject, Sample
@@ -31,10 +24,6 @@ if TYPE_CHECKING:  # workers import this module; pydantic stays out of them
     from h5etl.spec import Spec
 
 STAGE = "decode"
-PROBE_STAGE = "clean"  # header probes belong to cleaning (clean.STAGE); stages do not import stages
-In = TypeVar("In")
-Out = TypeVar("Out")
-Got = TypeVar("Got")
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,44 +123,72 @@ def _decode_sample(
     return tuple(hashlib.sha256(data).hexdigest() for data in contents)
 
 
+def capacity_of(task: DecodeTask) -> int:
+    """How many accepted samples a task keeps at most: its rows, or all for a final task."""
+    return len(task.samples) if task.final else task.rows
+
+
+def keep_whole_blocks(task: DecodeTask, accepted: int) -> int:
+    """How many of ``accepted`` samples a task stores: all in a final task, else whole blocks.
+
+    A task that met more rejects than it had reserves keeps only whole chunks of every
+    field, so the writer never re-cuts chunks; the rest of its samples are queued again.
+    """
+    if task.final or accepted >= task.rows:
+        return min(accepted, capacity_of(task))
+    return accepted // task.block * task.block
+
+
+def _reject_all(sample: Sample, reason: str, message: str, culprit: str) -> list[Reject]:
+    return [
+        Reject(
+            f.path,
+            STAGE,
+            reason,
+            message if f.path == culprit or not culprit else f"{message} (in {culprit})",
+            sample.key,
+        )
+        for f in sample.files
+    ]
+
+
 def decode_batch(task: DecodeTask, recipe: DecodeRecipe) -> BatchResult:
-    """Decode one task. Runs in a worker process; only plain data goes in and out."""
+    """Decode one task. Runs in a worker process; only plain data goes in and out.
+
+    Samples are decoded in order until the task's rows are accepted; the reserves after
+    that are not decoded and come back deferred (see ``DecodeTask``).
+    """
     started = time.perf_counter()
-    count = len(task.samples)
-    out = {f.name: _batch_buffer(f, count) for f in recipe.image_fields}
+    capacity = capacity_of(task)
+    out = {f.name: _batch_buffer(f, capacity) for f in recipe.image_fields}
     result = BatchResult(task, 0)
-    kept = []
-    for sample in task.samples:
+    kept: list[tuple[int, Sample]] = []
+    for position, sample in enumerate(task.samples):
+        if len(kept) == capacity:
+            result.deferred.extend(range(position, len(task.samples)))
+            break
         try:
-            hashes = _decode_sample(sample, recipe, out, result.accepted)
+            hashes = _decode_sample(sample, recipe, out, len(kept))
         except RejectError as exc:
-            culprit = str(exc.path or "")
-            result.rejects.extend(
-                Reject(
-                    f.path,
-                    STAGE,
-                    exc.reason,
-                    exc.message if f.path == culprit else f"{exc.message} (in {culprit})",
-                    sample.key,
-                )
-                for f in sample.files
-            )
+            result.rejects.extend(_reject_all(sample, exc.reason, exc.message, str(exc.path or "")))
             continue
         except MemoryError:
             result.rejects.extend(
-                Reject(f.path, STAGE, "memory_error", "ran out of memory decoding", sample.key)
-                for f in sample.files
+                _reject_all(sample, "memory_error", "ran out of memory decoding", "")
             )
             continue
-        result.accepted += 1
         result.lineage.append(hashes)
-        result.keys.append(sample.key)
-        kept.append(sample)
+        kept.append((position, sample))
+    keep = keep_whole_blocks(task, len(kept))
+    result.deferred = sorted([*result.deferred, *(position for position, _ in kept[keep:])])
+    del kept[keep:], result.lineage[keep:]
+    result.accepted = keep
+    result.keys = [sample.key for _, sample in kept]
     for name, index in recipe.text_fields:
-        result.texts[name] = [s.relpaths[index] for s in kept]
-    _finish_arrays(result, recipe, {name: rows[: result.accepted] for name, rows in out.items()})
+        result.texts[name] = [sample.relpaths[index] for _, sample in kept]
+    _finish_arrays(result, recipe, {name: rows[:keep] for name, rows in out.items()})
     if result.raw:  # the rows leave with the result: the next task needs new buffers
-        _BUFFERS.clear()
+        drop_buffers()
     result.seconds = time.perf_counter() - started
     return result
 
@@ -179,6 +196,11 @@ def decode_batch(task: DecodeTask, recipe: DecodeRecipe) -> BatchResult:
 # Per-process batch buffers, reused while tasks end as encoded bytes: a fresh multi-megabyte
 # array per task costs page faults on every first touch, a reused one only the fill.
 _BUFFERS: dict[str, np.ndarray] = {}
+
+
+def drop_buffers() -> None:
+    """Forget this process's batch buffers (their rows left with a result, or the build ended)."""
+    _BUFFERS.clear()
 
 
 def _batch_buffer(field: FieldRecipe, count: int) -> np.ndarray:
@@ -200,181 +222,22 @@ def _batch_buffer(field: FieldRecipe, count: int) -> np.ndarray:
 def _finish_arrays(
     result: BatchResult, recipe: DecodeRecipe, arrays: dict[str, np.ndarray]
 ) -> None:
-    full = result.accepted == result.task.full_batch == len(result.task.samples)
+    """Compress and hash the kept rows block by block; the last block of a final task is
+    zero-padded to a whole chunk, as HDF5 stores an edge chunk."""
     for field in recipe.image_fields:
         rows = arrays[field.name]
-        if not full:
+        if result.task.raw:
             result.raw[field.name] = rows
             continue
         step = field.layout.rows
-        blocks = [rows[i : i + step] for i in range(0, len(rows), step)]
-        result.encoded[field.name] = [encode_block(field.layout, block) for block in blocks]
-        result.block_sha256[field.name] = [digest.block_digest(block) for block in blocks]
-
-
-Worker = Callable[[DecodeTask, DecodeRecipe], BatchResult]
-
-
-def release_free_memory() -> None:
-    """Give the C heap's free pages back to the OS (glibc ``malloc_trim``).
-
-    Every batch brings megabytes of arrays or encoded chunks. glibc serves such blocks from the
-    heap once its dynamic mmap threshold has grown, and the freed holes kept the parent's RSS
-    growing with the dataset (10x corpus: 1.24x the 1x peak). Trimming now and then releases
-    them; fixing the threshold instead made every large block a fresh mapping (10% slower).
-    """
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL("libc.so.6").malloc_trim(0)
-
-
-def run_tasks(
-    tasks: Iterable[DecodeTask],
-    recipe: DecodeRecipe,
-    *,
-    jobs: int,
-    window: int | None = None,
-    worker: Worker = decode_batch,
-) -> Iterator[BatchResult]:
-    """Decode tasks on ``jobs`` processes; yield results in task order.
-
-    At most ``window`` tasks (default ``2 * jobs + 1``) are submitted and not yet consumed, so
-    memory stays bounded whatever the dataset size or the speed of the consumer. A worker that
-    dies (segfault, killed) costs only the samples that kill it: they are rejected with reason
-    ``worker_crashed`` and the rest is decoded one by one in fresh workers.
-    """
-    if jobs <= 1:
-        try:
-            for task in tasks:
-                yield worker(task, recipe)
-        finally:
-            _BUFFERS.clear()  # inline, the buffers would outlive the build in this process
-        return
-    pool = _Pool(jobs, worker, recipe)
-    yield from _in_order(tasks, pool.submit, pool.result, window or 2 * jobs + 1)
-
-
-def _in_order(
-    items: Iterable[In],
-    submit: Callable[[In], Future[Got]],
-    result: Callable[[In, Future[Got]], Out],
-    limit: int,
-) -> Iterator[Out]:
-    """Submit ``items`` with at most ``limit`` not yet consumed; yield their results in order.
-
-    ``result(item, future)`` collects one (and recovers from a dead worker); what is still
-    pending when the consumer stops is cancelled.
-    """
-    pending: deque[tuple[In, Future[Got]]] = deque()
-    try:
-        for item in items:
-            pending.append((item, submit(item)))
-            if len(pending) >= limit:
-                yield result(*pending.popleft())
-        while pending:
-            yield result(*pending.popleft())
-    finally:
-        for _, future in pending:
-            future.cancel()
-
-
-def _crash_rejects(sample: Sample, stage: str, exc: BaseException) -> list[Reject]:
-    detail = f"the worker process died on this sample ({exc})"
-    return [Reject(f.path, stage, "worker_crashed", detail, sample.key) for f in sample.files]
-
-
-def map_in_workers(
-    fn: Callable[[Sequence[Sample]], list[Out]],
-    batches: Iterable[Sequence[Sample]],
-    *,
-    jobs: int,
-    window: int | None = None,
-    stage: str = PROBE_STAGE,
-) -> Iterator[list[Out | list[Reject]]]:
-    """``fn`` over batches of samples on the decode workers, one outcome per sample, in order.
-
-    For light, pure work such as header probes: at most ``window`` batches in flight. A batch
-    whose worker died runs once more, then each of its samples alone in a fresh worker; a
-    sample that still kills its worker gets ``worker_crashed`` rejects (of ``stage``) as its
-    outcome. Nothing runs in this process, so a crash costs only the samples that cause it.
-    """
-    if jobs <= 1:
-        for batch in batches:
-            yield list(fn(batch))
-        return
-
-    def submit(batch: Sequence[Sample]) -> Future[list[Out]]:
-        return workers.pool(jobs).submit(fn, batch)
-
-    def alone(sample: Sample) -> Out | list[Reject]:
-        try:
-            return submit((sample,)).result()[0]
-        except BrokenProcessPool as exc:
-            return _crash_rejects(sample, stage, exc)
-
-    def result(batch: Sequence[Sample], future: Future[list[Out]]) -> list[Out | list[Reject]]:
-        try:
-            return list(future.result())
-        except BrokenProcessPool:
-            pass
-        try:  # the batch may only have shared a pool with the crash: run it again alone
-            return list(submit(batch).result())
-        except BrokenProcessPool:
-            return [alone(sample) for sample in batch]
-
-    yield from _in_order(batches, submit, result, window or 2 * jobs + 1)
-
-
-class _Pool:
-    """joblib's reusable loky executor, re-created after a worker dies."""
-
-    def __init__(self, jobs: int, worker: Worker, recipe: DecodeRecipe):
-        self.jobs = jobs
-        self.worker = worker
-        self.recipe = recipe
-
-    def submit(self, task: DecodeTask) -> Future[BatchResult]:
-        return workers.pool(self.jobs).submit(self.worker, task, self.recipe)
-
-    def result(self, task: DecodeTask, future: Future[BatchResult]) -> BatchResult:
-        try:
-            return future.result()
-        except BrokenProcessPool:
-            pass
-        try:  # the task may only have shared a pool with the crash: run it again alone
-            return self.submit(task).result()
-        except BrokenProcessPool:
-            return self._isolate(task)
-
-    def _isolate(self, task: DecodeTask) -> BatchResult:
-        """Decode each sample of ``task`` alone in a fresh worker and join the results here.
-
-        A sample whose worker dies is rejected with ``worker_crashed``; every other sample
-        keeps the result of its own run. Nothing is decoded twice, and no rerun of the
-        survivors can crash again (a flaky native crash, an OOM kill that needed the whole
-        batch). ``full_batch=0`` has the rows come back raw, ready to be joined.
-        """
-        result = BatchResult(task, 0)
-        rows: dict[str, list[np.ndarray]] = {
-            f.name: [np.empty((0, *f.layout.shape), f.layout.dtype)]
-            for f in self.recipe.image_fields
-        }
-        texts: dict[str, list[str]] = {name: [] for name, _ in self.recipe.text_fields}
-        for sample in task.samples:
-            try:
-                part = self.submit(replace(task, samples=(sample,), full_batch=0)).result()
-            except BrokenProcessPool as exc:
-                result.rejects.extend(_crash_rejects(sample, STAGE, exc))
-                continue
-            result.accepted += part.accepted
-            result.keys.extend(part.keys)
-            result.lineage.extend(part.lineage)
-            result.rejects.extend(part.rejects)
-            result.seconds += part.seconds
-            for name, column in texts.items():
-                column.extend(part.texts[name])
-            for name, blocks in rows.items():
-                blocks.append(part.raw[name])
-        result.texts = texts
-        result.raw = {name: np.concatenate(blocks) for name, blocks in rows.items()}
-        return result
+        encoded, digests = [], []
+        for start in range(0, len(rows), step):
+            block = rows[start : start + step]
+            digests.append(digest.block_digest(block))
+            if len(block) < step:
+                padded = np.zeros((step, *field.layout.shape), dtype=field.layout.dtype)
+                padded[: len(block)] = block
+                block = padded
+            encoded.append(encode_block(field.layout, block))
+        result.encoded[field.name] = encoded
+        result.block_sha256[field.name] = digests

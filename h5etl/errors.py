@@ -4,13 +4,17 @@
 
     H5EtlError                      base; carries ``path`` and ``key``; exit code 1
     ├── ConfigError                 the config or the command line is wrong; exit code 2
+    ├── UsageError                  the command names something that is not there or
+    │                               cannot be used; exit code 2
     ├── SourceError                 a source folder cannot be read
     │   └── SourceMissing           (also FileNotFoundError)
     ├── RejectError                 one input cannot go into the release; has a ``reason`` code
     ├── BuildFailed                 the work stopped (``on_error: fail``, too many rejects)
     ├── SinkError                   writing the HDF5 file failed (also OSError)
     ├── ReleaseError                naming, linking or rolling back releases failed
-    │   └── LockHeld                another build holds the output folder
+    │   ├── LockHeld                another build holds the output folder
+    │   └── ReleaseUsageError       (also UsageError) no such folder, not a link, no such
+    │                               version to roll back to; exit code 2
     └── CheckFailed                 ``h5etl check`` found a damaged release
 
 The CLI turns any of these into one line and an exit code; anything else is a bug and keeps
@@ -19,6 +23,7 @@ its traceback.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 
@@ -62,6 +67,12 @@ class ConfigError(H5EtlError):
         return super().__str__()
 
 
+class UsageError(H5EtlError):
+    """The command line names something that is not there or cannot be used; nothing was done."""
+
+    exit_code = 2
+
+
 class SourceError(H5EtlError):
     """A source folder could not be read."""
 
@@ -81,7 +92,24 @@ class RejectError(H5EtlError):
 
 
 class BuildFailed(H5EtlError):
-    """The build stopped on bad data; no release was published."""
+    """The build stopped on bad data; no release was published.
+
+    ``rejects`` holds the per-file rejects found so far (``h5etl.records.Reject``), for the
+    CLI to show; a failed build also writes them to ``report`` when it has one.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: Path | str | None = None,
+        key: str | None = None,
+        rejects: Sequence[object] = (),
+        report: Path | None = None,
+    ):
+        super().__init__(message, path=path, key=key)
+        self.rejects = list(rejects)
+        self.report = report
 
 
 class SinkError(H5EtlError, OSError):
@@ -96,6 +124,12 @@ class LockHeld(ReleaseError):
     """Another live build holds the lock on the output folder."""
 
     exit_code = 1
+
+
+class ReleaseUsageError(ReleaseError, UsageError):
+    """The command names a release folder, link or version that is not there."""
+
+    exit_code = 2
 
 
 class CheckFailed(H5EtlError):

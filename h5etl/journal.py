@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-FORMAT = 1
+FORMAT = 2  # 2: the task cutter's queues replace per-split consumed/rejected counts
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,8 +36,7 @@ class ResumeState:
 
     config_sha256: str
     plan_sha256: str
-    consumed: dict[str, int] = field(default_factory=dict)
-    decode_rejected: dict[str, int] = field(default_factory=dict)
+    queues: dict[str, dict[str, Any]] = field(default_factory=dict)  # the task cutter's state
     rows: dict[str, int] = field(default_factory=dict)
     chunks: list[ChunkRecord] = field(default_factory=list)
     blocks: dict[str, list[str]] = field(default_factory=dict)  # image dataset -> block digests
@@ -51,8 +50,10 @@ class ResumeState:
         return sum(self.rows.values())
 
     def apply(self, delta: dict[str, Any]) -> None:
-        self.consumed.update(delta["consumed"])
-        self.decode_rejected.update(delta["decode_rejected"])
+        for split, queue in delta["queues"].items():
+            known = self.queues.setdefault(split, {"deferred": []})
+            known.update(consumed=queue["consumed"], rounds=queue["rounds"], cut=queue["cut"])
+            known["deferred"].extend(queue["deferred"])
         self.rows.update(delta["rows"])
         self.chunks.extend(
             ChunkRecord(
@@ -115,5 +116,8 @@ def read(path: Path) -> ResumeState | None:
         return None
     state = ResumeState(records[0]["config_sha256"], records[0]["plan_sha256"])
     for delta in records[1:]:
-        state.apply(delta)
+        try:
+            state.apply(delta)
+        except (KeyError, TypeError, AttributeError):
+            break  # not a checkpoint this h5etl wrote: trust only what came before it
     return state

@@ -6,8 +6,7 @@ import hashlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -15,7 +14,7 @@ from typing import Any
 
 import h5py
 
-from h5etl import __version__, clean, decode, discover, journal, workers
+from h5etl import __version__, clean, decode, discover, resume, schedule, workers
 from h5etl.chunkcodec import ChunkLayout
 from h5etl.errors import BuildFailed
 from h5etl.records import BatchResult, Reject, valid_text
@@ -27,7 +26,13 @@ logger = logging.getLogger(__name__)
 
 ProgressHook = Callable[[str, int, int | None], None]
 """``hook(stage, advance, total)``: ``advance=0`` opens the next stage (``total`` steps, or None
-if unknown); stages come one after another: discover, probe, decode+write."""
+if unknown); stages come one after another: discover, probe, decode+write (or decode)."""
+
+PLAN_CHECKS = (
+    "discovery and pairing (orphans, duplicates, unreadable folders, links)",
+    "headers (format, truncation, size, size mismatch, oversize)",
+)
+DECODE_CHECKS = ("decoding (pixel data, modes, fit) and mask values",)
 
 
 @dataclass(slots=True)
@@ -48,6 +53,8 @@ class BuildReport:
     datasets: dict[str, dict[str, Any]] = field(default_factory=dict)
     chunk_paths: dict[str, int] = field(default_factory=dict)
     resumed: int = 0  # samples copied from a killed build instead of decoded again
+    checks: list[str] = field(default_factory=list)  # what a dry run verified
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def reject_counts(self) -> dict[str, int]:
@@ -79,6 +86,11 @@ def _reject_limit(spec: Spec, inputs: int) -> int | None:
     return spec.max_rejects
 
 
+def _tally(rejects: list[Reject]) -> str:
+    counts = Counter(r.reason for r in rejects)
+    return ", ".join(f"{reason} {count}" for reason, count in sorted(counts.items()))
+
+
 def _enforce_limit(spec: Spec, rejects: list[Reject], inputs: int) -> None:
     limit = _reject_limit(spec, inputs)
     if limit is None or len(rejects) <= limit:
@@ -88,15 +100,37 @@ def _enforce_limit(spec: Spec, rejects: list[Reject], inputs: int) -> None:
         raise BuildFailed(
             f"{first.reason}: {first.detail} (on_error: fail; no release was made)",
             path=first.path,
+            rejects=rejects,
         )
-    tally = ", ".join(
-        f"{reason} {count}" for reason, count in Counter(r.reason for r in rejects).items()
-    )
     raise BuildFailed(
-        f"{len(rejects)} of {inputs} inputs rejected, over max_rejects {spec.max_rejects} "
-        f"({tally}); no release was made, see the reasons with --dry-run",
-        path=spec.output,
+        f"{len(rejects)} of {inputs} input files rejected, over max_rejects {spec.max_rejects} "
+        f"({_tally(rejects)}); no release was made",
+        path=spec.config_file,
+        rejects=rejects,
     )
+
+
+def _require_samples(spec: Spec, samples: dict[str, int], report: BuildReport) -> None:
+    """A build that would store nothing fails: an empty release helps no one."""
+    if any(samples.values()):
+        return
+    why = f" ({_tally(report.rejects)})" if report.rejects else ""
+    raise BuildFailed(
+        f"no sample to store: {len(report.rejects)} of {report.inputs} input files were "
+        f"rejected{why}; no release was made",
+        path=spec.config_file,
+        rejects=report.rejects,
+    )
+
+
+def _empty_split_warnings(spec: Spec, samples: dict[str, int]) -> list[str]:
+    total = sum(samples.values())
+    return [
+        f"split {split!r} is empty: none of the {total} samples fell in it "
+        f"(splits.{split}: {spec.splits[split]:g}); add samples or change the fractions"
+        for split, count in samples.items()
+        if count == 0 and total
+    ]
 
 
 class _Stopwatch:
@@ -114,109 +148,158 @@ class _Stopwatch:
         return round(time.perf_counter() - self._start, 4)
 
 
-@dataclass(frozen=True, slots=True)
-class _Resume:
-    state: journal.ResumeState
-    partial: Path
-
-
 def build(
     spec: Spec,
     *,
     jobs: int = 1,
     dry_run: bool = False,
+    decode: bool = False,
     resume: bool = False,
     progress: ProgressHook | None = None,
     checkpoint_seconds: float = 2.0,
 ) -> BuildReport:
-    """Build one release from ``spec``; with ``dry_run``, stop after planning.
+    """Build one release from ``spec``; with ``dry_run``, predict it and write nothing.
 
-    With ``resume``, a build that was killed part-way is continued from its journal: the chunks
-    it stored are copied (verified) and only the rest is decoded. Without it, leftovers of dead
-    builds are removed and the build starts clean.
+    A dry run discovers and probes headers; with ``decode`` it also decodes every sample (the
+    same tasks as a build), so its rejects and counts are exactly a build's. It honours
+    ``max_rejects`` as a build does. With ``resume``, a build that was killed part-way is
+    continued from its journal: the chunks it stored are copied (verified) and only the rest
+    is decoded. Without it, leftovers of dead builds are removed and the build starts clean.
 
     Raises:
-        BuildFailed: rejects under ``on_error: fail`` or past ``max_rejects``.
+        BuildFailed: rejects under ``on_error: fail`` or past ``max_rejects``, or nothing to
+            store; a real build writes the per-file rejects first (``BuildFailed.report``).
         LockHeld: another build of the same name is writing to the same folder.
         SinkError, ReleaseError: the file could not be written or published.
     """
     hook = progress or (lambda stage, advance, total: None)
-    output = OutputFolder(spec.output, spec.name)
     if dry_run:
-        return _plan_only(spec, hook, jobs)[0]
+        return _dry_run(spec, hook, jobs, decode=decode)
+    output = OutputFolder(spec.output, spec.name)
     with output.locked():
         workers.warm_up(jobs)
         previous = output.resumables() if resume else []
         if not previous:
             output.remove_stale_partials()
         report, plan, watch = _plan_only(spec, hook, jobs)
-        _enforce_limit(spec, report.rejects, report.inputs)
-        version = output.next_version()
-        earlier = _usable_resume(previous, spec, plan)
-        planned_rejects = list(report.rejects)
-        while True:
-            report.rejects = list(planned_rejects)
-            try:
-                with output.staged() as temp:
-                    _write(
-                        spec,
-                        plan,
-                        report,
-                        temp,
-                        jobs=jobs,
-                        hook=hook,
-                        version=version,
-                        watch=watch,
-                        resume=earlier,
-                        checkpoint_seconds=checkpoint_seconds,
-                        output=output,
-                    )
-                    info = output.publish(temp, report.rejects, version=version)
-                break
-            except ResumeMismatch as exc:
-                if earlier is None:
-                    raise
-                logger.warning("cannot resume (%s); building from the start", exc)
-                earlier = None
-                report.resumed = 0
+        try:
+            info = _build_planned(
+                spec, plan, report, watch, output, previous, jobs, hook, checkpoint_seconds
+            )
+        except BuildFailed as exc:
+            path = output.write_failed_rejects(report.rejects)
+            raise BuildFailed(
+                f"{exc.message}; per-file reasons in {path}",
+                path=exc.path,
+                rejects=report.rejects,
+                report=path,
+            ) from exc
         output.remove_stale_partials()
         watch.lap("publish")
     report.seconds = {**watch.seconds, "total": watch.total()}
     report.version, report.path, report.link = info.version, info.path, output.link
     report.rejects_path = info.rejects
+    report.warnings = _empty_split_warnings(spec, report.samples)
     return report
 
 
-def _usable_resume(
-    candidates: list[tuple[Path, Path]], spec: Spec, plan: clean.Plan
-) -> _Resume | None:
-    """The newest killed build whose journal holds a checkpoint of this config and plan.
+def _build_planned(
+    spec: Spec,
+    plan: clean.Plan,
+    report: BuildReport,
+    watch: _Stopwatch,
+    output: OutputFolder,
+    previous: list[tuple[Path, Path]],
+    jobs: int,
+    hook: ProgressHook,
+    checkpoint_seconds: float,
+) -> Any:
+    _enforce_limit(spec, report.rejects, report.inputs)
+    _require_samples(spec, report.samples, report)
+    version = output.next_version()
+    earlier = resume.usable_resume(previous, spec, plan)
+    planned_rejects = list(report.rejects)
+    while True:
+        report.rejects = list(planned_rejects)
+        try:
+            with output.staged() as temp:
+                _write(
+                    spec,
+                    plan,
+                    report,
+                    temp,
+                    jobs=jobs,
+                    hook=hook,
+                    version=version,
+                    watch=watch,
+                    earlier=earlier,
+                    checkpoint_seconds=checkpoint_seconds,
+                    output=output,
+                )
+                return output.publish(temp, report.rejects, version=version)
+        except ResumeMismatch as exc:
+            if earlier is None:
+                raise
+            logger.warning("cannot resume (%s); building from the start", exc)
+            earlier = None
+            report.resumed = 0
 
-    A build killed again before its first checkpoint leaves a journal with nothing in it
-    beside an older one that still holds its work; a build of another config may have been
-    killed after one of this config.
-    """
-    if not candidates:
-        logger.info("nothing to resume; building from the start")
-        return None
-    changed = False
-    for partial, journal_path in candidates:
-        state = journal.read(journal_path)
-        if state is None or (not state.chunks and not state.samples):
-            logger.info("the journal %s holds no checkpoint", journal_path)
-            continue
-        if state.config_sha256 != spec_sha256(spec) or state.plan_sha256 != plan.fingerprint():
-            logger.info("the journal %s is of another config or other inputs", journal_path)
-            changed = True
-            continue
-        return _Resume(state, partial)
-    if changed:
-        logger.warning(
-            "the config or the inputs changed since the killed build; building from the start"
-        )
+
+def _dry_run(spec: Spec, hook: ProgressHook, jobs: int, *, decode: bool) -> BuildReport:
+    workers.warm_up(jobs)
+    report, plan, watch = _plan_only(spec, hook, jobs)
+    report.checks = list(PLAN_CHECKS)
+    _enforce_limit(spec, report.rejects, report.inputs)
+    if decode:
+        report.checks.extend(DECODE_CHECKS)
+        counts = dict.fromkeys(plan.splits, 0)
+        recipe = _recipe(spec)
+        hook("decode", 0, plan.total)
+        cutter = _cutter(spec, plan, layouts_of(spec), None)
+        for result in _decoded(cutter, recipe, jobs):
+            counts[result.task.split] += result.accepted
+            report.rejects.extend(result.rejects)
+            _enforce_limit(spec, report.rejects, report.inputs)
+            hook("decode", _processed(result), None)
+        report.samples = counts
+        watch.lap("decode")
     else:
-        logger.warning("no journal of a killed build holds a checkpoint; building from the start")
-    return None
+        report.warnings.append(
+            "pixel data and mask values were not checked (a header probe cannot see them): "
+            "the build may reject more; --dry-run --decode predicts it exactly"
+        )
+    _require_samples(spec, report.samples, report)
+    report.warnings.extend(_empty_split_warnings(spec, report.samples))
+    report.seconds = {**watch.seconds, "total": watch.total()}
+    return report
+
+
+def _processed(result: BatchResult) -> int:
+    """Samples a result settled (stored or rejected); deferred ones come again later."""
+    return len(result.task.samples) - len(result.deferred)
+
+
+def _cutter(
+    spec: Spec,
+    plan: clean.Plan,
+    layouts: dict[str, ChunkLayout],
+    state: dict[str, dict[str, Any]] | None,
+) -> clean.TaskCutter:
+    sample_bytes = sum(layout.block_nbytes // layout.rows for layout in layouts.values())
+    return clean.TaskCutter(plan, spec.batch_samples, sample_bytes=sample_bytes, state=state)
+
+
+def _recipe(spec: Spec) -> decode.DecodeRecipe:
+    return decode.DecodeRecipe.from_spec(spec, layouts_of(spec))
+
+
+def _decoded(
+    cutter: clean.TaskCutter, recipe: decode.DecodeRecipe, jobs: int
+) -> Iterator[BatchResult]:
+    """Every task's result in order; the cutter learns each result before the next is cut."""
+    for result in schedule.run_tasks(cutter, recipe, jobs=jobs):
+        cutter.note(result)
+        yield result
 
 
 def _plan_only(
@@ -231,7 +314,7 @@ def _plan_only(
         spec,
         found.samples,
         lambda n: hook("probe", n, None),
-        mapper=lambda fn, batches: decode.map_in_workers(fn, batches, jobs=jobs),
+        mapper=lambda fn, batches: schedule.map_in_workers(fn, batches, jobs=jobs),
     )
     watch.lap("clean")
     samples = {split: len(members) for split, members in plan.splits.items()}
@@ -239,103 +322,6 @@ def _plan_only(
         spec.name, found.files_seen, samples, [*found.rejects, *plan.rejects], dict(watch.seconds)
     )
     return report, plan, watch
-
-
-class _Checkpoints:
-    """Feeds the resume journal: what the sink stored durably, plus the pipeline's own state.
-
-    The fsync that makes a checkpoint durable runs in a thread beside the writer (it can take
-    a while on a slow disk and must not stall the workers); the journal line is appended only
-    after it. ``every=0`` checkpoints after each batch, synchronously (for tests).
-    """
-
-    def __init__(self, path: Path, spec: Spec, plan: clean.Plan, every: float):
-        self.writer = journal.JournalWriter(
-            path, config_sha256=spec_sha256(spec), plan_sha256=plan.fingerprint()
-        )
-        self.every = every
-        self.last = time.monotonic()
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix="h5etl-fsync")
-        self._pending: Future[None] | None = None
-        self._trimmed = time.monotonic()
-        self.consumed: dict[str, int] = {}
-        self.rejected: Counter[str] = Counter()
-        self.fingerprint: list[str] = []
-        self.rejects: list[Reject] = []
-
-    def seed(self, state: journal.ResumeState, sink: Sink) -> None:
-        """Carry a resumed build's state into this journal, and record it at once.
-
-        This journal replaces the old one, so it must hold everything copied from it (the
-        sink keeps the copied chunks and rows unjournaled): a build killed again and resumed
-        again then finds the whole prefix here.
-        """
-        self.consumed.update(state.consumed)
-        self.rejected.update(state.decode_rejected)
-        self.fingerprint = list(state.fingerprint)
-        self.rejects = [Reject(**r) for r in state.rejects]
-        self.write_now(sink)
-
-    def note(self, result: BatchResult, lines: list[str]) -> None:
-        task = result.task
-        self.consumed[task.split] = task.start + len(task.samples)
-        self.rejected[task.split] += len(task.samples) - result.accepted
-        self.fingerprint.extend(lines)
-        self.rejects.extend(result.rejects)
-
-    def maybe_write(self, sink: Sink) -> None:
-        if time.monotonic() - self.last < self.every or not sink.consistent:
-            return
-        if self._pending is not None:
-            if not self._pending.done():
-                return  # the previous fsync is still running; checkpoint later
-            self._pending.result()  # re-raise a failed fsync here, in the build
-        delta = self._delta(sink)
-        if self.every == 0:
-            self._commit(sink, delta)
-        else:
-            self._pending = self._thread.submit(self._commit, sink, delta)
-
-    def write_now(self, sink: Sink) -> None:
-        """A checkpoint now, in this thread (the sink must be consistent)."""
-        if self._pending is not None:
-            self._pending.result()
-            self._pending = None
-        self._commit(sink, self._delta(sink))
-
-    def _delta(self, sink: Sink) -> dict[str, Any]:
-        delta = sink.checkpoint()
-        delta.update(
-            consumed=dict(self.consumed),
-            decode_rejected=dict(self.rejected),
-            fingerprint=self.fingerprint,
-            rejects=[r.as_json() for r in self.rejects],
-        )
-        self.fingerprint, self.rejects = [], []
-        self.last = time.monotonic()
-        return delta
-
-    def due_for_trim(self) -> bool:
-        """True about once a second: when to hand freed batch buffers back to the OS."""
-        now = time.monotonic()
-        if now - self._trimmed < 1.0:
-            return False
-        self._trimmed = now
-        return True
-
-    def _commit(self, sink: Sink, delta: dict[str, Any]) -> None:
-        sink.sync()
-        self.writer.checkpoint(delta)
-
-    def drain(self) -> None:
-        """Wait for the checkpoint in flight: a failed fsync of the file fails the build."""
-        if self._pending is not None:
-            self._pending.result()
-            self._pending = None
-
-    def close(self) -> None:
-        self._thread.shutdown(wait=True)
-        self.writer.close()
 
 
 def _write(
@@ -348,7 +334,7 @@ def _write(
     hook: ProgressHook,
     version: int,
     watch: _Stopwatch,
-    resume: _Resume | None,
+    earlier: resume.Resume | None,
     checkpoint_seconds: float,
     output: OutputFolder,
 ) -> None:
@@ -361,54 +347,48 @@ def _write(
         spec.batch_samples,
     )
     recipe = decode.DecodeRecipe.from_spec(spec, layouts)
-    checkpoints = _Checkpoints(OutputFolder.journal_of(temp), spec, plan, checkpoint_seconds)
+    state = earlier.state.queues if earlier is not None else None
+    try:
+        cutter = _cutter(spec, plan, layouts, state)
+    except ValueError as exc:  # a journal of another h5etl: its tasks were cut otherwise
+        raise ResumeMismatch(str(exc), path=temp) from exc
+    checkpoints = resume.Checkpoints(
+        OutputFolder.journal_of(temp), spec, plan, cutter, checkpoint_seconds
+    )
     fingerprint = hashlib.sha256()  # over key and file digests in write order: no list kept
     worker_seconds = 0.0
     try:
         with Sink(temp, sink_layout) as sink:
-            if resume is not None:
-                sink.restore(resume.state, resume.partial)
-                checkpoints.seed(resume.state, sink)
+            if earlier is not None:
+                sink.restore(earlier.state, earlier.partial)
+                checkpoints.seed(earlier.state, sink)
                 # This build's journal now holds everything the killed builds' files did.
                 output.remove_stale_partials(keep={temp, OutputFolder.journal_of(temp)})
-                fingerprint.update("".join(resume.state.fingerprint).encode())
-                report.rejects.extend(Reject(**r) for r in resume.state.rejects)
-                report.resumed = resume.state.samples
+                fingerprint.update("".join(earlier.state.fingerprint).encode())
+                report.rejects.extend(Reject(**r) for r in earlier.state.rejects)
+                report.resumed = earlier.state.samples
                 watch.lap("resume_copy")
-            cutter = clean.TaskCutter(
-                plan,
-                spec.batch_samples,
-                consumed=checkpoints.consumed,
-                rejected=dict(checkpoints.rejected),
-            )
             hook("decode+write", 0, plan.total)  # in order: a decoded batch is written at once
-            if resume is not None:
-                hook("decode+write", sum(checkpoints.consumed.values()), None)
-            split = ""
-            for result in decode.run_tasks(cutter, recipe, jobs=jobs):
-                cutter.note_rejects(result.task.split, len(result.task.samples) - result.accepted)
+            if earlier is not None:
+                hook("decode+write", report.resumed, None)
+            for result in _decoded(cutter, recipe, jobs):
                 report.rejects.extend(result.rejects)
                 _enforce_limit(spec, report.rejects, report.inputs)
-                if result.task.split != split:
-                    # Writing the first batch of a split finishes the previous one: its last
-                    # partial chunk is padded and compressed here, the parent's largest
-                    # allocation. On a trimmed heap it reuses freed pages.
-                    split = result.task.split
-                    decode.release_free_memory()
                 sink.write(result)
                 lines = _fingerprint_lines(result)
                 fingerprint.update("".join(lines).encode())
                 checkpoints.note(result, lines)
                 checkpoints.maybe_write(sink)
                 if checkpoints.due_for_trim():
-                    decode.release_free_memory()
+                    schedule.release_free_memory()
                 worker_seconds += result.seconds
-                hook("decode+write", len(result.task.samples), None)
+                hook("decode+write", _processed(result), None)
             watch.lap("decode_and_write")
             report.samples = dict(sink.counts)
+            _require_samples(spec, report.samples, report)
             attrs = _file_attrs(spec, version, fingerprint)
             diagnostics = _diagnostics(report, watch, worker_seconds, sink.seconds, plan)
-            decode.release_free_memory()
+            schedule.release_free_memory()
             report.datasets = sink.finish(attrs, diagnostics)
             report.chunk_paths = sink.chunk_paths
             checkpoints.drain()

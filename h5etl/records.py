@@ -94,12 +94,37 @@ class Reject:
 
 @dataclass(frozen=True, slots=True)
 class DecodeTask:
-    """A slice of one split's write order, decoded by one worker call."""
+    """A run of one split's decode queue, decoded by one worker call.
+
+    The worker decodes ``samples`` in order until ``rows`` of them are accepted; the samples
+    after those are reserves, there to replace rejects so the result still fills whole
+    chunks. Reserves it did not need, and accepted samples that would leave a partial chunk
+    (too many rejects), come back as ``deferred`` and are queued again. A ``final`` task is
+    the last of its split: it keeps every accepted sample, the last chunk padded.
+    """
 
     split: str
-    start: int  # position of the first sample in the split's write order
-    samples: tuple[Sample, ...]  # that passed cleaning, in write order
-    full_batch: int  # a result this long can be stored as whole pre-compressed chunks
+    start: int  # position of the first sample in the split's decode queue
+    samples: tuple[Sample, ...]  # that passed cleaning, in queue order
+    rows: int  # accepted samples to keep: a whole number of chunks of every field
+    block: int  # rows of one chunk of every field (the lcm of their chunk rows)
+    final: bool = False
+    members: tuple[int, ...] = ()  # each sample's index in the split's write order
+    raw: bool = False  # rows come back uncompressed (crash isolation joins them)
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.samples)
+
+
+@dataclass(frozen=True, slots=True)
+class Barrier:
+    """In a task stream: wait until every task of ``split`` given so far is consumed."""
+
+    split: str
+
+    def holds(self, item: object) -> bool:
+        return isinstance(item, DecodeTask) and item.split == self.split
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +140,11 @@ class EncodedChunk:
 
 @dataclass(slots=True)
 class BatchResult:
-    """What a worker returns for a task: pixels raw or as encoded chunks, and the rejects."""
+    """What a worker returns for a task: pixels raw or as encoded chunks, and the rejects.
+
+    ``accepted`` rows are stored; ``deferred`` lists the positions (in ``task.samples``) of
+    the samples to queue again, neither stored nor rejected.
+    """
 
     task: DecodeTask
     accepted: int
@@ -126,4 +155,5 @@ class BatchResult:
     texts: dict[str, list[str]] = field(default_factory=dict)
     lineage: list[tuple[str, ...]] = field(default_factory=list)  # hex SHA-256 per source
     rejects: list[Reject] = field(default_factory=list)
+    deferred: list[int] = field(default_factory=list)
     seconds: float = 0.0

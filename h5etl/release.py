@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import NoReturn
 
-from h5etl.errors import LockHeld, ReleaseError
+from h5etl.errors import LockHeld, ReleaseError, ReleaseUsageError
 from h5etl.records import Reject
 
 logger = logging.getLogger(__name__)
@@ -277,6 +277,24 @@ class OutputFolder:
                 report_temp.unlink()
         return self.info(version)
 
+    def failed_rejects_path(self) -> Path:
+        """Where a failed build leaves its per-file rejects (the newest failure wins)."""
+        return self.folder / f"{self.name}.failed.rejects.jsonl"
+
+    def write_failed_rejects(self, rejects: Iterable[Reject]) -> Path:
+        """Write a failed build's rejects report beside the releases, atomically."""
+        report = self.failed_rejects_path()
+        temp = self.folder / f".{report.name}.tmp-{os.getpid()}"
+        try:
+            self._write_report(temp, rejects)
+            os.replace(temp, report)
+        except OSError as exc:
+            raise ReleaseError(f"cannot write the rejects report: {exc}", path=report) from exc
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                temp.unlink()
+        return report
+
     @staticmethod
     def _write_report(path: Path, rejects: Iterable[Reject]) -> None:
         # Undecodable bytes of a file name (lone surrogates) become JSON escapes, which read
@@ -315,9 +333,17 @@ class OutputFolder:
 
 
 def list_releases(folder: Path) -> list[ReleaseInfo]:
-    """Every published release in ``folder``, grouped by name, oldest first."""
+    """Every published release in ``folder``, grouped by name, oldest first.
+
+    Raises:
+        ReleaseUsageError: ``folder`` is not a folder (exit code 2).
+    """
     if not folder.is_dir():
-        raise ReleaseError("not a folder", path=folder)
+        why = "" if folder.exists() else " (nothing is there)"
+        raise ReleaseUsageError(
+            f"not a folder{why}; give the output folder of a build, such as releases",
+            path=folder,
+        )
     names = sorted({m["name"] for e in folder.iterdir() if (m := _VERSION.match(e.name))})
     out: list[ReleaseInfo] = []
     for name in names:
@@ -327,9 +353,18 @@ def list_releases(folder: Path) -> list[ReleaseInfo]:
 
 
 def rollback(link: Path, to: int | None = None) -> ReleaseInfo:
-    """Point a release link at version ``to``, or at the version before the current one."""
+    """Point a release link at version ``to``, or at the version before the current one.
+
+    Raises:
+        ReleaseUsageError: ``link`` is not a link, or there is no such version (exit code 2).
+        ReleaseError: the link could not be moved.
+    """
     if not link.is_symlink():
-        raise ReleaseError("not a release link (expected a symlink such as cells.h5)", path=link)
+        why = "" if link.exists() else " (nothing is there)"
+        raise ReleaseUsageError(
+            f"not a release link{why}; give the symlink a build makes, such as releases/cells.h5",
+            path=link,
+        )
     name = link.name.removesuffix(".h5")
     output = OutputFolder(link.parent, name)
     existing = versions(link.parent, name)
@@ -338,15 +373,20 @@ def rollback(link: Path, to: int | None = None) -> ReleaseInfo:
         older = [v for v in existing if current is None or v < current]
         if not older:
             if current is None:  # the link points at a file that is not <name>-vNNNN.h5
-                raise ReleaseError(
+                raise ReleaseUsageError(
                     f"no {name}-vNNNN.h5 release to roll back to (the link points at "
                     f"{os.readlink(link)})",
                     path=link,
                 )
-            raise ReleaseError(f"no release older than v{current:04d} to roll back to", path=link)
+            raise ReleaseUsageError(
+                f"no release older than v{current:04d} to roll back to", path=link
+            )
         to = older[-1]
     if to not in existing:
         shown = ", ".join(f"v{v}" for v in existing) or "none"
-        raise ReleaseError(f"no release v{to:04d}; have {shown}", path=link)
-    output.point_link(to)
+        raise ReleaseUsageError(f"no release v{to:04d}; have {shown}", path=link)
+    try:
+        output.point_link(to)
+    except OSError as exc:
+        raise ReleaseError(f"cannot move the link: {exc.strerror or exc}", path=link) from exc
     return output.info(to)

@@ -1,9 +1,9 @@
 """sink: the single writer. Creates the datasets, stores batches in order, records digests.
 
-Batches arrive in write order. A batch that starts on a chunk boundary and was not shortened
-by rejects comes pre-compressed and is stored with ``write_direct_chunk``; anything else goes
-through a carry buffer that re-cuts whole chunks (the last one padded, as HDF5 stores edge
-chunks). Only this module writes HDF5 files.
+Batches arrive in write order per split (the splits' batches may interleave). They come as
+whole pre-compressed chunks, stored with ``write_direct_chunk``; rows that come raw (a task
+isolated after a worker crash) go through a carry buffer that re-cuts whole chunks (the last
+one padded, as HDF5 stores edge chunks). Only this module writes HDF5 files.
 """
 
 from __future__ import annotations
@@ -179,7 +179,6 @@ class Sink:
         self.stats: dict[str, DatasetStats] = {}
         self.counts: dict[str, int] = dict.fromkeys(layout.splits, 0)
         self.seconds = 0.0
-        self._split: str | None = None
         self._unjournaled_texts: dict[str, list[str]] = {}
         self._unjournaled_lineage: dict[str, list[list[str]]] = {}
         self._pending_texts: dict[str, dict[str, list[str]]] = {}
@@ -250,9 +249,6 @@ class Sink:
         started = time.perf_counter()
         split, count = result.task.split, result.accepted
         try:
-            if split != self._split:
-                self._finish_split(self._split)
-                self._split = split
             for (target, name), writer in self.images.items():
                 if target != split:
                     continue
@@ -266,11 +262,6 @@ class Sink:
             raise SinkError(f"writing failed: {exc}", path=self.path) from exc
         self.counts[split] += count
         self.seconds += time.perf_counter() - started
-
-    def _finish_split(self, split: str | None) -> None:
-        for (target, _), writer in self.images.items():
-            if target == split:
-                writer.finish()
 
     def _append_rows(self, split: str, result: BatchResult) -> None:
         texts = self._pending_texts.setdefault(split, {name: [] for name in self.layout.texts})

@@ -205,12 +205,12 @@ def test_jobs_do_not_change_the_release(
     for name, array in first.items():
         np.testing.assert_array_equal(array, second[name], err_msg=name)
     assert sorted(_rows_by_key(second, ["train", "valid"])) == raw.keys
-    if broken:
-        # decode rejects shorten batches: the carry buffer (re-chunking path) must have run
-        assert any(v for k, v in two.chunk_paths.items() if k.endswith(":rechunked"))
-        # ...and both the pre-compressed and the re-cut path wrote to the same file
-        assert any(v for k, v in one.chunk_paths.items() if k.endswith(":direct"))
-        assert any(v for k, v in one.chunk_paths.items() if k.endswith(":rechunked"))
+    for report in (one, two):
+        # decode rejects used to leave batches short, and the writer re-cut (decompressed and
+        # recompressed) every chunk after them; now reserves fill the tasks and every chunk
+        # comes compressed from a worker
+        assert any(v for k, v in report.chunk_paths.items() if k.endswith(":direct"))
+        assert not any(v for k, v in report.chunk_paths.items() if k.endswith(":rechunked"))
 
 
 def test_buffered_text_and_lineage_rows_match_per_batch_writes(
@@ -374,15 +374,14 @@ def test_dry_run_writes_nothing(
     assert not (tmp_path / "releases").exists() or not list((tmp_path / "releases").iterdir())
 
 
-def test_empty_source_gives_an_empty_release(
+def test_an_empty_source_is_a_failed_build_not_an_empty_release(
     tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig
 ) -> None:
+    # it published a release of zero samples and moved the link to it
     make_raw(tmp_path, n=0)
-    report = _build(write_config(tmp_path))
-    assert report.path is not None
-    with h5py.File(report.path, "r") as handle:
-        assert handle["train/image"].shape == (0, 3, 24, 24)
-        assert handle["valid/filename"].shape == (0,)
+    with pytest.raises(BuildFailed, match="no sample to store: 0 of 0 input files"):
+        build(load_spec(write_config(tmp_path)))
+    assert not list((tmp_path / "releases").glob("*.h5"))
 
 
 def test_unusual_inputs_end_to_end(

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 from conftest import MakeRaw, WriteConfig, centre_pad, save
 
-from h5etl import decode, pipeline
+from h5etl import decode, pipeline, schedule
 from h5etl.config import load_spec
 from h5etl.records import DecodeTask, Sample, SourceFile
 
@@ -37,7 +37,8 @@ def test_a_rejected_sample_leaves_no_pixels_in_the_next_ones_padding(
     save(tmp_path / "raw" / "masks" / "small.png", np.zeros((6, 6), np.uint8))
     spec = load_spec(write_config(tmp_path))
     recipe = decode.DecodeRecipe.from_spec(spec, pipeline.layouts_of(spec))
-    task = DecodeTask("train", 0, (planned(tmp_path, "big"), planned(tmp_path, "small")), 4)
+    samples = (planned(tmp_path, "big"), planned(tmp_path, "small"))
+    task = DecodeTask("train", 0, samples, 4, 4, final=True, raw=True)
 
     result = decode.decode_batch(task, recipe)
 
@@ -53,7 +54,7 @@ def _keys(samples: Sequence[Sample]) -> list[str]:
 def test_map_in_workers_keeps_order(tmp_path: Path) -> None:
     keys = [f"s{i:03d}" for i in range(50)]
     batches = [tuple(planned(tmp_path, k) for k in keys[i : i + 3]) for i in range(0, 50, 3)]
-    outcomes = decode.map_in_workers(_keys, batches, jobs=2, window=3)
+    outcomes = schedule.map_in_workers(_keys, batches, jobs=2, window=3)
     assert [key for batch in outcomes for key in batch] == keys
     # a worker that dies: see test_decode_crashes.py
 
@@ -76,12 +77,13 @@ def test_reused_batch_buffers_never_leak_pixels_between_tasks(
     recipe = decode.DecodeRecipe.from_spec(spec, pipeline.layouts_of(spec))
     height, width = spec.fields["image"].shape[1:]  # type: ignore[index]
 
-    def task(*keys: str) -> DecodeTask:
-        return DecodeTask("train", 0, tuple(planned(tmp_path, k) for k in keys), 2)
+    def task(*keys: str, raw: bool = False) -> DecodeTask:
+        samples = tuple(planned(tmp_path, k) for k in keys)
+        return DecodeTask("train", 0, samples, 2, 2, final=True, raw=raw)
 
-    first = decode.decode_batch(task("a", "b"), recipe)  # full: encoded, buffers kept
+    first = decode.decode_batch(task("a", "b"), recipe)  # encoded: buffers kept
     assert first.encoded
-    partial = decode.decode_batch(task("c", "e"), recipe)  # a reject: rows leave raw
+    partial = decode.decode_batch(task("c", "e", raw=True), recipe)  # rows leave raw
     kept = partial.raw["image"].copy()
     np.testing.assert_array_equal(kept[0], centre_pad(np.full((6, 6, 3), 50), height, width))
     decode.decode_batch(task("d", "a"), recipe)

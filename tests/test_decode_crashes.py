@@ -20,7 +20,7 @@ import pytest
 from conftest import MakeRaw, WriteConfig, read_release
 
 import h5etl
-from h5etl import clean, decode
+from h5etl import clean, decode, schedule
 from h5etl.config import load_spec
 from h5etl.records import BatchResult, DecodeTask, Sample, SourceFile
 
@@ -78,7 +78,7 @@ def test_a_batch_that_kills_its_worker_loses_only_the_sample_that_does() -> None
     keys = [f"s{i:03d}" for i in range(10)]
     batches = [tuple(_sample(k) for k in keys[i : i + 3]) for i in range(0, len(keys), 3)]
 
-    outcomes = list(decode.map_in_workers(_keys_or_die, batches, jobs=2, window=2))
+    outcomes = list(schedule.map_in_workers(_keys_or_die, batches, jobs=2, window=2))
 
     flat = [outcome for batch in outcomes for outcome in batch]
     assert flat[:3] + flat[4:] == keys[:3] + keys[4:]
@@ -140,12 +140,12 @@ def test_a_header_probe_that_kills_its_worker_rejects_its_sample(
     for path in doomed:
         path.with_suffix(".aside").rename(path)
     assert reference.path is not None
-    mapper: Callable[..., Any] = decode.map_in_workers
+    mapper: Callable[..., Any] = schedule.map_in_workers
 
     def probing_or_dying(fn: clean.ProbeBatch, *args: Any, **kwargs: Any) -> Any:
         return mapper(functools.partial(_probe_or_die, fn), *args, **kwargs)
 
-    monkeypatch.setattr(decode, "map_in_workers", probing_or_dying)
+    monkeypatch.setattr(schedule, "map_in_workers", probing_or_dying)
 
     report = _build(project, jobs=2)
 
@@ -161,7 +161,7 @@ def test_a_crash_on_the_rerun_of_the_survivors_is_no_traceback(
     assert reference.path is not None
     assert reference.samples["valid"] > 1  # so a valid task of several samples crashes
     monkeypatch.setattr(
-        decode, "run_tasks", functools.partial(decode.run_tasks, worker=_decode_or_die)
+        schedule, "run_tasks", functools.partial(schedule.run_tasks, worker=_decode_or_die)
     )
 
     report = _build(project, jobs=2)

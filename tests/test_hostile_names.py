@@ -88,7 +88,7 @@ def test_journal_round_trips_undecodable_names(tmp_path: Path) -> None:
     writer = journal.JournalWriter(path, config_sha256="c", plan_sha256="p")
     reject = Reject(name, "decode", "truncated", "cut short", os.fsdecode(LATIN1))
     delta: dict[str, Any] = {"lineage": {}, "chunks": [], "fingerprint": []}
-    delta |= {"consumed": {}, "decode_rejected": {}, "rows": {}, "blocks": {}, "texts": {}}
+    delta |= {"queues": {}, "rows": {}, "blocks": {}, "texts": {}}
     delta["rejects"] = [reject.as_json()]
     writer.checkpoint(delta)
     writer.close()

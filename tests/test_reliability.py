@@ -26,7 +26,7 @@ from conftest import MakeRaw, WriteConfig, dataset_digests, random_pair, save
 from PIL import Image
 
 import h5etl
-from h5etl import decode, release
+from h5etl import clean, decode, release, schedule
 from h5etl.config import load_spec
 from h5etl.errors import BuildFailed, LockHeld, SinkError
 from h5etl.records import BatchResult, DecodeTask
@@ -52,9 +52,17 @@ def release_named(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if p.name.startswith(f"{CELLS}-v"))
 
 
+# Decode tasks of 2 samples (and 2 reserves), in this process and in the scripts below, so a
+# build of 24 pairs has many batches for a kill to land between.
+TASK_SAMPLES = 2
+
+
 @pytest.fixture
-def project(tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig) -> Path:
+def project(
+    tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig, monkeypatch: pytest.MonkeyPatch
+) -> Path:
     """A raw folder of 24 good pairs and a config with small chunks, so builds have many batches."""
+    monkeypatch.setattr(clean, "TASK_SAMPLES", TASK_SAMPLES)
     make_raw(tmp_path, n=24)
     return write_config(tmp_path, storage={"chunk_samples": 2})
 
@@ -86,9 +94,10 @@ def run_script(script: str, *args: str, timeout: float = 120) -> subprocess.Comp
 
 # A build that SIGKILLs itself after `after` samples went through the sink, or from inside the
 # sink in the middle of storing chunks (`where=sink`).
-KILLED_BUILD = """
+KILLED_BUILD = f"""
     import os, signal, sys
-    import h5etl, h5etl.sink
+    import h5etl, h5etl.clean, h5etl.sink
+    h5etl.clean.TASK_SAMPLES = {TASK_SAMPLES}
     from h5etl.config import load_spec
     config, after, jobs, where = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
     seen = 0
@@ -258,6 +267,38 @@ def test_resume_skips_a_newer_journal_without_checkpoints(project: Path) -> None
     assert not [f for f in os.listdir(folder) if ".partial-" in f]
 
 
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_resume_with_decode_rejects_matches_uninterrupted_build(
+    tmp_path: Path,
+    make_raw: MakeRaw,
+    write_config: WriteConfig,
+    monkeypatch: pytest.MonkeyPatch,
+    jobs: int,
+) -> None:
+    # rejects at decode make tasks defer samples to later rounds: a resume must find the same
+    # rounds, the same deferred samples and the same rejects in the journal
+    monkeypatch.setattr(clean, "TASK_SAMPLES", TASK_SAMPLES)
+    broken = {f"bad{i}": "mask_128" for i in range(4)} | {"late": "truncated_late"}
+    make_raw(tmp_path, n=24, broken=broken)
+    project = write_config(tmp_path, storage={"chunk_samples": 2})
+    reference = build(project, jobs=1)
+    assert reference.path is not None
+    expected = dataset_digests(reference.path)
+    expected_rejects = sorted((r.path, r.reason) for r in reference.rejects)
+    reference.path.unlink()
+    (reference.path.parent / "cells.h5").unlink()
+
+    killed = run_script(KILLED_BUILD, str(project), "14", str(jobs), "decode")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    resumed = build(project, jobs=jobs, resume=True)
+
+    assert resumed.path is not None
+    assert 0 < resumed.resumed < sum(resumed.samples.values())
+    assert dataset_digests(resumed.path) == expected
+    assert sorted((r.path, r.reason) for r in resumed.rejects) == expected_rejects
+    assert check_deep(resumed.path).ok
+
+
 def test_resume_passes_over_a_newer_journal_of_another_config(project: Path) -> None:
     killed = run_script(KILLED_BUILD, str(project), "10", "1", "decode")
     assert killed.returncode == -signal.SIGKILL
@@ -265,8 +306,9 @@ def test_resume_passes_over_a_newer_journal_of_another_config(project: Path) -> 
     (journal_path,) = folder.glob(".cells.partial-*.journal")
     other = folder / ".cells.partial-1-abcdef.h5"
     other.write_bytes(b"")
-    header = {"format": 1, "config_sha256": "another", "plan_sha256": "another"}
-    delta: dict[str, Any] = {"consumed": {"train": 4}, "decode_rejected": {}, "rows": {"train": 4}}
+    header = {"format": 2, "config_sha256": "another", "plan_sha256": "another"}
+    queue = {"consumed": 4, "deferred": [], "rounds": [8], "cut": [2, 2, 2]}
+    delta: dict[str, Any] = {"queues": {"train": queue}, "rows": {"train": 4}}
     delta |= {"chunks": [], "blocks": {}, "texts": {}, "lineage": {}}
     delta |= {"fingerprint": [], "rejects": []}
     lines = [json.dumps(header), json.dumps(delta)]
@@ -548,9 +590,11 @@ def test_crashing_worker_rejects_only_its_sample(project: Path) -> None:
 
     plan = clean.plan(spec, discover.find_samples(spec).samples)
     recipe = decode.DecodeRecipe.from_spec(spec, pipeline.layouts_of(spec))
-    results = list(
-        decode.run_tasks(clean.TaskCutter(plan, 2), recipe, jobs=2, worker=segfault_on_s003)
-    )
+    cutter = clean.TaskCutter(plan, 2)
+    results = []
+    for result in schedule.run_tasks(cutter, recipe, jobs=2, worker=segfault_on_s003):
+        cutter.note(result)  # its deferred samples come back in a later round
+        results.append(result)
 
     rejects = [r for res in results for r in res.rejects]
     assert {r.reason for r in rejects} == {"worker_crashed"}

@@ -29,7 +29,7 @@ LAYOUT = SinkLayout(
 def _batch(split: str, start: int, count: int, *, encoded: bool = False) -> BatchResult:
     """``count`` accepted rows whose pixels encode their split and row, so order is checkable."""
     rng = np.random.default_rng(start + (1000 if split == "valid" else 0))
-    task = DecodeTask(split, start, (), CHUNK)
+    task = DecodeTask(split, start, (), CHUNK, CHUNK)
     result = BatchResult(task, count)
     for name, layout in (("image", IMAGE), ("mask", MASK)):
         rows = rng.integers(0, 256, (count, *layout.shape), dtype=np.uint8)

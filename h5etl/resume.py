@@ -1,0 +1,150 @@
+"""resume: choosing a killed build's journal, and feeding this build's journal as it goes.
+
+A checkpoint records what the sink stored durably (chunk places and digests, small rows), the
+task cutter's queues and the fingerprint lines and rejects of the stored samples. A resumed
+build copies the recorded chunks and restarts the cutter where the journal left it, so it
+yields the same file as a build that was never killed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from h5etl import journal
+from h5etl.clean import Plan, TaskCutter
+from h5etl.records import BatchResult, Reject
+from h5etl.sink import Sink
+from h5etl.spec import Spec, spec_sha256
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Resume:
+    state: journal.ResumeState
+    partial: Path
+
+
+def usable_resume(candidates: list[tuple[Path, Path]], spec: Spec, plan: Plan) -> Resume | None:
+    """The newest killed build whose journal holds a checkpoint of this config and plan.
+
+    A build killed again before its first checkpoint leaves a journal with nothing in it
+    beside an older one that still holds its work; a build of another config may have been
+    killed after one of this config.
+    """
+    if not candidates:
+        logger.info("nothing to resume; building from the start")
+        return None
+    changed = False
+    for partial, journal_path in candidates:
+        state = journal.read(journal_path)
+        if state is None or (not state.chunks and not state.samples):
+            logger.info("the journal %s holds no checkpoint", journal_path)
+            continue
+        if state.config_sha256 != spec_sha256(spec) or state.plan_sha256 != plan.fingerprint():
+            logger.info("the journal %s is of another config or other inputs", journal_path)
+            changed = True
+            continue
+        return Resume(state, partial)
+    if changed:
+        logger.warning(
+            "the config or the inputs changed since the killed build; building from the start"
+        )
+    else:
+        logger.warning("no journal of a killed build holds a checkpoint; building from the start")
+    return None
+
+
+class Checkpoints:
+    """Feeds the resume journal: what the sink stored durably, plus the pipeline's own state.
+
+    The fsync that makes a checkpoint durable runs in a thread beside the writer (it can take
+    a while on a slow disk and must not stall the workers); the journal line is appended only
+    after it. ``every=0`` checkpoints after each batch, synchronously (for tests).
+    """
+
+    def __init__(self, path: Path, spec: Spec, plan: Plan, cutter: TaskCutter, every: float):
+        self.writer = journal.JournalWriter(
+            path, config_sha256=spec_sha256(spec), plan_sha256=plan.fingerprint()
+        )
+        self.cutter = cutter
+        self.every = every
+        self.last = time.monotonic()
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="h5etl-fsync")
+        self._pending: Future[None] | None = None
+        self._trimmed = time.monotonic()
+        self.fingerprint: list[str] = []
+        self.rejects: list[Reject] = []
+
+    def seed(self, state: journal.ResumeState, sink: Sink) -> None:
+        """Carry a resumed build's state into this journal, and record it at once.
+
+        This journal replaces the old one, so it must hold everything copied from it (the
+        sink keeps the copied chunks and rows unjournaled): a build killed again and resumed
+        again then finds the whole prefix here.
+        """
+        self.fingerprint = list(state.fingerprint)
+        self.rejects = [Reject(**r) for r in state.rejects]
+        self.write_now(sink)
+
+    def note(self, result: BatchResult, lines: list[str]) -> None:
+        self.fingerprint.extend(lines)
+        self.rejects.extend(result.rejects)
+
+    def maybe_write(self, sink: Sink) -> None:
+        if time.monotonic() - self.last < self.every or not sink.consistent:
+            return
+        if self._pending is not None:
+            if not self._pending.done():
+                return  # the previous fsync is still running; checkpoint later
+            self._pending.result()  # re-raise a failed fsync here, in the build
+        delta = self._delta(sink)
+        if self.every == 0:
+            self._commit(sink, delta)
+        else:
+            self._pending = self._thread.submit(self._commit, sink, delta)
+
+    def write_now(self, sink: Sink) -> None:
+        """A checkpoint now, in this thread (the sink must be consistent)."""
+        if self._pending is not None:
+            self._pending.result()
+            self._pending = None
+        self._commit(sink, self._delta(sink))
+
+    def _delta(self, sink: Sink) -> dict[str, Any]:
+        delta = sink.checkpoint()
+        delta.update(
+            queues=self.cutter.journal_delta(),
+            fingerprint=self.fingerprint,
+            rejects=[r.as_json() for r in self.rejects],
+        )
+        self.fingerprint, self.rejects = [], []
+        self.last = time.monotonic()
+        return delta
+
+    def due_for_trim(self) -> bool:
+        """True about once a second: when to hand freed batch buffers back to the OS."""
+        now = time.monotonic()
+        if now - self._trimmed < 1.0:
+            return False
+        self._trimmed = now
+        return True
+
+    def _commit(self, sink: Sink, delta: dict[str, Any]) -> None:
+        sink.sync()
+        self.writer.checkpoint(delta)
+
+    def drain(self) -> None:
+        """Wait for the checkpoint in flight: a failed fsync of the file fails the build."""
+        if self._pending is not None:
+            self._pending.result()
+            self._pending = None
+
+    def close(self) -> None:
+        self._thread.shutdown(wait=True)
+        self.writer.close()

@@ -1,0 +1,218 @@
+"""Builds that tell the truth: nothing stored fails, dry runs predict, failures explain."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import MakeRaw, WriteConfig, save
+
+from h5etl import BuildFailed, build, load_spec
+from h5etl.pipeline import BuildReport
+
+
+def _files(folder: Path) -> set[str]:
+    return set(os.listdir(folder)) if folder.is_dir() else set()
+
+
+def _published(folder: Path) -> set[str]:
+    return {name for name in _files(folder) if name.endswith(".h5")}
+
+
+def _report_lines(path: Path) -> list[dict[str, str]]:
+    return [json.loads(line) for line in path.read_text("utf-8").splitlines()]
+
+
+def _previous_release(tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig) -> Path:
+    """A folder with a good v0001 and its link, then raw inputs replaced by ``make_raw``."""
+    make_raw(tmp_path, n=4)
+    config = write_config(tmp_path)
+    assert build(load_spec(config)).path is not None
+    for folder in ("images", "masks"):
+        for png in (tmp_path / "raw" / folder).glob("*.png"):
+            png.unlink()
+    return config
+
+
+def test_a_build_whose_pairs_are_all_rejected_publishes_nothing(
+    tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig
+) -> None:
+    # every pair was size_mismatch: the build exited 0, published an empty release and
+    # moved the link
+    config = _previous_release(tmp_path, make_raw, write_config)
+    make_raw(tmp_path, n=0, broken={f"b{i}": "size_mismatch" for i in range(3)})
+    releases = tmp_path / "releases"
+    before = {name: (releases / name).read_bytes() for name in _published(releases)}
+    link = os.readlink(releases / "cells.h5")
+
+    with pytest.raises(BuildFailed) as failed:
+        build(load_spec(config))
+
+    message = str(failed.value)
+    assert message.startswith(f"{config}: no sample to store: 6 of 6 input files")
+    assert "size_mismatch 6" in message
+    assert os.readlink(releases / "cells.h5") == link
+    assert {name: (releases / name).read_bytes() for name in _published(releases)} == before
+    assert not [name for name in _files(releases) if ".partial-" in name]
+    report = failed.value.report
+    assert report is not None
+    assert str(report) in message
+    assert {row["reason"] for row in _report_lines(report)} == {"size_mismatch"}
+    assert len(_report_lines(report)) == 6
+
+
+def test_a_build_whose_samples_all_fail_at_decode_publishes_nothing(
+    tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig
+) -> None:
+    # the header probe passes these; only decoding finds the bad mask values
+    config = _previous_release(tmp_path, make_raw, write_config)
+    make_raw(tmp_path, n=0, broken={f"m{i}": "mask_128" for i in range(5)})
+    releases = tmp_path / "releases"
+
+    with pytest.raises(BuildFailed, match="no sample to store: 10 of 10 input files"):
+        build(load_spec(config), jobs=2)
+
+    assert _published(releases) == {"cells-v0001.h5", "cells.h5"}
+    assert not [name for name in _files(releases) if ".partial-" in name]
+
+
+def test_the_cli_exits_1_and_names_the_rejects_report(
+    tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig
+) -> None:
+    make_raw(tmp_path, n=0, broken={"a": "size_mismatch"})
+    config = write_config(tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-m", "h5etl", "build", str(config), "--quiet"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 1
+    (line,) = done.stderr.strip().splitlines()
+    assert "no sample to store" in line
+    assert "cells.failed.rejects.jsonl" in line
+    assert (tmp_path / "releases" / "cells.failed.rejects.jsonl").is_file()
+    assert not _published(tmp_path / "releases")
+
+
+def test_an_empty_split_is_a_warning(
+    tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig
+) -> None:
+    make_raw(tmp_path, n=3)
+    config = write_config(tmp_path, splits={"train": 0.999, "valid": 0.001})
+    report = build(load_spec(config))
+    assert report.samples == {"train": 3, "valid": 0}
+    (warning,) = report.warnings
+    assert warning.startswith("split 'valid' is empty")
+
+
+def _messy(tmp_path: Path, make_raw: MakeRaw) -> None:
+    """Broken files of which only decoding can tell (and one a header probe catches)."""
+    make_raw(
+        tmp_path,
+        n=20,
+        broken={
+            "late1": "truncated_late",
+            "late2": "truncated_late",
+            "bad1": "mask_128",
+            "bad2": "mask_128",
+            "text": "text",
+        },
+    )
+
+
+def _reasons(report: BuildReport) -> list[tuple[str, str]]:
+    return sorted((r.path, r.reason) for r in report.rejects)
+
+
+def test_a_dry_run_says_what_it_did_not_check(
+    tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig
+) -> None:
+    # it predicted 14 rejects where the build found 24, and said nothing about it
+    _messy(tmp_path, make_raw)
+    spec = load_spec(write_config(tmp_path))
+    dry = build(spec, dry_run=True)
+    assert {r.reason for r in dry.rejects} == {"unreadable"}
+    assert any("--dry-run --decode" in w for w in dry.warnings)
+    assert all("decod" not in check for check in dry.checks)
+    assert not (tmp_path / "releases").exists()
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_a_decoding_dry_run_predicts_the_build_exactly(
+    tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig, jobs: int
+) -> None:
+    _messy(tmp_path, make_raw)
+    spec = load_spec(write_config(tmp_path, storage={"chunk_samples": 2}))
+    dry = build(spec, dry_run=True, decode=True, jobs=jobs)
+    assert not (tmp_path / "releases").exists(), "a dry run writes nothing"
+    real = build(spec, jobs=jobs)
+    assert _reasons(dry) == _reasons(real)
+    assert dry.samples == real.samples
+    assert any("decod" in check for check in dry.checks)
+    assert not dry.warnings
+
+
+def test_a_dry_run_honours_max_rejects_like_the_build(
+    tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig
+) -> None:
+    _messy(tmp_path, make_raw)
+    config = write_config(tmp_path, max_rejects=2)
+    spec = load_spec(config)
+    with pytest.raises(BuildFailed) as dry:
+        build(spec, dry_run=True, decode=True)
+    with pytest.raises(BuildFailed) as real:
+        build(spec)
+    assert str(dry.value).startswith(f"{config}: ")
+    assert str(real.value).startswith(str(dry.value))  # the build adds where its report is
+    assert dry.value.rejects, "the per-file rejects travel with the error"
+    # the header-only dry run fails too: one unreadable pair is 2 files, over a limit of 1
+    config_1 = write_config(tmp_path, max_rejects=1)
+    with pytest.raises(BuildFailed, match="over max_rejects 1"):
+        build(load_spec(config_1), dry_run=True)
+
+
+def test_a_build_failed_on_max_rejects_writes_its_per_file_reasons(
+    tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig
+) -> None:
+    # it left no per-file reasons and sent the user to --dry-run, which printed a tally
+    _messy(tmp_path, make_raw)
+    config = write_config(tmp_path, max_rejects=3)
+    with pytest.raises(BuildFailed) as failed:
+        build(load_spec(config), jobs=2)
+    message = str(failed.value)
+    assert message.startswith(f"{config}: ")
+    assert "--dry-run" not in message
+    assert failed.value.report is not None
+    rows = _report_lines(failed.value.report)
+    assert len(rows) > 3
+    assert all(row["path"] and row["reason"] and row["detail"] for row in rows)
+    assert not _published(tmp_path / "releases")
+
+
+def test_decode_rejects_leave_every_chunk_to_the_workers(
+    tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig
+) -> None:
+    # after a decode reject, the tasks in flight arrived off the chunk grid and the writer
+    # decompressed and recompressed every chunk after it
+    rng = np.random.default_rng(3)
+    make_raw(tmp_path, n=60)
+    for i in range(0, 60, 7):  # one bad pixel in every seventh mask
+        mask = np.zeros((20, 20), np.uint8)
+        mask[rng.integers(20), rng.integers(20)] = 77
+        save(tmp_path / "raw" / "masks" / f"s{i:03d}.png", mask)
+        save(tmp_path / "raw" / "images" / f"s{i:03d}.png", np.zeros((20, 20, 3), np.uint8))
+    spec = load_spec(write_config(tmp_path, storage={"chunk_samples": 4}))
+    one = build(spec, jobs=1)
+    two = build(spec, jobs=2)
+    assert len(one.rejects) == 2 * 9
+    for report in (one, two):
+        assert sum(report.samples.values()) == 60 - 9
+        assert not any(n for path, n in report.chunk_paths.items() if path.endswith("rechunked"))
+    assert one.datasets.keys() == two.datasets.keys()
+    assert all(one.datasets[d]["sha256"] == two.datasets[d]["sha256"] for d in one.datasets)
