@@ -7,11 +7,13 @@ key, so a sample keeps its split when the folder grows: no leakage between relea
 
 from __future__ import annotations
 
+import errno
 import functools
 import hashlib
 import math
 import os
 import re
+import stat
 import unicodedata
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -158,6 +160,34 @@ def _reject_sample(sample: Sample, reason: str, detail: str, cause: str = "") ->
     ]
 
 
+def _stat_problem(path: str, exc: OSError) -> tuple[str, str]:
+    """The reject reason and detail for a file that cannot be stat'ed."""
+    if exc.errno == errno.ELOOP:
+        return "symlink_loop", "symbolic link loop"
+    if isinstance(exc, FileNotFoundError) and os.path.islink(path):
+        return "dangling_symlink", "symbolic link points nowhere"
+    return "unreadable", f"cannot read: {exc.strerror or exc}"
+
+
+def _stamp_sample(sample: Sample) -> ProbeOutcome:
+    """The files' stamps alone (size and mtime): what a build needs before decoding."""
+    stamps = []
+    for f in sample.files:
+        try:
+            info = os.stat(f.path)
+        except OSError as exc:
+            return _reject_sample(sample, *_stat_problem(f.path, exc), f.path)
+        if not stat.S_ISREG(info.st_mode):  # a FIFO would block the worker that opens it
+            return _reject_sample(sample, "not_a_file", "not a regular file", f.path)
+        stamps.append(f"{info.st_size}:{info.st_mtime_ns}")
+    return Probed(0, 0, ",".join(stamps))
+
+
+def stamp_samples(samples: Sequence[Sample]) -> list[ProbeOutcome]:
+    """Stamp a batch of samples without reading them (``plan(..., headers=False)``)."""
+    return [_stamp_sample(sample) for sample in samples]
+
+
 def _probe_sample(sample: Sample, rules: ProbeRules) -> ProbeOutcome:
     """The sample's size from its headers (and its files' stamps), or the rejects of its files."""
     sizes: dict[str, tuple[int, int]] = {}
@@ -200,11 +230,15 @@ def plan(
     progress: Progress | None = None,
     *,
     mapper: Mapper | None = None,
+    headers: bool = True,
 ) -> Plan:
     """Probe and place every sample.
 
     ``mapper`` runs the header probes (``probe_samples`` over batches of samples), e.g. on the
-    decode workers; by default they run here. Placement does not depend on it.
+    decode workers; by default they run here. Placement does not depend on it. With
+    ``headers=False`` only the files' sizes and mtimes are read, here: a build decodes every
+    sample anyway, and decoding makes every check a header probe makes, so the probes would
+    only read each file twice (a fifth of a build's wall time, before any decoding).
 
     Returns:
         The plan; every input is either in it once or among its rejects.
@@ -215,7 +249,12 @@ def plan(
         renamed_samples[i : i + PROBE_BATCH] for i in range(0, len(renamed_samples), PROBE_BATCH)
     ]
     probe_batch: ProbeBatch = functools.partial(probe_samples, rules=rules)
-    outcomes = map(probe_batch, batches) if mapper is None else mapper(probe_batch, batches)
+    if not headers:
+        outcomes: Iterable[list[ProbeOutcome]] = map(stamp_samples, batches)
+    elif mapper is None:
+        outcomes = map(probe_batch, batches)
+    else:
+        outcomes = mapper(probe_batch, batches)
     rejects: list[Reject] = []
     by_split: dict[str, list[Sample]] = {name: [] for name in spec.splits}
     digest = hashlib.sha256()

@@ -32,7 +32,10 @@ PLAN_CHECKS = (
     "discovery and pairing (orphans, duplicates, unreadable folders, links)",
     "headers (format, truncation, size, size mismatch, oversize)",
 )
-DECODE_CHECKS = ("decoding (pixel data, modes, fit) and mask values",)
+DECODE_CHECKS = (
+    "decoding (format, truncation, pixel data, modes, sizes, size mismatch, oversize, fit)",
+    "mask values",
+)
 
 
 @dataclass(slots=True)
@@ -247,11 +250,10 @@ def _build_planned(
 
 def _dry_run(spec: Spec, hook: ProgressHook, jobs: int, *, decode: bool) -> BuildReport:
     workers.warm_up(jobs)
-    report, plan, watch = _plan_only(spec, hook, jobs)
-    report.checks = list(PLAN_CHECKS)
+    report, plan, watch = _plan_only(spec, hook, jobs, headers=not decode)
+    report.checks = list(PLAN_CHECKS if not decode else (PLAN_CHECKS[0], *DECODE_CHECKS))
     _enforce_limit(spec, report.rejects, report.inputs)
     if decode:
-        report.checks.extend(DECODE_CHECKS)
         counts = dict.fromkeys(plan.splits, 0)
         recipe = _recipe(spec)
         hook("decode", 0, plan.total)
@@ -303,18 +305,22 @@ def _decoded(
 
 
 def _plan_only(
-    spec: Spec, hook: ProgressHook, jobs: int
+    spec: Spec, hook: ProgressHook, jobs: int, *, headers: bool = False
 ) -> tuple[BuildReport, clean.Plan, _Stopwatch]:
+    """Discover and plan. Header probes run only where nothing is decoded after them (a
+    dry run): decoding makes every check they make, and they read every file twice."""
     watch = _Stopwatch()
     hook("discover", 0, None)
     found = discover.find_samples(spec, lambda n: hook("discover", n, None))
     watch.lap("discover")
-    hook("probe", 0, len(found.samples))
+    stage = "probe" if headers else "plan"
+    hook(stage, 0, len(found.samples))
     plan = clean.plan(
         spec,
         found.samples,
-        lambda n: hook("probe", n, None),
+        lambda n: hook(stage, n, None),
         mapper=lambda fn, batches: schedule.map_in_workers(fn, batches, jobs=jobs),
+        headers=headers,
     )
     watch.lap("clean")
     samples = {split: len(members) for split, members in plan.splits.items()}
