@@ -145,6 +145,17 @@ def map_in_workers(
     yield from _in_order(batches, submit, result, window or 2 * jobs + 1)
 
 
+# What a worker sends back in place of its task: the parent holds the task already, and
+# unpickling its samples (paths and keys) cost the single parent time for every result.
+_TASK_KEPT = DecodeTask("", 0, (), 1, 1)
+
+
+def _run_remote(worker: Worker, task: DecodeTask, recipe: decode.DecodeRecipe) -> BatchResult:
+    result = worker(task, recipe)
+    result.task = _TASK_KEPT
+    return result
+
+
 class _Pool:
     """joblib's reusable loky executor, re-created after a worker dies."""
 
@@ -154,17 +165,18 @@ class _Pool:
         self.recipe = recipe
 
     def submit(self, task: DecodeTask) -> Future[BatchResult]:
-        return workers.pool(self.jobs).submit(self.worker, task, self.recipe)
+        return workers.pool(self.jobs).submit(_run_remote, self.worker, task, self.recipe)
 
     def result(self, task: DecodeTask, future: Future[BatchResult]) -> BatchResult:
         try:
-            return future.result()
+            got = future.result()
         except BrokenProcessPool:
-            pass
-        try:  # the task may only have shared a pool with the crash: run it again alone
-            return self.submit(task).result()
-        except BrokenProcessPool:
-            return self._isolate(task)
+            try:  # the task may only have shared a pool with the crash: run it again alone
+                got = self.submit(task).result()
+            except BrokenProcessPool:
+                return self._isolate(task)
+        got.task = task
+        return got
 
     def _isolate(self, task: DecodeTask) -> BatchResult:
         """Decode each sample of ``task`` alone in a fresh worker and join the results here.
