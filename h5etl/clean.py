@@ -24,7 +24,16 @@ import numpy as np
 
 from h5etl import geometry, images
 from h5etl.errors import RejectError
-from h5etl.records import Barrier, BatchResult, DecodeTask, Reject, Sample, text_bytes, valid_text
+from h5etl.records import (
+    Barrier,
+    BatchResult,
+    DecodeTask,
+    Reject,
+    Sample,
+    sample_rejects,
+    text_bytes,
+    valid_text,
+)
 
 if TYPE_CHECKING:  # header probes run in the decode workers; pydantic stays out of them
     from h5etl.spec import Spec
@@ -148,16 +157,7 @@ def split_of(key: str, splits: dict[str, float], seed: int) -> str:
 
 
 def _reject_sample(sample: Sample, reason: str, detail: str, cause: str = "") -> list[Reject]:
-    return [
-        Reject(
-            f.path,
-            STAGE,
-            reason,
-            detail if f.path == cause or not cause else f"{detail} (in {cause})",
-            sample.key,
-        )
-        for f in sample.files
-    ]
+    return sample_rejects(sample, STAGE, reason, detail, cause)
 
 
 def _stat_problem(path: str, exc: OSError) -> tuple[str, str]:

@@ -18,7 +18,7 @@ import numpy as np
 from h5etl import digest, geometry, images, validate
 from h5etl.chunkcodec import ChunkLayout, encode_block
 from h5etl.errors import RejectError
-from h5etl.records import BatchResult, DecodeTask, Reject, Sample
+from h5etl.records import BatchResult, DecodeTask, Sample, sample_rejects
 
 if TYPE_CHECKING:  # workers import this module; pydantic stays out of them
     from h5etl.spec import Spec
@@ -139,19 +139,6 @@ def keep_whole_blocks(task: DecodeTask, accepted: int) -> int:
     return accepted // task.block * task.block
 
 
-def _reject_all(sample: Sample, reason: str, message: str, culprit: str) -> list[Reject]:
-    return [
-        Reject(
-            f.path,
-            STAGE,
-            reason,
-            message if f.path == culprit or not culprit else f"{message} (in {culprit})",
-            sample.key,
-        )
-        for f in sample.files
-    ]
-
-
 def decode_batch(task: DecodeTask, recipe: DecodeRecipe) -> BatchResult:
     """Decode one task. Runs in a worker process; only plain data goes in and out.
 
@@ -170,11 +157,13 @@ def decode_batch(task: DecodeTask, recipe: DecodeRecipe) -> BatchResult:
         try:
             hashes = _decode_sample(sample, recipe, out, len(kept))
         except RejectError as exc:
-            result.rejects.extend(_reject_all(sample, exc.reason, exc.message, str(exc.path or "")))
+            result.rejects.extend(
+                sample_rejects(sample, STAGE, exc.reason, exc.message, str(exc.path or ""))
+            )
             continue
         except MemoryError:
             result.rejects.extend(
-                _reject_all(sample, "memory_error", "ran out of memory decoding", "")
+                sample_rejects(sample, STAGE, "memory_error", "ran out of memory decoding")
             )
             continue
         result.lineage.append(hashes)

@@ -92,6 +92,22 @@ class Reject:
         }
 
 
+def sample_rejects(
+    sample: Sample, stage: str, reason: str, detail: str, culprit: str = ""
+) -> list[Reject]:
+    """One reject per file of ``sample``; the files other than ``culprit`` say which one it was."""
+    return [
+        Reject(
+            f.path,
+            stage,
+            reason,
+            detail if f.path == culprit or not culprit else f"{detail} (in {culprit})",
+            sample.key,
+        )
+        for f in sample.files
+    ]
+
+
 @dataclass(frozen=True, slots=True)
 class DecodeTask:
     """A run of one split's decode queue, decoded by one worker call.

@@ -22,7 +22,7 @@ import numpy as np
 from joblib.externals.loky.process_executor import BrokenProcessPool
 
 from h5etl import decode, workers
-from h5etl.records import Barrier, BatchResult, DecodeTask, Reject, Sample
+from h5etl.records import Barrier, BatchResult, DecodeTask, Reject, Sample, sample_rejects
 
 PROBE_STAGE = "clean"  # header probes belong to cleaning (clean.STAGE)
 In = TypeVar("In")
@@ -99,8 +99,9 @@ def _in_order(
 
 
 def _crash_rejects(sample: Sample, stage: str, exc: BaseException) -> list[Reject]:
-    detail = f"the worker process died on this sample ({exc})"
-    return [Reject(f.path, stage, "worker_crashed", detail, sample.key) for f in sample.files]
+    return sample_rejects(
+        sample, stage, "worker_crashed", f"the worker process died on this sample ({exc})"
+    )
 
 
 def map_in_workers(
