@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
@@ -14,24 +14,30 @@ import typer
 from tqdm import tqdm
 
 from h5etl import __version__, workers
-from h5etl.errors import H5EtlError
+from h5etl.cli_usage import OneLineGroup
+from h5etl.errors import BuildFailed, H5EtlError, UsageError
 
 # The pipeline, pydantic and HDF5 load inside the commands: ``build`` starts its workers
 # first, so their start-up overlaps these imports.
 if TYPE_CHECKING:
     from h5etl.pipeline import BuildReport
+    from h5etl.records import Reject
+
 
 app = typer.Typer(
+    cls=OneLineGroup,
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # plain help: no boxes, no <bool> after flags that take no value
     help="Turn folders of images and masks into versioned, checksummed HDF5 releases.",
 )
 T = TypeVar("T")
 ALL_CORES = os.cpu_count() or 1
 
 JobsOption = Annotated[
-    int, typer.Option("--jobs", "-j", min=1, help="Worker processes (default: all cores).")
+    int,
+    typer.Option("--jobs", "-j", min=1, metavar="N", help="Worker processes (default: all cores)."),
 ]
 QuietOption = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")]
 
@@ -46,13 +52,20 @@ def _fail(exc: H5EtlError) -> typer.Exit:
     return typer.Exit(exc.exit_code)
 
 
-def _run(action: Callable[[], T]) -> T:
-    """Call into the library; our errors become lines on stderr and an exit code."""
+def _run(action: Callable[[], T], bars: _Bars | None = None) -> T:
+    """Call into the library; our errors become lines on stderr and an exit code.
+
+    Progress bars are closed first, so none is redrawn below the error line.
+    """
     try:
         return action()
     except H5EtlError as exc:
+        if bars is not None:
+            bars.close()
         raise _fail(exc) from None
     except KeyboardInterrupt:
+        if bars is not None:
+            bars.close()
         typer.echo("h5etl: interrupted; nothing was published", err=True)
         raise typer.Exit(130) from None
 
@@ -130,12 +143,30 @@ def _summary(report: BuildReport) -> None:
             _say(f"rejects report: {report.rejects_path}")
 
 
+def _reject_lines(rejects: Sequence[Reject]) -> None:
+    for reject in rejects:
+        detail = f": {reject.detail}" if reject.detail else ""
+        _say(f"reject: {reject.path}: {reject.reason}{detail}")
+
+
+ConfigArgument = Annotated[Path, typer.Argument(metavar="CONFIG", help="The build config (YAML).")]
+
+
 @app.command()
 def build(
-    config: Annotated[Path, typer.Argument(help="The build config (YAML).")],
+    config: ConfigArgument,
     jobs: JobsOption = ALL_CORES,
     dry_run: Annotated[
-        bool, typer.Option("--dry-run", help="Plan and report, write nothing.")
+        bool,
+        typer.Option("--dry-run", help="Plan and report every reject, write nothing."),
+    ] = False,
+    decode: Annotated[
+        bool,
+        typer.Option(
+            "--decode",
+            help="With --dry-run: also decode every sample, so the rejects are exactly the "
+            "build's.",
+        ),
     ] = False,
     resume: Annotated[
         bool, typer.Option("--resume", help="Continue a build that was killed part-way.")
@@ -143,24 +174,43 @@ def build(
     quiet: QuietOption = False,
 ) -> None:
     """Build a new release from CONFIG."""
+    if decode and not dry_run:
+        raise _fail(UsageError("--decode needs --dry-run (a build decodes everything anyway)"))
     workers.warm_up(jobs)
-    from h5etl import pipeline
+    from h5etl import pipeline, records
     from h5etl.config import load_spec
 
     spec = _run(lambda: load_spec(config))
     with _progress(quiet) as bars:
-        report = _run(
-            lambda: pipeline.build(spec, jobs=jobs, dry_run=dry_run, resume=resume, progress=bars)
-        )
+
+        def run() -> BuildReport:
+            try:
+                return pipeline.build(
+                    spec, jobs=jobs, dry_run=dry_run, decode=decode, resume=resume, progress=bars
+                )
+            except BuildFailed as exc:
+                if dry_run:  # what the dry run found before it stopped, as the build would
+                    bars.close()
+                    _reject_lines([r for r in exc.rejects if isinstance(r, records.Reject)])
+                raise
+
+        report = _run(run, bars)
+    _render_build(report, dry_run=dry_run)
+
+
+def _render_build(report: BuildReport, *, dry_run: bool) -> None:
     if dry_run:
-        _say("dry run: nothing written")
+        _reject_lines(report.rejects)
+        _say(f"dry run: checked {', '.join(report.checks)}; nothing written")
     if report.resumed:
         _say(f"resumed: {report.resumed} samples copied from the killed build")
     _summary(report)
+    for warning in report.warnings:
+        _say(f"warning: {warning}")
 
 
 @app.command()
-def validate(config: Annotated[Path, typer.Argument(help="The build config (YAML).")]) -> None:
+def validate(config: ConfigArgument) -> None:
     """Check CONFIG without building."""
     from h5etl.config import load_spec
 
@@ -189,7 +239,11 @@ def check(
 
 
 @app.command()
-def releases(folder: Annotated[Path, typer.Argument(help="An output folder.")]) -> None:
+def releases(
+    folder: Annotated[
+        Path, typer.Argument(metavar="FOLDER", help="An output folder, e.g. releases.")
+    ],
+) -> None:
     """List the releases in FOLDER and which one each link points at."""
     from h5etl import release
 
@@ -203,9 +257,12 @@ def releases(folder: Annotated[Path, typer.Argument(help="An output folder.")]) 
 
 @app.command()
 def rollback(
-    link: Annotated[Path, typer.Argument(help="The release link, e.g. releases/cells.h5.")],
+    link: Annotated[
+        Path, typer.Argument(metavar="LINK", help="The release link, e.g. releases/cells.h5.")
+    ],
     to: Annotated[
-        int | None, typer.Option("--to", help="Version number (default: previous).")
+        int | None,
+        typer.Option("--to", metavar="N", help="Version number (default: the previous one)."),
     ] = None,
 ) -> None:
     """Point LINK at an earlier (or any) release."""
@@ -217,18 +274,21 @@ def rollback(
 
 @app.command(name="demo")
 def demo_command(
-    folder: Annotated[Path, typer.Option("--dir", help="Where to put the demo.")] = Path(
-        "h5etl-demo"
-    ),
+    folder: Annotated[
+        Path, typer.Option("--dir", metavar="FOLDER", help="Where to put the demo.")
+    ] = Path("h5etl-demo"),
     jobs: JobsOption = ALL_CORES,
     quiet: QuietOption = False,
 ) -> None:
-    """Build the embedded example (synthetic cells, a few broken inputs) into FOLDER/releases."""
+    """Build the embedded example (synthetic cells, a few broken inputs) into FOLDER/releases.
+
+    Run it again on the same FOLDER to build the next version.
+    """
     from h5etl import demo
 
     config = _run(lambda: demo.prepare(folder))
     _say(f"demo config: {config}")
-    build(config, jobs=jobs, dry_run=False, resume=False, quiet=quiet)
+    build(config, jobs=jobs, dry_run=False, decode=False, resume=False, quiet=quiet)
 
 
 def _version_callback(value: bool) -> None:
@@ -240,7 +300,10 @@ def _version_callback(value: bool) -> None:
 @app.callback()
 def _main(
     version: Annotated[
-        bool, typer.Option("--version", callback=_version_callback, is_eager=True)
+        bool,
+        typer.Option(
+            "--version", callback=_version_callback, is_eager=True, help="Print the version."
+        ),
     ] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log details.")] = False,
 ) -> None:
@@ -258,11 +321,14 @@ def main() -> None:
 @app.command()
 def preview(
     path: Annotated[Path, typer.Argument(metavar="RELEASE", help="A release file or link.")],
-    out: Annotated[Path, typer.Option("--out", "-o", help="The PNG to write.")],
+    out: Annotated[Path, typer.Option("--out", "-o", metavar="PNG", help="The PNG to write.")],
     split: Annotated[
-        str | None, typer.Option("--split", help="The split to show (default: the first).")
+        str | None,
+        typer.Option("--split", metavar="NAME", help="The split to show (default: the first)."),
     ] = None,
-    n: Annotated[int, typer.Option("--n", min=1, help="How many samples to show.")] = 16,
+    n: Annotated[
+        int, typer.Option("--n", min=1, metavar="N", help="How many samples to show.")
+    ] = 16,
 ) -> None:
     """Draw the first N samples of a split, masks over images, names underneath, into a PNG."""
     from h5etl.preview import write_preview

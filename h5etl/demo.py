@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
 import numpy as np
 
 from h5etl import images, resources
+from h5etl.errors import UsageError
 
 
 def cell_pair(rng: np.random.Generator, height: int, width: int) -> tuple[np.ndarray, np.ndarray]:
@@ -62,10 +64,46 @@ def write_raw(raw: Path, *, samples: int = 40, seed: int = 7) -> dict[str, str]:
 
 
 def prepare(folder: Path) -> Path:
-    """Lay out the demo in ``folder`` (raw data once, the config always); return the config."""
-    folder.mkdir(parents=True, exist_ok=True)
-    if not (folder / "raw").exists():
-        write_raw(folder / "raw")
+    """Lay out the demo in ``folder`` and return its config.
+
+    An empty or new folder gets the raw data and ``demo.yaml``; a previous demo (its
+    ``demo.yaml`` is the demo's own) is kept as it is, so building it again makes the next
+    version. Nothing of a folder that is not a demo is overwritten.
+
+    Raises:
+        UsageError: ``folder`` holds another ``demo.yaml``, or data of its own (exit code 2).
+    """
     config = folder / "demo.yaml"
-    shutil.copyfile(resources.demo_config(), config)
+    shipped = resources.demo_config().read_bytes()
+    if config.is_symlink() or config.exists():
+        if not config.is_file() or config.read_bytes() != shipped:
+            raise UsageError(
+                "is not the demo's own config; it was left as it is: give --dir a new or "
+                "empty folder (or a previous demo's)",
+                path=config,
+            )
+    else:
+        found = [name for name in ("raw", "releases") if (folder / name).exists()]
+        if found:
+            raise UsageError(
+                f"holds {' and '.join(found)}/ but no demo.yaml, so it is no previous demo; "
+                f"give --dir a new or empty folder",
+                path=folder,
+            )
+        folder.mkdir(parents=True, exist_ok=True)
+        _write_atomically(config, shipped)
+    if not (folder / "raw").exists():
+        staging = folder / f".raw.partial-{os.getpid()}"
+        shutil.rmtree(staging, ignore_errors=True)
+        write_raw(staging)
+        os.replace(staging, folder / "raw")  # a demo killed while writing leaves no raw/
     return config
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    temp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        temp.write_bytes(data)
+        os.replace(temp, path)
+    finally:
+        temp.unlink(missing_ok=True)

@@ -1,0 +1,82 @@
+"""How ``h5etl`` shows its usage: one-line usage errors with exit code 2, plain help.
+
+Typer draws usage errors and help in rich boxes, shows ``<bool>`` after flags that take no
+value and writes required arguments as ``{config}``; ``OneLineGroup`` (the app's group class)
+turns each usage error into ``h5etl: error: ...`` and names every argument in upper case.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import typer
+from typer.core import TyperCommand, TyperGroup
+
+__all__ = ["OneLineGroup"]
+
+
+def _click_class(name: str) -> type[Exception]:
+    """A click exception class typer raises but does not export (from its own copy of click
+    in newer typer, from click in older ones): found among ``typer.BadParameter``'s bases."""
+    return next(cls for cls in typer.BadParameter.__mro__ if cls.__name__ == name)
+
+
+_ClickException = _click_class("ClickException")
+
+
+def _usage_line(exc: Exception) -> str:
+    """Click's usage error (a boxed or three-line message) as one line."""
+    message = " ".join(str(getattr(exc, "format_message", exc.__str__)()).split())
+    message = message[:1].lower() + message[1:].rstrip(".")
+    ctx = getattr(exc, "ctx", None)
+    command = getattr(ctx, "command_path", None)
+    return f"{message} (see '{command} --help')" if command else message
+
+
+class _PlainUsage(TyperCommand):
+    """Usage lines name arguments as ``CONFIG``, not typer's ``{CONFIG}``."""
+
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        return [re.sub(r"^\{(.+)\}$", r"\1", piece) for piece in super().collect_usage_pieces(ctx)]
+
+
+class OneLineGroup(TyperGroup):
+    """Every usage error is one line, ``h5etl: error: ...``, and exit code 2; arguments show
+    as upper-case names in help and usage alike."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        for command in self.commands.values():
+            for param in command.params:
+                if param.param_type_name == "argument" and param.metavar is None:
+                    param.metavar = (param.name or "").upper()
+            if type(command) is TyperCommand:
+                command.__class__ = _PlainUsage  # the same command, with plain usage pieces
+
+    def main(  # type: ignore[override]
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
+        try:
+            result = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+            code = result if isinstance(result, int) else 0
+        except _ClickException as exc:
+            ctx = getattr(exc, "ctx", None)
+            if type(exc).__name__ == "NoArgsIsHelpError" and ctx is not None:
+                typer.echo(ctx.get_help())  # plain ``h5etl``: the help, as before
+            else:
+                typer.echo(f"h5etl: error: {_usage_line(exc)}", err=True)
+            code = int(getattr(exc, "exit_code", 2))
+        except typer.Abort:
+            typer.echo("h5etl: error: aborted", err=True)
+            code = 1
+        if not standalone_mode:
+            return code
+        sys.exit(code)
