@@ -11,13 +11,38 @@ A torn last line is ignored.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from h5etl.errors import SinkError
+
 FORMAT = 2  # 2: the task cutter's queues replace per-split consumed/rejected counts
+_NO_ROOM_HINTS = {
+    errno.ENOSPC: "free some space on that disk and build again",
+    errno.EDQUOT: "free some space or raise the disk quota, and build again",
+    errno.EFBIG: "the file system or `ulimit -f` caps the file size; write the release elsewhere",
+}
+_ERRNO_IN_TEXT = re.compile(r"errno = (\d+)")  # how HDF5 quotes the errno in its messages
+
+
+def io_problem(exc: BaseException, detail: str = "") -> str:
+    """One line for a failed write of a build's files: what the errno says (and ``detail``)
+    and, when the disk is full, what to do. HDF5's own messages span lines and name buffers
+    and offsets, so only the errno they quote is kept."""
+    code = getattr(exc, "errno", None)
+    if not code:
+        found = _ERRNO_IN_TEXT.search(str(exc))
+        code = int(found[1]) if found else None
+    if not code:
+        return " ".join(str(exc).split())
+    text = os.strerror(code)
+    text = text[:1].lower() + text[1:] + (f" ({detail})" if detail else "")
+    return f"{text}; {_NO_ROOM_HINTS[code]}" if code in _NO_ROOM_HINTS else text
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,27 +102,45 @@ class ResumeState:
 
 
 class JournalWriter:
-    """Appends checkpoint deltas to the journal, each one fsynced before it counts."""
+    """Appends checkpoint deltas to the journal, each one fsynced before it counts.
+
+    Lines go straight to the file descriptor: no buffer is left to write at the close, so
+    closing after a failed write (a full disk) cannot fail again and hide the first error.
+
+    Raises:
+        SinkError: the journal cannot be created or written.
+    """
 
     def __init__(self, path: Path, *, config_sha256: str, plan_sha256: str):
         self.path = path
-        # A name's undecodable bytes (lone surrogates) are written as JSON escapes, which
-        # read back as the same string.
-        self._handle = open(  # noqa: SIM115 - closed in close()
-            path, "w", encoding="utf-8", errors="backslashreplace"
-        )
+        try:
+            self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            problem = io_problem(exc)
+            raise SinkError(f"cannot create the resume journal: {problem}", path=path) from exc
         self._append({"format": FORMAT, "config_sha256": config_sha256, "plan_sha256": plan_sha256})
 
     def _append(self, record: dict[str, Any]) -> None:
-        self._handle.write(json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n")
-        self._handle.flush()
-        os.fsync(self._handle.fileno())
+        text = json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n"
+        # A name's undecodable bytes (lone surrogates) are written as JSON escapes, which
+        # read back as the same string.
+        line = memoryview(text.encode("utf-8", errors="backslashreplace"))
+        try:
+            while line:
+                line = line[os.write(self._fd, line) :]
+            os.fsync(self._fd)
+        except OSError as exc:
+            raise SinkError(
+                f"writing the resume journal failed: {io_problem(exc)}", path=self.path
+            ) from exc
 
     def checkpoint(self, delta: dict[str, Any]) -> None:
         self._append(delta)
 
     def close(self) -> None:
-        self._handle.close()
+        fd, self._fd = self._fd, -1
+        if fd >= 0:
+            os.close(fd)
 
 
 def read(path: Path) -> ResumeState | None:

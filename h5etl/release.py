@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from h5etl.errors import LockHeld, ReleaseError, ReleaseUsageError
+from h5etl.journal import io_problem
 from h5etl.records import Reject
 
 logger = logging.getLogger(__name__)
@@ -240,14 +241,21 @@ class OutputFolder:
 
     @contextlib.contextmanager
     def staged(self) -> Iterator[Path]:
-        """A temp path for the new file (its journal beside it); both removed at the end."""
+        """A temp path for the new file (its journal beside it); both removed at the end.
+
+        Removing them never raises over the error that ended the build.
+        """
         path = self.partial_path()
         try:
             yield path
         finally:
             for leftover in (path, self.journal_of(path)):
-                with contextlib.suppress(FileNotFoundError):
+                try:
                     leftover.unlink()
+                except FileNotFoundError:
+                    pass
+                except OSError as exc:
+                    logger.warning("%s: cannot remove this temp file: %s", leftover, exc)
 
     def next_version(self) -> int:
         existing = versions(self.folder, self.name)
@@ -258,11 +266,15 @@ class OutputFolder:
         final = self.folder / release_filename(self.name, version)
         report = self.folder / rejects_filename(self.name, version)
         report_temp = self.folder / f".{report.name}.tmp-{os.getpid()}"
+        before = os.readlink(self.link) if self.link.is_symlink() else None
+        named: list[Path] = []  # the release names this call gave, taken back on a failure
         try:
             _fsync_file(staged)
             self._write_report(report_temp, rejects)
             os.link(staged, final)  # unlike rename, refuses to replace an existing release
+            named.append(final)
             os.replace(report_temp, report)
+            named.append(report)
             os.unlink(staged)
             _fsync_dir(self.folder)
             self.point_link(version)
@@ -271,11 +283,38 @@ class OutputFolder:
                 f"{final.name} appeared while building; it was left as it is", path=self.folder
             ) from exc
         except OSError as exc:
-            raise ReleaseError(f"publishing failed: {exc}", path=self.folder) from exc
+            self._unpublish(named, before, final.name)
+            raise ReleaseError(f"publishing failed: {io_problem(exc)}", path=self.folder) from exc
         finally:
             with contextlib.suppress(FileNotFoundError):
                 report_temp.unlink()
         return self.info(version)
+
+    def _unpublish(self, named: list[Path], before: str | None, target: str) -> None:
+        """After a failed publish: the link back where it was, the new names gone.
+
+        A failed build never leaves a file under a release name (a full disk can stop the
+        publish after the link, before the report, or between the link and its fsync).
+        """
+        temp = self.folder / f".{self.name}.h5.link-{os.getpid()}"  # point_link's temp name
+        try:
+            if self.link.is_symlink() and os.readlink(self.link) == target:
+                with contextlib.suppress(FileNotFoundError):
+                    temp.unlink()
+                if before is None:
+                    self.link.unlink()
+                else:
+                    os.symlink(before, temp)
+                    os.replace(temp, self.link)
+            for path in named:  # only once the link is back: it never points at nothing
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+            _fsync_dir(self.folder)
+        except OSError as exc:
+            logger.warning("%s: cannot undo the failed publish: %s", self.folder, exc)
+        finally:
+            with contextlib.suppress(OSError):
+                temp.unlink()
 
     def failed_rejects_path(self) -> Path:
         """Where a failed build leaves its per-file rejects (the newest failure wins)."""

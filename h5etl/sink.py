@@ -8,8 +8,12 @@ one padded, as HDF5 stores edge chunks). Only this module writes HDF5 files.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
+import logging
 import os
+import resource
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +26,7 @@ import numpy as np
 from h5etl import digest
 from h5etl.chunkcodec import ChunkLayout, decode_block, encode_block
 from h5etl.errors import SinkError
-from h5etl.journal import ResumeState
+from h5etl.journal import ResumeState, io_problem
 from h5etl.records import BatchResult, EncodedChunk, valid_text
 
 LIBVER = ("v110", "v110")  # readable by HDF5 1.10 tools (h5ls, h5dump) and newer
@@ -31,6 +35,14 @@ WRITE_CACHE_BYTES = 256 * 1024
 # Text and lineage rows are buffered and appended this many at a time: one resize and write
 # per field per thousand rows instead of per batch (the writer's CPU is the budget).
 SMALL_ROWS_PER_WRITE = 1024
+# Room kept free for the metadata HDF5 writes at a flush or at the close: a flush that fails
+# leaves HDF5 unable to close the file at all, so the sink stops before the disk is full.
+HEADROOM_BYTES = 1 << 20
+logger = logging.getLogger(__name__)
+
+
+def _mib(nbytes: int) -> str:
+    return f"{nbytes / 2**20:.1f} MiB"
 
 
 class ResumeMismatch(SinkError):
@@ -171,6 +183,9 @@ class _ImageWriter:
 class Sink:
     """Context manager around the one HDF5 file a build writes; created with mode ``x``."""
 
+    _created = False  # the file exists because this sink created it: its own to abandon
+    _abandoned = False  # its bytes were given up after a failed write (see _abandon)
+
     def __init__(self, path: Path, layout: SinkLayout):
         self.path = path
         self.layout = layout
@@ -192,22 +207,81 @@ class Sink:
             self.file = h5py.File(
                 self.path, "x", libver=LIBVER, track_order=True, rdcc_nbytes=WRITE_CACHE_BYTES
             )
+            self._created = True
             for split in self.layout.splits:
                 self._create_split(self.file.create_group(split, track_order=True), split)
-        except OSError as exc:
-            self._close()
-            raise SinkError(f"cannot create the release file: {exc}", path=self.path) from exc
+        except (OSError, RuntimeError) as exc:
+            self._abandon()  # only if it got as far as creating the file
+            self._close_quietly()
+            problem = io_problem(exc)
+            raise SinkError(f"cannot create the release file: {problem}", path=self.path) from exc
         return self
 
     def __exit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        self._close()
+        """Close the file. Leaving on an exception, an error in closing does not hide the one
+        in flight; leaving on an I/O error (a full disk, most likely) abandons the file first,
+        so that the close finds room (the build deletes the file anyway)."""
+        if kind is None:
+            self._close()
+            return
+        if issubclass(kind, OSError):
+            self._abandon()
+        self._close_quietly()
 
     def _close(self) -> None:
-        if self.file is not None and self.file.id.valid:
-            self.file.close()
-        self.file = None
+        file, self.file = self.file, None
+        if file is None or not file.id.valid:
+            return
+        try:
+            file.close()
+        except (OSError, RuntimeError) as exc:
+            # HDF5 has released the file though its id still looks valid: never touch it
+            # again, not even to free it (``locked`` keeps h5py from doing so).
+            file.id.locked = True
+            raise self._failed("closing the file", exc) from exc
+
+    def _close_quietly(self) -> None:
+        try:
+            self._close()
+        except SinkError as exc:
+            logger.debug("after the error above: %s", exc)
+
+    def _abandon(self) -> None:
+        """Give up the file: free its bytes now (it is deleted anyway), so that the metadata
+        HDF5 still writes as the objects and the file close finds room."""
+        if self._created and not self._abandoned:
+            self._abandoned = True
+            with contextlib.suppress(OSError):
+                os.truncate(self.path, 0)
+
+    def _failed(self, action: str, exc: BaseException, detail: str = "") -> SinkError:
+        """The error for a failed write; the file is abandoned at once (see ``_abandon``)."""
+        self._abandon()
+        return SinkError(f"{action} failed: {io_problem(exc, detail)}", path=self.path)
+
+    def _ensure_room(self, nbytes: int, action: str) -> None:
+        """Fail before HDF5 does: after a failed flush, HDF5 cannot close the file.
+
+        ``nbytes`` is about to be written; ``HEADROOM_BYTES`` more stay for metadata.
+        """
+        need = nbytes + HEADROOM_BYTES
+        try:
+            stat = os.statvfs(self.path.parent)
+            size = os.path.getsize(self.path)
+        except OSError:
+            return  # the write itself will say what is wrong
+        # root may use the blocks ext4 reserves; everyone else only the available ones
+        free = (stat.f_bfree if os.geteuid() == 0 else stat.f_bavail) * stat.f_frsize
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+        if free < need:
+            code, detail = errno.ENOSPC, f"{_mib(free)} free, about {_mib(need)} needed"
+        elif limit != resource.RLIM_INFINITY and size + need > limit:
+            code, detail = errno.EFBIG, f"the limit is {_mib(limit)}"
+        else:
+            return
+        raise self._failed(action, OSError(code, os.strerror(code)), detail)
 
     def _create_split(self, group: h5py.Group, split: str) -> None:
         for name, layout in self.layout.images.items():
@@ -258,8 +332,8 @@ class Sink:
                     writer.add_raw(result.raw[name])
             if count:
                 self._append_rows(split, result)
-        except OSError as exc:
-            raise SinkError(f"writing failed: {exc}", path=self.path) from exc
+        except (OSError, RuntimeError) as exc:
+            raise self._failed("writing", exc) from exc
         self.counts[split] += count
         self.seconds += time.perf_counter() - started
 
@@ -314,11 +388,12 @@ class Sink:
         """
         assert self.file is not None
         assert self.consistent
+        self._ensure_room(self._pending_small_bytes(), "flushing")
         try:
             self._flush_small()
             self.file.flush()
-        except OSError as exc:
-            raise SinkError(f"flushing failed: {exc}", path=self.path) from exc
+        except (OSError, RuntimeError) as exc:
+            raise self._failed("flushing", exc) from exc
         chunks: list[dict[str, Any]] = []
         blocks: dict[str, list[str]] = {}
         for writer in self.images.values():
@@ -341,7 +416,8 @@ class Sink:
             with open(self.path, "rb") as handle:
                 os.fsync(handle.fileno())
         except OSError as exc:
-            raise SinkError(f"fsync failed: {exc}", path=self.path) from exc
+            # no _failed here: it may run beside the writer, which then fails on the file
+            raise SinkError(f"fsync failed: {io_problem(exc)}", path=self.path) from exc
 
     def restore(self, state: ResumeState, partial: Path) -> None:
         """Copy what a killed build stored (per its journal) from its temp file, verified.
@@ -381,6 +457,7 @@ class Sink:
     def finish(self, attrs: dict[str, Any], diagnostics: dict[str, Any]) -> dict[str, Any]:
         """Store the last partial chunks, the attrs and ``/diagnostics``; return dataset stats."""
         assert self.file is not None
+        self._ensure_room(self._finish_bytes(), "finishing the file")
         try:
             self._flush_small()
             for writer in self.images.values():
@@ -398,9 +475,29 @@ class Sink:
                     "block_sha256", data=np.array(info["block_sha256"], dtype="S64")
                 )
             self.file.flush()
-        except OSError as exc:
-            raise SinkError(f"finishing the file failed: {exc}", path=self.path) from exc
+        except (OSError, RuntimeError) as exc:
+            raise self._failed("finishing the file", exc) from exc
         return report
+
+    def _pending_small_bytes(self) -> int:
+        """An upper bound of the text and lineage bytes buffered for the next flush."""
+        rows = sum(len(lineage) for lineage in self._pending_lineage.values())
+        chars = sum(
+            len(text)
+            for split in self._pending_texts.values()
+            for column in split.values()
+            for text in column
+        )
+        # 64 bytes per lineage digest; up to 4 bytes per UTF-8 character and 16 per heap entry
+        return rows * (64 * len(self.layout.sources) + 16 * len(self.layout.texts)) + 4 * chars
+
+    def _finish_bytes(self) -> int:
+        """An upper bound of what ``finish`` writes: the last chunks, rows, diagnostics."""
+        carry = sum(
+            writer.layout.block_nbytes * 2 for writer in self.images.values() if writer.carry_rows
+        )
+        digests = sum(len(stats.blocks) + 1 for stats in self.stats.values()) * 64
+        return carry + self._pending_small_bytes() + digests
 
     def _dataset_report(self) -> dict[str, dict[str, Any]]:
         assert self.file is not None
