@@ -36,6 +36,10 @@ def _usage_line(exc: Exception) -> str:
     return f"{message} (see '{command} --help')" if command else message
 
 
+def _no_type(ctx: Any = None) -> str:
+    return ""
+
+
 class _PlainUsage(TyperCommand):
     """Usage lines name arguments as ``CONFIG``, not typer's ``{CONFIG}``."""
 
@@ -53,6 +57,9 @@ class OneLineGroup(TyperGroup):
             for param in command.params:
                 if param.param_type_name == "argument" and param.metavar is None:
                     param.metavar = (param.name or "").upper()
+                if param.param_type_name == "argument":
+                    # help showed ``CONFIG <path>``: the name says what it is, the type is noise
+                    setattr(param, "display_type_rich", _no_type)  # noqa: B010
             if type(command) is TyperCommand:
                 command.__class__ = _PlainUsage  # the same command, with plain usage pieces
 
