@@ -13,6 +13,7 @@ from h5etl.errors import (
     H5EtlError,
     ReleaseError,
     SinkError,
+    UsageError,
 )
 
 if TYPE_CHECKING:
@@ -47,6 +48,7 @@ __all__ = [
     "ReleaseError",
     "SinkError",
     "Spec",
+    "UsageError",
     "__version__",
     "build",
     "load_spec",

@@ -15,7 +15,7 @@ from pathlib import Path
 import h5py
 import hdf5plugin
 
-from h5etl.errors import CheckFailed, ConfigError
+from h5etl.errors import CheckFailed, UsageError
 
 BUILT_IN = {1: "gzip", 2: "shuffle", 3: "fletcher32", 4: "szip", 5: "nbit", 6: "scaleoffset"}
 LZF = 32000  # h5py's own filter: compiled into h5py, not into HDF5
@@ -82,23 +82,23 @@ def open_file(path: Path) -> h5py.File:
     """Open the release file ``path`` read-only.
 
     Raises:
-        ConfigError: ``path`` is no file: missing, a folder, a link to nothing, a FIFO.
+        UsageError: ``path`` is no file: missing, a folder, a link to nothing, a FIFO.
         CheckFailed: the file is not HDF5, or HDF5 cannot open it (truncated, overwritten).
     """
     if path.is_symlink() and not path.exists():
-        raise ConfigError(
+        raise UsageError(
             f"a link to {os.readlink(path)}, which does not exist; "
             "point it at a release with h5etl rollback",
             path=path,
         )
     if not path.exists():
-        raise ConfigError("no such file; give a release file or its link", path=path)
+        raise UsageError("no such file; give a release file or its link", path=path)
     if path.is_dir():
-        raise ConfigError(
+        raise UsageError(
             "a folder, not a release file; h5etl releases lists the releases in it", path=path
         )
     if not path.is_file():  # a FIFO would block the open
-        raise ConfigError("not a regular file (a FIFO, socket or device)", path=path)
+        raise UsageError("not a regular file (a FIFO, socket or device)", path=path)
     try:
         return h5py.File(path, "r")
     except (OSError, ValueError) as exc:

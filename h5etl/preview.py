@@ -21,6 +21,7 @@ import numpy as np
 import yaml
 from PIL import Image, ImageDraw, ImageFont
 
+from h5etl import hdf5info
 from h5etl.readers import ReaderError, Release
 
 # Mask colours by value (1, 2, ...): bright hues that stand out on stained tissue and on grey.
@@ -149,7 +150,7 @@ def render_preview(
     if n < 1:
         raise ReaderError(f"--n must be at least 1, got {n}", path=os.fspath(path))
     try:
-        with h5py.File(os.path.realpath(path), "r") as handle:
+        with hdf5info.open_file(Path(os.path.realpath(path))) as handle:
             splits = [k for k in handle if k != "diagnostics" and isinstance(handle[k], h5py.Group)]
             chosen = split or (splits[0] if splits else "")
             if chosen not in splits:

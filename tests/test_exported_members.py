@@ -15,6 +15,7 @@ EXPECTED = [
     "ReleaseError",
     "SinkError",
     "Spec",
+    "UsageError",
     "__version__",
     "build",
     "load_spec",
@@ -38,6 +39,8 @@ def test_errors_share_one_root() -> None:
     for name in ("BuildFailed", "CheckFailed", "ConfigError", "ReleaseError", "SinkError"):
         assert issubclass(getattr(h5etl, name), h5etl.H5EtlError)
     assert h5etl.ConfigError.exit_code == 2
+    assert issubclass(h5etl.UsageError, h5etl.H5EtlError)
+    assert h5etl.UsageError.exit_code == 2
 
 
 def test_package_is_typed() -> None:

@@ -147,12 +147,17 @@ def test_cli_preview_writes_the_png(release: Path, tmp_path: Path) -> None:
     assert str(out) in result.output
 
 
-def test_cli_preview_of_a_non_release_exits_2(tmp_path: Path) -> None:
+def test_cli_preview_of_a_non_release_is_one_line_in_our_words(tmp_path: Path) -> None:
+    # it printed HDF5's "file signature not found", with exit 2 where check gives 1
     bogus = tmp_path / "not.h5"
     bogus.write_text("hello")
     result = CliRunner().invoke(app, ["preview", str(bogus), "--out", str(tmp_path / "x.png")])
-    assert result.exit_code == 2
-    assert "cannot open as HDF5" in result.output
+    assert result.exit_code == 1
+    (line,) = result.output.strip().splitlines()
+    assert line == f"h5etl: error: {bogus}: not an HDF5 file (h5etl releases are HDF5)"
+    missing = CliRunner().invoke(app, ["preview", str(tmp_path / "no.h5"), "--out", "x.png"])
+    assert missing.exit_code == 2
+    assert "no such file" in missing.output
 
 
 def test_check_prints_mask_value_histograms_and_the_ratio(release: Path) -> None:
