@@ -84,15 +84,8 @@ def _decode_sample(
 ) -> tuple[str, ...]:
     """Decode one sample into row ``row`` of ``out``; return each file's hex SHA-256."""
     files = sample.files
-    contents = []
-    for source_file in files:
-        try:
-            with open(source_file.path, "rb") as handle:
-                contents.append(handle.read())
-        except OSError as exc:
-            raise RejectError(
-                "unreadable", f"cannot read: {exc.strerror or exc}", path=source_file.path
-            ) from exc
+    # never a plain open(): a file swapped for a FIFO since it was listed would block it
+    contents = [images.read_file(source_file.path) for source_file in files]
     decoded = []
     for field in recipe.image_fields:
         path = files[field.source_index].path
@@ -101,7 +94,8 @@ def _decode_sample(
             contents[field.source_index], field.mode, path=path, mask_labels=labels
         )
         if field.values is not None:
-            array = validate.check_mask(array, field.values, path=path)
+            with images.rejecting_surprises(path, "check the mask"):
+                array = validate.check_mask(array, field.values, path=path)
         decoded.append((field, path, array))
     sizes = {array.shape[:2] for _, _, array in decoded}
     if len(sizes) > 1:  # the header probe cannot see an orientation stored after the pixels
@@ -112,7 +106,8 @@ def _decode_sample(
     fitted = []
     for field, path, array in decoded:
         try:
-            fitted.append((field, _fit(array, field, recipe.oversize)))
+            with images.rejecting_surprises(path, recipe.oversize):  # resize runs Pillow
+                fitted.append((field, _fit(array, field, recipe.oversize)))
         except RejectError as exc:
             exc.path = path
             raise

@@ -6,15 +6,18 @@ stages above see plain numpy arrays and ``RejectError`` with a stable reason cod
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import io
 import os
+import stat
 import struct
 import warnings
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import BinaryIO, Literal
 
 import imagecodecs
 import numpy as np
@@ -36,6 +39,13 @@ _INERT_PNG_CHUNKS = frozenset(
 _PNG_CHANNELS = {0: 1, 2: 3, 6: 4}  # 8-bit colour types: grey, RGB, RGBA
 _PNG_MODES = {1: "L", 3: "RGB", 4: "RGBA"}  # Pillow's mode for those channel counts
 _PROBE_BYTES = 4096  # a plain PNG's pixels start long before this
+_NOT_FILES = (
+    (stat.S_ISDIR, "a folder"),
+    (stat.S_ISFIFO, "a named pipe (FIFO)"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,16 +80,34 @@ def probe(path: str) -> ImageHeader:
     """Read the header only (no pixel decode): size after EXIF orientation, mode, format.
 
     Raises:
-        RejectError: missing, dangling, looping, empty, unidentifiable, undecodable or too
-            large.
+        RejectError: missing, dangling, looping, not a regular file, empty, unidentifiable,
+            undecodable or too large.
     """
     plain = _probe_plain_png(path)
     if plain is not None:
         return plain
+    with _opened(path) as handle:
+        return _probe_with_pillow(handle, path)
+
+
+def _probe_plain_png(path: str) -> ImageHeader | None:
+    """The header of a plain PNG from its first bytes (a tenth of Pillow's cost), or None."""
+    try:
+        with _opened(path) as handle:
+            head = handle.read(_PROBE_BYTES)
+    except (RejectError, OSError):
+        return None  # Pillow's probe words the error
+    shape = plain_png_shape(head, header_only=True)
+    if shape is None:
+        return None
+    return ImageHeader(shape[0], shape[1], _PNG_MODES[shape[2]], "PNG")
+
+
+def _probe_with_pillow(handle: BinaryIO, path: str) -> ImageHeader:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(path) as image:
+            with Image.open(handle) as image:
                 width, height = image.size
                 # Image.getexif reads only EXIF met before the pixels; PngImageFile.getexif
                 # decodes the whole image to look for a chunk after them (25x slower).
@@ -221,17 +249,54 @@ def _plain_ihdr(data: bytes, at: int) -> tuple[int, int, int] | None:
     return (height, width, _PNG_CHANNELS[colour])
 
 
-def _probe_plain_png(path: str) -> ImageHeader | None:
-    """The header of a plain PNG from its first bytes (a tenth of Pillow's cost), or None."""
+@contextlib.contextmanager
+def _opened(path: str) -> Iterator[BinaryIO]:
+    """``path`` opened for reading, if it is a regular file: never a wait.
+
+    The file may have changed since the folder was listed: ``open()`` of a FIFO waits for a
+    writer, forever. It is opened without blocking and judged by what was opened (fstat).
+
+    Raises:
+        RejectError: ``not_a_file`` for a FIFO, socket, device or folder; else as ``probe``.
+    """
     try:
-        with open(path, "rb") as handle:
-            head = handle.read(_PROBE_BYTES)
-    except OSError:
-        return None  # Pillow's probe words the error
-    shape = plain_png_shape(head, header_only=True)
-    if shape is None:
-        return None
-    return ImageHeader(shape[0], shape[1], _PNG_MODES[shape[2]], "PNG")
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise _open_error(path, exc) from exc
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            what = next((name for test, name in _NOT_FILES if test(mode)), f"of mode {mode:o}")
+            raise RejectError(
+                "not_a_file",
+                f"not a regular file but {what} (it changed after the folder was listed); "
+                "only regular files are read",
+                path=path,
+            )
+        handle = os.fdopen(fd, "rb")
+    except OSError as exc:
+        os.close(fd)
+        raise _open_error(path, exc) from exc
+    except BaseException:
+        os.close(fd)
+        raise
+    with handle:
+        yield handle
+
+
+def read_file(path: str) -> bytes:
+    """All bytes of the regular file ``path``, without ever blocking (see ``_opened``).
+
+    Raises:
+        RejectError: ``not_a_file``, ``dangling_symlink``, ``symlink_loop`` or ``unreadable``.
+    """
+    with _opened(path) as handle:
+        try:
+            return handle.read()
+        except OSError as exc:
+            raise RejectError(
+                "unreadable", f"cannot read: {exc.strerror or exc}", path=path
+            ) from exc
 
 
 def _decode_plain_png(
@@ -337,14 +402,30 @@ def _opened_and_loaded(data: bytes, path: str) -> Image.Image:
     return opened
 
 
-def _unexpected(path: str, exc: Exception) -> RejectError:
+def _unexpected(path: str, exc: Exception, doing: str = "decode") -> RejectError:
     kind = type(exc)
     name = (
         kind.__qualname__
         if kind.__module__ == "builtins"
         else f"{kind.__module__}.{kind.__qualname__}"
     )
-    return RejectError("decode_error", f"cannot decode: {name}: {exc}", path=path)
+    return RejectError("decode_error", f"cannot {doing}: {name}: {exc}", path=path)
+
+
+@contextlib.contextmanager
+def rejecting_surprises(path: str, doing: str) -> Iterator[None]:
+    """Any exception the block raises on ``path``'s pixels becomes its ``decode_error``.
+
+    For the steps after decoding that still see what a file holds (Pillow's resize, the mask
+    check): a crafted file must cost its sample, not the build. ``RejectError`` and
+    ``MemoryError`` pass through: the decode stage words them.
+    """
+    try:
+        yield
+    except (RejectError, MemoryError):
+        raise
+    except Exception as exc:
+        raise _unexpected(path, exc, doing) from exc
 
 
 def resize(array: np.ndarray, size: tuple[int, int], *, is_mask: bool) -> np.ndarray:
