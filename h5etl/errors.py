@@ -23,6 +23,9 @@ its traceback.
 
 from __future__ import annotations
 
+import errno
+import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -134,3 +137,26 @@ class ReleaseUsageError(ReleaseError, UsageError):
 
 class CheckFailed(H5EtlError):
     """A release failed its integrity check."""
+
+
+_NO_ROOM_HINTS = {
+    errno.ENOSPC: "free some space on that disk and build again",
+    errno.EDQUOT: "free some space or raise the disk quota, and build again",
+    errno.EFBIG: "the file system or `ulimit -f` caps the file size; write the release elsewhere",
+}
+_ERRNO_IN_TEXT = re.compile(r"errno = (\d+)")  # how HDF5 quotes the errno in its messages
+
+
+def io_problem(exc: BaseException, detail: str = "") -> str:
+    """One line for a failed write of a build's files: what the errno says (and ``detail``)
+    and, when the disk is full, what to do. HDF5's own messages span lines and name buffers
+    and offsets, so only the errno they quote is kept."""
+    code = getattr(exc, "errno", None)
+    if not code:
+        found = _ERRNO_IN_TEXT.search(str(exc))
+        code = int(found[1]) if found else None
+    if not code:
+        return " ".join(str(exc).split())
+    text = os.strerror(code)
+    text = text[:1].lower() + text[1:] + (f" ({detail})" if detail else "")
+    return f"{text}; {_NO_ROOM_HINTS[code]}" if code in _NO_ROOM_HINTS else text

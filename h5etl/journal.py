@@ -11,38 +11,15 @@ A torn last line is ignored.
 
 from __future__ import annotations
 
-import errno
 import json
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from h5etl.errors import SinkError
+from h5etl.errors import SinkError, io_problem
 
 FORMAT = 2  # 2: the task cutter's queues replace per-split consumed/rejected counts
-_NO_ROOM_HINTS = {
-    errno.ENOSPC: "free some space on that disk and build again",
-    errno.EDQUOT: "free some space or raise the disk quota, and build again",
-    errno.EFBIG: "the file system or `ulimit -f` caps the file size; write the release elsewhere",
-}
-_ERRNO_IN_TEXT = re.compile(r"errno = (\d+)")  # how HDF5 quotes the errno in its messages
-
-
-def io_problem(exc: BaseException, detail: str = "") -> str:
-    """One line for a failed write of a build's files: what the errno says (and ``detail``)
-    and, when the disk is full, what to do. HDF5's own messages span lines and name buffers
-    and offsets, so only the errno they quote is kept."""
-    code = getattr(exc, "errno", None)
-    if not code:
-        found = _ERRNO_IN_TEXT.search(str(exc))
-        code = int(found[1]) if found else None
-    if not code:
-        return " ".join(str(exc).split())
-    text = os.strerror(code)
-    text = text[:1].lower() + text[1:] + (f" ({detail})" if detail else "")
-    return f"{text}; {_NO_ROOM_HINTS[code]}" if code in _NO_ROOM_HINTS else text
 
 
 @dataclass(frozen=True, slots=True)

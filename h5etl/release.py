@@ -22,8 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import NoReturn
 
-from h5etl.errors import LockHeld, ReleaseError, ReleaseUsageError
-from h5etl.journal import io_problem
+from h5etl.errors import LockHeld, ReleaseError, ReleaseUsageError, io_problem
 from h5etl.records import Reject
 
 logger = logging.getLogger(__name__)
@@ -150,8 +149,16 @@ class OutputFolder:
                 "started": datetime.now(UTC).isoformat(timespec="seconds"),
                 "flock": locked,  # if so, its holder is alive exactly while the flock is held
             }
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, json.dumps(holder).encode(), 0)
+            try:
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, json.dumps(holder).encode(), 0)
+            except OSError as exc:  # a full disk: this is the build's first write
+                os.close(fd)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.lock_path)
+                raise ReleaseError(
+                    f"cannot write the lock file: {io_problem(exc)}", path=self.lock_path
+                ) from exc
             return fd
         self._raise_held()
 
@@ -328,7 +335,9 @@ class OutputFolder:
             self._write_report(temp, rejects)
             os.replace(temp, report)
         except OSError as exc:
-            raise ReleaseError(f"cannot write the rejects report: {exc}", path=report) from exc
+            raise ReleaseError(
+                f"cannot write the rejects report: {io_problem(exc)}", path=report
+            ) from exc
         finally:
             with contextlib.suppress(FileNotFoundError):
                 temp.unlink()

@@ -25,8 +25,8 @@ import numpy as np
 
 from h5etl import digest
 from h5etl.chunkcodec import ChunkLayout, decode_block, encode_block
-from h5etl.errors import SinkError
-from h5etl.journal import ResumeState, io_problem
+from h5etl.errors import SinkError, io_problem
+from h5etl.journal import ResumeState
 from h5etl.records import BatchResult, EncodedChunk, valid_text
 
 LIBVER = ("v110", "v110")  # readable by HDF5 1.10 tools (h5ls, h5dump) and newer
@@ -256,6 +256,18 @@ class Sink:
             with contextlib.suppress(OSError):
                 os.truncate(self.path, 0)
 
+    def _copy_chunk(
+        self, writer: _ImageWriter, offset: tuple[int, ...], data: bytes, filter_mask: int
+    ) -> None:
+        """Store one chunk copied from a killed build; a failed write is a write error (a
+        full disk), not a reason to distrust the killed build's file."""
+        try:
+            if writer.dataset.shape[0] < offset[0] + 1:
+                writer.dataset.resize(offset[0] + 1, axis=0)
+            writer.dataset.id.write_direct_chunk(offset, data, filter_mask)
+        except OSError as exc:
+            raise self._failed("copying the killed build's chunks", exc) from exc
+
     def _failed(self, action: str, exc: BaseException, detail: str = "") -> SinkError:
         """The error for a failed write; the file is abandoned at once (see ``_abandon``)."""
         self._abandon()
@@ -438,13 +450,14 @@ class Sink:
                             f"chunk {record.offset} of {record.dataset} does not match the journal",
                             path=partial,
                         )
-                    dataset = writer.dataset
-                    if dataset.shape[0] < record.offset[0] + 1:
-                        dataset.resize(record.offset[0] + 1, axis=0)
-                    dataset.id.write_direct_chunk(record.offset, data, record.filter_mask)
+                    self._copy_chunk(writer, record.offset, data, record.filter_mask)
                     writer.note_copied(record.offset, record.sha256)
+        except SinkError:  # (an OSError too) a mismatch, or a write that failed
+            raise
         except OSError as exc:
-            raise ResumeMismatch(f"cannot read the earlier temp file: {exc}", path=partial) from exc
+            raise ResumeMismatch(
+                f"cannot read the earlier temp file: {io_problem(exc)}", path=partial
+            ) from exc
         for (split, _), writer in self.images.items():
             writer.restore(state.rows.get(split, 0), state.blocks.get(writer.stats.path, []))
         for split in self.layout.splits:

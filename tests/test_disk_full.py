@@ -287,11 +287,6 @@ def test_a_file_size_limit_while_writing(
     _fail_build(make_disk("rlimit", 0), raw, previous, tmp_path)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="release.OutputFolder._acquire writes the lock file unguarded: a raw OSError",
-)
 def test_a_disk_already_full(
     make_disk: Callable[[str, int], Disk], raw: Path, previous: Path, tmp_path: Path
 ) -> None:

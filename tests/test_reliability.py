@@ -535,7 +535,7 @@ def test_write_error_fails_cleanly_and_keeps_previous(
         original(self, row, chunks)
 
     monkeypatch.setattr(h5etl.sink._ImageWriter, "_store", failing_store)
-    with pytest.raises(SinkError, match="No space left on device"):
+    with pytest.raises(SinkError, match="no space left on device"):
         build(project)
 
     folder = first.path.parent
