@@ -1,4 +1,4 @@
-"""clean: sanitise keys, probe headers, apply the oversize policy, assign splits, plan tasks.
+"""clean: sanitise keys, stat or probe files, apply the oversize policy, assign splits.
 
 Input: discovered samples. Output: a ``Plan`` (per split, samples in a seeded write order) and
 rejects. Headers are read without decoding pixels. Splits are assigned by a seeded hash of the
@@ -10,24 +10,20 @@ from __future__ import annotations
 import errno
 import functools
 import hashlib
-import math
 import os
 import re
 import stat
 import unicodedata
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from h5etl import geometry, images
 from h5etl.errors import RejectError
 from h5etl.records import (
-    Barrier,
-    BatchResult,
-    DecodeTask,
     Reject,
     Sample,
     sample_rejects,
@@ -280,152 +276,3 @@ def plan(
         members.sort(key=lambda s: s.key)
         ordered[name] = [members[i] for i in rng.permutation(len(members))]
     return Plan(ordered, rejects, renamed, digest.hexdigest())
-
-
-# Accepted samples per decode task, at least: enough that IPC and task overhead are noise
-# whatever the chunk size (a chunk of 1 sample would otherwise make a task of 1 sample), within
-# a memory budget per task (a worker holds a task's rows, and the parent a few results).
-TASK_SAMPLES = 64
-TASK_BYTES = 64 * 2**20
-RESERVE_FRACTION = 0.1  # reserves per task, of its rows: covers a 3% reject rate with margin
-
-
-def task_rows(block: int, sample_bytes: int = 0) -> int:
-    """Rows a decode task keeps: whole blocks (chunks of every field), about ``TASK_SAMPLES``
-    but at most ``TASK_BYTES`` of decoded rows, and never less than one block."""
-    blocks = max(1, round(TASK_SAMPLES / block))
-    if sample_bytes:
-        blocks = min(blocks, max(1, TASK_BYTES // (block * sample_bytes)))
-    return block * blocks
-
-
-def task_reserve(rows: int) -> int:
-    """Reserve samples a task carries beyond its rows, to replace its rejects."""
-    return max(2, math.ceil(rows * RESERVE_FRACTION))
-
-
-@dataclass(slots=True)
-class SplitQueue:
-    """One split's decode queue: the write order, then the samples deferred by tasks.
-
-    Tasks are cut in rounds. The first round is the write order; each later round is what
-    the previous one deferred, cut once every task of the split before it is consumed (a
-    ``Barrier``). A round small enough for one task is the split's last: a final task.
-    Journaled as plain data, so a resumed build cuts exactly the same tasks.
-    """
-
-    size: int  # samples in the write order
-    consumed: int = 0  # queue position up to which results are stored
-    deferred: list[int] = field(default_factory=list)  # write-order indices, queued again
-    rounds: list[int] = field(default_factory=list)  # queue position where each round ends
-
-    def member(self, position: int) -> int:
-        return position if position < self.size else self.deferred[position - self.size]
-
-    @property
-    def length(self) -> int:
-        return self.size + len(self.deferred)
-
-    journaled: int = 0  # deferred entries already handed to the journal
-
-    def journal_delta(self) -> dict[str, Any]:
-        """Where the queue stands, with the deferred entries since the last call (copies)."""
-        added = self.deferred[self.journaled :]
-        self.journaled = len(self.deferred)
-        return {"consumed": self.consumed, "deferred": added, "rounds": list(self.rounds)}
-
-
-class TaskCutter:
-    """Cuts decode tasks from the plan, in rounds per split, and learns what each deferred.
-
-    Every task but a split's last keeps a whole number of chunks of every field, so every
-    chunk is compressed in a worker and the writer only writes. Which samples land in which
-    row depends only on the plan and on each sample's own outcome, never on timing: the
-    same file for any ``--jobs``. ``note`` is fed each result by the consumer, in order.
-    """
-
-    def __init__(
-        self,
-        plan: Plan,
-        block: int,
-        *,
-        sample_bytes: int = 0,
-        rows: int | None = None,
-        reserve: int | None = None,
-        state: dict[str, dict[str, Any]] | None = None,
-    ):
-        self._plan = plan
-        self.block = block
-        self.rows = rows if rows is not None else task_rows(block, sample_bytes)
-        if self.rows % block:
-            raise ValueError(f"task rows {self.rows} must be a multiple of the block {block}")
-        self.reserve = reserve if reserve is not None else task_reserve(self.rows)
-        known = state or {}
-        if any(queue.get("cut") != self.geometry for queue in known.values()):
-            raise ValueError(f"the journal's tasks were cut otherwise than {self.geometry}")
-        self.queues = {
-            split: SplitQueue(
-                len(members), **{k: v for k, v in known.get(split, {}).items() if k != "cut"}
-            )
-            for split, members in plan.splits.items()
-        }
-
-    @property
-    def geometry(self) -> list[int]:
-        """How tasks are cut (rows, reserve, block): a resume must cut them the same way."""
-        return [self.rows, self.reserve, self.block]
-
-    def note(self, result: BatchResult) -> None:
-        """Record a consumed result: where its split stands and what it deferred."""
-        task = result.task
-        queue = self.queues[task.split]
-        queue.consumed = task.end
-        queue.deferred.extend(task.members[position] for position in result.deferred)
-
-    def journal_delta(self) -> dict[str, dict[str, Any]]:
-        """The queues as plain data for the resume journal: each split's position and rounds,
-        and what it deferred since the last call (``journal.ResumeState`` adds them up)."""
-        return {
-            split: {**queue.journal_delta(), "cut": self.geometry}
-            for split, queue in self.queues.items()
-        }
-
-    def __iter__(self) -> Iterator[DecodeTask | Barrier]:
-        # Round r of every split, in plan order, then round r + 1: while one split waits for
-        # its barrier, the tasks of the others keep the workers busy.
-        open_splits = list(self.queues)
-        number = 0
-        while open_splits:
-            for split in list(open_splits):
-                queue = self.queues[split]
-                start = queue.rounds[number - 1] if number else 0
-                if number == len(queue.rounds):
-                    if number:  # a round's samples are known once the one before is consumed
-                        yield Barrier(split)
-                    queue.rounds.append(queue.length)
-                end = queue.rounds[number]
-                if start == end:
-                    open_splits.remove(split)
-                    continue
-                yield from self._round(split, queue, start, end)
-            number += 1
-
-    def _round(self, split: str, queue: SplitQueue, start: int, end: int) -> Iterator[DecodeTask]:
-        members = self._plan.splits[split]
-        step = self.rows + self.reserve
-        final = end - start <= step
-        position = start
-        while position < end:
-            stop = end if final else min(position + step, end)
-            if stop > queue.consumed:  # a resumed build skips what its journal holds
-                indices = tuple(queue.member(p) for p in range(position, stop))
-                yield DecodeTask(
-                    split,
-                    position,
-                    tuple(members[i] for i in indices),
-                    self.rows,
-                    self.block,
-                    final=final,
-                    members=indices,
-                )
-            position = stop

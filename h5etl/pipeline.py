@@ -14,7 +14,7 @@ from typing import Any
 
 import h5py
 
-from h5etl import __version__, clean, decode, discover, resume, schedule, workers
+from h5etl import __version__, clean, decode, discover, resume, schedule, tasks, workers
 from h5etl.chunkcodec import ChunkLayout
 from h5etl.errors import BuildFailed
 from h5etl.records import BatchResult, Reject, valid_text
@@ -286,9 +286,9 @@ def _cutter(
     plan: clean.Plan,
     layouts: dict[str, ChunkLayout],
     state: dict[str, dict[str, Any]] | None,
-) -> clean.TaskCutter:
+) -> tasks.TaskCutter:
     sample_bytes = sum(layout.block_nbytes // layout.rows for layout in layouts.values())
-    return clean.TaskCutter(plan, spec.batch_samples, sample_bytes=sample_bytes, state=state)
+    return tasks.TaskCutter(plan, spec.batch_samples, sample_bytes=sample_bytes, state=state)
 
 
 def _recipe(spec: Spec) -> decode.DecodeRecipe:
@@ -296,7 +296,7 @@ def _recipe(spec: Spec) -> decode.DecodeRecipe:
 
 
 def _decoded(
-    cutter: clean.TaskCutter, recipe: decode.DecodeRecipe, jobs: int
+    cutter: tasks.TaskCutter, recipe: decode.DecodeRecipe, jobs: int
 ) -> Iterator[BatchResult]:
     """Every task's result in order; the cutter learns each result before the next is cut."""
     for result in schedule.run_tasks(cutter, recipe, jobs=jobs):

@@ -16,10 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from h5etl import journal
-from h5etl.clean import Plan, TaskCutter
+from h5etl.clean import Plan
 from h5etl.records import BatchResult, Reject
 from h5etl.sink import Sink
 from h5etl.spec import Spec, spec_sha256
+from h5etl.tasks import TaskCutter
 
 logger = logging.getLogger(__name__)
 

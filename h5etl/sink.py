@@ -15,7 +15,7 @@ import logging
 import os
 import resource
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -24,10 +24,11 @@ import h5py
 import numpy as np
 
 from h5etl import digest
-from h5etl.chunkcodec import ChunkLayout, decode_block, encode_block
+from h5etl.chunkcodec import ChunkLayout
 from h5etl.errors import SinkError, io_problem
 from h5etl.journal import ResumeState
-from h5etl.records import BatchResult, EncodedChunk, valid_text
+from h5etl.records import BatchResult, valid_text
+from h5etl.sink_chunks import DatasetStats, ImageWriter
 
 LIBVER = ("v110", "v110")  # readable by HDF5 1.10 tools (h5ls, h5dump) and newer
 LINEAGE = "source_sha256"
@@ -60,126 +61,6 @@ class SinkLayout:
     rows_per_chunk: int  # for text and lineage datasets
 
 
-@dataclass(slots=True)
-class DatasetStats:
-    path: str
-    raw_bytes: int = 0
-    blocks: list[bytes] = field(default_factory=list)
-    block_rows: int = 0
-    stream: Any = None  # hashlib object, for datasets hashed as one stream
-
-    @property
-    def sha256(self) -> str:
-        if self.stream is not None:
-            return digest.combine([self.stream.digest()])
-        return digest.combine(self.blocks)
-
-
-class _ImageWriter:
-    """Appends rows of one image dataset as whole chunks."""
-
-    def __init__(self, dataset: h5py.Dataset, layout: ChunkLayout, stats: DatasetStats):
-        self.dataset = dataset
-        self.layout = layout
-        self.stats = stats
-        self.rows = 0
-        self.carry: list[np.ndarray] = []
-        self.carry_rows = 0
-        self.direct_blocks = 0
-        self.rechunked_blocks = 0
-        self.unjournaled: list[tuple[tuple[int, ...], str]] = []  # (offset, sha256 of bytes)
-        self.unjournaled_blocks: list[bytes] = []
-
-    def add_encoded(self, blocks: list[list[EncodedChunk]], sha: list[bytes], count: int) -> None:
-        if self.carry_rows or self.rows % self.layout.rows:
-            self.add_raw(np.concatenate([decode_block(self.layout, b) for b in blocks])[:count])
-            return
-        self.dataset.resize(self.rows + count, axis=0)
-        for index, block in enumerate(blocks):
-            self._store(self.rows + index * self.layout.rows, block)
-        self.rows += count
-        self.stats.blocks.extend(sha)
-        self.unjournaled_blocks.extend(sha)
-        self.stats.raw_bytes += count * self.layout.block_nbytes // self.layout.rows
-        self.direct_blocks += len(blocks)
-
-    def add_raw(self, rows: np.ndarray) -> None:
-        if len(rows) == 0:
-            return
-        self.carry.append(rows)
-        self.carry_rows += len(rows)
-        step = self.layout.rows
-        if self.carry_rows < step:
-            return
-        pending = np.concatenate(self.carry)
-        whole = (len(pending) // step) * step
-        for start in range(0, whole, step):
-            self._store_rows(pending[start : start + step])
-        self.carry = [pending[whole:]] if whole < len(pending) else []
-        self.carry_rows = len(pending) - whole
-
-    def finish(self) -> None:
-        if not self.carry_rows:
-            return
-        rows = np.concatenate(self.carry)
-        padded = np.zeros((self.layout.rows, *self.layout.shape), dtype=self.layout.dtype)
-        padded[: len(rows)] = rows
-        self._store_rows(padded, count=len(rows))
-        self.carry, self.carry_rows = [], 0
-
-    def restore(self, rows: int, blocks: list[str]) -> None:
-        """Adopt ``rows`` rows already copied in, with their block digests.
-
-        The copied chunks (``note_copied``) and these digests stay unjournaled: the new
-        build's journal must describe the whole file, or a second kill loses them.
-        """
-        self.dataset.resize(rows, axis=0)
-        self.rows = rows
-        self.stats.blocks = [bytes.fromhex(b) for b in blocks]
-        self.stats.raw_bytes = rows * self.layout.block_nbytes // self.layout.rows
-        self.unjournaled_blocks = list(self.stats.blocks)
-
-    def note_copied(self, offset: tuple[int, ...], sha256: str) -> None:
-        self.unjournaled.append((offset, sha256))
-
-    def _store_rows(self, block: np.ndarray, count: int | None = None) -> None:
-        count = len(block) if count is None else count
-        self.dataset.resize(self.rows + count, axis=0)
-        self._store(self.rows, encode_block(self.layout, block))
-        self.stats.blocks.append(digest.block_digest(block[:count]))
-        self.unjournaled_blocks.append(self.stats.blocks[-1])
-        self.stats.raw_bytes += block[:count].nbytes
-        self.rows += count
-        self.rechunked_blocks += 1
-
-    def _store(self, row: int, chunks: list[EncodedChunk]) -> None:
-        for chunk in chunks:
-            offset = (row + chunk.offset[0], *chunk.offset[1:])
-            self.dataset.id.write_direct_chunk(offset, chunk.data, chunk.filter_mask)
-            self.unjournaled.append(
-                (offset, chunk.sha256 or hashlib.sha256(chunk.data).hexdigest())
-            )
-
-    def journal_delta(self) -> tuple[list[dict[str, Any]], list[str]]:
-        """Where the chunks stored since the last call sit in the file; call after a flush."""
-        records = []
-        for offset, sha in self.unjournaled:
-            info = self.dataset.id.get_chunk_info_by_coord(offset)
-            records.append(
-                {
-                    "dataset": self.dataset.name,
-                    "offset": list(offset),
-                    "filter_mask": int(info.filter_mask),
-                    "byte_offset": int(info.byte_offset),
-                    "size": int(info.size),
-                    "sha256": sha,
-                }
-            )
-        blocks = [b.hex() for b in self.unjournaled_blocks]
-        self.unjournaled, self.unjournaled_blocks = [], []
-        return records, blocks
-
-
 class Sink:
     """Context manager around the one HDF5 file a build writes; created with mode ``x``."""
 
@@ -190,7 +71,7 @@ class Sink:
         self.path = path
         self.layout = layout
         self.file: h5py.File | None = None
-        self.images: dict[tuple[str, str], _ImageWriter] = {}
+        self.images: dict[tuple[str, str], ImageWriter] = {}
         self.stats: dict[str, DatasetStats] = {}
         self.counts: dict[str, int] = dict.fromkeys(layout.splits, 0)
         self.seconds = 0.0
@@ -257,7 +138,7 @@ class Sink:
                 os.truncate(self.path, 0)
 
     def _copy_chunk(
-        self, writer: _ImageWriter, offset: tuple[int, ...], data: bytes, filter_mask: int
+        self, writer: ImageWriter, offset: tuple[int, ...], data: bytes, filter_mask: int
     ) -> None:
         """Store one chunk copied from a killed build; a failed write is a write error (a
         full disk), not a reason to distrust the killed build's file."""
@@ -307,7 +188,7 @@ class Sink:
             )
             stats = DatasetStats(dataset.name, block_rows=layout.rows)
             self.stats[dataset.name] = stats
-            self.images[(split, name)] = _ImageWriter(dataset, layout, stats)
+            self.images[(split, name)] = ImageWriter(dataset, layout, stats)
         rows = self.layout.rows_per_chunk
         for name in self.layout.texts:
             dataset = group.create_dataset(

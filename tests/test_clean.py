@@ -5,19 +5,17 @@ from __future__ import annotations
 import hashlib
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
-from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import MakeRaw, WriteConfig
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
-from h5etl import clean, decode, discover, schedule
-from h5etl.clean import Plan, TaskCutter
+from h5etl import clean, discover, schedule
 from h5etl.config import load_spec
-from h5etl.records import BatchResult, DecodeTask, Reject, Sample, SourceFile
+from h5etl.records import Sample, SourceFile
 
 keys = st.text(min_size=1, max_size=12)
 fractions = st.sampled_from(
@@ -163,150 +161,3 @@ def test_sanitize_keys_numbers_around_existing_keys() -> None:
 def test_sanitized_keys_are_unique(names: list[str]) -> None:
     out, _ = clean.sanitize_keys([_sample(k) for k in sorted(names)])
     assert len({s.key for s in out}) == len(names)
-
-
-def _plan(sizes: list[int]) -> Plan:
-    splits = {
-        f"s{i}": [Sample(f"s{i}-{j}", (), ()) for j in range(size)] for i, size in enumerate(sizes)
-    }
-    return Plan(splits, [])
-
-
-def _simulated_worker(rejected: frozenset[str]) -> Any:
-    """A worker that rejects the samples named in ``rejected`` and keeps to the task rules."""
-
-    def run(task: DecodeTask) -> BatchResult:
-        result = BatchResult(task, 0)
-        kept: list[int] = []
-        for position, sample in enumerate(task.samples):
-            if len(kept) == decode.capacity_of(task):
-                result.deferred.extend(range(position, len(task.samples)))
-                break
-            if sample.key in rejected:
-                result.rejects.append(Reject(sample.key, "decode", "truncated", "", sample.key))
-            else:
-                kept.append(position)
-        keep = decode.keep_whole_blocks(task, len(kept))
-        result.deferred = sorted([*result.deferred, *kept[keep:]])
-        result.accepted = keep
-        result.keys = [task.samples[p].key for p in kept[:keep]]
-        return result
-
-    return run
-
-
-def _run_cutter(
-    cutter: TaskCutter, worker: Any, window: int, stop_after: int | None = None
-) -> tuple[list[BatchResult], list[DecodeTask]]:
-    """Cut and 'decode' through the real ordered window, feeding the cutter as a build does."""
-    tasks: list[DecodeTask] = []
-
-    def submit(task: DecodeTask) -> Future[BatchResult]:
-        tasks.append(task)
-        future: Future[BatchResult] = Future()
-        future.set_result(worker(task))
-        return future
-
-    results = []
-    for result in schedule._in_order(cutter, submit, lambda _, f: f.result(), window):
-        cutter.note(result)
-        results.append(result)
-        if stop_after is not None and len(results) == stop_after:
-            break
-    return results, tasks
-
-
-@settings(max_examples=200, deadline=None)
-@given(
-    sizes=st.lists(st.integers(0, 150), min_size=1, max_size=3),
-    block=st.sampled_from([1, 2, 3, 8, 32]),
-    window=st.integers(1, 9),
-    data=st.data(),
-)
-def test_tasks_store_every_sample_once_in_whole_chunks_whatever_the_window(
-    sizes: list[int], block: int, window: int, data: st.DataObject
-) -> None:
-    plan = _plan(sizes)
-    everyone = [s.key for members in plan.splits.values() for s in members]
-    rejected = frozenset(
-        data.draw(st.lists(st.sampled_from(everyone), unique=True)) if everyone else []
-    )
-    worker = _simulated_worker(rejected)
-
-    results, tasks = _run_cutter(TaskCutter(plan, block), worker, window)
-    reference, _ = _run_cutter(TaskCutter(plan, block), worker, 1)  # nothing in flight
-
-    def stored(outcome: list[BatchResult]) -> dict[str, list[str]]:
-        rows: dict[str, list[str]] = {split: [] for split in plan.splits}
-        for result in outcome:
-            rows[result.task.split].extend(result.keys)
-        return rows
-
-    rows = stored(results)
-    assert rows == stored(reference), "the window (--jobs) changed what went where"
-    for split, members in plan.splits.items():
-        keys = [s.key for s in members]
-        assert sorted(rows[split]) == sorted(k for k in keys if k not in rejected)
-        split_results = [r for r in results if r.task.split == split]
-        assert sorted(r.key for res in split_results for r in res.rejects) == sorted(
-            k for k in keys if k in rejected
-        )
-        # every chunk is whole except the split's last one
-        sizes_stored = [r.accepted for r in split_results if r.accepted]
-        assert all(size % block == 0 for size in sizes_stored[:-1])
-        finals = [r for r in split_results if r.task.final]
-        assert len(finals) <= 1
-        if finals:
-            assert split_results[-1].task.final
-    cutter = TaskCutter(plan, block)
-    assert all(len(t.samples) <= cutter.rows + cutter.reserve for t in tasks)
-
-
-@settings(max_examples=100, deadline=None)
-@given(
-    sizes=st.lists(st.integers(1, 150), min_size=1, max_size=2),
-    block=st.sampled_from([1, 4, 32]),
-    data=st.data(),
-)
-def test_a_cutter_restored_from_its_journal_state_cuts_the_same_tasks(
-    sizes: list[int], block: int, data: st.DataObject
-) -> None:
-    plan = _plan(sizes)
-    everyone = [s.key for members in plan.splits.values() for s in members]
-    rejected = frozenset(data.draw(st.lists(st.sampled_from(everyone), unique=True)))
-    worker = _simulated_worker(rejected)
-    whole, _ = _run_cutter(TaskCutter(plan, block), worker, 3)
-    stop = data.draw(st.integers(1, len(whole)))
-
-    first = TaskCutter(plan, block)
-    head, _ = _run_cutter(first, worker, 1, stop_after=stop)  # killed after a checkpoint
-    journaled: dict[str, dict[str, Any]] = {}
-    for split, queue in first.journal_delta().items():  # as journal.ResumeState adds it up
-        journaled[split] = {k: queue[k] for k in ("consumed", "rounds", "cut")}
-        journaled[split]["deferred"] = list(queue["deferred"])
-    tail, _ = _run_cutter(TaskCutter(plan, block, state=journaled), worker, 3)
-
-    assert [r.keys for r in head + tail] == [r.keys for r in whole]
-
-
-def test_a_journal_of_tasks_cut_otherwise_is_refused() -> None:
-    plan = _plan([10])
-    state = TaskCutter(plan, 2, rows=4).journal_delta()
-    with pytest.raises(ValueError, match="cut otherwise"):
-        TaskCutter(plan, 2, rows=6, state=state)
-
-
-@pytest.mark.parametrize(
-    ("block", "rows"),
-    [
-        pytest.param(1, 64, id="chunks of 1 sample"),
-        pytest.param(8, 64, id="chunks of 8"),
-        pytest.param(32, 64, id="chunks of 32"),
-        pytest.param(64, 64, id="chunks of 64"),
-        pytest.param(100, 100, id="chunks of 100"),
-    ],
-)
-def test_a_task_carries_several_chunks_whatever_the_chunk_size(block: int, rows: int) -> None:
-    # chunk_samples: 8 built at half the speed of 32, because a task held one chunk's rows
-    assert clean.task_rows(block) == rows
-    assert clean.task_reserve(rows) >= 2

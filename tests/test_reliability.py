@@ -26,7 +26,8 @@ from conftest import MakeRaw, WriteConfig, dataset_digests, random_pair, save
 from PIL import Image
 
 import h5etl
-from h5etl import clean, decode, release, schedule
+import h5etl.sink_chunks
+from h5etl import decode, release, schedule, tasks
 from h5etl.config import load_spec
 from h5etl.errors import BuildFailed, LockHeld, SinkError
 from h5etl.records import BatchResult, DecodeTask
@@ -62,7 +63,7 @@ def project(
     tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig, monkeypatch: pytest.MonkeyPatch
 ) -> Path:
     """A raw folder of 24 good pairs and a config with small chunks, so builds have many batches."""
-    monkeypatch.setattr(clean, "TASK_SAMPLES", TASK_SAMPLES)
+    monkeypatch.setattr(tasks, "TASK_SAMPLES", TASK_SAMPLES)
     make_raw(tmp_path, n=24)
     return write_config(tmp_path, storage={"chunk_samples": 2})
 
@@ -96,8 +97,8 @@ def run_script(script: str, *args: str, timeout: float = 120) -> subprocess.Comp
 # sink in the middle of storing chunks (`where=sink`).
 KILLED_BUILD = f"""
     import os, signal, sys
-    import h5etl, h5etl.clean, h5etl.sink
-    h5etl.clean.TASK_SAMPLES = {TASK_SAMPLES}
+    import h5etl, h5etl.tasks, h5etl.sink_chunks
+    h5etl.tasks.TASK_SAMPLES = {TASK_SAMPLES}
     from h5etl.config import load_spec
     config, after, jobs, where = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
     seen = 0
@@ -108,7 +109,7 @@ KILLED_BUILD = f"""
             if where == "decode" and seen >= after:
                 os.kill(os.getpid(), signal.SIGKILL)
     stores = 0
-    original = h5etl.sink._ImageWriter._store
+    original = h5etl.sink_chunks.ImageWriter._store
     def store(self, row, chunks):
         global stores
         stores += 1
@@ -117,7 +118,7 @@ KILLED_BUILD = f"""
             original(self, row, chunks[: len(chunks) // 2 or 1])
             os.kill(os.getpid(), signal.SIGKILL)
         original(self, row, chunks)
-    h5etl.sink._ImageWriter._store = store
+    h5etl.sink_chunks.ImageWriter._store = store
     resume = sys.argv[5:] == ["resume"]
     h5etl.build(load_spec(config), jobs=jobs, progress=hook, checkpoint_seconds=0, resume=resume)
 """
@@ -277,7 +278,7 @@ def test_resume_with_decode_rejects_matches_uninterrupted_build(
 ) -> None:
     # rejects at decode make tasks defer samples to later rounds: a resume must find the same
     # rounds, the same deferred samples and the same rejects in the journal
-    monkeypatch.setattr(clean, "TASK_SAMPLES", TASK_SAMPLES)
+    monkeypatch.setattr(tasks, "TASK_SAMPLES", TASK_SAMPLES)
     broken = {f"bad{i}": "mask_128" for i in range(4)} | {"late": "truncated_late"}
     make_raw(tmp_path, n=24, broken=broken)
     project = write_config(tmp_path, storage={"chunk_samples": 2})
@@ -525,7 +526,7 @@ def test_write_error_fails_cleanly_and_keeps_previous(
     assert first.path is not None
     before = file_sha(first.path)
     calls = 0
-    original = h5etl.sink._ImageWriter._store
+    original = h5etl.sink_chunks.ImageWriter._store
 
     def failing_store(self: Any, row: int, chunks: Any) -> None:
         nonlocal calls
@@ -534,7 +535,7 @@ def test_write_error_fails_cleanly_and_keeps_previous(
             raise OSError(errno.ENOSPC, "No space left on device")
         original(self, row, chunks)
 
-    monkeypatch.setattr(h5etl.sink._ImageWriter, "_store", failing_store)
+    monkeypatch.setattr(h5etl.sink_chunks.ImageWriter, "_store", failing_store)
     with pytest.raises(SinkError, match="no space left on device"):
         build(project)
 
@@ -590,7 +591,7 @@ def test_crashing_worker_rejects_only_its_sample(project: Path) -> None:
 
     plan = clean.plan(spec, discover.find_samples(spec).samples)
     recipe = decode.DecodeRecipe.from_spec(spec, pipeline.layouts_of(spec))
-    cutter = clean.TaskCutter(plan, 2)
+    cutter = tasks.TaskCutter(plan, 2)
     results = []
     for result in schedule.run_tasks(cutter, recipe, jobs=2, worker=segfault_on_s003):
         cutter.note(result)  # its deferred samples come back in a later round
