@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -29,6 +30,25 @@ CONTENDERS = [
     "h5etl build -j2 (gzip)",
     "h5etl build -j2 (blosc-lz4)",
     "h5etl build -j2 (zstd)",
+    "h5etl build -j2 (lzf, messy corpus)",
+    "h5etl API -j2 (lzf, messy corpus, writer CPU)",
+    "h5etl build -j2 (lzf, chunks of 1)",
+    "h5etl build -j2 (lzf, chunks of 8)",
+    "h5etl build -j2 (lzf, chunks of 32)",
+    "h5etl build -j2 (lzf, chunks of 64)",
+]
+# --messy --gap --variant same=...: clean against messy corpus, -j2 lzf against the work limit
+# with SHA-256; each h5etl run is followed by the same run of the variant tree
+MESSY_AND_GAP = [
+    "h5etl build -j2 (lzf)",
+    "h5etl build -j2 (lzf) [same]",
+    "h5etl build -j2 (lzf, messy corpus)",
+    "h5etl build -j2 (lzf, messy corpus) [same]",
+    "work limit with the required SHA-256: decode+pad+lzf+hashes, all cores",
+    "h5etl API -j2 (lzf, writer CPU)",
+    "h5etl API -j2 (lzf, writer CPU) [same]",
+    "h5etl API -j2 (lzf, messy corpus, writer CPU)",
+    "h5etl API -j2 (lzf, messy corpus, writer CPU) [same]",
 ]
 
 
@@ -44,6 +64,11 @@ def _run(script: str, *args: str) -> str:
     return done.stdout
 
 
+def _clean_root(bench_dir: Path) -> Path:
+    name = _load_corpus_module().CorpusParams(samples=int(SAMPLES)).folder_name
+    return bench_dir / str(name)
+
+
 @pytest.fixture(scope="module")
 def bench_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("bench")
@@ -51,7 +76,7 @@ def bench_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_corpus_is_written_once_then_cached(bench_dir: Path) -> None:
     first = _run("corpus.py", "--dir", str(bench_dir), "--samples", SAMPLES, "-j", "2")
-    root = next(bench_dir.glob("corpus-n40-*"))
+    root = _clean_root(bench_dir)
     assert len(list((root / "images").glob("*.png"))) == 40
     assert len(list((root / "masks").glob("*.png"))) == 40
     for codec in ("lzf", "gzip", "blosc-lz4", "zstd"):
@@ -65,18 +90,9 @@ def test_corpus_is_written_once_then_cached(bench_dir: Path) -> None:
 def test_runner_prints_every_contender(bench_dir: Path) -> None:
     output = bench_dir / "tables.md"
     text = _run(
-        "build.py",
-        "--dir",
-        str(bench_dir),
-        "--samples",
-        SAMPLES,
-        "--repeats",
-        "1",
-        "--output",
-        str(output),
-        "--variant",
-        f"same={BENCH.parents[1]}",
-    )
+        "build.py", "--dir", str(bench_dir), "--samples", SAMPLES, "--repeats", "1",
+        "--output", str(output),
+    )  # fmt: skip
     for name in CONTENDERS:
         assert f"| {name} |" in text
     for codec in ("lzf", "gzip", "blosc-lz4", "zstd"):
@@ -85,10 +101,81 @@ def test_runner_prints_every_contender(bench_dir: Path) -> None:
     assert "h5etl -j2 blosc-lz4 / its work limit" in text
     assert "h5etl -j2 lzf / work limit with the SHA-256 a release must carry" in text
     assert f"h5etl {h5etl.__version__} from" in text
-    assert "| h5etl build -j2 (lzf) [same] |" in text
-    assert "-j2 lzf [same] / -j2 lzf (tree as is)" in text
     assert "parent busy during decode+write" in text
+    assert "re-cut and compressed (chunk_paths :rechunked, target 0) | 0 |" in text
+    assert "### Messy corpus" in text
+    assert "| **per stored sample: messy / clean** |" in text
+    for chunks in (1, 8, 32, 64):
+        assert f"| tree as is | {chunks} |" in text
     assert output.read_text() in text
+
+
+def _contenders(text: str) -> list[str]:
+    """The first column of the main table, in order."""
+    table = text.split("| contender |", 1)[1].split("\n\n", 1)[0]
+    return [line.split(" | ")[0].removeprefix("| ") for line in table.splitlines()[2:]]
+
+
+def test_flags_pick_rows_and_variants_follow_each_run(bench_dir: Path) -> None:
+    # before --messy, --sweep, --gap every run built all contenders, with no messy corpus
+    text = _run(
+        "build.py", "--dir", str(bench_dir), "--samples", SAMPLES, "--repeats", "1",
+        "--messy", "--gap", "--variant", f"same={BENCH.parents[1]}",
+    )  # fmt: skip
+    assert _contenders(text) == MESSY_AND_GAP
+    assert "| h5etl build -j2 (lzf), messy / clean | tree as is | same | target |" in text
+    # both trees drop the one spoiled pair at decode, and no block is compressed twice
+    assert "| stored samples, clean / messy | 40 / 39 | 40 / 39 | - |" in text
+    assert "by reason | 1 mask_values | 1 mask_values |" in text
+    assert "clean / messy (API) | 0 / 0 | 0 / 0 | 0 |" in text
+    assert "-j2 lzf, messy corpus [same] / -j2 lzf, messy corpus (tree as is)" in text
+    assert "### Chunk sweep" not in text
+
+
+def test_messy_copy_spoils_three_percent_of_masks_and_links_the_rest(bench_dir: Path) -> None:
+    import numpy as np
+    from PIL import Image
+
+    out = _run("corpus.py", "--dir", str(bench_dir), "--samples", SAMPLES, "--messy")
+    root = _clean_root(bench_dir)
+    messy = bench_dir / f"{root.name}-messy0.03"
+    assert f"messy copy: {messy} (1 masks with a pixel of 7)" in out
+    changed = []
+    for kind in ("images", "masks"):
+        for path in sorted((root / kind).iterdir()):
+            copy = messy / kind / path.name
+            if copy.stat().st_ino != path.stat().st_ino:
+                changed.append(copy)
+    assert [p.name for p in changed] == ["s000022.png"]  # round(3% of 40), by seeded hash
+    assert changed[0].parent.name == "masks"
+    clean = np.asarray(Image.open(root / "masks" / "s000022.png"))
+    spoiled = np.asarray(Image.open(changed[0]))
+    assert spoiled.shape == clean.shape
+    assert (spoiled != clean).sum() == 1
+    assert set(np.unique(spoiled)) - {0, 255} == {7}
+    assert (messy / "lzf.yaml").exists()
+    assert (messy / "lzf-chunks8.yaml").exists()
+    stamp = changed[0].stat().st_mtime_ns
+    _run("corpus.py", "--dir", str(bench_dir), "--samples", SAMPLES, "--messy")
+    assert changed[0].stat().st_mtime_ns == stamp  # cached
+
+
+def test_runner_makes_a_missing_corpus_in_a_child(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Made in the runner, the corpus's pool and resource trackers stayed its children, and
+    # measure() waited 30 s after every run for them to exit (ten minutes for a tiny run).
+    monkeypatch.syspath_prepend(str(BENCH))
+    spec = importlib.util.spec_from_file_location("bench_build", BENCH / "build.py")
+    assert spec is not None
+    assert spec.loader is not None
+    build = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, build)
+    spec.loader.exec_module(build)
+    corpus = build._corpus(tmp_path, 4)
+    assert len(list(corpus.images.glob("*.png"))) == 4
+    with pytest.raises(ChildProcessError):
+        os.waitpid(-1, os.WNOHANG)
 
 
 def test_both_serial_loops_store_the_same_pixels(bench_dir: Path) -> None:
@@ -96,7 +183,7 @@ def test_both_serial_loops_store_the_same_pixels(bench_dir: Path) -> None:
     import numpy as np
 
     _run("corpus.py", "--dir", str(bench_dir), "--samples", SAMPLES)
-    root = next(bench_dir.glob("corpus-n40-*"))
+    root = _clean_root(bench_dir)
     stored = {}
     for chunks in ("auto", "batch"):
         out = bench_dir / f"serial-{chunks}.h5"

@@ -6,9 +6,15 @@ process), wall, CPU (user+sys of the whole process tree: this runner is a child 
 orphaned workers are reaped here and counted in ``RUSAGE_CHILDREN``), peak RSS of the parent
 and of the largest other process (``VmHWM`` sampled from /proc every 20 ms) and bytes on disk.
 
-    python tests/benchmarks/build.py                 # the default run (about 5 minutes)
+    python tests/benchmarks/build.py                 # the default run (about 6 minutes)
+    python tests/benchmarks/build.py --messy         # only clean vs messy corpus (3% rejects)
+    python tests/benchmarks/build.py --sweep         # only chunk_samples 1, 8, 32, 64
+    python tests/benchmarks/build.py --gap           # only -j2 lzf, work limit + SHA-256, writer
     python tests/benchmarks/build.py --memory        # peak RSS: 1x against the 10x corpus
     python tests/benchmarks/build.py --profile       # pyinstrument: parent (-j2), worker work (-j1)
+
+``--messy``, ``--sweep`` and ``--gap`` combine (their contenders, interleaved in each repeat);
+without any of them the run holds every contender.
 
 Child modes (``--run serial|limit|disk|api|read|profile``) are what the runner launches.
 """
@@ -26,12 +32,25 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from corpus import CODECS, DEFAULT_DIR, DEFAULT_SAMPLES, Corpus, CorpusParams, ensure_corpus
+from corpus import (
+    CHUNK_SWEEP,
+    CODECS,
+    DEFAULT_DIR,
+    DEFAULT_SAMPLES,
+    MESSY_VALUE,
+    Corpus,
+    CorpusParams,
+    ensure_corpus,
+    ensure_messy,
+    messy_indices,
+    sweep_config,
+)
 
 from h5etl.workers import NATIVE_THREAD_LIMITS
 
@@ -338,12 +357,16 @@ def run_api(config: Path, jobs: int) -> dict[str, Any]:
     wall1, cpu1 = time.perf_counter(), _cpu(resource.getrusage(resource.RUSAGE_SELF))
     write_wall0, write_cpu0 = marks.get("write", (wall0, cpu0))
     assert report.path is not None
+    pairs = {(r.key, r.reason) for r in report.rejects}  # reason per rejected sample
     with h5py.File(report.path, "r") as f:
         diagnostics = {
             k: float(v) for k, v in f["diagnostics"].attrs.items() if k.startswith("seconds_")
         }
     return {
         "samples": sum(report.samples.values()),
+        "rejects": len(report.rejects),  # one per file: both files of a rejected pair
+        "rejected_pairs": dict(sorted(Counter(reason for _, reason in pairs).items())),
+        "chunk_paths": report.chunk_paths,  # per dataset, blocks stored :direct and :rechunked
         "parent_cpu_process": cpu1,
         "parent_cpu_build": cpu1 - cpu0,
         "parent_cpu_write": cpu1 - write_cpu0,
@@ -391,10 +414,18 @@ def run_profile(config: Path, jobs: int, out: Path) -> dict[str, Any]:
 # contenders and the interleaved runner
 
 
+# Groups of contenders: the command line picks some (--messy, --sweep, --gap), or all.
+MAIN, MESSY, SWEEP, GAP = "main", "messy", "sweep", "gap"
+Variant = tuple[str, str]  # (name, PYTHONPATH) of another h5etl source tree
+
+
 @dataclass(frozen=True, slots=True)
 class Contender:
     name: str
     run: Callable[[], Run]
+    groups: frozenset[str] = frozenset({MAIN})
+    # How another source tree runs the same thing (its runs follow this one's), if it can.
+    variant: Callable[[Variant], Callable[[], Run]] | None = None
 
 
 def _release_file(folder: Path) -> Path:
@@ -402,34 +433,40 @@ def _release_file(folder: Path) -> Path:
     return files[-1]
 
 
+def _variant_env(variant: Variant | None) -> dict[str, str] | None:
+    return None if variant is None else {**os.environ, "PYTHONPATH": variant[1]}
+
+
 def _h5etl_cli(
     corpus: Corpus,
-    codec: str,
+    config: str,
     jobs: int,
-    reads: dict[str, list[Run]],
-    variant: tuple[str, str] | None = None,
+    reads: dict[str, list[Run]] | None = None,
+    variant: Variant | None = None,
 ) -> Run:
-    """``h5etl build``; a ``variant`` (name, PYTHONPATH) runs another h5etl source tree."""
+    """``h5etl build`` of ``corpus.config(config)``; a ``variant`` runs another source tree.
+
+    With ``reads``, the release's ``/train/image`` is then read back in full, into
+    ``reads[config]``.
+    """
     import h5py
 
-    folder = corpus.releases(codec)
+    folder = corpus.releases(config)
     shutil.rmtree(folder, ignore_errors=True)
-    cmd = ["h5etl", "build", str(corpus.config(codec)), "--jobs", str(jobs), "--quiet"]
-    env = None
-    if variant is not None:
-        env = {**os.environ, "PYTHONPATH": variant[1]}
-    run, _ = measure(cmd, env)
+    cmd = ["h5etl", "build", str(corpus.config(config)), "--jobs", str(jobs), "--quiet"]
+    run, _ = measure(cmd, _variant_env(variant))
     release = _release_file(folder)
     run.disk = release.stat().st_size
     with h5py.File(release, "r") as f:
         attrs = f["diagnostics"].attrs
         run.samples = int(sum(v for k, v in attrs.items() if k.startswith("samples_")))
         run.extra = {k: float(v) for k, v in attrs.items() if k.startswith("seconds_")}
-    if jobs == 2 and variant is None:
+        run.extra["rejects"] = float(attrs.get("rejects_total", 0))
+    if reads is not None:
         read, out = measure(_child("read", "--file", str(release), "--dataset", "/train/image"))
         info = _child_json(out)
         read.samples, read.wall, read.disk = info["samples"], info["seconds"], info["bytes"]
-        reads.setdefault(codec, []).append(read)
+        reads.setdefault(config, []).append(read)
     return run
 
 
@@ -449,6 +486,15 @@ def _child_run(
 WORK_LIMIT_HASHED = "work limit with the required SHA-256: decode+pad+lzf+hashes, all cores"
 SERIAL = "serial loop (lzf, h5py's automatic chunks)"
 SERIAL_BATCH_CHUNKS = "serial loop (lzf, one chunk per batch of 32)"
+CLI_J2 = "h5etl build -j2 (lzf)"
+MESSY_CLI = "h5etl build -j2 (lzf, messy corpus)"
+API = "h5etl API -j2 (lzf, writer CPU)"
+MESSY_API = "h5etl API -j2 (lzf, messy corpus, writer CPU)"
+
+
+def sweep_name(chunks: int) -> str:
+    return f"h5etl build -j2 (lzf, chunks of {chunks})"
+
 
 # The limits run with the native thread limits h5etl's CLI sets for itself (joblib's Parallel
 # sets them in its workers anyway): an idle BLAS thread spinning in their parent is not work.
@@ -460,19 +506,28 @@ def contenders(
     work: Path,
     reads: dict[str, list[Run]],
     state: dict[str, int],
-    variants: Sequence[tuple[str, str]] = (),
+    variants: Sequence[Variant] = (),
+    groups: frozenset[str] = frozenset({MAIN, MESSY, SWEEP}),
+    messy: Corpus | None = None,
 ) -> list[Contender]:
+    """The contenders of ``groups``, each followed by its runs of every variant tree."""
     samples = corpus.params.samples
-    lzf = corpus.config("lzf")
 
     def h5etl(codec: str, jobs: int) -> Callable[[], Run]:
         def go() -> Run:
-            run = _h5etl_cli(corpus, codec, jobs, reads)
+            run = _h5etl_cli(corpus, codec, jobs, reads if jobs == 2 else None)
             if codec == "lzf":
                 state["release_bytes"] = run.disk
             return run
 
         return go
+
+    def cli(where: Corpus, config: str, jobs: int) -> Callable[[Variant | None], Callable[[], Run]]:
+        return lambda variant: lambda: _h5etl_cli(where, config, jobs, None, variant)
+
+    def api(where: Corpus) -> Callable[[Variant | None], Callable[[], Run]]:
+        cmd = _child("api", "--config", str(where.config("lzf")), "--jobs", "2")
+        return lambda variant: lambda: _child_run(cmd, samples, env=_variant_env(variant))
 
     def disk() -> Run:
         nbytes = state.get("release_bytes", 0)
@@ -488,65 +543,61 @@ def contenders(
         args = ("--corpus", str(corpus.root), "--out", str(serial_out), "--chunks", chunks)
         return lambda: _child_run(_child("serial", *args), samples, serial_out)
 
+    def limit(config: str, *flags: str) -> Callable[[], Run]:
+        cmd = _child("limit", "--config", str(corpus.config(config)), *flags)
+        return lambda: _child_run(cmd, samples, env=LIMIT_ENV)
+
+    everywhere = frozenset({MAIN, MESSY, GAP})
     out = [
-        Contender("h5etl build -j1 (lzf)", h5etl("lzf", 1)),
-        Contender("h5etl build -j2 (lzf)", h5etl("lzf", 2)),
+        Contender("h5etl build -j1 (lzf)", h5etl("lzf", 1), variant=cli(corpus, "lzf", 1)),
+        Contender(CLI_J2, h5etl("lzf", 2), everywhere, cli(corpus, "lzf", 2)),
+    ]
+    if messy is not None:
+        messy_cli = cli(messy, "lzf", 2)
+        out.append(Contender(MESSY_CLI, messy_cli(None), frozenset({MESSY}), messy_cli))
+    out += [
         Contender(SERIAL, serial("auto")),
         Contender(SERIAL_BATCH_CHUNKS, serial("batch")),
-        Contender(
-            "work limit: decode+pad+lzf, all cores",
-            lambda: _child_run(
-                _child("limit", "--config", str(lzf), "--encode"), samples, env=LIMIT_ENV
-            ),
-        ),
-        Contender(
-            "work limit: decode+pad+blosc-lz4, all cores",
-            lambda: _child_run(
-                _child("limit", "--config", str(corpus.config("blosc-lz4")), "--encode"),
-                samples,
-                env=LIMIT_ENV,
-            ),
-        ),
-        Contender(
-            WORK_LIMIT_HASHED,
-            lambda: _child_run(
-                _child("limit", "--config", str(lzf), "--encode", "--hashes"),
-                samples,
-                env=LIMIT_ENV,
-            ),
-        ),
-        Contender(
-            "decode limit: decode+pad, all cores",
-            lambda: _child_run(_child("limit", "--config", str(lzf)), samples, env=LIMIT_ENV),
-        ),
+        Contender("work limit: decode+pad+lzf, all cores", limit("lzf", "--encode")),
+        Contender("work limit: decode+pad+blosc-lz4, all cores", limit("blosc-lz4", "--encode")),
+        Contender(WORK_LIMIT_HASHED, limit("lzf", "--encode", "--hashes"), frozenset({MAIN, GAP})),
+        Contender("decode limit: decode+pad, all cores", limit("lzf")),
         Contender("disk limit: same bytes, sequential+fsync", disk),
-        Contender(
-            "h5etl API -j2 (lzf, writer CPU)",
-            lambda: _child_run(_child("api", "--config", str(lzf), "--jobs", "2"), samples),
-        ),
+        Contender(API, api(corpus)(None), everywhere, api(corpus)),
     ]
+    if messy is not None:
+        out.append(Contender(MESSY_API, api(messy)(None), frozenset({MESSY}), api(messy)))
     out += [
-        Contender(f"h5etl build -j2 ({codec})", h5etl(codec, 2))
+        Contender(
+            f"h5etl build -j2 ({codec})",
+            h5etl(codec, 2),
+            variant=cli(corpus, codec, 2) if codec == "blosc-lz4" else None,
+        )
         for codec in CODECS
         if codec != "lzf"
     ]
-    # Each variant runs right after the contender it changes, so A and B see the same load.
+    out += [
+        Contender(
+            sweep_name(n),
+            cli(corpus, sweep_config(n), 2)(None),
+            frozenset({SWEEP}),
+            cli(corpus, sweep_config(n), 2),
+        )
+        for n in CHUNK_SWEEP
+    ]
+    return _with_variants([c for c in out if c.groups & groups], variants)
+
+
+def _with_variants(cands: list[Contender], variants: Sequence[Variant]) -> list[Contender]:
+    """Each variant runs right after the contender it changes, so A and B see the same load."""
     ordered = []
-    for cand in out:
+    for cand in cands:
         ordered.append(cand)
-        for codec, jobs in (("lzf", 1), ("lzf", 2), ("blosc-lz4", 2)):
-            if cand.name != f"h5etl build -j{jobs} ({codec})":
-                continue
-            for variant in variants:
-                name = f"{cand.name} [{variant[0]}]"
-                ordered.append(Contender(name, _variant_run(corpus, codec, jobs, variant)))
+        if cand.variant is not None:
+            ordered += [
+                Contender(f"{cand.name} [{v[0]}]", cand.variant(v), cand.groups) for v in variants
+            ]
     return ordered
-
-
-def _variant_run(
-    corpus: Corpus, codec: str, jobs: int, variant: tuple[str, str]
-) -> Callable[[], Run]:
-    return lambda: _h5etl_cli(corpus, codec, jobs, {}, variant)
 
 
 def run_all(cands: list[Contender], repeats: int) -> dict[str, list[Run]]:
@@ -606,11 +657,11 @@ RATIOS = [
         "work limit: decode+pad+lzf, all cores",
         0.9,
     ),
-    (
+    (  # issue 11 item 15: at 3,000 and at 30,000 pairs
         "h5etl -j2 lzf / work limit with the SHA-256 a release must carry",
         "h5etl build -j2 (lzf)",
         WORK_LIMIT_HASHED,
-        None,
+        0.9,
     ),
     (
         "work limit with the required SHA-256 / work limit",
@@ -769,11 +820,134 @@ def writer_table(runs: dict[str, list[Run]]) -> str:
     )
     lines = ["| writer (parent) process, h5etl -j2 lzf | median |", "|---|---:|"]
     lines += [f"| {label} | {value:.3f} |" for label, value in rows]
+    lines += [
+        f"| blocks stored as the workers compressed them (chunk_paths :direct) "
+        f"| {_blocks(api, 'direct')} |",
+        f"| blocks the writer re-cut and compressed (chunk_paths :rechunked, target 0) "
+        f"| {_blocks(api, 'rechunked')} |",
+    ]
     met = "yes" if share < 0.2 else "**no**"
     lines.append(
         f"| **parent busy during decode+write (target < 20% of a core)** "
         f"| **{100 * share:.0f}%** (met: {met}) |"
     )
+    return "\n".join(lines)
+
+
+def _trees(runs: dict[str, list[Run]], base: str) -> list[tuple[str, str]]:
+    """(column title, name suffix) of the tree as is and of every variant that ran ``base``."""
+    tags = [name[len(base) :] for name in runs if name.startswith(f"{base} [")]
+    return [("tree as is", ""), *((tag.strip(" []"), tag) for tag in tags)]
+
+
+def _per_repeat(values: list[float], digits: int = 2) -> str:
+    """The median, then every repeat's value in brackets."""
+    shown = ", ".join(f"{v:.{digits}f}" for v in values)
+    return f"{_median(values):.{digits}f} ({shown})" if values else "-"
+
+
+def _met(value: float, limit: float) -> str:
+    return "met" if value <= limit else f"**missed by {100 * (value / limit - 1):.0f}%**"
+
+
+def _blocks(items: list[Run], kind: str) -> str:
+    """Median blocks stored ``:direct`` or ``:rechunked`` (all datasets) by an API child."""
+    counts = [
+        sum(v for k, v in r.extra.get("chunk_paths", {}).items() if k.endswith(f":{kind}"))
+        for r in items
+    ]
+    return f"{_median(counts):.0f}" if counts else "-"
+
+
+def _messy_column(runs: dict[str, list[Run]], tag: str) -> list[str]:
+    clean, messy = runs.get(CLI_J2 + tag, []), runs.get(MESSY_CLI + tag, [])
+    api_clean, api_messy = runs.get(API + tag, []), runs.get(MESSY_API + tag, [])
+    pairs = list(zip(clean, messy, strict=True))
+    per_sample = [(m.wall / m.samples) / (c.wall / c.samples) for c, m in pairs]
+    rss = [m.rss_parent / c.rss_parent for c, m in pairs if c.rss_parent]
+    reasons = api_messy[-1].extra.get("rejected_pairs", {}) if api_messy else {}
+
+    def cpu(items: list[Run]) -> str:
+        return f"{_median(float(r.extra['parent_cpu_write']) for r in items):.2f}" if items else "-"
+
+    return [
+        f"{_median(c.samples for c in clean):.0f} / {_median(m.samples for m in messy):.0f}",
+        ", ".join(f"{v} {k}" for k, v in reasons.items()) or "-",
+        f"{_median(c.wall for c in clean):.2f} / {_median(m.wall for m in messy):.2f}",
+        _per_repeat([m.wall / c.wall for c, m in pairs]),
+        f"**{_per_repeat(per_sample)}** ({_met(_median(per_sample), 1.05)})",
+        f"{_mib(_median(c.rss_parent for c in clean))} / "
+        f"{_mib(_median(m.rss_parent for m in messy))}",
+        f"**{_per_repeat(rss)}** ({_met(_median(rss), 1.1)})",
+        f"{_mib(_median(c.rss_workers for c in clean))} / "
+        f"{_mib(_median(m.rss_workers for m in messy))}",
+        f"{_blocks(api_clean, 'rechunked')} / {_blocks(api_messy, 'rechunked')}",
+        f"{_blocks(api_clean, 'direct')} / {_blocks(api_messy, 'direct')}",
+        f"{cpu(api_clean)} / {cpu(api_messy)}",
+    ]
+
+
+MESSY_ROWS = [
+    ("stored samples, clean / messy", "-"),
+    ("rejected pairs in the messy build (API), by reason", "all mask_values"),
+    ("wall clean / messy, s", "-"),
+    ("wall messy / clean (per repeat)", "-"),
+    ("**per stored sample: messy / clean**", "<= 1.05"),
+    ("parent peak RSS clean / messy, MiB", "-"),
+    ("**parent peak RSS messy / clean**", "<= 1.1"),
+    ("worker peak RSS clean / messy, MiB", "-"),
+    ("blocks the writer re-cut and compressed, clean / messy (API)", "0"),
+    ("blocks stored as the workers compressed them, clean / messy (API)", "-"),
+    ("writer CPU from the first decode task to the end, clean / messy, s (API)", "-"),
+]
+
+
+def messy_table(runs: dict[str, list[Run]], messy: Corpus | None) -> str:
+    """Clean against messy corpus, h5etl -j2 lzf, one column per source tree."""
+    if messy is None or not runs.get(MESSY_CLI) or not runs.get(CLI_J2):
+        return ""
+    trees = [(t, tag) for t, tag in _trees(runs, MESSY_CLI) if runs.get(CLI_J2 + tag)]
+    columns = [_messy_column(runs, tag) for _, tag in trees]
+    spoiled = len(messy_indices(messy.params))
+    lines = [
+        f"Messy corpus: {messy.root}, the same pairs with {spoiled} masks given one pixel of "
+        f"{MESSY_VALUE} (decode-time `mask_values` rejects). Ratios are medians of per-repeat "
+        "ratios (both builds in the same repeat), each repeat's value in brackets.\n",
+        "| h5etl build -j2 (lzf), messy / clean | "
+        + " | ".join(t for t, _ in trees)
+        + " | target |",
+        "|---|" + "---:|" * len(trees) + "---|",
+    ]
+    for index, (label, target) in enumerate(MESSY_ROWS):
+        cells = " | ".join(column[index] for column in columns)
+        lines.append(f"| {label} | {cells} | {target} |")
+    return "\n".join(lines)
+
+
+def sweep_table(runs: dict[str, list[Run]]) -> str:
+    """Build wall per chunk_samples against chunks of 32, per source tree."""
+    base = sweep_name(32)
+    if not runs.get(base):
+        return ""
+    lines = [
+        "| tree | chunk_samples | wall s | images/s | on disk MiB | wall / wall at 32 (per repeat) "
+        "| target | met |",
+        "|---|---:|---:|---:|---:|---|---|---|",
+    ]
+    for title, tag in _trees(runs, base):
+        reference = runs[base + tag]
+        for chunks in CHUNK_SWEEP:
+            items = runs.get(sweep_name(chunks) + tag, [])
+            if not items:
+                continue
+            ratios = [a.wall / b.wall for a, b in zip(items, reference, strict=True)]
+            value = _median(ratios)
+            met = "yes" if 1 / 1.1 <= value <= 1.1 else "**no**"
+            lines.append(
+                f"| {title} | {chunks} | {_median(r.wall for r in items):.2f} "
+                f"| {_median(r.rate for r in items):.0f} | {_mib(_median(r.disk for r in items))} "
+                f"| {_per_repeat(ratios)} | within 1.1 | {met} |"
+            )
     return "\n".join(lines)
 
 
@@ -803,42 +977,67 @@ def _h5etl_origin() -> str:
     return f"h5etl {h5etl.__version__} from {package} ({commit})"
 
 
+def _corpus(base: Path, samples: int) -> Corpus:
+    """The corpus, written by a child ``corpus.py`` if missing.
+
+    Not in this process: the pool and its resource trackers would stay our children, and
+    ``measure`` waits for every child of the runner (orphaned workers) to exit.
+    """
+    params = CorpusParams(samples=samples)
+    if not (base / params.folder_name / "corpus.json").exists():
+        script = HERE.parent / "corpus.py"
+        cmd = [sys.executable, str(script), "--dir", str(base), "--samples", str(samples)]
+        subprocess.run(cmd, check=True, stdout=sys.stderr)
+    return ensure_corpus(base, params)
+
+
+def _groups(args: argparse.Namespace) -> frozenset[str]:
+    """The contender groups the flags pick; none picked: the default run (all but --gap only)."""
+    picked = frozenset(g for g in (MESSY, SWEEP, GAP) if getattr(args, g))
+    return picked or frozenset({MAIN, MESSY, SWEEP})
+
+
+def _load() -> str:
+    return " / ".join(f"{v:.2f}" for v in os.getloadavg())
+
+
 def benchmark(args: argparse.Namespace) -> str:
-    corpus = ensure_corpus(args.dir, CorpusParams(samples=args.samples))
+    corpus = _corpus(args.dir, args.samples)
+    groups = _groups(args)
+    messy = ensure_messy(corpus) if MESSY in groups else None
     work = args.dir / "work"
     work.mkdir(parents=True, exist_ok=True)
     reads: dict[str, list[Run]] = {}
     state: dict[str, int] = {}
-    load_before = os.getloadavg()[0]
+    load_before = _load()
     variants = [tuple(v.split("=", 1)) for v in args.variant]
-    cands = contenders(corpus, work, reads, state, [(v[0], v[1]) for v in variants])
+    pairs = [(v[0], v[1]) for v in variants]
+    cands = contenders(corpus, work, reads, state, pairs, groups, messy)
     runs = run_all(cands, args.repeats)
-    load = os.getloadavg()[0]
     header = (
         f"## h5etl build benchmark\n\n{corpus.params.samples} image/mask PNG pairs "
         f"({corpus.root}), {os.cpu_count()} cores, medians of {args.repeats} interleaved "
-        f"repeats; {_h5etl_origin()}; load average {load_before:.1f} before, {load:.1f} after.\n"
+        f"repeats ({', '.join(sorted(groups))}); {_h5etl_origin()}; "
+        f"load average (1/5/15 min) {load_before} before, {_load()} after.\n"
     )
-    parts = [
-        header,
-        main_table(runs),
-        "",
-        ratio_table(runs),
-        "",
-        "### Codecs",
-        "",
-        codec_table(runs, reads),
-        "",
-        "### Writer process",
-        "",
-        writer_table(runs),
+    sections = [
+        ("", main_table(runs)),
+        ("", ratio_table(runs)),
+        ("### Messy corpus (3% decode-time rejects)", messy_table(runs, messy)),
+        ("### Chunk sweep (lzf, -j2)", sweep_table(runs)),
+        ("### Codecs", codec_table(runs, reads)),
+        ("### Writer process", writer_table(runs)),
     ]
-    return "\n".join(parts) + "\n"
+    parts = [header]
+    for title, table in sections:
+        if table:
+            parts += [title, "", table, ""] if title else [table, ""]
+    return "\n".join(parts)
 
 
 def memory(args: argparse.Namespace) -> str:
     sizes = {"1x": args.samples, f"{args.scale}x": args.samples * args.scale}
-    corpora = {k: ensure_corpus(args.dir, CorpusParams(samples=n)) for k, n in sizes.items()}
+    corpora = {k: _corpus(args.dir, n) for k, n in sizes.items()}
     runs: dict[str, list[Run]] = {k: [] for k in corpora}
     for repeat in range(args.repeats):
         for label, corpus in corpora.items():
@@ -870,10 +1069,13 @@ def memory(args: argparse.Namespace) -> str:
 
 
 def profile(args: argparse.Namespace) -> str:
-    corpus = ensure_corpus(args.dir, CorpusParams(samples=args.samples))
-    parts = ["## Profiles (pyinstrument)\n"]
+    corpus = _corpus(args.dir, args.samples)
+    if args.messy:  # --profile --messy: the messy copy
+        corpus = ensure_messy(corpus)
+    kind = "-messy" if args.messy else ""
+    parts = [f"## Profiles (pyinstrument), {corpus.root}\n"]
     for jobs, what in ((2, "parent (writer) of a -j2 build"), (1, "worker work, inline (-j1)")):
-        out = args.dir / f"profile-j{jobs}.txt"
+        out = args.dir / f"profile{kind}-j{jobs}.txt"
         measure(
             _child(
                 "profile",
@@ -913,6 +1115,17 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--memory", action="store_true", help="peak RSS: 1x vs --scale x corpus")
     parser.add_argument("--scale", type=int, default=10)
     parser.add_argument("--profile", action="store_true", help="pyinstrument profiles")
+    parser.add_argument(
+        "--messy", action="store_true", help="only (with --sweep, --gap) clean vs messy corpus"
+    )
+    parser.add_argument(
+        "--sweep", action="store_true", help="only (with --messy, --gap) chunk_samples 1-64"
+    )
+    parser.add_argument(
+        "--gap",
+        action="store_true",
+        help="only (with --messy, --sweep) -j2 lzf, the work limit with SHA-256, the writer",
+    )
     parser.add_argument("--output", type=Path, help="also write the tables here")
     parser.add_argument(
         "--variant",

@@ -7,15 +7,22 @@ on ``(seed, i)``, so the corpus is the same whatever the number of processes tha
 
 The corpus is cached: a folder named after its parameters holds ``corpus.json`` once complete,
 and a second call with the same parameters returns at once. Beside it, one build config per
-codec (``lzf.yaml``, ``gzip.yaml``, ``blosc-lz4.yaml``, ``zstd.yaml``).
+codec (``lzf.yaml``, ``gzip.yaml``, ``blosc-lz4.yaml``, ``zstd.yaml``) and one lzf config per
+chunk size of the sweep (``lzf-chunks1.yaml``, ``lzf-chunks8.yaml``, ...).
 
-Run: ``python tests/benchmarks/corpus.py --dir /tmp/h5etl-bench [--scale 10]``.
+The messy copy (``ensure_messy``) is the same corpus with a deterministic 3% of masks given one
+pixel of value 7: those pairs pass the header probe and are rejected at decode (``mask_values``).
+It sits beside the corpus, and its unchanged files are hard links (copies where links fail).
+
+Run: ``python tests/benchmarks/corpus.py --dir /tmp/h5etl-bench [--scale 10] [--messy]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import os
 import shutil
 import tempfile
 import time
@@ -38,11 +45,16 @@ CODECS: dict[str, str] = {
     "zstd": "zstd",
 }
 
+CHUNK_SWEEP = (1, 8, 32, 64)  # storage.chunk_samples of the sweep configs (lzf)
+MESSY_FRACTION = 0.03  # share of masks that get one invalid pixel in the messy copy
+MESSY_VALUE = 7  # outside {0, 255}: the pair is a decode-time mask_values reject
+MESSY_VERSION = 1  # bump when the messy copy changes, so caches are rebuilt
+
 CONFIG_TEMPLATE = """\
 # Benchmark build of the {samples}-sample corpus with {codec}; written by corpus.py.
 name: bench
 pipeline: segmentation
-output: releases/{codec}
+output: releases/{name}
 description: h5etl benchmark corpus ({samples} samples, {codec})
 sources:
   image: {{dir: images, glob: "*.png"}}
@@ -53,7 +65,7 @@ fields:
   image: {{shape: [3, {size}, {size}], dtype: uint8, mode: RGB}}
   mask: {{shape: [1, {size}, {size}], dtype: uint8, mode: L, values: [0, 1]}}
   filename: {{dtype: str}}
-storage: {{chunk_samples: 32, compression: {compression}, shuffle: true}}
+storage: {{chunk_samples: {chunks}, compression: {compression}, shuffle: true}}
 pad: {{fill: 0, oversize: reject}}
 on_error: skip
 """
@@ -144,7 +156,7 @@ def make_pair(seed: int, index: int, params: CorpusParams) -> tuple[np.ndarray, 
             mask |= inside
     sigma = 1.5 + 0.02 * image  # sensor noise grows with the signal
     image += rng.standard_normal(image.shape, dtype=np.float32) * sigma
-    return np.clip(image, 0, 255).astype(np.uint8), (mask * 255).astype(np.uint8)
+    return image.clip(0, 255).astype(np.uint8), (mask * 255).astype(np.uint8)
 
 
 def _write_range(root: Path, params: CorpusParams, start: int, stop: int) -> None:
@@ -154,15 +166,25 @@ def _write_range(root: Path, params: CorpusParams, start: int, stop: int) -> Non
         Image.fromarray(mask).save(root / "masks" / f"s{index:06d}.png", format="PNG")
 
 
+def sweep_config(chunks: int) -> str:
+    """The name (``Corpus.config(name)``) of the lzf config with chunks of ``chunks`` samples."""
+    return f"lzf-chunks{chunks}"
+
+
 def write_configs(corpus: Corpus) -> None:
-    for codec, compression in CODECS.items():
+    """One config per codec (chunks of 32) and one lzf config per chunk size of the sweep."""
+    configs = [(codec, codec, compression, 32) for codec, compression in CODECS.items()]
+    configs += [(sweep_config(n), "lzf", CODECS["lzf"], n) for n in CHUNK_SWEEP]
+    for name, codec, compression, chunks in configs:
         text = CONFIG_TEMPLATE.format(
             samples=corpus.params.samples,
-            codec=codec,
+            name=name,
+            codec=codec if chunks == 32 else f"{codec}, chunks of {chunks}",
             size=FIELD_SIZE,
             compression=compression,
+            chunks=chunks,
         )
-        corpus.config(codec).write_text(text, encoding="utf-8")
+        corpus.config(name).write_text(text, encoding="utf-8")
 
 
 def ensure_corpus(base: Path, params: CorpusParams, *, jobs: int = -1) -> Corpus:
@@ -187,6 +209,71 @@ def ensure_corpus(base: Path, params: CorpusParams, *, jobs: int = -1) -> Corpus
     return corpus
 
 
+def messy_indices(params: CorpusParams, fraction: float = MESSY_FRACTION) -> list[int]:
+    """The ``round(fraction * samples)`` samples with the smallest seeded hash, sorted.
+
+    An exact count (90 of 3000), spread over the corpus, the same on every run and machine.
+    """
+    count = round(fraction * params.samples)
+
+    def rank(index: int) -> bytes:
+        return hashlib.sha256(f"messy:{params.seed}:{index}".encode()).digest()
+
+    return sorted(sorted(range(params.samples), key=rank)[:count])
+
+
+def _link_or_copy(source: Path, target: Path) -> None:
+    try:
+        os.link(source, target)
+    except OSError:  # another file system, or one without hard links
+        shutil.copy2(source, target)
+
+
+def _spoil_mask(source: Path, target: Path) -> None:
+    """Copy a 0/255 mask with its centre pixel set to ``MESSY_VALUE``: a decode-time reject."""
+    with Image.open(source) as image:
+        pixels = np.array(image)
+    pixels[pixels.shape[0] // 2, pixels.shape[1] // 2] = MESSY_VALUE
+    Image.fromarray(pixels).save(target, format="PNG")
+
+
+def ensure_messy(corpus: Corpus, fraction: float = MESSY_FRACTION) -> Corpus:
+    """The messy copy of ``corpus`` beside it (cached); written once, mostly hard links.
+
+    ``fraction`` of the masks (``messy_indices``) get one pixel of value ``MESSY_VALUE``; every
+    other file is a hard link to the clean corpus's. The copy holds ``messy.json`` (parameters
+    and the spoiled sample indices) once complete, and its own configs.
+    """
+    name = f"{corpus.params.folder_name}-messy{fraction:g}"
+    root = corpus.root.parent / name
+    messy = Corpus(root, corpus.params)
+    indices = messy_indices(corpus.params, fraction)
+    manifest = {
+        "corpus": asdict(corpus.params),
+        "fraction": fraction,
+        "value": MESSY_VALUE,
+        "version": MESSY_VERSION,
+        "spoiled": indices,
+    }
+    stamp = root / "messy.json"
+    if not (stamp.exists() and json.loads(stamp.read_text()) == manifest):
+        partial = root.parent / f"{name}.partial"
+        shutil.rmtree(partial, ignore_errors=True)
+        shutil.rmtree(root, ignore_errors=True)
+        (partial / "images").mkdir(parents=True)
+        (partial / "masks").mkdir()
+        spoiled = {f"s{index:06d}.png" for index in indices}
+        for path in sorted(corpus.images.iterdir()):
+            _link_or_copy(path, partial / "images" / path.name)
+        for path in sorted(corpus.masks.iterdir()):
+            target = partial / "masks" / path.name
+            (_spoil_mask if path.name in spoiled else _link_or_copy)(path, target)
+        (partial / "messy.json").write_text(json.dumps(manifest), encoding="utf-8")
+        partial.rename(root)
+    write_configs(messy)
+    return messy
+
+
 def corpus_bytes(corpus: Corpus) -> int:
     return sum(p.stat().st_size for d in (corpus.images, corpus.masks) for p in d.iterdir())
 
@@ -198,6 +285,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--scale", type=int, default=1, help="multiply --samples (10: 10x corpus)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("-j", "--jobs", type=int, default=-1, help="writer processes")
+    parser.add_argument("--messy", action="store_true", help="also make the messy copy")
     args = parser.parse_args(argv)
     params = CorpusParams(samples=args.samples * args.scale, seed=args.seed)
     started = time.perf_counter()
@@ -207,6 +295,10 @@ def main(argv: list[str] | None = None) -> None:
     print(f"corpus: {corpus.root} ({params.samples} pairs, {size:.1f} MiB, {seconds:.1f} s)")
     for codec in CODECS:
         print(f"config: {corpus.config(codec)}")
+    if args.messy:
+        messy = ensure_messy(corpus)
+        spoiled = len(messy_indices(params))
+        print(f"messy copy: {messy.root} ({spoiled} masks with a pixel of {MESSY_VALUE})")
 
 
 if __name__ == "__main__":
