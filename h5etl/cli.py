@@ -20,8 +20,8 @@ from h5etl.errors import BuildFailed, H5EtlError, UsageError
 # The pipeline, pydantic and HDF5 load inside the commands: ``build`` starts its workers
 # first, so their start-up overlaps these imports.
 if TYPE_CHECKING:
-    from h5etl.pipeline import BuildReport
     from h5etl.records import Reject
+    from h5etl.report import BuildReport
 
 
 app = typer.Typer(

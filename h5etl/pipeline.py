@@ -5,9 +5,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -19,6 +17,14 @@ from h5etl.chunkcodec import ChunkLayout
 from h5etl.errors import BuildFailed
 from h5etl.records import BatchResult, Reject, valid_text
 from h5etl.release import OutputFolder
+from h5etl.report import (
+    DECODE_CHECKS,
+    PLAN_CHECKS,
+    BuildReport,
+    empty_split_warnings,
+    enforce_limit,
+    require_samples,
+)
 from h5etl.sink import ResumeMismatch, Sink, SinkLayout
 from h5etl.spec import Spec, spec_sha256, spec_text
 
@@ -27,41 +33,6 @@ logger = logging.getLogger(__name__)
 ProgressHook = Callable[[str, int, int | None], None]
 """``hook(stage, advance, total)``: ``advance=0`` opens the next stage (``total`` steps, or None
 if unknown); stages come one after another: discover, probe, decode+write (or decode)."""
-
-PLAN_CHECKS = (
-    "discovery and pairing (orphans, duplicates, unreadable folders, links)",
-    "headers (format, truncation, size, size mismatch, oversize)",
-)
-DECODE_CHECKS = (
-    "decoding (format, truncation, pixel data, modes, sizes, size mismatch, oversize, fit)",
-    "mask values",
-)
-
-
-@dataclass(slots=True)
-class BuildReport:
-    """What a build did; the CLI renders it, tests assert on it."""
-
-    name: str
-    inputs: int
-    samples: dict[str, int]
-    rejects: list[Reject]
-    seconds: dict[str, float]
-    version: int | None = None
-    path: Path | None = None
-    link: Path | None = None
-    rejects_path: Path | None = None
-    raw_bytes: int = 0
-    stored_bytes: int = 0
-    datasets: dict[str, dict[str, Any]] = field(default_factory=dict)
-    chunk_paths: dict[str, int] = field(default_factory=dict)
-    resumed: int = 0  # samples copied from a killed build instead of decoded again
-    checks: list[str] = field(default_factory=list)  # what a dry run verified
-    warnings: list[str] = field(default_factory=list)
-
-    @property
-    def reject_counts(self) -> dict[str, int]:
-        return dict(sorted(Counter(r.reason for r in self.rejects).items()))
 
 
 def layouts_of(spec: Spec) -> dict[str, ChunkLayout]:
@@ -77,63 +48,6 @@ def layouts_of(spec: Spec) -> dict[str, ChunkLayout]:
             spec.shuffle_of(name),
         )
     return layouts
-
-
-def _reject_limit(spec: Spec, inputs: int) -> int | None:
-    if spec.on_error == "fail":
-        return 0
-    if spec.max_rejects is None:
-        return None
-    if isinstance(spec.max_rejects, float):
-        return int(spec.max_rejects * inputs)
-    return spec.max_rejects
-
-
-def _tally(rejects: list[Reject]) -> str:
-    counts = Counter(r.reason for r in rejects)
-    return ", ".join(f"{reason} {count}" for reason, count in sorted(counts.items()))
-
-
-def _enforce_limit(spec: Spec, rejects: list[Reject], inputs: int) -> None:
-    limit = _reject_limit(spec, inputs)
-    if limit is None or len(rejects) <= limit:
-        return
-    if spec.on_error == "fail":
-        first = rejects[0]
-        raise BuildFailed(
-            f"{first.reason}: {first.detail} (on_error: fail; no release was made)",
-            path=first.path,
-            rejects=rejects,
-        )
-    raise BuildFailed(
-        f"{len(rejects)} of {inputs} input files rejected, over max_rejects {spec.max_rejects} "
-        f"({_tally(rejects)}); no release was made",
-        path=spec.config_file,
-        rejects=rejects,
-    )
-
-
-def _require_samples(spec: Spec, samples: dict[str, int], report: BuildReport) -> None:
-    """A build that would store nothing fails: an empty release helps no one."""
-    if any(samples.values()):
-        return
-    why = f" ({_tally(report.rejects)})" if report.rejects else ""
-    raise BuildFailed(
-        f"no sample to store: {len(report.rejects)} of {report.inputs} input files were "
-        f"rejected{why}; no release was made",
-        path=spec.config_file,
-        rejects=report.rejects,
-    )
-
-
-def _empty_split_warnings(spec: Spec, samples: dict[str, int]) -> list[str]:
-    total = sum(samples.values())
-    return [
-        f"split {split!r} is empty: none of the {total} samples fell in it "
-        f"(splits.{split}: {spec.splits[split]:g}); add samples or change the fractions"
-        for split, count in samples.items()
-        if count == 0 and total
-    ]
 
 
 class _Stopwatch:
@@ -202,7 +116,7 @@ def build(
     report.seconds = {**watch.seconds, "total": watch.total()}
     report.version, report.path, report.link = info.version, info.path, output.link
     report.rejects_path = info.rejects
-    report.warnings = _empty_split_warnings(spec, report.samples)
+    report.warnings = empty_split_warnings(spec, report.samples)
     return report
 
 
@@ -217,8 +131,8 @@ def _build_planned(
     hook: ProgressHook,
     checkpoint_seconds: float,
 ) -> Any:
-    _enforce_limit(spec, report.rejects, report.inputs)
-    _require_samples(spec, report.samples, report)
+    enforce_limit(spec, report.rejects, report.inputs)
+    require_samples(spec, report.samples, report)
     version = output.next_version()
     earlier = resume.usable_resume(previous, spec, plan)
     planned_rejects = list(report.rejects)
@@ -252,7 +166,7 @@ def _dry_run(spec: Spec, hook: ProgressHook, jobs: int, *, decode: bool) -> Buil
     workers.warm_up(jobs)
     report, plan, watch = _plan_only(spec, hook, jobs, headers=not decode)
     report.checks = list(PLAN_CHECKS if not decode else (PLAN_CHECKS[0], *DECODE_CHECKS))
-    _enforce_limit(spec, report.rejects, report.inputs)
+    enforce_limit(spec, report.rejects, report.inputs)
     if decode:
         counts = dict.fromkeys(plan.splits, 0)
         recipe = _recipe(spec)
@@ -261,7 +175,7 @@ def _dry_run(spec: Spec, hook: ProgressHook, jobs: int, *, decode: bool) -> Buil
         for result in _decoded(cutter, recipe, jobs):
             counts[result.task.split] += result.accepted
             report.rejects.extend(result.rejects)
-            _enforce_limit(spec, report.rejects, report.inputs)
+            enforce_limit(spec, report.rejects, report.inputs)
             hook("decode", _processed(result), None)
         report.samples = counts
         watch.lap("decode")
@@ -270,8 +184,8 @@ def _dry_run(spec: Spec, hook: ProgressHook, jobs: int, *, decode: bool) -> Buil
             "pixel data and mask values were not checked (a header probe cannot see them): "
             "the build may reject more; --dry-run --decode predicts it exactly"
         )
-    _require_samples(spec, report.samples, report)
-    report.warnings.extend(_empty_split_warnings(spec, report.samples))
+    require_samples(spec, report.samples, report)
+    report.warnings.extend(empty_split_warnings(spec, report.samples))
     report.seconds = {**watch.seconds, "total": watch.total()}
     return report
 
@@ -379,7 +293,7 @@ def _write(
                 hook("decode+write", report.resumed, None)
             for result in _decoded(cutter, recipe, jobs):
                 report.rejects.extend(result.rejects)
-                _enforce_limit(spec, report.rejects, report.inputs)
+                enforce_limit(spec, report.rejects, report.inputs)
                 sink.write(result)
                 lines = _fingerprint_lines(result)
                 fingerprint.update("".join(lines).encode())
@@ -391,7 +305,7 @@ def _write(
                 hook("decode+write", _processed(result), None)
             watch.lap("decode_and_write")
             report.samples = dict(sink.counts)
-            _require_samples(spec, report.samples, report)
+            require_samples(spec, report.samples, report)
             attrs = _file_attrs(spec, version, fingerprint)
             diagnostics = _diagnostics(report, watch, worker_seconds, sink.seconds, plan)
             schedule.release_free_memory()

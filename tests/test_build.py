@@ -28,7 +28,7 @@ from conftest import (
 )
 
 from h5etl import BuildFailed, ConfigError, build, load_spec, sink
-from h5etl.pipeline import BuildReport
+from h5etl.report import BuildReport
 
 
 def _build(config: Path, jobs: int = 1) -> BuildReport:

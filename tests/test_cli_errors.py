@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 
 from h5etl import cli, pipeline, resources
 from h5etl.cli import app
-from h5etl.pipeline import BuildReport
 from h5etl.records import Reject
+from h5etl.report import BuildReport
 
 runner = CliRunner()
 

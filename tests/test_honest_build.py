@@ -13,7 +13,7 @@ import pytest
 from conftest import MakeRaw, WriteConfig, save
 
 from h5etl import BuildFailed, build, load_spec
-from h5etl.pipeline import BuildReport
+from h5etl.report import BuildReport
 
 
 def _files(folder: Path) -> set[str]:

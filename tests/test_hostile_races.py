@@ -25,8 +25,9 @@ from conftest import MakeRaw, WriteConfig, read_release
 from h5etl import images, validate
 from h5etl.config import load_spec
 from h5etl.errors import RejectError
-from h5etl.pipeline import BuildReport, build
+from h5etl.pipeline import build
 from h5etl.records import Reject
+from h5etl.report import BuildReport
 
 T = TypeVar("T")
 DEADLINE = 60.0  # seconds; a healthy build of these folders takes well under one

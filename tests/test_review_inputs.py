@@ -19,7 +19,7 @@ from conftest import MakeRaw, RawFolder, WriteConfig, centre_pad, read_release, 
 from PIL import Image, ImageOps
 
 from h5etl import build, images, load_spec
-from h5etl.pipeline import BuildReport
+from h5etl.report import BuildReport
 
 
 def _build(config: Path) -> BuildReport:

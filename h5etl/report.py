@@ -1,0 +1,108 @@
+"""report: what a build did, and the rules that fail it on its rejects.
+
+A build fails when rejects pass ``on_error``/``max_rejects`` or when it would store nothing;
+a split left empty is a warning. Dry runs apply the same rules, so they fail as the build would.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from h5etl.errors import BuildFailed
+from h5etl.records import Reject
+from h5etl.spec import Spec
+
+PLAN_CHECKS = (
+    "discovery and pairing (orphans, duplicates, unreadable folders, links)",
+    "headers (format, truncation, size, size mismatch, oversize)",
+)
+DECODE_CHECKS = (
+    "decoding (format, truncation, pixel data, modes, sizes, size mismatch, oversize, fit)",
+    "mask values",
+)
+
+
+@dataclass(slots=True)
+class BuildReport:
+    """What a build did; the CLI renders it, tests assert on it."""
+
+    name: str
+    inputs: int
+    samples: dict[str, int]
+    rejects: list[Reject]
+    seconds: dict[str, float]
+    version: int | None = None
+    path: Path | None = None
+    link: Path | None = None
+    rejects_path: Path | None = None
+    raw_bytes: int = 0
+    stored_bytes: int = 0
+    datasets: dict[str, dict[str, Any]] = field(default_factory=dict)
+    chunk_paths: dict[str, int] = field(default_factory=dict)
+    resumed: int = 0  # samples copied from a killed build instead of decoded again
+    checks: list[str] = field(default_factory=list)  # what a dry run verified
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def reject_counts(self) -> dict[str, int]:
+        return dict(sorted(Counter(r.reason for r in self.rejects).items()))
+
+
+def _reject_limit(spec: Spec, inputs: int) -> int | None:
+    if spec.on_error == "fail":
+        return 0
+    if spec.max_rejects is None:
+        return None
+    if isinstance(spec.max_rejects, float):
+        return int(spec.max_rejects * inputs)
+    return spec.max_rejects
+
+
+def _tally(rejects: list[Reject]) -> str:
+    counts = Counter(r.reason for r in rejects)
+    return ", ".join(f"{reason} {count}" for reason, count in sorted(counts.items()))
+
+
+def enforce_limit(spec: Spec, rejects: list[Reject], inputs: int) -> None:
+    limit = _reject_limit(spec, inputs)
+    if limit is None or len(rejects) <= limit:
+        return
+    if spec.on_error == "fail":
+        first = rejects[0]
+        raise BuildFailed(
+            f"{first.reason}: {first.detail} (on_error: fail; no release was made)",
+            path=first.path,
+            rejects=rejects,
+        )
+    raise BuildFailed(
+        f"{len(rejects)} of {inputs} input files rejected, over max_rejects {spec.max_rejects} "
+        f"({_tally(rejects)}); no release was made",
+        path=spec.config_file,
+        rejects=rejects,
+    )
+
+
+def require_samples(spec: Spec, samples: dict[str, int], report: BuildReport) -> None:
+    """A build that would store nothing fails: an empty release helps no one."""
+    if any(samples.values()):
+        return
+    why = f" ({_tally(report.rejects)})" if report.rejects else ""
+    raise BuildFailed(
+        f"no sample to store: {len(report.rejects)} of {report.inputs} input files were "
+        f"rejected{why}; no release was made",
+        path=spec.config_file,
+        rejects=report.rejects,
+    )
+
+
+def empty_split_warnings(spec: Spec, samples: dict[str, int]) -> list[str]:
+    total = sum(samples.values())
+    return [
+        f"split {split!r} is empty: none of the {total} samples fell in it "
+        f"(splits.{split}: {spec.splits[split]:g}); add samples or change the fractions"
+        for split, count in samples.items()
+        if count == 0 and total
+    ]
