@@ -18,7 +18,7 @@ BENCH = Path(__file__).parent / "benchmarks"
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, str(BENCH / "codecs.py"), *args],
+        [sys.executable, str(BENCH / "codec_bench.py"), *args],
         capture_output=True,
         text=True,
         check=False,
@@ -27,9 +27,9 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def _load(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    """codecs.py as a module (not named ``codecs``: that is the standard library's)."""
+    """codec_bench.py as a module."""
     monkeypatch.syspath_prepend(str(BENCH))  # it imports its neighbours build and corpus
-    spec = importlib.util.spec_from_file_location("bench_codecs", BENCH / "codecs.py")
+    spec = importlib.util.spec_from_file_location("bench_codecs", BENCH / "codec_bench.py")
     assert spec is not None
     assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)

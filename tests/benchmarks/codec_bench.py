@@ -16,8 +16,8 @@ Each repeat runs every candidate in turn (interleaved, the order rotated between
 tables show medians over the repeats, and ratios against the current default (lzf, chunks of
 32) computed within each repeat, then the median. Nothing here asserts a time.
 
-    python tests/benchmarks/codecs.py                       # all candidates, chunks 8/16/32
-    python tests/benchmarks/codecs.py --candidates lzf blosc-lz4 --chunks 8 32 --repeats 5
+    python tests/benchmarks/codec_bench.py                       # all candidates, chunks 8/16/32
+    python tests/benchmarks/codec_bench.py --candidates lzf blosc-lz4 --chunks 8 32 --repeats 5
 
 ``--run read --file RELEASE`` is the read child the runner launches.
 """
@@ -97,7 +97,7 @@ def write_config(corpus: Corpus, name: str, chunk: int) -> Path:
     text = CONFIG_TEMPLATE.format(**values, codec=name, name=name, compression=compression)
     replaced = {
         "#": f"# {name}, chunks of {chunk}, on the {corpus.params.samples}-sample corpus; "
-        "written by codecs.py.",
+        "written by codec_bench.py.",
         "storage:": f"storage: {{chunk_samples: {chunk}, compression: {compression}, "
         "shuffle: true}",
         "output:": f"output: releases/codecs/{label(name, chunk)}",
