@@ -232,7 +232,7 @@ def plan(
 
     ``mapper`` runs the header probes (``probe_samples`` over batches of samples), e.g. on the
     decode workers; by default they run here. Placement does not depend on it. With
-    ``headers=False`` only the files' sizes and mtimes are read, here: a build decodes every
+    ``headers=False`` only the files' sizes and mtimes are read: a build decodes every
     sample anyway, and decoding makes every check a header probe makes, so the probes would
     only read each file twice (a fifth of a build's wall time, before any decoding).
 
@@ -244,13 +244,10 @@ def plan(
     batches = [
         renamed_samples[i : i + PROBE_BATCH] for i in range(0, len(renamed_samples), PROBE_BATCH)
     ]
-    probe_batch: ProbeBatch = functools.partial(probe_samples, rules=rules)
-    if not headers:
-        outcomes: Iterable[list[ProbeOutcome]] = map(stamp_samples, batches)
-    elif mapper is None:
-        outcomes = map(probe_batch, batches)
-    else:
-        outcomes = mapper(probe_batch, batches)
+    probe_batch: ProbeBatch = (
+        functools.partial(probe_samples, rules=rules) if headers else stamp_samples
+    )
+    outcomes = map(probe_batch, batches) if mapper is None else mapper(probe_batch, batches)
     rejects: list[Reject] = []
     by_split: dict[str, list[Sample]] = {name: [] for name in spec.splits}
     digest = hashlib.sha256()
