@@ -316,7 +316,7 @@ def tables(cells: list[Cell]) -> str:
         ratios = [f"{_ratio(cell, base, i, inv):.2f}x" for _, i, inv in RATIOS]
         raw = statistics.median(float(b.extra["raw_bytes"]) / b.disk for b in cell.builds)
         lines.append(f"| {cell.name} | {cell.chunk} | {raw:.2f} | " + " | ".join(ratios) + " |")
-    lines += ["", "Per repeat, in run order: build s; sequential samples/s; random ms.", ""]
+    lines += ["", "Per repeat (repeat 1 first): build s; sequential samples/s; random ms.", ""]
     lines += ["| codec | chunk | build s | sequential | random ms |", "|---|---:|---|---|---|"]
     for cell in cells:
         cols = [", ".join(_number(v) for v in _values(cell, i)) for i in (1, 3, 7)]
