@@ -253,13 +253,19 @@ def _from_validation(exc: ValidationError) -> list[_Found]:
 
 
 def _depth(tree: Any, key: Key) -> int:
-    """How many leading parts of ``key`` the mapping ``tree`` holds."""
+    """How many leading parts of ``key`` the mapping ``tree`` holds.
+
+    A scalar on the way holds the rest too: ``compression: brotli`` is what became
+    ``compression.codec``, so a problem there is that file's.
+    """
     depth = 0
     for part in key:
         if isinstance(tree, Mapping) and part in tree:
             tree = tree[part]
         elif isinstance(tree, list) and isinstance(part, int) and 0 <= part < len(tree):
             tree = tree[part]  # a list index in a pydantic location
+        elif depth and tree is not None and not isinstance(tree, Mapping | list):
+            return len(key)
         else:
             break
         depth += 1
