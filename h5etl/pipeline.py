@@ -116,7 +116,7 @@ def build(
     report.seconds = {**watch.seconds, "total": watch.total()}
     report.version, report.path, report.link = info.version, info.path, output.link
     report.rejects_path = info.rejects
-    report.warnings = empty_split_warnings(spec, report.samples)
+    report.warnings = empty_split_warnings(spec, report.samples, _planned(plan))
     return report
 
 
@@ -185,9 +185,13 @@ def _dry_run(spec: Spec, hook: ProgressHook, jobs: int, *, decode: bool) -> Buil
             "the build may reject more; --dry-run --decode predicts it exactly"
         )
     require_samples(spec, report.samples, report)
-    report.warnings.extend(empty_split_warnings(spec, report.samples))
+    report.warnings.extend(empty_split_warnings(spec, report.samples, _planned(plan)))
     report.seconds = {**watch.seconds, "total": watch.total()}
     return report
+
+
+def _planned(plan: clean.Plan) -> dict[str, int]:
+    return {split: len(members) for split, members in plan.splits.items()}
 
 
 def _processed(result: BatchResult) -> int:
@@ -237,7 +241,7 @@ def _plan_only(
         headers=headers,
     )
     watch.lap("clean")
-    samples = {split: len(members) for split, members in plan.splits.items()}
+    samples = _planned(plan)
     report = BuildReport(
         spec.name, found.files_seen, samples, [*found.rejects, *plan.rejects], dict(watch.seconds)
     )

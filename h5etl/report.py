@@ -98,11 +98,20 @@ def require_samples(spec: Spec, samples: dict[str, int], report: BuildReport) ->
     )
 
 
-def empty_split_warnings(spec: Spec, samples: dict[str, int]) -> list[str]:
+def empty_split_warnings(spec: Spec, samples: dict[str, int], planned: dict[str, int]) -> list[str]:
+    """A warning per split that stores nothing: none planned for it, or all of them rejected."""
     total = sum(samples.values())
-    return [
-        f"split {split!r} is empty: none of the {total} samples fell in it "
-        f"(splits.{split}: {spec.splits[split]:g}); add samples or change the fractions"
-        for split, count in samples.items()
-        if count == 0 and total
-    ]
+    warnings = []
+    for split, count in samples.items():
+        if count or not total:
+            continue
+        if planned.get(split):
+            warnings.append(
+                f"split {split!r} is empty: all {planned[split]} of its samples were rejected"
+            )
+        else:
+            warnings.append(
+                f"split {split!r} is empty: none of the {total} samples fell in it "
+                f"(splits.{split}: {spec.splits[split]:g}); add samples or change the fractions"
+            )
+    return warnings

@@ -98,6 +98,21 @@ def _in_order(
             future.cancel()
 
 
+def _submit(jobs: int, fn: Callable[..., Got], *args: object) -> Future[Got]:
+    """Submit to the pool; a pool a worker broke on the way fails the future, not the build.
+
+    loky raises at submit time when a worker died since the pool was last checked; the
+    future then carries that error to ``result``, which reruns or isolates the work as for
+    any crash.
+    """
+    try:
+        return workers.pool(jobs).submit(fn, *args)
+    except BrokenProcessPool as exc:
+        failed: Future[Got] = Future()
+        failed.set_exception(exc)
+        return failed
+
+
 def _crash_rejects(sample: Sample, stage: str, exc: BaseException) -> list[Reject]:
     return sample_rejects(
         sample, stage, "worker_crashed", f"the worker process died on this sample ({exc})"
@@ -125,7 +140,7 @@ def map_in_workers(
         return
 
     def submit(batch: Sequence[Sample]) -> Future[list[Out]]:
-        return workers.pool(jobs).submit(fn, batch)
+        return _submit(jobs, fn, batch)
 
     def alone(sample: Sample) -> Out | list[Reject]:
         try:
@@ -166,7 +181,7 @@ class _Pool:
         self.recipe = recipe
 
     def submit(self, task: DecodeTask) -> Future[BatchResult]:
-        return workers.pool(self.jobs).submit(_run_remote, self.worker, task, self.recipe)
+        return _submit(self.jobs, _run_remote, self.worker, task, self.recipe)
 
     def result(self, task: DecodeTask, future: Future[BatchResult]) -> BatchResult:
         try:

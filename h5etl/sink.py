@@ -223,6 +223,10 @@ class Sink:
                     writer.add_encoded(result.encoded[name], result.block_sha256[name], count)
                 else:
                     writer.add_raw(result.raw[name])
+                if result.task.final:
+                    # nothing follows a split's final task: store its last chunk now, or rows
+                    # left in the carry would hold off every later checkpoint of the build
+                    writer.finish()
             if count:
                 self._append_rows(split, result)
         except (OSError, RuntimeError) as exc:

@@ -20,7 +20,7 @@ import pytest
 from conftest import MakeRaw, WriteConfig, read_release
 
 import h5etl
-from h5etl import clean, decode, schedule
+from h5etl import clean, decode, resume, schedule, workers
 from h5etl.config import load_spec
 from h5etl.records import BatchResult, DecodeTask, Sample, SourceFile
 
@@ -172,3 +172,64 @@ def test_a_crash_on_the_rerun_of_the_survivors_is_no_traceback(
 
     expected = _without(read_release(reference.path), f"{DOOMED}.png")
     _assert_only_doomed_lost(report, expected, "decode")
+
+
+def test_a_crash_in_a_final_task_does_not_stop_the_checkpoints(
+    tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # an isolated task's rows come back raw; a final task's partial last chunk stayed in the
+    # writer's carry until the end, and no checkpoint was written for the rest of the build
+    make_raw(tmp_path, n=12)
+    config = write_config(
+        tmp_path, storage={"chunk_samples": 4}, splits={"valid": 0.3, "train": 0.7}
+    )
+    reference = _build(config, jobs=1)
+    assert reference.samples["valid"] > 1  # valid is one final task, cut first
+    monkeypatch.setattr(
+        schedule, "run_tasks", functools.partial(schedule.run_tasks, worker=_decode_or_die)
+    )
+    consistent_at_checkpoints: list[bool] = []
+    original = resume.Checkpoints.maybe_write
+
+    def spying(self: resume.Checkpoints, sink: Any) -> None:
+        consistent_at_checkpoints.append(sink.consistent)
+        original(self, sink)
+
+    monkeypatch.setattr(resume.Checkpoints, "maybe_write", spying)
+
+    report = _build(config, jobs=2, checkpoint_seconds=0)
+
+    assert sum(report.samples.values()) + len(report.rejects) // 2 == 12
+    assert consistent_at_checkpoints
+    assert all(consistent_at_checkpoints)
+    assert report.path is not None
+    from h5etl.check import check_release
+
+    assert check_release(report.path, deep=True).ok
+
+
+def test_a_pool_broken_at_submit_time_costs_no_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
+    # loky raises at submit when a worker died since the pool was checked: that escaped the
+    # ordered window as TerminatedWorkerError and ended the build
+    from joblib.externals.loky.process_executor import BrokenProcessPool
+
+    real_pool = workers.pool
+    broken_once = [True]
+
+    class Flaky:
+        def __init__(self, executor: Any) -> None:
+            self.executor = executor
+
+        def submit(self, *args: Any) -> Any:
+            if broken_once[0]:
+                broken_once[0] = False
+                raise BrokenProcessPool("a worker died since the last check")
+            return self.executor.submit(*args)
+
+    monkeypatch.setattr(workers, "pool", lambda jobs: Flaky(real_pool(jobs)))
+    keys = [f"k{i}" for i in range(9)]
+    batches = [tuple(_sample(k) for k in keys[i : i + 3]) for i in range(0, 9, 3)]
+
+    outcomes = list(schedule.map_in_workers(_keys_or_die, batches, jobs=2, window=2))
+
+    assert [key for batch in outcomes for key in batch] == keys  # no k is DOOMED

@@ -13,6 +13,7 @@ import pytest
 from conftest import MakeRaw, WriteConfig, save
 
 from h5etl import BuildFailed, build, load_spec
+from h5etl.clean import split_of
 from h5etl.report import BuildReport
 
 
@@ -216,3 +217,26 @@ def test_decode_rejects_leave_every_chunk_to_the_workers(
         assert not any(n for path, n in report.chunk_paths.items() if path.endswith("rechunked"))
     assert one.datasets.keys() == two.datasets.keys()
     assert all(one.datasets[d]["sha256"] == two.datasets[d]["sha256"] for d in one.datasets)
+
+
+def test_a_split_whose_samples_were_all_rejected_says_so(
+    tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig
+) -> None:
+    # the warning said "none of the samples fell in it ... change the fractions" when every
+    # sample planned for the split had been rejected at decode
+    splits = {"train": 0.5, "valid": 0.5}
+    make_raw(tmp_path, n=0)
+    valid = 0
+    for i in range(12):
+        name = f"x{i:02d}"
+        bad = split_of(name, splits, 0) == "valid"
+        valid += bad
+        mask = np.zeros((20, 20), np.uint8)
+        mask[0, 0] = 128 if bad else 255
+        save(tmp_path / "raw" / "images" / f"{name}.png", np.zeros((20, 20, 3), np.uint8))
+        save(tmp_path / "raw" / "masks" / f"{name}.png", mask)
+    assert 0 < valid < 12
+    report = build(load_spec(write_config(tmp_path, splits=splits)))
+    assert report.samples == {"train": 12 - valid, "valid": 0}
+    (warning,) = report.warnings
+    assert warning == f"split 'valid' is empty: all {valid} of its samples were rejected"
