@@ -44,7 +44,10 @@ def usable_resume(candidates: list[tuple[Path, Path]], spec: Spec, plan: Plan) -
     changed = False
     for partial, journal_path in candidates:
         state = journal.read(journal_path)
-        if state is None or (not state.chunks and not state.samples):
+        if state is None:
+            logger.info("the journal %s is unreadable or of another h5etl version", journal_path)
+            continue
+        if not state.chunks and not state.samples:
             logger.info("the journal %s holds no checkpoint", journal_path)
             continue
         if state.config_sha256 != spec_sha256(spec) or state.plan_sha256 != plan.fingerprint():
