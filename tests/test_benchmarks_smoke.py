@@ -129,6 +129,8 @@ def test_flags_pick_rows_and_variants_follow_each_run(bench_dir: Path) -> None:
     assert "by reason | 1 mask_values | 1 mask_values |" in text
     assert "clean / messy (API) | 0 / 0 | 0 / 0 | 0 |" in text
     assert "-j2 lzf, messy corpus [same] / -j2 lzf, messy corpus (tree as is)" in text
+    assert "| writer (parent) process, h5etl -j2 lzf, medians | tree as is | same |" in text
+    assert "(chunk_paths :rechunked, target 0) | 0 | 0 |" in text
     assert "### Chunk sweep" not in text
 
 

@@ -786,51 +786,67 @@ def codec_table(runs: dict[str, list[Run]], reads: dict[str, list[Run]]) -> str:
     return "\n".join(lines)
 
 
-def writer_table(runs: dict[str, list[Run]]) -> str:
-    api = runs.get("h5etl API -j2 (lzf, writer CPU)", [])
-    cli = runs.get("h5etl build -j2 (lzf)", [])
-    if not api:
-        return ""
+WRITER_ROWS = [
+    ("parent CPU, whole process (imports included), s", "parent_cpu_process"),
+    ("parent CPU inside build(), s", "parent_cpu_build"),
+    ("parent CPU from the first decode task to the end, s", "parent_cpu_write"),
+    ("wall from the first decode task to the end, s", "wall_write"),
+    ("sink.write seconds (diagnostics seconds_writer), s", "seconds_writer"),
+    ("worker decode seconds, summed (seconds_workers_decode), s", "seconds_workers_decode"),
+]
 
-    def med(key: str, items: list[Run]) -> float:
-        return _median(float(r.extra.get(key, 0.0)) for r in items)
+
+def _writer_column(api: list[Run], cli: list[Run], stages: list[str]) -> list[str]:
+    def med(key: str, items: list[Run]) -> str:
+        values = [float(r.extra[key]) for r in items if key in r.extra]
+        return f"{_median(values):.3f}" if values else "-"
 
     share = _median(
         r.extra["parent_cpu_write"] / r.extra["wall_write"] for r in api if r.extra["wall_write"]
     )
-    rows = [
-        ("parent CPU, whole process (imports included), s", med("parent_cpu_process", api)),
-        ("parent CPU inside build(), s", med("parent_cpu_build", api)),
-        ("parent CPU from the first decode task to the end, s", med("parent_cpu_write", api)),
-        ("wall from the first decode task to the end, s", med("wall_write", api)),
-        ("sink.write seconds (diagnostics seconds_writer), s", med("seconds_writer", api)),
-        (
-            "worker decode seconds, summed (seconds_workers_decode), s",
-            med("seconds_workers_decode", api),
-        ),
-    ]
-    rows += (
-        [
-            (f"stage {k[8:]} (CLI -j2 diagnostics), s", med(k, cli))
-            for k in sorted(cli[0].extra)
-            if k.startswith("seconds_") and k not in {"seconds_writer", "seconds_workers_decode"}
-        ]
-        if cli
-        else []
-    )
-    lines = ["| writer (parent) process, h5etl -j2 lzf | median |", "|---|---:|"]
-    lines += [f"| {label} | {value:.3f} |" for label, value in rows]
-    lines += [
-        f"| blocks stored as the workers compressed them (chunk_paths :direct) "
-        f"| {_blocks(api, 'direct')} |",
-        f"| blocks the writer re-cut and compressed (chunk_paths :rechunked, target 0) "
-        f"| {_blocks(api, 'rechunked')} |",
-    ]
     met = "yes" if share < 0.2 else "**no**"
-    lines.append(
-        f"| **parent busy during decode+write (target < 20% of a core)** "
-        f"| **{100 * share:.0f}%** (met: {met}) |"
+    return [
+        *(med(key, api) for _, key in WRITER_ROWS),
+        *(med(key, cli) for key in stages),
+        _blocks(api, "direct"),
+        _blocks(api, "rechunked"),
+        f"**{100 * share:.0f}%** (met: {met})",
+    ]
+
+
+def writer_table(runs: dict[str, list[Run]]) -> str:
+    """The writer's (parent's) CPU and the sink's block paths, one column per source tree."""
+    if not runs.get(API):
+        return ""
+    trees = _trees(runs, API)
+    skip = {key for _, key in WRITER_ROWS}
+    stages = sorted(
+        {
+            key
+            for _, tag in trees
+            for run in runs.get(CLI_J2 + tag, [])
+            for key in run.extra
+            if key.startswith("seconds_") and key not in skip
+        }
     )
+    labels = [label for label, _ in WRITER_ROWS]
+    labels += [f"stage {key[8:]} (CLI -j2 diagnostics), s" for key in stages]
+    labels += [
+        "blocks stored as the workers compressed them (chunk_paths :direct)",
+        "blocks the writer re-cut and compressed (chunk_paths :rechunked, target 0)",
+        "**parent busy during decode+write (target < 20% of a core)**",
+    ]
+    columns = [
+        _writer_column(runs[API + tag], runs.get(CLI_J2 + tag, []), stages) for _, tag in trees
+    ]
+    lines = [
+        "| writer (parent) process, h5etl -j2 lzf, medians | "
+        + " | ".join(title for title, _ in trees)
+        + " |",
+        "|---|" + "---:|" * len(trees),
+    ]
+    for index, label in enumerate(labels):
+        lines.append(f"| {label} | " + " | ".join(c[index] for c in columns) + " |")
     return "\n".join(lines)
 
 
