@@ -15,6 +15,7 @@ import numpy as np
 import yaml
 
 from h5etl import digest, hdf5info
+from h5etl.units import human_size
 
 REQUIRED_ATTRS = ("name", "version", "created_at", "config", "config_sha256", "source_fingerprint")
 # What reading a damaged file, or one h5etl did not write, raises from h5py and numpy
@@ -33,7 +34,8 @@ class DeepTally:
 
     @property
     def line(self) -> str:
-        done = f"deep: {self.datasets} datasets, {self.blocks} blocks, {_human(self.nbytes)} hashed"
+        hashed = human_size(self.nbytes)
+        done = f"deep: {self.datasets} datasets, {self.blocks} blocks, {hashed} hashed"
         if not self.differ and not self.unreadable:
             return f"{done}, all SHA-256 digests equal"
         if self.differ:
@@ -248,14 +250,6 @@ def _filter_ids(handle: h5py.File, splits: Iterable[str]) -> list[int]:
         if isinstance(dataset, h5py.Dataset)
         for number in hdf5info.filter_ids(dataset)
     ]
-
-
-def _human(size: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{size:.1f} {unit}" if unit != "B" else f"{int(size)} B"
-        size /= 1024
-    return f"{size:.1f} GiB"
 
 
 def _rejects_line(handle: h5py.File, report: CheckReport) -> None:

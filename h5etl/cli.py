@@ -16,6 +16,7 @@ from tqdm import tqdm
 from h5etl import __version__, workers
 from h5etl.cli_usage import OneLineGroup
 from h5etl.errors import BuildFailed, H5EtlError, UsageError
+from h5etl.units import human_size
 
 # The pipeline, pydantic and HDF5 load inside the commands: ``build`` starts its workers
 # first, so their start-up overlaps these imports.
@@ -115,14 +116,6 @@ def _progress(quiet: bool) -> Iterator[_Bars]:
         bars.close()
 
 
-def _human(size: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{size:.1f} {unit}" if unit != "B" else f"{int(size)} B"
-        size /= 1024
-    return f"{size:.1f} GiB"
-
-
 def _summary(report: BuildReport) -> None:
     splits = ", ".join(f"{split} {count}" for split, count in report.samples.items())
     _say(f"samples: {splits} (of {report.inputs} input files)")
@@ -134,7 +127,7 @@ def _summary(report: BuildReport) -> None:
     if report.path is not None:
         ratio = report.raw_bytes / report.stored_bytes if report.stored_bytes else 0.0
         _say(
-            f"bytes: {_human(report.raw_bytes)} raw, {_human(report.stored_bytes)} stored "
+            f"bytes: {human_size(report.raw_bytes)} raw, {human_size(report.stored_bytes)} stored "
             f"(ratio {ratio:.2f})"
         )
         _say(f"wall: {report.seconds.get('total', 0.0):.2f} s")
@@ -252,7 +245,7 @@ def releases(
         _say(f"{folder}: no releases")
     for info in found:
         mark = "*" if info.current else " "
-        _say(f"{mark} {info.path.name}  {_human(info.size):>10}  {info.modified}")
+        _say(f"{mark} {info.path.name}  {human_size(info.size):>10}  {info.modified}")
 
 
 @app.command()
