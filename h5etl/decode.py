@@ -123,6 +123,18 @@ def capacity_of(task: DecodeTask) -> int:
     return len(task.samples) if task.final else task.rows
 
 
+def done_decoding(task: DecodeTask, accepted: int, position: int) -> bool:
+    """Whether a task stops before ``task.samples[position]``, deferring the rest undecoded.
+
+    It stops once it holds its rows, and (unless final) before starting a block that the
+    samples left cannot fill even if none is rejected: decoding them would only be redone.
+    """
+    if accepted == capacity_of(task):
+        return True
+    left = len(task.samples) - position
+    return not task.final and accepted % task.block == 0 and left < task.block
+
+
 def keep_whole_blocks(task: DecodeTask, accepted: int) -> int:
     """How many of ``accepted`` samples a task stores: all in a final task, else whole blocks.
 
@@ -146,7 +158,7 @@ def decode_batch(task: DecodeTask, recipe: DecodeRecipe) -> BatchResult:
     result = BatchResult(task, 0)
     kept: list[tuple[int, Sample]] = []
     for position, sample in enumerate(task.samples):
-        if len(kept) == capacity:
+        if done_decoding(task, len(kept), position):
             result.deferred.extend(range(position, len(task.samples)))
             break
         try:

@@ -204,9 +204,8 @@ class _Pool:
         """
         result = BatchResult(task, 0)
         parts: list[tuple[int, BatchResult]] = []
-        capacity = decode.capacity_of(task)
         for position, sample in enumerate(task.samples):
-            if len(parts) == capacity:
+            if decode.done_decoding(task, len(parts), position):
                 result.deferred.extend(range(position, len(task.samples)))
                 break
             alone = replace(

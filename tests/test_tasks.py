@@ -22,16 +22,19 @@ def _plan(sizes: list[int]) -> Plan:
     return Plan(splits, [])
 
 
-def _simulated_worker(rejected: frozenset[str]) -> Any:
-    """A worker that rejects the samples named in ``rejected`` and keeps to the task rules."""
+def _simulated_worker(rejected: frozenset[str], decoded: list[str] | None = None) -> Any:
+    """A worker that rejects the samples named in ``rejected`` and keeps to the task rules;
+    it appends the key of every sample it decodes to ``decoded``."""
 
     def run(task: DecodeTask) -> BatchResult:
         result = BatchResult(task, 0)
         kept: list[int] = []
         for position, sample in enumerate(task.samples):
-            if len(kept) == decode.capacity_of(task):
+            if decode.done_decoding(task, len(kept), position):
                 result.deferred.extend(range(position, len(task.samples)))
                 break
+            if decoded is not None:
+                decoded.append(sample.key)
             if sample.key in rejected:
                 result.rejects.append(Reject(sample.key, "decode", "truncated", "", sample.key))
             else:
@@ -160,3 +163,18 @@ def test_a_task_carries_several_chunks_whatever_the_chunk_size(block: int, rows:
     # chunk_samples: 8 built at half the speed of 32, because a task held one chunk's rows
     assert tasks.task_rows(block) == rows
     assert tasks.task_reserve(rows) >= 2
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    sizes=st.lists(st.integers(0, 400), min_size=1, max_size=3),
+    block=st.sampled_from([1, 3, 8, 32, 64, 100]),
+)
+def test_without_rejects_every_sample_is_decoded_once(sizes: list[int], block: int) -> None:
+    # the last task of a round decoded samples that could not fill a block, then deferred them
+    # to be decoded again (up to ~70 per round with chunks of 64)
+    plan = _plan(sizes)
+    decoded: list[str] = []
+    results, _ = _run_cutter(TaskCutter(plan, block), _simulated_worker(frozenset(), decoded), 3)
+    assert sorted(decoded) == sorted(s.key for members in plan.splits.values() for s in members)
+    assert sum(r.accepted for r in results) == plan.total
