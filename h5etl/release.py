@@ -9,20 +9,18 @@ that fails or is killed never leaves a file under a release name, and never move
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import logging
 import os
 import re
 import secrets
-import socket
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import NoReturn
 
-from h5etl.errors import LockHeld, ReleaseError, ReleaseUsageError, io_problem
+from h5etl.buildlock import BuildLock
+from h5etl.errors import ReleaseError, ReleaseUsageError, io_problem
 from h5etl.records import Reject
 
 logger = logging.getLogger(__name__)
@@ -63,16 +61,6 @@ def _fsync_file(path: Path) -> None:
         os.fsync(handle.fileno())
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def versions(folder: Path, name: str) -> dict[int, Path]:
     """The published releases of ``name`` in ``folder``, by version."""
     found = {}
@@ -102,118 +90,10 @@ class OutputFolder:
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
-        """Hold the build lock: an exclusive ``flock`` on the lock file, which the kernel
-        drops when its holder dies, so a lock left by a dead build is simply taken.
-
-        The file also names its holder (pid, host, start) for the error a second build
-        prints. A holder the lock cannot see (an h5etl without ``flock``, or another host on
-        a file system that does not share locks) still counts while its pid lives.
-        """
+        """Hold the build lock of this name in this folder (``h5etl.buildlock``)."""
         self.folder.mkdir(parents=True, exist_ok=True)
-        fd = self._acquire()
-        try:
+        with BuildLock(self.lock_path, self.name).held():
             yield
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.lock_path)  # before the unlock: no one may lock this inode
-            os.close(fd)
-
-    def _acquire(self) -> int:
-        for _ in range(3):
-            try:
-                fd = os.open(self.lock_path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o644)
-                created = True
-            except FileExistsError:
-                try:
-                    fd = os.open(self.lock_path, os.O_RDWR)
-                except FileNotFoundError:
-                    continue  # its holder finished meanwhile
-                created = False
-            locked = self._flock(fd)
-            if not self._still_named(fd):  # its holder finished and removed it meanwhile
-                os.close(fd)
-                continue
-            if not created and self._held_without_flock(trust_flock=locked):
-                os.close(fd)
-                self._raise_held()
-            if not created and not locked:
-                # No flock on this file system (NFS mounted nolock): take a dead holder's
-                # lock as before flock, by removing it and creating it anew.
-                os.close(fd)
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(self.lock_path)
-                continue
-            holder = {
-                "pid": os.getpid(),
-                "host": socket.gethostname(),
-                "started": datetime.now(UTC).isoformat(timespec="seconds"),
-                "flock": locked,  # if so, its holder is alive exactly while the flock is held
-            }
-            try:
-                os.ftruncate(fd, 0)
-                os.pwrite(fd, json.dumps(holder).encode(), 0)
-            except OSError as exc:  # a full disk: this is the build's first write
-                os.close(fd)
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(self.lock_path)
-                raise ReleaseError(
-                    f"cannot write the lock file: {io_problem(exc)}", path=self.lock_path
-                ) from exc
-            return fd
-        self._raise_held()
-
-    def _flock(self, fd: int) -> bool:
-        """Take the flock on ``fd``; False where the file system has none."""
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            self._raise_held()
-        except OSError as exc:
-            logger.warning(
-                "%s: the file system offers no flock (%s); the lock relies on the pid it names",
-                self.lock_path,
-                exc.strerror or exc,
-            )
-            return False
-        return True
-
-    def _still_named(self, fd: int) -> bool:
-        try:
-            return os.stat(self.lock_path).st_ino == os.fstat(fd).st_ino
-        except FileNotFoundError:
-            return False
-
-    def _read_lock(self) -> dict[str, object]:
-        try:
-            data = json.loads(self.lock_path.read_text())
-        except (OSError, ValueError):
-            return {}
-        return data if isinstance(data, dict) else {}
-
-    def _held_without_flock(self, *, trust_flock: bool) -> bool:
-        """Whether the file names a live holder that the flock does not speak for.
-
-        With ``trust_flock`` (we hold the flock), a holder that used flock is dead, whatever
-        its pid now names (pids are reused) or whichever host it ran on; a holder without
-        flock (an older h5etl, a file system without it) is judged by its pid on this host.
-        """
-        holder = self._read_lock()
-        pid = holder.get("pid")
-        if not holder or pid == os.getpid() or (trust_flock and holder.get("flock") is True):
-            return False
-        if holder.get("host") != socket.gethostname():
-            return True  # its pid means nothing here
-        return isinstance(pid, int) and _pid_alive(pid)
-
-    def _raise_held(self) -> NoReturn:
-        holder = self._read_lock()
-        raise LockHeld(
-            f"another build of {self.name!r} is running (pid {holder.get('pid')} on "
-            f"{holder.get('host')}, started {holder.get('started')}); wait for it, or delete "
-            f"the lock file if that process is gone",
-            path=self.lock_path,
-        )
 
     def stale_partials(self) -> list[Path]:
         """Temp files of builds that died; call only while holding the lock."""
