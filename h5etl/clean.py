@@ -7,7 +7,6 @@ key, so a sample keeps its split when the folder grows: no leakage between relea
 
 from __future__ import annotations
 
-import errno
 import functools
 import hashlib
 import os
@@ -21,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from h5etl import geometry, images
+from h5etl import geometry, images, inputs
 from h5etl.errors import RejectError
 from h5etl.records import (
     Reject,
@@ -158,10 +157,9 @@ def _reject_sample(sample: Sample, reason: str, detail: str, cause: str = "") ->
 
 def _stat_problem(path: str, exc: OSError) -> tuple[str, str]:
     """The reject reason and detail for a file that cannot be stat'ed."""
-    if exc.errno == errno.ELOOP:
-        return "symlink_loop", "symbolic link loop"
-    if isinstance(exc, FileNotFoundError) and os.path.islink(path):
-        return "dangling_symlink", "symbolic link points nowhere"
+    linked = inputs.link_problem(path, exc)
+    if linked is not None:
+        return linked.reason, linked.message
     return "unreadable", f"cannot read: {exc.strerror or exc}"
 
 

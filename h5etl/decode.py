@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from h5etl import digest, geometry, images, validate
+from h5etl import digest, geometry, images, inputs, validate
 from h5etl.chunkcodec import ChunkLayout, encode_block
 from h5etl.errors import RejectError
 from h5etl.records import BatchResult, DecodeTask, Sample, sample_rejects
@@ -85,7 +85,7 @@ def _decode_sample(
     """Decode one sample into row ``row`` of ``out``; return each file's hex SHA-256."""
     files = sample.files
     # never a plain open(): a file swapped for a FIFO since it was listed would block it
-    contents = [images.read_file(source_file.path) for source_file in files]
+    contents = [inputs.read_file(source_file.path) for source_file in files]
     decoded = []
     for field in recipe.image_fields:
         path = files[field.source_index].path

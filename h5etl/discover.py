@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
+from h5etl import inputs
 from h5etl.records import Reject, Roots, Sample, SourceFile
 from h5etl.spec import Spec
 
@@ -67,15 +68,6 @@ class Listing:
     relpaths: list[str]
     not_files: dict[str, str]
     unlistable: list[tuple[str, str]] = field(default_factory=list)  # (folder, why)
-
-
-_KINDS = (
-    (stat.S_ISDIR, "a folder"),
-    (stat.S_ISFIFO, "a named pipe (FIFO)"),
-    (stat.S_ISSOCK, "a socket"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-)
 
 
 def folder_may_match(reldir: str, pattern: str) -> bool:
@@ -152,7 +144,7 @@ def not_a_file(entry: os.DirEntry[str]) -> str | None:
         return None  # dangling, looping, gone or forbidden: clean words it
     if stat.S_ISREG(mode):
         return None
-    what = next((name for test, name in _KINDS if test(mode)), f"a file of mode {mode:o}")
+    what = inputs.kind_of(mode) or f"a file of mode {mode:o}"
     if link:
         what = f"a symbolic link to {what}"
     return f"not a regular file but {what}; only regular files (or links to them) are read"

@@ -7,10 +7,8 @@ stages above see plain numpy arrays and ``RejectError`` with a stable reason cod
 from __future__ import annotations
 
 import contextlib
-import errno
 import io
 import os
-import stat
 import struct
 import warnings
 import zlib
@@ -23,6 +21,7 @@ import imagecodecs
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from h5etl import inputs
 from h5etl.errors import RejectError
 
 Mode = Literal["RGB", "L"]
@@ -39,13 +38,6 @@ _INERT_PNG_CHUNKS = frozenset(
 _PNG_CHANNELS = {0: 1, 2: 3, 6: 4}  # 8-bit colour types: grey, RGB, RGBA
 _PNG_MODES = {1: "L", 3: "RGB", 4: "RGBA"}  # Pillow's mode for those channel counts
 _PROBE_BYTES = 4096  # a plain PNG's pixels start long before this
-_NOT_FILES = (
-    (stat.S_ISDIR, "a folder"),
-    (stat.S_ISFIFO, "a named pipe (FIFO)"),
-    (stat.S_ISSOCK, "a socket"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,10 +55,8 @@ def _open_error(path: str, exc: BaseException) -> RejectError:
             f"more pixels than the limit of {Image.MAX_IMAGE_PIXELS} (Pillow MAX_IMAGE_PIXELS)",
             path=path,
         )
-    if isinstance(exc, OSError) and exc.errno == errno.ELOOP:
-        return RejectError("symlink_loop", "symbolic link loop", path=path)
-    if isinstance(exc, FileNotFoundError) and os.path.islink(path):
-        return RejectError("dangling_symlink", "symbolic link points nowhere", path=path)
+    if isinstance(exc, OSError) and (linked := inputs.link_problem(path, exc)) is not None:
+        return linked
     if "truncated" in str(exc):
         return RejectError("truncated", "file ends before the image does", path=path)
     if isinstance(exc, UnidentifiedImageError):
@@ -86,14 +76,14 @@ def probe(path: str) -> ImageHeader:
     plain = _probe_plain_png(path)
     if plain is not None:
         return plain
-    with _opened(path) as handle:
+    with inputs.opened(path) as handle:
         return _probe_with_pillow(handle, path)
 
 
 def _probe_plain_png(path: str) -> ImageHeader | None:
     """The header of a plain PNG from its first bytes (a tenth of Pillow's cost), or None."""
     try:
-        with _opened(path) as handle:
+        with inputs.opened(path) as handle:
             head = handle.read(_PROBE_BYTES)
     except (RejectError, OSError):
         return None  # Pillow's probe words the error
@@ -247,56 +237,6 @@ def _plain_ihdr(data: bytes, at: int) -> tuple[int, int, int] | None:
     if not 0 < width * height <= (Image.MAX_IMAGE_PIXELS or width * height):
         return None
     return (height, width, _PNG_CHANNELS[colour])
-
-
-@contextlib.contextmanager
-def _opened(path: str) -> Iterator[BinaryIO]:
-    """``path`` opened for reading, if it is a regular file: never a wait.
-
-    The file may have changed since the folder was listed: ``open()`` of a FIFO waits for a
-    writer, forever. It is opened without blocking and judged by what was opened (fstat).
-
-    Raises:
-        RejectError: ``not_a_file`` for a FIFO, socket, device or folder; else as ``probe``.
-    """
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        raise _open_error(path, exc) from exc
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            what = next((name for test, name in _NOT_FILES if test(mode)), f"of mode {mode:o}")
-            raise RejectError(
-                "not_a_file",
-                f"not a regular file but {what} (it changed after the folder was listed); "
-                "only regular files are read",
-                path=path,
-            )
-        handle = os.fdopen(fd, "rb")
-    except OSError as exc:
-        os.close(fd)
-        raise _open_error(path, exc) from exc
-    except BaseException:
-        os.close(fd)
-        raise
-    with handle:
-        yield handle
-
-
-def read_file(path: str) -> bytes:
-    """All bytes of the regular file ``path``, without ever blocking (see ``_opened``).
-
-    Raises:
-        RejectError: ``not_a_file``, ``dangling_symlink``, ``symlink_loop`` or ``unreadable``.
-    """
-    with _opened(path) as handle:
-        try:
-            return handle.read()
-        except OSError as exc:
-            raise RejectError(
-                "unreadable", f"cannot read: {exc.strerror or exc}", path=path
-            ) from exc
 
 
 def _decode_plain_png(

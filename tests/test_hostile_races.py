@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from conftest import MakeRaw, WriteConfig, read_release
 
-from h5etl import images, validate
+from h5etl import images, inputs, validate
 from h5etl.config import load_spec
 from h5etl.errors import RejectError
 from h5etl.pipeline import build
@@ -127,7 +127,7 @@ def test_reading_a_file_that_is_not_regular_is_a_reject(tmp_path: Path, kind: st
         os.mkfifo(path)
     else:
         path.mkdir()
-    for step in (images.probe, images.read_file):
+    for step in (images.probe, inputs.read_file):
         with pytest.raises(RejectError) as got:
             _run_with_deadline(path, functools.partial(step, str(path)))
         assert got.value.reason == "not_a_file", step

@@ -1,0 +1,95 @@
+"""inputs: opening an input file without ever blocking, and naming what is wrong with it.
+
+Discover, clean and the decoder all meet files that are not regular files (a FIFO blocks
+whoever opens it), links that loop or point nowhere, and files that cannot be read; this
+module words those rejects once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import stat
+from collections.abc import Iterator
+from typing import BinaryIO
+
+from h5etl.errors import RejectError
+
+NOT_FILES = (
+    (stat.S_ISDIR, "a folder"),
+    (stat.S_ISFIFO, "a named pipe (FIFO)"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)
+
+
+def kind_of(mode: int) -> str | None:
+    """What a file of ``mode`` is when it is a folder, FIFO, socket or device, else None."""
+    return next((name for test, name in NOT_FILES if test(mode)), None)
+
+
+def link_problem(path: str, exc: OSError) -> RejectError | None:
+    """The reject of a symbolic link that loops or points nowhere, else None."""
+    if exc.errno == errno.ELOOP:
+        return RejectError("symlink_loop", "symbolic link loop", path=path)
+    if isinstance(exc, FileNotFoundError) and os.path.islink(path):
+        return RejectError("dangling_symlink", "symbolic link points nowhere", path=path)
+    return None
+
+
+def _open_problem(path: str, exc: OSError) -> RejectError:
+    linked = link_problem(path, exc)
+    return linked or RejectError("unreadable", f"{type(exc).__name__}: {exc}", path=path)
+
+
+@contextlib.contextmanager
+def opened(path: str) -> Iterator[BinaryIO]:
+    """``path`` opened for reading, if it is a regular file: never a wait.
+
+    The file may have changed since the folder was listed: ``open()`` of a FIFO waits for a
+    writer, forever. It is opened without blocking and judged by what was opened (fstat).
+
+    Raises:
+        RejectError: ``not_a_file`` for a FIFO, socket, device or folder; ``symlink_loop``,
+            ``dangling_symlink`` or ``unreadable`` when it cannot be opened.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise _open_problem(path, exc) from exc
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            what = kind_of(mode) or f"of mode {mode:o}"
+            raise RejectError(
+                "not_a_file",
+                f"not a regular file but {what} (it changed after the folder was listed); "
+                "only regular files are read",
+                path=path,
+            )
+        handle = os.fdopen(fd, "rb")
+    except OSError as exc:
+        os.close(fd)
+        raise _open_problem(path, exc) from exc
+    except BaseException:
+        os.close(fd)
+        raise
+    with handle:
+        yield handle
+
+
+def read_file(path: str) -> bytes:
+    """All bytes of the regular file ``path``, without ever blocking (see ``opened``).
+
+    Raises:
+        RejectError: ``not_a_file``, ``dangling_symlink``, ``symlink_loop`` or ``unreadable``.
+    """
+    with opened(path) as handle:
+        try:
+            return handle.read()
+        except OSError as exc:
+            raise RejectError(
+                "unreadable", f"cannot read: {exc.strerror or exc}", path=path
+            ) from exc
