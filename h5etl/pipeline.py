@@ -169,9 +169,10 @@ def _dry_run(spec: Spec, hook: ProgressHook, jobs: int, *, decode: bool) -> Buil
     enforce_limit(spec, report.rejects, report.inputs)
     if decode:
         counts = dict.fromkeys(plan.splits, 0)
-        recipe = _recipe(spec)
+        layouts = layouts_of(spec)
+        recipe = decode.DecodeRecipe.from_spec(spec, layouts)
         hook("decode", 0, plan.total)
-        cutter = _cutter(spec, plan, layouts_of(spec), None)
+        cutter = _cutter(spec, plan, layouts, None)
         for result in _decoded(cutter, recipe, jobs):
             counts[result.task.split] += result.accepted
             report.rejects.extend(result.rejects)
@@ -207,10 +208,6 @@ def _cutter(
 ) -> tasks.TaskCutter:
     sample_bytes = sum(layout.block_nbytes // layout.rows for layout in layouts.values())
     return tasks.TaskCutter(plan, spec.batch_samples, sample_bytes=sample_bytes, state=state)
-
-
-def _recipe(spec: Spec) -> decode.DecodeRecipe:
-    return decode.DecodeRecipe.from_spec(spec, layouts_of(spec))
 
 
 def _decoded(
