@@ -91,7 +91,7 @@ def build(
     """
     hook = progress or (lambda stage, advance, total: None)
     if dry_run:
-        return _dry_run(spec, hook, jobs, decode=decode)
+        return _dry_run(spec, hook, jobs, decoding=decode)
     output = OutputFolder(spec.output, spec.name)
     with output.locked():
         workers.warm_up(jobs)
@@ -162,12 +162,12 @@ def _build_planned(
             report.resumed = 0
 
 
-def _dry_run(spec: Spec, hook: ProgressHook, jobs: int, *, decode: bool) -> BuildReport:
+def _dry_run(spec: Spec, hook: ProgressHook, jobs: int, *, decoding: bool) -> BuildReport:
     workers.warm_up(jobs)
-    report, plan, watch = _plan_only(spec, hook, jobs, headers=not decode)
-    report.checks = list(PLAN_CHECKS if not decode else (PLAN_CHECKS[0], *DECODE_CHECKS))
+    report, plan, watch = _plan_only(spec, hook, jobs, headers=not decoding)
+    report.checks = list(PLAN_CHECKS if not decoding else (PLAN_CHECKS[0], *DECODE_CHECKS))
     enforce_limit(spec, report.rejects, report.inputs)
-    if decode:
+    if decoding:
         counts = dict.fromkeys(plan.splits, 0)
         layouts = layouts_of(spec)
         recipe = decode.DecodeRecipe.from_spec(spec, layouts)
