@@ -6,16 +6,18 @@
     ├── ConfigError                 the config or the command line is wrong; exit code 2
     ├── UsageError                  the command names something that is not there or
     │                               cannot be used; exit code 2
-    ├── SourceError                 a source folder cannot be read
-    │   └── SourceMissing           (also FileNotFoundError)
     ├── RejectError                 one input cannot go into the release; has a ``reason`` code
     ├── BuildFailed                 the work stopped (``on_error: fail``, too many rejects)
     ├── SinkError                   writing the HDF5 file failed (also OSError)
+    │   └── ResumeMismatch          a killed build's temp file does not hold what its
+    │                               journal recorded (the build starts afresh)
     ├── ReleaseError                naming, linking or rolling back releases failed
     │   ├── LockHeld                another build holds the output folder
     │   └── ReleaseUsageError       (also UsageError) no such folder, not a link, no such
     │                               version to roll back to; exit code 2
-    └── CheckFailed                 ``h5etl check`` found a damaged release
+    ├── CheckFailed                 ``h5etl check`` found a damaged release
+    └── ReaderError                 a release cannot be read as asked (not HDF5, no such
+                                    split or field); exit code 2
 
 The CLI turns any of these into one line and an exit code; anything else is a bug and keeps
 its traceback.
@@ -76,16 +78,6 @@ class UsageError(H5EtlError):
     exit_code = 2
 
 
-class SourceError(H5EtlError):
-    """A source folder could not be read."""
-
-
-class SourceMissing(SourceError, FileNotFoundError):
-    """A source folder named in the config does not exist."""
-
-    exit_code = 2
-
-
 class RejectError(H5EtlError):
     """One input cannot go into the release; ``reason`` is a stable code for reports."""
 
@@ -117,6 +109,10 @@ class BuildFailed(H5EtlError):
 
 class SinkError(H5EtlError, OSError):
     """Writing the HDF5 file failed (disk full, I/O error)."""
+
+
+class ResumeMismatch(SinkError):
+    """A killed build's temp file does not hold what its journal recorded."""
 
 
 class ReleaseError(H5EtlError):
@@ -160,3 +156,9 @@ def io_problem(exc: BaseException, detail: str = "") -> str:
     text = os.strerror(code)
     text = text[:1].lower() + text[1:] + (f" ({detail})" if detail else "")
     return f"{text}; {_NO_ROOM_HINTS[code]}" if code in _NO_ROOM_HINTS else text
+
+
+class ReaderError(H5EtlError):
+    """A release cannot be read as asked (not HDF5, missing split or field, unequal lengths)."""
+
+    exit_code = 2

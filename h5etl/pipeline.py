@@ -14,7 +14,7 @@ import h5py
 
 from h5etl import __version__, clean, decode, discover, resume, schedule, tasks, workers
 from h5etl.chunkcodec import ChunkLayout
-from h5etl.errors import BuildFailed
+from h5etl.errors import BuildFailed, ResumeMismatch
 from h5etl.records import BatchResult, Reject, valid_text
 from h5etl.release import OutputFolder
 from h5etl.report import (
@@ -25,7 +25,7 @@ from h5etl.report import (
     enforce_limit,
     require_samples,
 )
-from h5etl.sink import ResumeMismatch, Sink, SinkLayout
+from h5etl.sink import Sink, SinkLayout
 from h5etl.spec import Spec, spec_sha256, spec_text
 
 logger = logging.getLogger(__name__)

@@ -25,7 +25,7 @@ import numpy as np
 
 from h5etl import digest
 from h5etl.chunkcodec import ChunkLayout
-from h5etl.errors import SinkError, io_problem
+from h5etl.errors import ResumeMismatch, SinkError, io_problem
 from h5etl.journal import ResumeState
 from h5etl.records import BatchResult, valid_text
 from h5etl.sink_chunks import DatasetStats, ImageWriter
@@ -44,10 +44,6 @@ logger = logging.getLogger(__name__)
 
 def _mib(nbytes: int) -> str:
     return f"{nbytes / 2**20:.1f} MiB"
-
-
-class ResumeMismatch(SinkError):
-    """A killed build's temp file does not hold what its journal recorded."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from h5etl.readers._core import CacheBytes, ReaderError, Release, iter_batches
+from h5etl.errors import ReaderError
+from h5etl.readers._core import CacheBytes, Release, iter_batches
 from h5etl.readers._layout import CacheSize, cache_size
 from h5etl.readers._sampler import BatchSampler, ChunkSampler
 

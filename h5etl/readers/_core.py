@@ -22,7 +22,7 @@ import h5py
 import hdf5plugin  # noqa: F401  (registers the Blosc/Zstd filters for reading)
 import numpy as np
 
-from h5etl.errors import H5EtlError
+from h5etl.errors import ReaderError
 from h5etl.readers._chunks import (
     ChunkCache,
     ChunkFile,
@@ -122,12 +122,6 @@ def _cache_request(value: Any) -> int | Literal["split"] | None:
     if count < 0:
         raise ValueError(f"cache_bytes must be >= 0, got {count}")
     return count
-
-
-class ReaderError(H5EtlError):
-    """A release cannot be read as asked (not HDF5, missing split or field, unequal lengths)."""
-
-    exit_code = 2
 
 
 class Release:

@@ -1,0 +1,194 @@
+"""The file-format contract: every name a release file is made of, in one place.
+
+Dataset paths (from the layout template), the attributes a build writes, the ``/diagnostics``
+layout, the statistics attributes and the layout record: a JSON root attribute that says which
+dataset holds which field of which split, its kind and its storage column. The sink writes it;
+``check``, ``preview`` and the readers read it (``read_layout``), so none of them assumes
+``/train/image``. Releases of older versions carry no record: ``read_layout`` infers one from
+their groups and stored config, exactly as those versions laid files out.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import h5py
+import yaml
+
+__all__ = [
+    "COLUMN_TYPES",
+    "DEFAULT_TEMPLATE",
+    "DIAGNOSTICS",
+    "DIAGNOSTICS_DATASETS",
+    "FORMAT",
+    "LAYOUT_ATTR",
+    "LINEAGE",
+    "REQUIRED_ATTRS",
+    "STAT_ATTRS",
+    "TEMPLATES",
+    "FieldRecord",
+    "LayoutRecord",
+    "dataset_path",
+    "read_layout",
+]
+
+FORMAT = 1  # version of the layout record; a reader refuses records newer than it knows
+LAYOUT_ATTR = "layout"  # root attribute: the layout record, JSON
+DIAGNOSTICS = "diagnostics"  # root group: build facts as attributes
+DIAGNOSTICS_DATASETS = "diagnostics/datasets"  # one group per dataset: digests and sizes
+BLOCK_DIGESTS = "block_sha256"  # in each of those groups: S64 digests of its row blocks
+LINEAGE = "source_sha256"  # per split: (N, sources) S64, the SHA-256 of each input file
+LINEAGE_COLUMNS_ATTR = "columns"  # on the lineage dataset: the source names, in order
+REQUIRED_ATTRS = ("name", "version", "created_at", "config", "config_sha256", "source_fingerprint")
+CLASSES_ATTR = "classes"  # on a label dataset: the class names its int64 values index
+# Normalisation statistics on a numeric dataset (per channel, over the unpadded pixels,
+# float64), and the value histogram of masks and labels.
+STAT_ATTRS = ("mean", "std", "min", "max", "count")
+HISTOGRAM_ATTRS = ("histogram_values", "histogram_counts")
+DEFAULT_TEMPLATE = "{split}/{field}"
+TEMPLATES = ("{split}/{field}", "{field}_{split}")
+ColumnType = Literal["fixed", "text", "ragged"]
+COLUMN_TYPES: tuple[ColumnType, ...] = ("fixed", "text", "ragged")
+OFFSETS_SUFFIX = "_offsets"  # a ragged column: values at its path, (N+1,) int64 offsets here
+
+
+def dataset_path(template: str, split: str, field_name: str) -> str:
+    """The absolute dataset path of a field of a split, e.g. ``/train/image`` or ``/x_train``."""
+    return "/" + template.format(split=split, field=field_name)
+
+
+def diagnostics_node(path: str) -> str:
+    """The ``/diagnostics/datasets`` member that describes the dataset at ``path``."""
+    return path.strip("/").replace("/", ".")
+
+
+@dataclass(frozen=True, slots=True)
+class FieldRecord:
+    """One field as a release records it: its kind, storage column and kind-specific facts."""
+
+    kind: str
+    column: ColumnType
+    dtype: str
+    shape: tuple[int, ...]  # per sample; () for a scalar or a text
+    extra: Mapping[str, Any] = field(default_factory=dict)  # e.g. classes, values, source
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "column": self.column,
+            "dtype": self.dtype,
+            "shape": list(self.shape),
+            **self.extra,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> FieldRecord:
+        known = {"kind", "column", "dtype", "shape"}
+        return cls(
+            str(data["kind"]),
+            data["column"],
+            str(data["dtype"]),
+            tuple(int(n) for n in data["shape"]),
+            {k: v for k, v in data.items() if k not in known},
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class LayoutRecord:
+    """Which dataset holds which field of which split; written as JSON in ``LAYOUT_ATTR``."""
+
+    template: str
+    splits: tuple[str, ...]
+    fields: Mapping[str, FieldRecord]
+    inferred: bool = False  # no record in the file: read from an older release's shape
+
+    def path(self, split: str, field_name: str) -> str:
+        return dataset_path(self.template, split, field_name)
+
+    def lineage_path(self, split: str) -> str:
+        return dataset_path(self.template, split, LINEAGE)
+
+    def paths(self, split: str) -> dict[str, str]:
+        """Every field's dataset path in ``split``, in field order."""
+        return {name: self.path(split, name) for name in self.fields}
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "format": FORMAT,
+                "template": self.template,
+                "splits": list(self.splits),
+                "lineage": LINEAGE,
+                "fields": {name: record.as_json() for name, record in self.fields.items()},
+            },
+            sort_keys=False,
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> LayoutRecord:
+        """Parse a record. Raises ValueError when it is not one this version can read."""
+        data = json.loads(text)
+        if not isinstance(data, dict) or "fields" not in data:
+            raise ValueError("the layout record is not a JSON object with fields")
+        version = int(data.get("format", 0))
+        if version > FORMAT:
+            raise ValueError(
+                f"layout record format {version} is newer than this h5etl reads ({FORMAT}): "
+                f"upgrade h5etl"
+            )
+        return cls(
+            str(data["template"]),
+            tuple(str(s) for s in data["splits"]),
+            {str(n): FieldRecord.from_json(r) for n, r in data["fields"].items()},
+        )
+
+
+def read_layout(handle: h5py.File) -> LayoutRecord:
+    """The layout a release records, or (a release of an older version) the one it has.
+
+    Raises:
+        ValueError: the record is damaged or newer than this version reads.
+    """
+    text = handle.attrs.get(LAYOUT_ATTR)
+    if text is not None:
+        return LayoutRecord.from_json(text.decode() if isinstance(text, bytes) else str(text))
+    return _inferred_layout(handle)
+
+
+def _stored_fields(handle: h5py.File) -> dict[str, Any]:
+    try:
+        config = yaml.safe_load(str(handle.attrs.get("config", ""))) or {}
+    except yaml.YAMLError:
+        return {}
+    fields = config.get("fields") if isinstance(config, dict) else None
+    return fields if isinstance(fields, dict) else {}
+
+
+def _inferred_layout(handle: h5py.File) -> LayoutRecord:
+    """Before the record: ``/<split>/<field>``, kinds as the config implied them then."""
+    splits = tuple(
+        name
+        for name, node in handle.items()
+        if name != DIAGNOSTICS and isinstance(node, h5py.Group)
+    )
+    config = _stored_fields(handle)
+    fields: dict[str, FieldRecord] = {}
+    for split in splits:
+        for name, node in handle[split].items():
+            if name == LINEAGE or name in fields or not isinstance(node, h5py.Dataset):
+                continue
+            entry = config.get(name)
+            declared: dict[str, Any] = entry if isinstance(entry, dict) else {}
+            if h5py.check_string_dtype(node.dtype) is not None:
+                fields[name] = FieldRecord("text", "text", "str", ())
+            elif declared.get("values") is not None:
+                values = [int(v) for v in declared["values"]]
+                fields[name] = FieldRecord(
+                    "mask", "fixed", str(node.dtype), tuple(node.shape[1:]), {"values": values}
+                )
+            else:
+                fields[name] = FieldRecord("image", "fixed", str(node.dtype), tuple(node.shape[1:]))
+    return LayoutRecord(DEFAULT_TEMPLATE, splits, fields, inferred=True)
