@@ -38,12 +38,32 @@ __all__ = [
 FORMAT = 1  # version of the layout record; a reader refuses records newer than it knows
 LAYOUT_ATTR = "layout"  # root attribute: the layout record, JSON
 DIAGNOSTICS = "diagnostics"  # root group: build facts as attributes
-DIAGNOSTICS_DATASETS = "diagnostics/datasets"  # one group per dataset: digests and sizes
+DATASETS_GROUP = "datasets"  # in /diagnostics: one group per dataset, digests and sizes
+DIAGNOSTICS_DATASETS = f"{DIAGNOSTICS}/{DATASETS_GROUP}"
 BLOCK_DIGESTS = "block_sha256"  # in each of those groups: S64 digests of its row blocks
 LINEAGE = "source_sha256"  # per split: (N, sources) S64, the SHA-256 of each input file
 LINEAGE_COLUMNS_ATTR = "columns"  # on the lineage dataset: the source names, in order
-REQUIRED_ATTRS = ("name", "version", "created_at", "config", "config_sha256", "source_fingerprint")
+# Root attributes (the required ones, then the tool's version, which older files may lack)
+NAME_ATTR, VERSION_ATTR, CREATED_AT_ATTR = "name", "version", "created_at"
+CONFIG_ATTR, CONFIG_SHA256_ATTR, FINGERPRINT_ATTR = "config", "config_sha256", "source_fingerprint"
+REQUIRED_ATTRS = (
+    NAME_ATTR,
+    VERSION_ATTR,
+    CREATED_AT_ATTR,
+    CONFIG_ATTR,
+    CONFIG_SHA256_ATTR,
+    FINGERPRINT_ATTR,
+)
+TOOL_VERSION_ATTR = "h5etl_version"
+# On the DIAGNOSTICS group: reject counts by reason (rejects_<reason>, rejects_total)
+REJECTS_PREFIX = "rejects_"
+REJECTS_TOTAL = "rejects_total"
+# Attributes of each DIAGNOSTICS_DATASETS node (beside its BLOCK_DIGESTS dataset)
+NODE_DATASET, NODE_SHA256, NODE_BLOCK_ROWS = "dataset", "sha256", "block_rows"
+NODE_RAW_BYTES, NODE_STORED_BYTES, NODE_RATIO = "raw_bytes", "stored_bytes", "ratio"
 CLASSES_ATTR = "classes"  # on a label dataset: the class names its int64 values index
+# FieldRecord.extra keys: a label's class names (CLASSES_ATTR), a mask's declared values
+VALUES_KEY = "values"
 # Normalisation statistics on a numeric dataset (per channel, over the unpadded pixels,
 # float64), and the value histogram of masks and labels.
 STAT_ATTRS = ("mean", "std", "min", "max", "count")
@@ -130,20 +150,34 @@ class LayoutRecord:
     @classmethod
     def from_json(cls, text: str) -> LayoutRecord:
         """Parse a record. Raises ValueError when it is not one this version can read."""
-        data = json.loads(text)
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise ValueError(f"the layout record is damaged (not JSON: {exc})") from exc
         if not isinstance(data, dict) or "fields" not in data:
-            raise ValueError("the layout record is not a JSON object with fields")
-        version = int(data.get("format", 0))
+            raise ValueError("the layout record is damaged (not a JSON object with fields)")
+        try:
+            version = int(data.get("format", 0))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"the layout record is damaged (format {exc})") from exc
         if version > FORMAT:
             raise ValueError(
                 f"layout record format {version} is newer than this h5etl reads ({FORMAT}): "
                 f"upgrade h5etl"
             )
-        return cls(
-            str(data["template"]),
-            tuple(str(s) for s in data["splits"]),
-            {str(n): FieldRecord.from_json(r) for n, r in data["fields"].items()},
-        )
+        try:
+            record = cls(
+                str(data["template"]),
+                tuple(str(s) for s in data["splits"]),
+                {str(n): FieldRecord.from_json(r) for n, r in data["fields"].items()},
+            )
+            record.path("split", "field")  # a template of other placeholders fails here
+        except (KeyError, IndexError, TypeError, AttributeError, ValueError) as exc:
+            raise ValueError(f"the layout record is damaged ({type(exc).__name__}: {exc})") from exc
+        bad = [n for n, r in record.fields.items() if r.column not in COLUMN_TYPES]
+        if bad:
+            raise ValueError(f"the layout record is damaged (unknown column of {bad[0]!r})")
+        return record
 
 
 def read_layout(handle: h5py.File) -> LayoutRecord:
@@ -192,3 +226,40 @@ def _inferred_layout(handle: h5py.File) -> LayoutRecord:
             else:
                 fields[name] = FieldRecord("image", "fixed", str(node.dtype), tuple(node.shape[1:]))
     return LayoutRecord(DEFAULT_TEMPLATE, splits, fields, inferred=True)
+
+
+# --- reader-side helpers: check, preview and the readers ----------------------------------
+
+
+def split_group(template: str, split: str) -> str | None:
+    """The group holding every dataset of ``split`` (``/train``), or None (a flat template)."""
+    head, sep, _ = template.partition("/")
+    if not sep or "{field}" in head:
+        return None
+    return "/" + head.format(split=split)
+
+
+def inferred_layout(handle: h5py.File) -> LayoutRecord:
+    """The layout as releases before the record laid files out, whatever ``handle`` records."""
+    return _inferred_layout(handle)
+
+
+def dataset_stats(dataset: h5py.Dataset) -> dict[str, Any]:
+    """The statistics and histogram attributes stored on ``dataset``; empty when it has none."""
+    return {k: dataset.attrs[k] for k in (*STAT_ATTRS, *HISTOGRAM_ATTRS) if k in dataset.attrs}
+
+
+def class_names(record: FieldRecord, dataset: h5py.Dataset | None = None) -> tuple[str, ...]:
+    """A label field's class names: from its record, else from its dataset's attribute."""
+    names = record.extra.get(CLASSES_ATTR)
+    if names is None and dataset is not None:
+        names = dataset.attrs.get(CLASSES_ATTR)
+    if names is None:
+        return ()
+    return tuple(n.decode() if isinstance(n, bytes) else str(n) for n in names)
+
+
+def declared_values(record: FieldRecord) -> list[int] | None:
+    """A mask field's declared values, or None when the record declares none."""
+    values = record.extra.get(VALUES_KEY)
+    return None if values is None else [int(v) for v in values]

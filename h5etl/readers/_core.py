@@ -23,6 +23,7 @@ import hdf5plugin  # noqa: F401  (registers the Blosc/Zstd filters for reading)
 import numpy as np
 
 from h5etl.errors import ReaderError
+from h5etl.fileformat import LayoutRecord
 from h5etl.readers._chunks import (
     ChunkCache,
     ChunkFile,
@@ -31,13 +32,13 @@ from h5etl.readers._chunks import (
     open_stores,
     prefetched,
 )
+from h5etl.readers._fields import as_int64, resolve
 from h5etl.readers._layout import (
     CacheSize,
     MappedChunks,
     available_memory,
     cache_size,
     decoded_nbytes,
-    field_info,
     map_chunks,
     open_dataset,
     runs,
@@ -47,7 +48,6 @@ from h5etl.readers._sampler import ChunkSampler
 
 logger = logging.getLogger(__name__)
 
-LINEAGE = "source_sha256"
 CacheBytes = SupportsIndex | Literal["split"] | None  # numpy integers count as bytes too
 _PER_PROCESS = frozenset({"_file", "_datasets", "_maps", "_stores", "_decoded", "_finalizer"})
 # Handles inherited through fork: never used nor closed in the child (closing would drop the
@@ -130,8 +130,11 @@ class Release:
     Parameters:
         path: the release file or its link; the link is resolved once, here, so a reader keeps
             reading the release it started with even if the link is swapped meanwhile.
-        split: the group to read, e.g. ``"train"``.
-        fields: datasets to read; default every field but the ``source_sha256`` lineage.
+        split: the split to read, e.g. ``"train"``.
+        fields: the fields to read; default every field the release's layout record lists
+            (the ``source_sha256`` lineage is none, but may be asked for by name). Each is
+            read from the dataset the record names (``/train/image``, or ``/x_train`` for
+            the template ``{field}_{split}``).
         batch_size: the largest batch you will ask for; sizes the chunk cache.
         cache_bytes: decoded chunks of the compressed array fields kept per process.
             ``None`` (the default): the chunks one batch touches, so every epoch decodes every
@@ -144,8 +147,18 @@ class Release:
             process, never fewer than the default. Below the split's size the least recently
             used chunks go first, which gains nothing for epochs read in file order.
 
+    Attributes:
+        layout: the release's ``fileformat.LayoutRecord`` (inferred for older releases).
+        classes: label field -> its class names (the int64 values index them).
+        stats: field -> its statistics attributes (``fileformat.STAT_ATTRS``: per-channel
+            mean, std, min, max, count; ``HISTOGRAM_ATTRS`` for masks and labels); empty
+            when the release stores none. Normalise with them without a pass over the data.
+
+    Label fields come back as int64 arrays of shape ``(batch,)``, text fields as ``str``.
+
     Raises:
-        ReaderError: the file, split or a field is missing, or the fields differ in length.
+        ReaderError: the file, split or a field is missing, its layout record is damaged or
+            newer than this h5etl reads, or the fields differ in length.
         ValueError: ``cache_bytes`` is negative or a word other than ``"split"``.
         TypeError: ``cache_bytes`` is not an int, ``"split"`` or None.
     """
@@ -171,28 +184,15 @@ class Release:
         except (OSError, ValueError) as exc:
             raise ReaderError(f"cannot open as HDF5: {exc}", path=os.fspath(path)) from exc
         with handle:
-            group = self._group(handle)
-            names = (
-                list(fields)
-                if fields is not None
-                else [n for n, d in group.items() if isinstance(d, h5py.Dataset) and n != LINEAGE]
-            )
-            missing = [n for n in names if not isinstance(group.get(n), h5py.Dataset)]
-            if missing or not names:
-                have = ", ".join(n for n in group if isinstance(group[n], h5py.Dataset))
-                raise ReaderError(
-                    f"split {split!r} has no field {', '.join(missing) or '(none asked)'}; "
-                    f"it has: {have}",
-                    path=self.path,
-                )
-            self.info = {n: field_info(group[n]) for n in names}
-            lengths = {n: len(group[n]) for n in names}
-        if len(set(lengths.values())) > 1:
-            raise ReaderError(
-                f"fields of split {split!r} differ in length: {lengths}", path=self.path
-            )
-        self.length = next(iter(lengths.values()))
-        self.fields = tuple(names)
+            found = resolve(handle, self.path, split, fields)
+        self.layout: LayoutRecord = found.layout
+        self.paths = found.paths
+        self.info = found.info
+        self.length = found.length
+        self.classes = found.classes
+        self.stats = found.stats
+        self._widen = found.widen
+        self.fields = tuple(found.paths)
         self.caches = {
             n: cache_size(
                 i.chunks,
@@ -270,13 +270,6 @@ class Release:
             for n, c in self.caches.items()
         }
 
-    def _group(self, handle: h5py.File) -> h5py.Group:
-        group = handle.get(self.split)
-        if not isinstance(group, h5py.Group) or self.split == "diagnostics":
-            splits = ", ".join(k for k in handle if k != "diagnostics")
-            raise ReaderError(f"no split {self.split!r}; the release has: {splits}", path=self.path)
-        return group
-
     @property
     def chunk_rows(self) -> int:
         """The largest rows-per-chunk of the array fields: the unit the sampler keeps together."""
@@ -314,8 +307,7 @@ class Release:
         handle = h5py.File(self.path, "r")
         caches = self.process_caches()
         try:
-            group = self._group(handle)
-            datasets = {n: open_dataset(group, n, caches.get(n)) for n in self.fields}
+            datasets = {n: open_dataset(handle, self.paths[n], caches.get(n)) for n in self.fields}
             memory: list[np.memmap[Any, Any]] = []
             maps = {
                 n: m
@@ -439,7 +431,7 @@ class Release:
             elif stop > start:
                 dataset.read_direct(block, np.s_[start:stop])
             out[name] = block
-        return out
+        return as_int64(out, self._widen)
 
     @_gated
     def read(self, indices: Sequence[int] | np.ndarray) -> dict[str, np.ndarray]:
@@ -456,14 +448,14 @@ class Release:
         out.update((n, s.gather(wanted)) for n, s in stores.items())
         rest = [n for n in self.fields if n not in out]
         if not rest:
-            return out
+            return as_int64(out, self._widen)
         unique, inverse = np.unique(wanted, return_inverse=True)
         pieces = runs(unique)
         in_order = len(unique) == len(wanted) and bool(np.array_equal(unique, wanted))
         batch = self._read_runs(datasets, pieces, len(unique), rest)
         for name in rest:
             out[name] = batch[name] if in_order else batch[name][inverse]
-        return {n: out[n] for n in self.fields}
+        return as_int64({n: out[n] for n in self.fields}, self._widen)
 
     @_gated
     def prefetch(self, indices: Sequence[int] | np.ndarray) -> None:

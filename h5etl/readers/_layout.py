@@ -141,7 +141,7 @@ def _cgroup_headroom(root: Path) -> int | None:
 
 
 def open_dataset(group: h5py.Group, name: str, cache: CacheSize | None) -> h5py.Dataset:
-    """Open ``group[name]`` with its own chunk cache.
+    """Open ``group[name]`` (a name, or a path from the file) with its own chunk cache.
 
     HDF5 keeps one cache per dataset *per process*: a second opening of the same dataset in
     the same process shares the first one's cache and its size.
@@ -173,10 +173,11 @@ def _filtered(dataset: h5py.Dataset) -> bool:
     return bool(ids)
 
 
-def field_info(dataset: h5py.Dataset) -> FieldInfo:
+def field_info(dataset: h5py.Dataset, name: str | None = None) -> FieldInfo:
+    """What to allocate for ``dataset``; ``name`` is its field (default: the last path part)."""
     text = h5py.check_string_dtype(dataset.dtype) is not None
     return FieldInfo(
-        name=dataset.name.rsplit("/", 1)[-1],
+        name=name if name is not None else dataset.name.rsplit("/", 1)[-1],
         shape=tuple(dataset.shape[1:]),
         dtype=np.dtype(object) if text else dataset.dtype,
         chunks=dataset.chunks,

@@ -1,0 +1,111 @@
+"""Which datasets a reader reads: the fields of one split, found through the layout record.
+
+A release records its layout (``h5etl.fileformat.read_layout``; older releases have one
+inferred), so a field's dataset is ``record.path(split, field)`` whatever the template:
+``/train/image`` or ``/x_train``. Resolved once, when a reader is made; no file stays open.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+
+from h5etl import fileformat
+from h5etl.errors import ReaderError
+from h5etl.fileformat import LayoutRecord
+from h5etl.readers._layout import FieldInfo, field_info
+
+LABEL = "label"  # the kind whose values come back as int64 class indices
+INT64 = np.dtype(np.int64)
+
+
+@dataclass(frozen=True, slots=True)
+class Fields:
+    """The fields of one split a reader reads, with what the release says about them."""
+
+    layout: LayoutRecord
+    paths: dict[str, str]  # field -> dataset path, in the order asked
+    info: dict[str, FieldInfo]
+    length: int
+    classes: dict[str, tuple[str, ...]]  # label field -> class names its values index
+    stats: dict[str, dict[str, Any]]  # field -> statistics attributes (empty when none)
+    widen: frozenset[str]  # label fields stored narrower than int64: widened when read
+
+
+def read_record(handle: h5py.File, path: Path) -> LayoutRecord:
+    """The release's layout record, or a ReaderError naming the file."""
+    try:
+        return fileformat.read_layout(handle)
+    except ValueError as exc:
+        raise ReaderError(
+            f"cannot read the root attr {fileformat.LAYOUT_ATTR!r}: {exc}", path=path
+        ) from exc
+
+
+def resolve(
+    handle: h5py.File,
+    path: Path,
+    split: str,
+    fields: Sequence[str] | None,
+) -> Fields:
+    """The datasets of ``fields`` (default: every field of the record) in ``split``.
+
+    Raises:
+        ReaderError: the record is unreadable, the split or a field is not in it, a dataset
+            it lists is missing, or the fields differ in length.
+    """
+    record = read_record(handle, path)
+    if split not in record.splits:
+        raise ReaderError(
+            f"no split {split!r}; the release has: {', '.join(record.splits)}", path=path
+        )
+    names = list(fields) if fields is not None else list(record.fields)
+    unknown = [n for n in names if n not in record.fields and n != fileformat.LINEAGE]
+    if unknown or not names:
+        raise ReaderError(
+            f"split {split!r} has no field {', '.join(unknown) or '(none asked)'}; "
+            f"it has: {', '.join(record.fields)}",
+            path=path,
+        )
+    paths = {
+        n: record.lineage_path(split) if n == fileformat.LINEAGE else record.path(split, n)
+        for n in names
+    }
+    datasets = {n: handle.get(p) for n, p in paths.items()}
+    missing = [p for n, p in paths.items() if not isinstance(datasets[n], h5py.Dataset)]
+    if missing:
+        raise ReaderError(
+            f"{', '.join(missing)}: in the layout record of split {split!r}, missing from "
+            "the file; read the other fields with fields=[...]",
+            path=path,
+        )
+    found = {n: d for n, d in datasets.items() if isinstance(d, h5py.Dataset)}
+    lengths = {n: len(d) for n, d in found.items()}
+    if len(set(lengths.values())) > 1:
+        raise ReaderError(f"fields of split {split!r} differ in length: {lengths}", path=path)
+    info = {n: field_info(d, n) for n, d in found.items()}
+    labels = {n for n in found if n in record.fields and record.fields[n].kind == LABEL}
+    return Fields(
+        layout=record,
+        paths=paths,
+        info=info,
+        length=next(iter(lengths.values())),
+        classes={
+            n: fileformat.class_names(record.fields[n], d) for n, d in found.items() if n in labels
+        },
+        stats={n: fileformat.dataset_stats(d) for n, d in found.items()},
+        widen=frozenset(n for n in labels if info[n].dtype != INT64),
+    )
+
+
+def as_int64(batch: dict[str, np.ndarray], names: frozenset[str]) -> dict[str, np.ndarray]:
+    """``batch`` with the label fields in ``names`` as int64."""
+    for name in names:
+        if name in batch:
+            batch[name] = batch[name].astype(INT64)
+    return batch
