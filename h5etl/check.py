@@ -1,4 +1,10 @@
-"""check: a read-only health report of a release; ``deep`` recomputes every SHA-256."""
+"""check: a read-only health report of a release; ``deep`` recomputes every SHA-256.
+
+Which datasets a release holds comes from its layout record (``fileformat.read_layout``;
+inferred for releases older than the record), never from a path written here: a field of a
+split is at ``record.path(split, field)``, whatever the template. What each field's values
+hold is ``check_fields``'s part.
+"""
 
 from __future__ import annotations
 
@@ -12,12 +18,25 @@ from typing import Any
 import h5py
 import hdf5plugin  # noqa: F401  (registers the Blosc/Zstd filters for reading)
 import numpy as np
-import yaml
 
-from h5etl import digest, hdf5info
+from h5etl import digest, fileformat, hdf5info
+from h5etl.check_fields import field_lines
+from h5etl.fileformat import (
+    BLOCK_DIGESTS,
+    DIAGNOSTICS,
+    DIAGNOSTICS_DATASETS,
+    LINEAGE,
+    NODE_BLOCK_ROWS,
+    NODE_DATASET,
+    NODE_RATIO,
+    NODE_RAW_BYTES,
+    NODE_SHA256,
+    NODE_STORED_BYTES,
+    REQUIRED_ATTRS,
+    LayoutRecord,
+)
 from h5etl.units import human_size
 
-REQUIRED_ATTRS = ("name", "version", "created_at", "config", "config_sha256", "source_fingerprint")
 # What reading a damaged file, or one h5etl did not write, raises from h5py and numpy
 _DAMAGE = (OSError, KeyError, ValueError, TypeError, RuntimeError)
 
@@ -57,6 +76,7 @@ class CheckReport:
     problems: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     deep: DeepTally | None = None
+    missing: set[str] = field(default_factory=set)  # dataset paths reported missing
 
     @property
     def ok(self) -> bool:
@@ -96,32 +116,49 @@ def _attrs_section(handle: h5py.File, report: CheckReport) -> None:
     if missing:
         report.problem(f"file attrs missing: {', '.join(missing)}")
         return
-    config = handle.attrs["config"]
-    if hashlib.sha256(str(config).encode()).hexdigest() != handle.attrs["config_sha256"]:
-        report.problem("attr config_sha256 does not match the stored config")
+    attrs = handle.attrs
+    config = attrs[fileformat.CONFIG_ATTR]
+    if hashlib.sha256(str(config).encode()).hexdigest() != attrs[fileformat.CONFIG_SHA256_ATTR]:
+        report.problem(f"attr {fileformat.CONFIG_SHA256_ATTR} does not match the stored config")
     report.lines.append(
-        f"release {handle.attrs['name']} v{int(handle.attrs['version']):04d}, created "
-        f"{handle.attrs['created_at']}, h5etl {handle.attrs.get('h5etl_version', '?')}"
+        f"release {attrs[fileformat.NAME_ATTR]} v{int(attrs[fileformat.VERSION_ATTR]):04d}, "
+        f"created {attrs[fileformat.CREATED_AT_ATTR]}, "
+        f"h5etl {attrs.get(fileformat.TOOL_VERSION_ATTR, '?')}"
     )
 
 
+def _layout(handle: h5py.File, report: CheckReport) -> LayoutRecord:
+    """The release's layout record; a damaged or newer one is one problem, and the file is
+    then checked as a release before the record would be laid out."""
+    try:
+        return fileformat.read_layout(handle)
+    except ValueError as exc:
+        report.problem(
+            f"root attr {fileformat.LAYOUT_ATTR!r}: {exc}; checked as an older release instead"
+        )
+        return fileformat.inferred_layout(handle)
+
+
 def _diagnostics(handle: h5py.File, report: CheckReport) -> dict[str, dict[str, Any]]:
-    group = handle.get("diagnostics/datasets")
+    where = f"/{DIAGNOSTICS_DATASETS}"
+    group = handle.get(DIAGNOSTICS_DATASETS)
     if group is None:
         return {}
     if not isinstance(group, h5py.Group):
-        report.problem("/diagnostics/datasets: not a group: not an h5etl release, or damaged")
+        report.problem(f"{where}: not a group: not an h5etl release, or damaged")
         return {}
     out = {}
     for name in group:
-        with _section(report, f"/diagnostics/datasets/{name}"):
+        with _section(report, f"{where}/{name}"):
             node = group[name]
             info = dict(node.attrs)
-            digests = node["block_sha256"][...]
+            digests = node[BLOCK_DIGESTS][...]
             if digests.dtype.kind != "S" or digests.ndim != 1:
-                raise ValueError(f"block_sha256 is {digests.dtype} {digests.shape}, not S64 (n,)")
-            info["block_sha256"] = [b.decode() for b in digests]
-            out[str(info["dataset"])] = info
+                raise ValueError(
+                    f"{BLOCK_DIGESTS} is {digests.dtype} {digests.shape}, not S64 (n,)"
+                )
+            info[BLOCK_DIGESTS] = [b.decode() for b in digests]
+            out[str(info[NODE_DATASET])] = info
     return out
 
 
@@ -132,12 +169,12 @@ def _recompute(dataset: h5py.Dataset, info: dict[str, Any]) -> tuple[str, list[s
         data = digest.text_rows_bytes(texts)
         block = hashlib.sha256(data).digest()
         return digest.combine([block]), [block.hex()], len(data)
-    if not info.get("block_rows"):
+    if not info.get(NODE_BLOCK_ROWS):
         # the sink hashes these (lineage) as one stream: one block, even when empty
         array = np.ascontiguousarray(dataset[...])
         block = digest.block_digest(array)
         return digest.combine([block]), [block.hex()], array.nbytes
-    step = int(info["block_rows"])
+    step = int(info[NODE_BLOCK_ROWS])
     blocks, nbytes = [], 0
     for start in range(0, len(dataset), step):
         try:
@@ -161,16 +198,15 @@ def _deep_verify(dataset: h5py.Dataset, info: dict[str, Any], report: CheckRepor
         return
     tally.blocks += len(blocks)
     tally.nbytes += nbytes
-    if sha == info["sha256"]:
+    stored = str(info[NODE_SHA256])
+    if sha == stored:
         return
     tally.differ.append(dataset.name)
-    bad = [i for i, (a, b) in enumerate(zip(blocks, info["block_sha256"], strict=False)) if a != b]
-    where = (
-        f" (first bad block {bad[0]}, rows from {bad[0] * int(info['block_rows'])})" if bad else ""
-    )
+    bad = [i for i, (a, b) in enumerate(zip(blocks, info[BLOCK_DIGESTS], strict=False)) if a != b]
+    rows = int(info[NODE_BLOCK_ROWS])
+    where = f" (first bad block {bad[0]}, rows from {bad[0] * rows})" if bad else ""
     report.problem(
-        f"{dataset.name}: SHA-256 mismatch{where}: stored {info['sha256'][:16]}..., "
-        f"computed {sha[:16]}..."
+        f"{dataset.name}: SHA-256 mismatch{where}: stored {stored[:16]}..., computed {sha[:16]}..."
     )
 
 
@@ -188,19 +224,21 @@ def check_release(path: Path, *, deep: bool = False) -> CheckReport:
     with hdf5info.open_file(path) as handle:
         with _section(report, "file attrs"):
             _attrs_section(handle, report)
+        record = LayoutRecord(fileformat.DEFAULT_TEMPLATE, (), {}, inferred=True)
+        with _section(report, f"root attr {fileformat.LAYOUT_ATTR!r}"):
+            record = _layout(handle, report)
         expected = _diagnostics(handle, report)
         if not expected:
-            report.problem("no /diagnostics/datasets: not an h5etl release, or damaged")
-        with _section(report, "/diagnostics/datasets"):
+            report.problem(f"no /{DIAGNOSTICS_DATASETS}: not an h5etl release, or damaged")
+        counts = _splits_section(handle, record, expected, report, deep=deep)
+        with _section(report, f"/{DIAGNOSTICS_DATASETS}"):
             for name in expected:
-                if name not in handle:
+                if name not in handle and name not in report.missing:
                     report.problem(f"{name}: dataset listed in diagnostics is missing")
-        counts = _splits_section(handle, expected, report, deep=deep)
-        with _section(report, "/diagnostics/datasets"):
             _ratio_line(expected, report)
         with _section(report, "/"):
-            report.lines.append(hdf5info.readers(_filter_ids(handle, counts)))
-        with _section(report, "/diagnostics"):
+            report.lines.append(hdf5info.readers(_filter_ids(handle, record, counts)))
+        with _section(report, f"/{DIAGNOSTICS}"):
             _rejects_line(handle, report)
         if report.deep is not None:
             report.lines.append(report.deep.line)
@@ -209,18 +247,30 @@ def check_release(path: Path, *, deep: bool = False) -> CheckReport:
 
 
 def _splits_section(
-    handle: h5py.File, expected: dict[str, dict[str, Any]], report: CheckReport, *, deep: bool
+    handle: h5py.File,
+    record: LayoutRecord,
+    expected: dict[str, dict[str, Any]],
+    report: CheckReport,
+    *,
+    deep: bool,
 ) -> dict[str, int]:
-    """Report each split group; return its sample count."""
+    """Report each split the record lists; return its sample count."""
+    if record.inferred or fileformat.split_group(record.template, "split") is not None:
+        for name in handle:  # where splits are groups, the root holds nothing else
+            node = handle.get(name)
+            if name != DIAGNOSTICS and not isinstance(node, h5py.Group):
+                what = "a broken link" if node is None else f"a {type(node).__name__}"
+                report.problem(f"/{name}: {what}, not a split group: not an h5etl release")
     counts = {}
-    for split in (k for k in handle if k != "diagnostics"):
-        group = handle.get(split)
-        if not isinstance(group, h5py.Group):
-            what = "a broken link" if group is None else f"a {type(group).__name__}"
-            report.problem(f"/{split}: {what}, not a split group: not an h5etl release")
+    for split in record.splits:
+        paths = {**record.paths(split), LINEAGE: record.lineage_path(split)}
+        if not record.inferred and not any(p in handle for p in paths.values()):
+            report.problem(f"split {split!r} is in the layout record, missing from the file")
+            report.missing.update(paths.values())
             continue
-        with _section(report, f"/{split}"):
-            counts[split] = _split_section(group, expected, report, deep=deep)
+        where = fileformat.split_group(record.template, split) or split
+        with _section(report, where):
+            counts[split] = _split_section(handle, record, split, paths, expected, report, deep)
     return counts
 
 
@@ -241,42 +291,64 @@ def _empty_section(counts: dict[str, int], report: CheckReport) -> None:
             )
 
 
-def _filter_ids(handle: h5py.File, splits: Iterable[str]) -> list[int]:
-    """The filters of every dataset in the split groups ``check`` could read."""
+def _filter_ids(handle: h5py.File, record: LayoutRecord, splits: Iterable[str]) -> list[int]:
+    """The filters of every dataset of the splits ``check`` could read."""
+    nodes = [handle.get(p) for s in splits for p in [*record.paths(s).values()]]
     return [
         number
-        for split in splits
-        for dataset in handle[split].values()
-        if isinstance(dataset, h5py.Dataset)
-        for number in hdf5info.filter_ids(dataset)
+        for node in nodes
+        if isinstance(node, h5py.Dataset)
+        for number in hdf5info.filter_ids(node)
     ]
 
 
 def _rejects_line(handle: h5py.File, report: CheckReport) -> None:
+    prefix = fileformat.REJECTS_PREFIX
     rejects = (
         {
-            k.removeprefix("rejects_"): int(v)
-            for k, v in handle["diagnostics"].attrs.items()
-            if k.startswith("rejects_")
+            k.removeprefix(prefix): int(v)
+            for k, v in handle[DIAGNOSTICS].attrs.items()
+            if k.startswith(prefix)
         }
-        if "diagnostics" in handle
+        if DIAGNOSTICS in handle
         else {}
     )
-    total = rejects.pop("total", sum(rejects.values()))  # rejects_total is not a reason
+    total_key = fileformat.REJECTS_TOTAL.removeprefix(prefix)
+    total = rejects.pop(total_key, sum(rejects.values()))  # rejects_total is not a reason
     shown = ", ".join(f"{k} {v}" for k, v in rejects.items())
     report.lines.append(f"rejects: {total} ({shown})" if total else "rejects: none")
 
 
 def _split_section(
-    group: h5py.Group, expected: dict[str, dict[str, Any]], report: CheckReport, *, deep: bool
+    handle: h5py.File,
+    record: LayoutRecord,
+    split: str,
+    paths: dict[str, str],
+    expected: dict[str, dict[str, Any]],
+    report: CheckReport,
+    deep: bool,
 ) -> int:
-    datasets = [ds for ds in group.values() if isinstance(ds, h5py.Dataset)]
-    count = max((_rows(ds) for ds in datasets), default=0)
-    report.lines.append(f"{group.name}: {count} samples")
-    for dataset in datasets:
+    datasets: dict[str, h5py.Dataset] = {}
+    for name, path in paths.items():
+        node = handle.get(path)
+        if isinstance(node, h5py.Dataset):
+            datasets[name] = node
+        elif not (record.inferred and name == LINEAGE and node is None):  # no record: optional
+            what = "missing from the file" if node is None else f"a {type(node).__name__}"
+            listed = "(other splits have it)" if record.inferred else "is in the layout record"
+            report.problem(f"{path}: field {name!r} of split {split!r} {listed}, {what}")
+            report.missing.add(path)
+    count = max((_rows(ds) for ds in datasets.values()), default=0)
+    report.lines.append(
+        f"{fileformat.split_group(record.template, split) or split}: {count} samples"
+    )
+    for name, dataset in datasets.items():
         with _section(report, dataset.name):
-            _dataset_section(dataset, count, expected, report, deep=deep)
-    _values_section(group, report)
+            _dataset_section(name, dataset, count, expected, report, deep=deep)
+    for name, dataset in datasets.items():
+        if name in record.fields:
+            with _section(report, dataset.name):
+                report.lines.extend(field_lines(name, record.fields[name], dataset, report.problem))
     return count
 
 
@@ -289,6 +361,7 @@ def _rows(dataset: h5py.Dataset) -> int:
 
 
 def _dataset_section(
+    name: str,
     dataset: h5py.Dataset,
     count: int,
     expected: dict[str, dict[str, Any]],
@@ -297,10 +370,11 @@ def _dataset_section(
     deep: bool,
 ) -> None:
     info = expected.get(dataset.name)
-    stored = info.get("stored_bytes") if info else None
-    ratio = f", ratio {info.get('ratio')}" if info else ""
+    stored = info.get(NODE_STORED_BYTES) if info else None
+    ratio = f", ratio {info.get(NODE_RATIO)}" if info else ""
+    label = name if dataset.name.endswith(f"/{name}") else f"{name} ({dataset.name})"
     report.lines.append(
-        f"  {dataset.name.rsplit('/', 1)[-1]}: {dataset.shape} {dataset.dtype}, chunks "
+        f"  {label}: {dataset.shape} {dataset.dtype}, chunks "
         f"{dataset.chunks}, {_filters(dataset)}, stored {stored} bytes{ratio}"
     )
     if not dataset.shape:
@@ -308,80 +382,17 @@ def _dataset_section(
     elif _rows(dataset) != count:
         report.problem(f"{dataset.name}: {_rows(dataset)} rows, the split has {count}")
     if info is None:
-        report.problem(f"{dataset.name}: no digest in /diagnostics")
+        report.problem(f"{dataset.name}: no digest in /{DIAGNOSTICS}")
     elif deep:
         _deep_verify(dataset, info, report)
 
 
-# --- value histograms and the overall ratio (readers issue) ---------------------------------
-
-BLOCK_BYTES = 1 << 26  # read masks in whole-chunk blocks of about 64 MiB: bounded memory
-
-
-def _declared_values(handle: h5py.File) -> dict[str, list[int]]:
-    """Fields whose stored config declares ``values`` (the masks), with those values."""
-    try:
-        config = yaml.safe_load(str(handle.attrs.get("config", ""))) or {}
-    except yaml.YAMLError:
-        return {}
-    fields = config.get("fields") if isinstance(config, dict) else None
-    if not isinstance(fields, dict):
-        return {}
-    return {
-        name: [int(v) for v in spec["values"]]
-        for name, spec in fields.items()
-        if isinstance(spec, dict) and spec.get("values") is not None
-    }
-
-
-def value_histogram(dataset: h5py.Dataset) -> tuple[dict[int, int], int]:
-    """Pixel count per value, and how many samples hold nothing but 0, chunk block by block."""
-    rows = dataset.chunks[0] if dataset.chunks else 1
-    row_bytes = max(1, int(np.prod(dataset.shape[1:])) * dataset.dtype.itemsize)
-    step = max(rows, BLOCK_BYTES // (row_bytes * rows) * rows)
-    small = dataset.dtype.kind in "ub" and dataset.dtype.itemsize == 1
-    counts: dict[int, int] = {}
-    dense = np.zeros(256, dtype=np.int64)
-    empty = 0
-    for start in range(0, len(dataset), step):
-        block = dataset[start : start + step]
-        empty += int(np.count_nonzero(block.reshape(len(block), -1).max(axis=1, initial=0) == 0))
-        if small:
-            dense += np.bincount(block.ravel().view(np.uint8), minlength=256)
-            continue
-        values, found = np.unique(block, return_counts=True)
-        for value, count in zip(values.tolist(), found.tolist(), strict=True):
-            counts[int(value)] = counts.get(int(value), 0) + int(count)
-    if small:
-        counts = {v: int(c) for v, c in enumerate(dense.tolist()) if c}
-    return counts, empty
-
-
-def _values_section(group: h5py.Group, report: CheckReport) -> None:
-    for name, declared in _declared_values(group.file).items():
-        dataset = group.get(name)
-        if not isinstance(dataset, h5py.Dataset) or dataset.dtype.kind not in "uib":
-            continue
-        try:
-            counts, empty = value_histogram(dataset)
-        except OSError as exc:  # a damaged chunk: report it, keep checking the rest
-            report.problem(f"{dataset.name}: unreadable while counting values: {exc}")
-            continue
-        total = sum(counts.values()) or 1
-        shown = ", ".join(
-            f"{v} {100 * c / total:.2f}% ({c:,} px)" for v, c in sorted(counts.items())
-        )
-        report.lines.append(
-            f"  {name} values: {shown or 'none'}; {empty} of {len(dataset)} samples all 0"
-        )
-        stray = sorted(set(counts) - set(declared))
-        if stray:
-            report.problem(f"{dataset.name}: values {stray} outside the declared {declared}")
+# --- the overall ratio ------------------------------------------------------------------
 
 
 def _ratio_line(expected: dict[str, dict[str, Any]], report: CheckReport) -> None:
-    raw = sum(int(info.get("raw_bytes", 0)) for info in expected.values())
-    stored = sum(int(info.get("stored_bytes", 0)) for info in expected.values())
+    raw = sum(int(info.get(NODE_RAW_BYTES, 0)) for info in expected.values())
+    stored = sum(int(info.get(NODE_STORED_BYTES, 0)) for info in expected.values())
     if stored:
         report.lines.append(
             f"compression: {raw:,} bytes raw, {stored:,} stored, ratio {raw / stored:.2f}"
