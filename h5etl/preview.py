@@ -5,7 +5,9 @@ STYLE keeps Pillow inside the decoder for *reading* inputs; drawing a picture fo
 look at is a separate concern, kept here so the build never depends on it.
 
 The first ``n`` samples of a split are shown: releases are shuffled at write time, so they are
-a random sample, and they come out of the file in one contiguous read.
+a random sample, and they come out of the file in one contiguous read. Which field is the
+image, the mask and the caption comes from the kinds in the release's layout record (see
+``roles``), wherever the template puts their datasets.
 """
 
 from __future__ import annotations
@@ -14,14 +16,12 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import h5py
 import numpy as np
-import yaml
 from PIL import Image, ImageDraw, ImageFont
 
-from h5etl import hdf5info
+from h5etl import fileformat, hdf5info
+from h5etl.fileformat import FieldRecord, LayoutRecord
 from h5etl.readers import ReaderError, Release
 
 # Mask colours by value (1, 2, ...): bright hues that stand out on stained tissue and on grey.
@@ -34,35 +34,64 @@ TILE = 192  # target tile edge in pixels
 GAP = 8
 BACKGROUND = (255, 255, 255)
 INK = (30, 30, 30)
+LABEL = "label"  # the kind whose int64 values index class names
 
 
 @dataclass(frozen=True, slots=True)
 class Roles:
-    """Which stored field plays which part in the picture."""
+    """Which stored field plays which part in the picture: from the layout record's kinds."""
 
     image: str
     mask: str | None
-    label: str | None
+    captions: tuple[str, ...]  # a label (shown by class name), then a text field
 
 
-def _roles(handle: h5py.File, split: str) -> Roles:
-    """Pick the image, mask and name fields from the stored config, else from the shapes."""
-    try:
-        config = yaml.safe_load(str(handle.attrs.get("config", ""))) or {}
-    except yaml.YAMLError:
-        config = {}
-    fields: dict[str, Any] = config.get("fields") or {} if isinstance(config, dict) else {}
-    group = handle[split]
-    present = {n for n, d in group.items() if isinstance(d, h5py.Dataset)}
-    arrays = [n for n in present if group[n].ndim == 4 and group[n].shape[1] in (1, 3)]
-    masks = [n for n in fields if n in present and (fields[n] or {}).get("values") is not None]
-    images = [n for n in arrays if n not in masks]
-    images.sort(key=lambda n: (-(group[n].shape[1] == 3), n))
+def _channels(record: FieldRecord, channels: tuple[int, ...]) -> bool:
+    return record.column == "fixed" and len(record.shape) == 3 and record.shape[0] in channels
+
+
+def roles(layout: LayoutRecord) -> Roles:
+    """The image, mask and caption fields of a release, chosen by kind.
+
+    The image is a field of kind ``image`` of shape (1 or 3, H, W), RGB first, then one of the
+    mask's size (a super-resolution pair shows the image the mask fits), then record order.
+    The caption is a label's class name and a text field (``filename`` first) under it.
+
+    Raises:
+        ReaderError: the release records no image field of that shape.
+    """
+    fields = layout.fields
+    masks = [n for n, f in fields.items() if f.kind == "mask" and _channels(f, (1,))]
+    mask = masks[0] if masks else None
+    images = [n for n, f in fields.items() if f.kind == "image" and _channels(f, (1, 3))]
     if not images:
-        raise ReaderError(f"split {split!r} has no image field (N, 1|3, H, W) to show")
-    texts = sorted(n for n in present if h5py.check_string_dtype(group[n].dtype) is not None)
-    label = "filename" if "filename" in texts else (texts[0] if texts else None)
-    return Roles(image=images[0], mask=masks[0] if masks else None, label=label)
+        raise ReaderError("the release has no image field (N, 1|3, H, W) to show")
+    fits = fields[mask].shape[1:] if mask else None
+    images.sort(
+        key=lambda n: (fields[n].shape[0] != 3, fits is not None and fields[n].shape[1:] != fits)
+    )
+    labels = [n for n, f in fields.items() if f.kind == LABEL and not f.shape]
+    texts = [n for n, f in fields.items() if f.column == "text"]
+    texts.sort(key=lambda n: n != "filename")
+    return Roles(image=images[0], mask=mask, captions=(*labels[:1], *texts[:1]))
+
+
+def captions(
+    batch: dict[str, np.ndarray], roles: Roles, classes: dict[str, tuple[str, ...]], count: int
+) -> list[str]:
+    """One caption per sample: the class name of its label, its text, joined by ``·``."""
+    out = []
+    for index in range(count):
+        parts = []
+        for name in roles.captions:
+            value = batch[name][index]
+            names = classes.get(name, ())
+            if names and 0 <= int(value) < len(names):
+                parts.append(names[int(value)])
+            else:
+                parts.append(str(value))
+        out.append(" · ".join(parts) or f"#{index}")
+    return out
 
 
 def _to_rgb(image: np.ndarray) -> np.ndarray:
@@ -151,32 +180,43 @@ def render_preview(
         raise ReaderError(f"--n must be at least 1, got {n}", path=os.fspath(path))
     try:
         with hdf5info.open_file(Path(os.path.realpath(path))) as handle:
-            splits = [k for k in handle if k != "diagnostics" and isinstance(handle[k], h5py.Group)]
-            chosen = split or (splits[0] if splits else "")
-            if chosen not in splits:
+            try:
+                layout = fileformat.read_layout(handle)
+            except ValueError as exc:
                 raise ReaderError(
-                    f"no split {chosen!r}; the release has: {', '.join(splits)}",
+                    f"cannot read the root attr {fileformat.LAYOUT_ATTR!r}: {exc}",
+                    path=os.fspath(path),
+                ) from exc
+            chosen = split or (layout.splits[0] if layout.splits else "")
+            if chosen not in layout.splits:
+                raise ReaderError(
+                    f"no split {chosen!r}; the release has: {', '.join(layout.splits)}",
                     path=os.fspath(path),
                 )
-            roles = _roles(handle, chosen)
-            title = f"{handle.attrs.get('name', Path(path).stem)}"
-            if "version" in handle.attrs:
-                title += f" v{int(handle.attrs['version']):04d}"
+            try:
+                parts = roles(layout)
+            except ReaderError as exc:
+                raise ReaderError(f"split {chosen!r}: {exc.message}", path=os.fspath(path)) from exc
+            attrs = handle.attrs
+            title = f"{attrs.get(fileformat.NAME_ATTR, Path(path).stem)}"
+            if fileformat.VERSION_ATTR in attrs:
+                title += f" v{int(attrs[fileformat.VERSION_ATTR]):04d}"
     except OSError as exc:
         raise ReaderError(f"cannot open as HDF5: {exc}", path=os.fspath(path)) from exc
-    names = [f for f in (roles.image, roles.mask, roles.label) if f is not None]
+    names = [f for f in (parts.image, parts.mask, *parts.captions) if f is not None]
     with Release(path, chosen, fields=names, batch_size=n) as release:
         shown = min(n, len(release))
         batch = release.read_slice(0, shown)
         total = len(release)
+        classes = release.classes
     tiles = [
-        _tile(batch[roles.image][i], batch[roles.mask][i] if roles.mask else None)
+        _tile(batch[parts.image][i], batch[parts.mask][i] if parts.mask else None)
         for i in range(shown)
     ]
-    labels = [str(batch[roles.label][i]) if roles.label else f"#{i}" for i in range(shown)]
-    what = f"mask '{roles.mask}' over '{roles.image}'" if roles.mask else f"'{roles.image}'"
+    labels = captions(batch, parts, classes, shown)
+    what = f"mask '{parts.mask}' over '{parts.image}'" if parts.mask else f"'{parts.image}'"
     heading = f"{title} · {chosen} · first {shown} of {total} · {what}"
-    values = sorted(int(v) for v in np.unique(batch[roles.mask]) if v > 0) if roles.mask else []
+    values = sorted(int(v) for v in np.unique(batch[parts.mask]) if v > 0) if parts.mask else []
     return _grid(tiles, labels, heading, values)
 
 
