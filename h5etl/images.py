@@ -1,7 +1,8 @@
 """Every use of Pillow (and libpng): header probes, decoding to a field's mode, resizing, PNGs.
 
 All format quirks live here (EXIF orientation, palettes, alpha, 16-bit, 1-bit, CMYK), so the
-stages above see plain numpy arrays and ``RejectError`` with a stable reason code.
+stages above see plain numpy arrays and ``RejectError`` with a stable reason code. The value
+rules of field dtypes (``decode_field``) and ``resize_to`` are in ``h5etl.pixels``.
 """
 
 from __future__ import annotations
@@ -15,17 +16,25 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Literal
+from typing import BinaryIO
 
 import imagecodecs
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from h5etl import inputs
+from h5etl import inputs, pixels
 from h5etl.errors import RejectError
 
-Mode = Literal["RGB", "L"]
-SIXTEEN_BIT_MODES = frozenset({"I;16", "I;16B", "I;16L", "I;16N", "I"})
+# ``X as X``: re-exported, the stages call them as images.X
+from h5etl.pixels import SIXTEEN_BIT_MODES as SIXTEEN_BIT_MODES
+from h5etl.pixels import Decoded as Decoded
+from h5etl.pixels import FieldDtype, Palette, Role, unexpected
+from h5etl.pixels import Mode as Mode
+from h5etl.pixels import rejecting_surprises as rejecting_surprises
+from h5etl.pixels import resize as resize
+from h5etl.pixels import resize_to as resize_to
+from h5etl.pixels import to_array as to_array  # decode calls images.to_array (tests patch it)
+
 _SWAPS_AXES = frozenset({5, 6, 7, 8})  # EXIF orientations that rotate by 90 degrees
 _EXIF_ORIENTATION = 0x0112
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -42,10 +51,15 @@ _PROBE_BYTES = 4096  # a plain PNG's pixels start long before this
 
 @dataclass(frozen=True, slots=True)
 class ImageHeader:
+    """A file's header. ``mode`` is Pillow's; ``bits`` per sample is what decode_field reads:
+    8, 16 (I;16 modes, 16-bit PGMs, 16-bit colour PNGs that Pillow opens as 8-bit) or 32 (I, F).
+    """
+
     height: int
     width: int
     mode: str
     format: str
+    bits: int = 8
 
 
 def _open_error(path: str, exc: BaseException) -> RejectError:
@@ -95,6 +109,8 @@ def _probe_plain_png(path: str) -> ImageHeader | None:
 
 def _probe_with_pillow(handle: BinaryIO, path: str) -> ImageHeader:
     try:
+        head = handle.read(26)  # a PNG's IHDR: its bit depth
+        handle.seek(0)
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             with Image.open(handle) as image:
@@ -102,7 +118,8 @@ def _probe_with_pillow(handle: BinaryIO, path: str) -> ImageHeader:
                 # Image.getexif reads only EXIF met before the pixels; PngImageFile.getexif
                 # decodes the whole image to look for a chunk after them (25x slower).
                 orientation = Image.Image.getexif(image).get(_EXIF_ORIENTATION, 1)
-                header = ImageHeader(height, width, image.mode, image.format or "")
+                bits = _bits(image, head)
+                header = ImageHeader(height, width, image.mode, image.format or "", bits)
     except (
         OSError,
         ValueError,
@@ -114,83 +131,26 @@ def _probe_with_pillow(handle: BinaryIO, path: str) -> ImageHeader:
     except MemoryError:
         raise
     except Exception as exc:  # a plugin's or the EXIF parser's own error: see decode
-        raise _unexpected(path, exc) from exc
+        raise unexpected(path, exc) from exc
     if height == 0 or width == 0:
         raise RejectError("empty_image", "image has zero width or height", path=path)
     if orientation in _SWAPS_AXES:
-        return ImageHeader(width, height, header.mode, header.format)
+        return ImageHeader(width, height, header.mode, header.format, header.bits)
     return header
 
 
-def _scale_sixteen_bit(image: Image.Image, *, is_mask: bool) -> np.ndarray:
-    values = np.asarray(image)
-    top = int(values.max(initial=0))
-    if values.min(initial=0) < 0 or top > 0xFFFF:
-        raise RejectError("unsupported_mode", f"{image.mode} values outside 0..65535")
-    if not is_mask:
-        return (values >> 8).astype(np.uint8)
-    if top <= 0xFF:
-        # Labels stored in 16 bits (0/1, 0/255, 0..k) keep their values, so that
-        # validate.check_mask judges them: under v >> 8 they would all become 0, a valid mask.
-        return values.astype(np.uint8)
-    scaled = values >> 8
-    # 8-bit labels widened to 16 bits (0/65535 is 255 * 257; 256 is 1 << 8) shift back
-    # exactly; any other value above 255 would merge with its neighbours, so say which.
-    inexact = values[(values != scaled * 257) & (values != scaled << 8)]
-    if inexact.size:
-        bad = np.unique(inexact)
-        shown = ", ".join(map(str, bad[:5].tolist())) + (", ..." if bad.size > 5 else "")
-        raise RejectError(
-            "mask_values",
-            f"16-bit mask values must be labels up to 255 or 8-bit labels widened to 16 bits "
-            f"(v * 257 or v * 256), got {shown}",
-        )
-    return scaled.astype(np.uint8)
+def _sixteen_bit_colour_png(head: bytes) -> bool:
+    """A 16-bit grey+alpha, RGB or RGBA PNG, which Pillow opens as 8-bit (see decode_field)."""
+    ihdr = head.startswith(_PNG_SIGNATURE) and head[12:16] == b"IHDR"
+    return ihdr and head[24:26] in (b"\x10\x02", b"\x10\x04", b"\x10\x06")
 
 
-def _single_channel(rgb: np.ndarray, path: str) -> np.ndarray:
-    if not (np.array_equal(rgb[..., 0], rgb[..., 1]) and np.array_equal(rgb[..., 0], rgb[..., 2])):
-        raise RejectError(
-            "mask_not_single_channel",
-            "mask has colour: its R, G and B channels differ",
-            path=path,
-        )
-    return np.ascontiguousarray(rgb[..., 0])
-
-
-def _without_palette(image: Image.Image) -> Image.Image:
-    if image.mode == "P":
-        return image.convert("RGBA" if "transparency" in image.info else "RGB")
-    if image.mode == "PA":
-        return image.convert("RGBA")
-    return image
-
-
-def to_array(
-    image: Image.Image, mode: Mode, *, mask_labels: frozenset[int] | None, path: str
-) -> np.ndarray:
-    """Convert a loaded image to (h, w, 3) uint8 for RGB or (h, w) uint8 for L.
-
-    ``mask_labels`` marks a mask: colour is refused instead of blended into grey.
-    """
-    image = _without_palette(image)
-    if image.mode in SIXTEEN_BIT_MODES:
-        grey = _scale_sixteen_bit(image, is_mask=mask_labels is not None)
-        return np.repeat(grey[..., None], 3, axis=2) if mode == "RGB" else grey
-    if image.mode in {"F", "I;32", "BGR;24"}:
-        raise RejectError(
-            "unsupported_mode", f"pixel mode {image.mode} is not supported", path=path
-        )
-    if image.mode == mode:
-        return np.asarray(image)  # convert() to the same mode would copy the pixels
-    if mode == "RGB":
-        return np.asarray(image.convert("RGB"))
-    if image.mode in {"1", "LA"}:
-        return np.asarray(image.convert("L"))
-    rgb = np.asarray(image.convert("RGB"))
-    if mask_labels is not None:
-        return _single_channel(rgb, path)
-    return np.asarray(image.convert("RGB").convert("L"))
+def _bits(image: Image.Image, head: bytes) -> int:
+    if image.mode in {"I", "F"}:
+        return 16 if image.format == "PPM" else 32  # Pillow reads 16-bit PGMs as mode I
+    if image.mode in SIXTEEN_BIT_MODES or _sixteen_bit_colour_png(head):
+        return 16
+    return 8
 
 
 def plain_png_shape(data: bytes, *, header_only: bool = False) -> tuple[int, int, int] | None:
@@ -251,18 +211,18 @@ def _decode_plain_png(
     if shape is None or (mode == "L" and shape[2] > 1 and mask_labels is None):
         return None
     try:
-        pixels = imagecodecs.png_decode(data)
+        values = imagecodecs.png_decode(data)
     except imagecodecs.PngError:
         return None  # Pillow decides what is wrong with it, and says so
     expected = shape if shape[2] > 1 else shape[:2]
-    if pixels.shape != expected or pixels.dtype != np.uint8:
+    if values.shape != expected or values.dtype != np.uint8:
         return None
     if shape[2] == 1:
-        return pixels if mode == "L" else np.repeat(pixels[..., None], 3, axis=2)
-    rgb = pixels[..., :3]  # Pillow's RGBA -> RGB drops alpha without compositing
+        return values if mode == "L" else np.repeat(values[..., None], 3, axis=2)
+    rgb = values[..., :3]  # Pillow's RGBA -> RGB drops alpha without compositing
     if mode == "RGB":
         return rgb if shape[2] == 3 else np.ascontiguousarray(rgb)
-    return _single_channel(rgb, path)
+    return pixels.single_channel(rgb, path)
 
 
 def decode(
@@ -275,10 +235,109 @@ def decode(
     Raises:
         RejectError: undecodable, truncated, too large or of an unsupported pixel mode.
     """
-    try:
+    with _rejecting(path):
         array = _decode_plain_png(data, mode, path=path, mask_labels=mask_labels)
         if array is None:
-            array = _decode_with_pillow(data, mode, path=path, mask_labels=mask_labels)
+            with _pillow_image(data, path) as (opened, _):
+                array = to_array(opened, mode, mask_labels=mask_labels, path=path)
+    return _nonempty(array, path)
+
+
+def decode_field(
+    data: bytes,
+    *,
+    path: str,
+    mode: Mode,
+    dtype: FieldDtype,
+    role: Role,
+    palette: Palette = "index",
+) -> Decoded:
+    """Decode file bytes (EXIF orientation applied) into a field's ``mode`` and ``dtype``.
+
+    ``array`` is (h, w, 3) for RGB, (h, w) for L; ``conversion`` is "" when exact, else a code
+    of ``pixels.CONVERSIONS`` the build counts. Input (Pillow mode) by field dtype:
+
+    ==================  =========  ==============  ==============  ==============
+    input               uint8      uint16          int16           float32
+    ==================  =========  ==============  ==============  ==============
+    8-bit (L, RGB, P)   as is      values as is    as is           as is
+    16-bit (I;16,       v >> 8,    as is           exact up to     as is
+    16-bit PGM/PNG)     reported                   32767, else L
+    32-bit int (I)      L unless   L unless        L unless        L beyond
+                        0..255     0..65535        -32768..32767   +-2**24
+    float (F)           L unless integers in the dtype's range     as is
+    ==================  =========  ==============  ==============  ==============
+
+    "reported" is conversion ``16_to_8_bits``; L is a reject ``lossy_conversion`` naming the
+    values found and a dtype that holds them. A grey input of an RGB field repeats its channel;
+    alpha is dropped; 16-bit colour PNGs, which Pillow opens as 8-bit, are read with libpng.
+    ``role="mask"`` (mode L only): a palette file gives its indices (``palette="index"``);
+    16-bit into uint8 follows the mask rules (labels up to 255 kept, widened labels shifted
+    back, reported), an RGB file must have equal channels. ``palette="color"``: the (h, w, 3)
+    uint8 colours of any mask file, grey ones too, for ``validate.map_colors``.
+
+    Raises:
+        RejectError: as ``decode`` (truncated, too large, undecodable, EXIF or plugin
+            errors), ``lossy_conversion``, ``mask_not_single_channel``, ``mask_values``.
+    """
+    if role == "mask" and mode != "L":
+        raise ValueError(f"a mask is decoded in mode L, not {mode}")
+    colour_table = role == "mask" and palette == "color"
+    # the 8-bit path: what decode returns for these, colours for a colour table
+    eight_bit: Mode = "RGB" if colour_table else mode
+    labels = frozenset[int]() if role == "mask" and not colour_table else None
+    with _rejecting(path):
+        native = _decode_plain_png(data, eight_bit, path=path, mask_labels=labels)
+        source: str = eight_bit
+        if native is None:
+            native, source = _native_with_pillow(data, eight_bit, role, palette, labels, path)
+    native = _nonempty(native, path)
+    return pixels.convert(
+        native, source=source, mode=mode, dtype=dtype, role=role, palette=palette, path=path
+    )
+
+
+def _native_with_pillow(
+    data: bytes,
+    eight_bit: Mode,
+    role: Role,
+    palette: Palette,
+    labels: frozenset[int] | None,
+    path: str,
+) -> tuple[np.ndarray, str]:
+    """The file's pixels at their own depth (uint8, uint16, int32 for I, float32 for F)."""
+    # Pillow opens a 16-bit RGB(A) or grey+alpha PNG as 8-bit RGB/RGBA: PngImagePlugin's
+    # _MODES maps (16, 2) to mode "RGB" with rawmode "RGB;16B" (also (16, 4), (16, 6) to
+    # RGBA), whose unpacker keeps each sample's high byte (Pillow 13.0; the tests check it).
+    # libpng gives all 16 bits; the orientation is applied here as Pillow would.
+    sixteen_colour = _sixteen_bit_colour_png(data)
+    with _pillow_image(data, path, upright=not sixteen_colour) as (image, orientation):
+        if sixteen_colour:
+            return pixels.orient(imagecodecs.png_decode(data), orientation), f"{image.mode};16"
+        if image.mode in {"P", "PA"} and role == "mask" and palette == "index":
+            indices = np.asarray(image)  # a palette mask's indices are its labels
+            return (indices[..., 0] if indices.ndim == 3 else indices), image.mode
+        if image.mode in SIXTEEN_BIT_MODES or image.mode == "F":
+            values = np.asarray(image)
+            if values.dtype.kind == "u" or (image.mode == "I" and image.format == "PPM"):
+                values = values.astype(np.uint16)  # a 16-bit PGM is mode I, scaled 0..65535
+            elif values.dtype.kind == "i":
+                values = values.astype(np.int32)
+            return values, image.mode
+        return to_array(image, eight_bit, mask_labels=labels, path=path), image.mode
+
+
+def _nonempty(array: np.ndarray, path: str) -> np.ndarray:
+    if array.size == 0:
+        raise RejectError("empty_image", "image has zero width or height", path=path)
+    return array
+
+
+@contextlib.contextmanager
+def _rejecting(path: str) -> Iterator[None]:
+    """What decoding a file raises, as that file's ``RejectError`` (``MemoryError`` passes)."""
+    try:
+        yield
     except RejectError as exc:
         exc.path = path
         raise
@@ -292,18 +351,20 @@ def decode(
         if "truncated" in str(exc):
             raise _open_error(path, exc) from exc
         raise RejectError("decode_error", f"cannot decode: {exc}", path=path) from exc
-    if array.size == 0:
-        raise RejectError("empty_image", "image has zero width or height", path=path)
-    return array
+    except imagecodecs.PngError as exc:  # libpng refused what Pillow read
+        raise RejectError("decode_error", f"cannot decode: {exc}", path=path) from exc
 
 
-def _decode_with_pillow(
-    data: bytes, mode: Mode, *, path: str, mask_labels: frozenset[int] | None
-) -> np.ndarray:
+@contextlib.contextmanager
+def _pillow_image(
+    data: bytes, path: str, *, upright: bool = True
+) -> Iterator[tuple[Image.Image, int]]:
+    """The loaded image and its EXIF orientation (1 once applied, as it is if ``upright``)."""
     with warnings.catch_warnings():
         warnings.simplefilter("error", Image.DecompressionBombWarning)
-        with _opened_and_loaded(data, path) as opened:
-            return to_array(opened, mode, mask_labels=mask_labels, path=path)
+        opened, orientation = _opened_and_loaded(data, path, upright=upright)
+        with opened:
+            yield opened, orientation
 
 
 # What Pillow raises by design for a bad file; decode words each of them.
@@ -318,8 +379,8 @@ _PILLOW_ERRORS = (
 )
 
 
-def _opened_and_loaded(data: bytes, path: str) -> Image.Image:
-    """Pillow's open, load and EXIF orientation, upright.
+def _opened_and_loaded(data: bytes, path: str, *, upright: bool) -> tuple[Image.Image, int]:
+    """Pillow's open, load and EXIF orientation: applied if ``upright``, else returned.
 
     Plugins and the EXIF parser also raise ``struct.error``, ``KeyError``,
     ``ZeroDivisionError``... for a malformed file: those become a ``decode_error`` of that
@@ -330,48 +391,18 @@ def _opened_and_loaded(data: bytes, path: str) -> Image.Image:
     except _PILLOW_ERRORS:
         raise
     except Exception as exc:
-        raise _unexpected(path, exc) from exc
+        raise unexpected(path, exc) from exc
     try:
         opened.load()
-        ImageOps.exif_transpose(opened, in_place=True)  # no copy when upright
+        if upright:
+            ImageOps.exif_transpose(opened, in_place=True)  # no copy when upright
+            return opened, 1
+        return opened, opened.getexif().get(_EXIF_ORIENTATION, 1)
     except BaseException as exc:
         opened.close()
         if isinstance(exc, Exception) and not isinstance(exc, _PILLOW_ERRORS):
-            raise _unexpected(path, exc) from exc
+            raise unexpected(path, exc) from exc
         raise
-    return opened
-
-
-def _unexpected(path: str, exc: Exception, doing: str = "decode") -> RejectError:
-    kind = type(exc)
-    name = (
-        kind.__qualname__
-        if kind.__module__ == "builtins"
-        else f"{kind.__module__}.{kind.__qualname__}"
-    )
-    return RejectError("decode_error", f"cannot {doing}: {name}: {exc}", path=path)
-
-
-@contextlib.contextmanager
-def rejecting_surprises(path: str, doing: str) -> Iterator[None]:
-    """Any exception the block raises on ``path``'s pixels becomes its ``decode_error``.
-
-    For the steps after decoding that still see what a file holds (Pillow's resize, the mask
-    check): a crafted file must cost its sample, not the build. ``RejectError`` and
-    ``MemoryError`` pass through: the decode stage words them.
-    """
-    try:
-        yield
-    except (RejectError, MemoryError):
-        raise
-    except Exception as exc:
-        raise _unexpected(path, exc, doing) from exc
-
-
-def resize(array: np.ndarray, size: tuple[int, int], *, is_mask: bool) -> np.ndarray:
-    """Resize to (h, w): Lanczos for images; nearest for masks so labels stay labels."""
-    resample = Image.Resampling.NEAREST if is_mask else Image.Resampling.LANCZOS
-    return np.asarray(Image.fromarray(array).resize((size[1], size[0]), resample))
 
 
 def save_png(path: Path, array: np.ndarray, *, mode: str | None = None) -> None:
