@@ -63,14 +63,19 @@ def stats_line(name: str, dataset: h5py.Dataset) -> str | None:
 
 
 def histogram_line(name: str, dataset: h5py.Dataset) -> str | None:
-    """``  mask histogram: 0 1200, 1 36`` from the stored histogram, or None without one."""
+    """``  label histogram: 0 12, 1 36`` from the stored histogram, or None without one.
+
+    An array's histogram counts its unpadded pixels (the build's statistics do), so it says
+    so: the ``values`` line beside it counts every stored pixel, padding included.
+    """
     values_attr, counts_attr = fileformat.HISTOGRAM_ATTRS
     if values_attr not in dataset.attrs or counts_attr not in dataset.attrs:
         return None
     values = np.asarray(dataset.attrs[values_attr]).reshape(-1).tolist()
     counts = np.asarray(dataset.attrs[counts_attr]).reshape(-1).tolist()
     pairs = ", ".join(f"{v} {c}" for v, c in zip(values, counts, strict=False))
-    return f"  {name} histogram: {pairs or 'empty'}"
+    where = " (unpadded pixels)" if dataset.ndim > 1 else ""
+    return f"  {name} histogram{where}: {pairs or 'empty'}"
 
 
 def label_counts(dataset: h5py.Dataset) -> dict[int, int]:

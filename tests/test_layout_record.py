@@ -416,7 +416,7 @@ def test_check_passes_a_release_laid_out_by_its_record(
         assert word in high
     histogram = next(line for line in lines if line.startswith("  label histogram: "))
     assert histogram == "  label histogram: 0 2, 1 1, 2 3"
-    assert any(line.startswith("  mask histogram: 0 ") for line in lines)
+    assert any(line.startswith("  mask histogram (unpadded pixels): 0 ") for line in lines)
     assert any(line.startswith("  mask values: 0 ") for line in lines)
     assert not any(line.startswith("  name stats") for line in lines)
 
