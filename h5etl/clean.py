@@ -22,6 +22,8 @@ import numpy as np
 
 from h5etl import geometry, images, inputs
 from h5etl.errors import RejectError
+from h5etl.kinds.base import ArrayColumn, Kind
+from h5etl.kinds.tabular import Prepared
 from h5etl.records import (
     Reject,
     Sample,
@@ -54,19 +56,36 @@ PROBE_BATCH = 128  # samples per probe task: big enough that IPC is noise beside
 
 
 @dataclass(frozen=True, slots=True)
+class ProbeTarget:
+    """An array field read from files, as a header probe sees it."""
+
+    name: str
+    source_index: int
+    height: int
+    width: int
+    same_as: str | None = None  # the field whose size it must have (a mask's image)
+    times: tuple[str, int] | None = None  # (field, factor): exactly factor times its size
+
+
+@dataclass(frozen=True, slots=True)
 class ProbeRules:
     """What a header probe checks beyond readability: plain data, picklable for workers."""
 
     reject_oversize: bool
-    targets: tuple[tuple[str, int, int], ...]  # (field, height, width) of each image field
+    targets: tuple[ProbeTarget, ...]
 
     @classmethod
-    def of(cls, spec: Spec) -> ProbeRules:
+    def of(cls, spec: Spec, kinds: Sequence[Kind]) -> ProbeRules:
         targets = []
-        for name in spec.image_fields:
-            shape = spec.fields[name].shape
-            assert shape is not None
-            targets.append((name, shape[1], shape[2]))
+        for kind in kinds:
+            column = kind.column
+            if not isinstance(column, ArrayColumn) or kind.source_index is None:
+                continue  # derived fields read no file
+            shape = column.layout.shape
+            of = getattr(kind, "of", None)
+            scale_of = getattr(kind, "scale_of", None)
+            times = (scale_of, int(getattr(kind, "scale_factor", 1))) if scale_of else None
+            targets.append(ProbeTarget(kind.name, kind.source_index, shape[1], shape[2], of, times))
         return cls(spec.pad.oversize == "reject", tuple(targets))
 
 
@@ -87,6 +106,8 @@ class Plan:
     rejects: list[Reject]
     renamed: list[tuple[str, str]] = field(default_factory=list)  # (original key, new key)
     digest: str = ""  # SHA-256 of splits, keys, file names, probed sizes, file sizes and mtimes
+    kinds: tuple[Kind, ...] = ()  # the fields' kinds, bound to the inputs (class names found)
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def total(self) -> int:
@@ -184,33 +205,54 @@ def stamp_samples(samples: Sequence[Sample]) -> list[ProbeOutcome]:
 
 def _probe_sample(sample: Sample, rules: ProbeRules) -> ProbeOutcome:
     """The sample's size from its headers (and its files' stamps), or the rejects of its files."""
+    files = sample.files
     sizes: dict[str, tuple[int, int]] = {}
-    stamps = []
-    for f in sample.files:
+    for target in rules.targets:
+        path = files[target.source_index].path
         try:
-            header = images.probe(f.path)
-            stat = os.stat(f.path)
+            header = images.probe(path)
         except RejectError as exc:
-            return _reject_sample(sample, exc.reason, exc.message, f.path)
+            return _reject_sample(sample, exc.reason, exc.message, path)
+        sizes[target.name] = (header.height, header.width)
+    stamps = []
+    for f in files:
+        try:
+            info = os.stat(f.path)
         except OSError as exc:
-            detail = f"cannot read: {exc.strerror or exc}"
-            return _reject_sample(sample, "unreadable", detail, f.path)
-        sizes[f.source] = (header.height, header.width)
-        stamps.append(f"{stat.st_size}:{stat.st_mtime_ns}")
-    if len(set(sizes.values())) > 1:
-        shown = ", ".join(f"{source} {h}x{w}" for source, (h, w) in sizes.items())
-        return _reject_sample(sample, "size_mismatch", f"sizes differ (HxW): {shown}")
-    size = next(iter(sizes.values()))
-    if rules.reject_oversize:
-        for name, height, width in rules.targets:
-            if geometry.is_oversize(size, (height, width)):
-                return _reject_sample(
-                    sample,
-                    "oversize",
-                    f"{size[0]}x{size[1]} is larger than fields.{name}.shape "
-                    f"{height}x{width} (pad.oversize: reject; crop or resize to keep it)",
-                )
-    return Probed(size[0], size[1], ",".join(stamps))
+            return _reject_sample(sample, *_stat_problem(f.path, exc), f.path)
+        stamps.append(f"{info.st_size}:{info.st_mtime_ns}")
+    for target in rules.targets:
+        problem = _size_problem(target, sizes, rules.reject_oversize)
+        if problem is not None:
+            return _reject_sample(sample, *problem)
+    height, width = next(iter(sizes.values()), (0, 0))
+    return Probed(height, width, ",".join(stamps))
+
+
+def _size_problem(
+    target: ProbeTarget, sizes: dict[str, tuple[int, int]], reject_oversize: bool
+) -> tuple[str, str] | None:
+    size = sizes[target.name]
+    if target.same_as is not None and sizes.get(target.same_as, size) != size:
+        other = sizes[target.same_as]
+        return "size_mismatch", (
+            f"sizes differ (HxW): {target.same_as} {other[0]}x{other[1]}, "
+            f"{target.name} {size[0]}x{size[1]}"
+        )
+    if target.times is not None and target.times[0] in sizes:
+        of, factor = target.times
+        other = sizes[of]
+        if size != (other[0] * factor, other[1] * factor):
+            return "scale_mismatch", (
+                f"{target.name} is {size[0]}x{size[1]}, expected {factor} x {of} "
+                f"{other[0]}x{other[1]}"
+            )
+    if reject_oversize and geometry.is_oversize(size, (target.height, target.width)):
+        return "oversize", (
+            f"{size[0]}x{size[1]} is larger than fields.{target.name}.shape "
+            f"{target.height}x{target.width} (pad.oversize: reject; crop or resize to keep it)"
+        )
+    return None
 
 
 def probe_samples(samples: Sequence[Sample], rules: ProbeRules) -> list[ProbeOutcome]:
@@ -225,6 +267,7 @@ def plan(
     *,
     mapper: Mapper | None = None,
     headers: bool = True,
+    kinds: Sequence[Kind] | None = None,
 ) -> Plan:
     """Probe and place every sample.
 
@@ -233,12 +276,18 @@ def plan(
     ``headers=False`` only the files' sizes and mtimes are read: a build decodes every
     sample anyway, and decoding makes every check a header probe makes, so the probes would
     only read each file twice (a fifth of a build's wall time, before any decoding).
+    Values known without decoding (labels, table columns) are found here, in the parent: a
+    sample without one is rejected now, and they travel with it (``Sample.extras``).
 
     Returns:
         The plan; every input is either in it once or among its rejects.
     """
+    if kinds is None:
+        from h5etl.kinds.registry import kinds_of  # the parent's: it reads the config
+
+        kinds = kinds_of(spec)
     renamed_samples, renamed = sanitize_keys(samples)
-    rules = ProbeRules.of(spec)
+    rules = ProbeRules.of(spec, kinds)
     batches = [
         renamed_samples[i : i + PROBE_BATCH] for i in range(0, len(renamed_samples), PROBE_BATCH)
     ]
@@ -247,27 +296,77 @@ def plan(
     )
     outcomes = map(probe_batch, batches) if mapper is None else mapper(probe_batch, batches)
     rejects: list[Reject] = []
-    by_split: dict[str, list[Sample]] = {name: [] for name in spec.splits}
-    digest = hashlib.sha256()
-    # A sample's split follows from its own name (NFC), never from the key it was given, which
-    # can change when another file's key collides with it.
-    originals = {new: old for old, new in renamed}
+    passed: list[tuple[Sample, Probed]] = []
     for batch, results in zip(batches, outcomes, strict=True):
         for sample, outcome in zip(batch, results, strict=True):
             if isinstance(outcome, list):
                 rejects.extend(outcome)
             else:
-                name = unicodedata.normalize("NFC", originals.get(sample.key, sample.key))
-                split = split_of(name, spec.splits, spec.seed)
-                by_split[split].append(sample)
-                names = "\x01".join(sample.relpaths)
-                size = f"{outcome.height}x{outcome.width}\x01{outcome.stamp}"
-                digest.update(text_bytes(f"\x00{split}\x02{sample.key}\x01{names}\x01{size}"))
+                passed.append((sample, outcome))
         if progress is not None:
             progress(len(batch))
+    annotated, bound, warnings = _annotated(passed, kinds, rejects)
+    by_split = _assigned(spec, annotated, bound, renamed)
+    digest = hashlib.sha256()
+    for split, pairs in by_split.items():
+        for sample, outcome in pairs:
+            names = "\x01".join(sample.relpaths)
+            size = f"{outcome.height}x{outcome.width}\x01{outcome.stamp}"
+            extras = f"\x03{sample.extras!r}" if sample.extras else ""
+            digest.update(text_bytes(f"\x00{split}\x02{sample.key}\x01{names}\x01{size}{extras}"))
     rng = np.random.default_rng(spec.seed)
     ordered = {}
-    for name, members in by_split.items():
-        members.sort(key=lambda s: s.key)
+    for name, placed in by_split.items():
+        members = sorted((sample for sample, _ in placed), key=lambda s: s.key)
         ordered[name] = [members[i] for i in rng.permutation(len(members))]
-    return Plan(ordered, rejects, renamed, digest.hexdigest())
+    return Plan(ordered, rejects, renamed, digest.hexdigest(), tuple(bound), warnings)
+
+
+def _annotated(
+    passed: list[tuple[Sample, Probed]], kinds: Sequence[Kind], rejects: list[Reject]
+) -> tuple[list[tuple[Sample, Probed]], list[Kind], list[str]]:
+    """Each sample with its plan-side values (``extras``); the kinds bound to the inputs."""
+    planned = [kind for kind in kinds if kind.plan_side]
+    if not planned:
+        return passed, list(kinds), []
+    samples = [sample for sample, _ in passed]
+    prepared: list[Prepared] = [kind.prepare(samples) for kind in planned]
+    bound = {p.kind.name: p.kind for p in prepared}
+    out = []
+    for sample, outcome in passed:
+        try:
+            extras = tuple(p.value(sample) for p in prepared)
+        except RejectError as exc:
+            rejects.extend(_reject_sample(sample, exc.reason, exc.message, str(exc.path or "")))
+            continue
+        out.append((Sample(sample.key, sample.relpaths, sample.roots, extras), outcome))
+    warnings = [w for p in prepared for w in p.warnings]
+    return out, [bound.get(kind.name, kind) for kind in kinds], warnings
+
+
+def _assigned(
+    spec: Spec,
+    annotated: list[tuple[Sample, Probed]],
+    kinds: Sequence[Kind],
+    renamed: list[tuple[str, str]],
+) -> dict[str, list[tuple[Sample, Probed]]]:
+    """Samples per split. A sample's split follows from its own name (NFC), never from the
+    key it was given, which can change when another file's key collides with it."""
+    originals = {new: old for old, new in renamed}
+    names = [
+        unicodedata.normalize("NFC", originals.get(sample.key, sample.key))
+        for sample, _ in annotated
+    ]
+    by_split: dict[str, list[tuple[Sample, Probed]]] = {name: [] for name in spec.splits}
+    if spec.stratify is None:
+        splits = [split_of(name, spec.splits, spec.seed) for name in names]
+    else:
+        from h5etl import stratify
+
+        planned = [kind.name for kind in kinds if kind.plan_side]
+        column = planned.index(spec.stratify)
+        strata = [sample.extras[column] for sample, _ in annotated]
+        splits = stratify.assign_splits(names, spec.splits, spec.seed, strata=strata)
+    for pair, split in zip(annotated, splits, strict=True):
+        by_split[split].append(pair)
+    return by_split

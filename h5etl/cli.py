@@ -124,6 +124,15 @@ def _summary(report: BuildReport) -> None:
         _say(f"rejects: {len(report.rejects)} files ({reasons})")
     else:
         _say("rejects: none")
+    from h5etl.report import CONVERSIONS
+
+    for name, codes in report.conversions.items():
+        shown = ", ".join(f"{n} {CONVERSIONS.get(code, code)}" for code, n in codes.items())
+        _say(f"converted: {name}: {shown}")
+    for split, fields in report.class_counts.items():
+        for name, counts in fields.items():
+            shown = ", ".join(f"{label} {n}" for label, n in counts.items())
+            _say(f"classes: {split}/{name}: {shown}")
     if report.path is not None:
         ratio = report.raw_bytes / report.stored_bytes if report.stored_bytes else 0.0
         _say(
@@ -208,8 +217,13 @@ def validate(config: ConfigArgument) -> None:
     from h5etl.config import load_spec
 
     spec = _run(lambda: load_spec(config))
-    fields = ", ".join(spec.fields)
+    fields = ", ".join(f"{name} ({spec.kind_of(name)})" for name in spec.fields)
     _say(f"{config}: OK ({spec.name}: fields {fields}; splits {', '.join(spec.splits)})")
+    for name, kind in spec.inferred_kinds.items():
+        _say(
+            f"note: fields.{name} has no kind: read as kind: {kind}, as before kinds existed "
+            f"(write kind: {kind} to say so)"
+        )
 
 
 @app.command()

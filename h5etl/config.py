@@ -17,9 +17,9 @@ from pydantic import BaseModel, ValidationError
 
 from h5etl import resources
 from h5etl.errors import ConfigError
+from h5etl.fieldspecs import FIELD_MODELS, inferred_kind
 from h5etl.spec import (
     Compression,
-    FieldSpec,
     PadSpec,
     SourceSpec,
     Spec,
@@ -170,15 +170,20 @@ def _resolve_paths(
 Key = tuple[str | int, ...]
 Kind = Literal["unknown_key", "unknown_source", "other"]
 
-# The model that validates the mapping at each key path (None: any name), for "did you mean".
-_MODELS: list[tuple[tuple[str | None, ...], type[BaseModel]]] = [
-    ((), Spec),
-    (("storage",), StorageSpec),
-    (("pad",), PadSpec),
-    (("sources", None), SourceSpec),
-    (("fields", None), FieldSpec),
-    (("storage", "compression"), Compression),
-    (("fields", None, "compression"), Compression),
+
+def _keys(model: type[BaseModel]) -> list[str]:
+    return [info.alias or name for name, info in model.model_fields.items()]
+
+
+# The keys of the mapping at each key path (None: any name), for "did you mean".
+_MODELS: list[tuple[tuple[str | None, ...], list[str]]] = [
+    ((), _keys(Spec)),
+    (("storage",), _keys(StorageSpec)),
+    (("pad",), _keys(PadSpec)),
+    (("sources", None), _keys(SourceSpec)),
+    (("fields", None), sorted({k for m in FIELD_MODELS.values() for k in _keys(m)})),
+    (("storage", "compression"), _keys(Compression)),
+    (("fields", None, "compression"), _keys(Compression)),
 ]
 
 
@@ -191,17 +196,32 @@ class _Found:
 
 def _unknown_key(key: Key) -> str:
     parent, name = key[:-1], str(key[-1])
-    for pattern, model in _MODELS:
+    for pattern, keys in _MODELS:
         if len(pattern) == len(parent) and all(
             want is None or want == part for want, part in zip(pattern, parent, strict=True)
         ):
-            close = difflib.get_close_matches(name, list(model.model_fields), n=1)
+            close = difflib.get_close_matches(name, keys, n=1)
             if close:
                 return (
                     f"unknown key; did you mean {close[0]!r}? (the README's config reference "
                     f"lists every key)"
                 )
     return "unknown key (check the spelling against the README's config reference)"
+
+
+def _unknown_field_key(kind: str, name: str) -> str:
+    """An unknown key of a field: its kind's own keys, and which kind takes it if another."""
+    keys = _keys(FIELD_MODELS[kind])
+    close = difflib.get_close_matches(name, keys, n=1)
+    if close:
+        return f"unknown key; did you mean {close[0]!r}? (a {kind} field's keys: {', '.join(keys)})"
+    others = [k for k, model in FIELD_MODELS.items() if name in _keys(model)]
+    if others:
+        return (
+            f"a {kind} field takes no {name} (that is a key of {' and '.join(others)} fields; "
+            f"a {kind} field's keys: {', '.join(keys)})"
+        )
+    return f"unknown key (a {kind} field's keys: {', '.join(keys)})"
 
 
 def _typos(data: Mapping[str, Any], merged: Mapping[str, Any]) -> list[_Found]:
@@ -221,7 +241,14 @@ def _typos(data: Mapping[str, Any], merged: Mapping[str, Any]) -> list[_Found]:
             continue
         if source is not None and not isinstance(source, str):
             continue
-        read = source_for(name, source=source, is_text=field.get("dtype") == "str", sources=names)
+        kind = field.get("kind") or inferred_kind(field)
+        if kind not in {"image", "mask", "text"} or isinstance(field.get("from"), Mapping):
+            continue  # reads a table or a sidecar: the spec names the key
+        if field.get("derive") is not None:
+            continue
+        read = source_for(
+            name, source=source, reads_own_name=kind in {"image", "mask"}, sources=names
+        )
         if read not in names:
             key: Key = ("fields", name) if source is None else ("fields", name, "source")
             message = unknown_source(read, names, implicit=source is None)
@@ -232,7 +259,11 @@ def _typos(data: Mapping[str, Any], merged: Mapping[str, Any]) -> list[_Found]:
 def _from_validation(exc: ValidationError) -> list[_Found]:
     found: list[_Found] = []
     for error in exc.errors(include_url=False):
-        loc = tuple(part for part in error["loc"] if part != "function-after[...]")
+        tagged = tuple(part for part in error["loc"] if part != "function-after[...]")
+        loc = _without_kind_tag(tagged)
+        if error["type"] == "unknown_kind":
+            found.append(_Found(((*loc, "kind"),), _unknown_kind(error.get("input"))))
+            continue
         cause = error.get("ctx", {}).get("error")
         if isinstance(cause, SpecProblems):  # a model validator that names its own keys
             found.extend(
@@ -242,7 +273,9 @@ def _from_validation(exc: ValidationError) -> list[_Found]:
             continue
         message = error["msg"].removeprefix("Value error, ")
         kind: Kind = "other"
-        if error["type"] == "extra_forbidden":
+        if error["type"] == "extra_forbidden" and len(tagged) == 4 and tagged != loc:
+            message, kind = _unknown_field_key(str(tagged[2]), str(loc[-1])), "unknown_key"
+        elif error["type"] == "extra_forbidden":
             message, kind = _unknown_key(loc), "unknown_key"
         elif error["type"] == "missing":
             message = "required key is missing"
@@ -250,6 +283,34 @@ def _from_validation(exc: ValidationError) -> list[_Found]:
             message = f"{message}, got {error['input']!r}"
         found.append(_Found((loc,), message, kind))
     return found
+
+
+def _without_kind_tag(loc: Key) -> Key:
+    """A field's location without the union tag pydantic puts after its name."""
+    if len(loc) >= 3 and loc[0] == "fields" and loc[2] in FIELD_MODELS:
+        return (*loc[:2], *loc[3:])
+    return loc
+
+
+def _unknown_kind(data: Any) -> str:
+    kind = data.get("kind") if isinstance(data, Mapping) else data
+    known = list(FIELD_MODELS)
+    text = f"kind must be one of {', '.join(known)}, got {kind!r}"
+    close = difflib.get_close_matches(str(kind), known, n=1)
+    return f"{text}; did you mean {close[0]!r}?" if close else text
+
+
+def inferred_kinds(data: Mapping[str, Any]) -> dict[str, str]:
+    """The fields a config (merged with its recipe) leaves without ``kind:``, and the kind
+    each gets, for ``h5etl validate`` to say."""
+    fields = data.get("fields")
+    if not isinstance(fields, Mapping):
+        return {}
+    return {
+        str(name): inferred_kind(field)
+        for name, field in fields.items()
+        if isinstance(field, Mapping) and field.get("kind") is None
+    }
 
 
 def _depth(tree: Any, key: Key) -> int:
@@ -345,6 +406,7 @@ def parse_spec(data: Mapping[str, Any], *, config_path: Path) -> Spec:
         config_dir=config_path.parent,
         config_file=config_path if config_path.is_file() else None,
         written_paths=written,
+        inferred_kinds=inferred_kinds(merged),
     )
     missing = [
         origin.line(_Found((("sources", name, "dir"),), f"folder does not exist: {src.dir}"))

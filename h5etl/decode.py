@@ -1,121 +1,90 @@
-"""decode: in a worker, turn one task's files into validated, stacked, compressed chunks.
+"""decode: in a worker, turn one task's files into validated, stacked, compressed columns.
 
-Per sample: read the bytes once (hashing them for lineage), decode, convert the mode, fit
-(crop/resize/pad), validate masks. Per task: keep whole chunks of accepted samples (reserves
-replace rejects; what cannot fill a chunk is deferred), compress them and hash each block, so
-the single writer only writes. Scheduling the tasks is ``h5etl.schedule``'s job.
+Per sample: read the bytes once (hashing them for lineage), then each field's kind decodes,
+fits and validates its value (``h5etl.kinds``); a sample is kept only when every field
+accepts it. Per task: keep whole chunks of accepted samples (reserves replace rejects; what
+cannot fill a chunk is deferred), compress the array columns and hash each block, gather the
+statistics, so the single writer only writes. Scheduling the tasks is ``h5etl.schedule``'s job.
 """
 
 from __future__ import annotations
 
 import hashlib
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
-from h5etl import digest, geometry, images, inputs, validate
-from h5etl.chunkcodec import ChunkLayout, encode_block
+from h5etl import digest, geometry, inputs, stats
+from h5etl.chunkcodec import encode_block
 from h5etl.errors import RejectError
-from h5etl.records import BatchResult, DecodeTask, Sample, sample_rejects
-
-if TYPE_CHECKING:  # workers import this module; pydantic stays out of them
-    from h5etl.spec import Spec
+from h5etl.kinds.base import ArrayColumn, Kind, SampleContext, ScalarColumn
+from h5etl.records import BatchResult, DecodeTask, EncodedRows, Sample, sample_rejects
 
 STAGE = "decode"
 
 
 @dataclass(frozen=True, slots=True)
-class FieldRecipe:
-    name: str
-    source_index: int
-    mode: images.Mode
-    values: tuple[int, ...] | None
-    layout: ChunkLayout
-    fill: int  # pad.fill for images; pad.mask_fill for masks, so padding is a valid label
-
-
-@dataclass(frozen=True, slots=True)
 class DecodeRecipe:
-    """Everything a worker needs, frozen and picklable: no handles, no paths to configs."""
+    """Everything a worker needs, frozen and picklable: the fields' kinds, in decode order."""
 
-    image_fields: tuple[FieldRecipe, ...]
-    text_fields: tuple[tuple[str, int], ...]  # (field name, source index)
-    oversize: str
+    kinds: tuple[Kind, ...]
+    order: tuple[int, ...]  # positions in ``kinds``: each field after those it depends on
+    plan_fields: tuple[str, ...] = ()  # fields whose values travel in ``Sample.extras``
 
     @classmethod
-    def from_spec(cls, spec: Spec, layouts: dict[str, ChunkLayout]) -> DecodeRecipe:
-        sources = list(spec.sources)
-        fields = []
-        for name in spec.image_fields:
-            field = spec.fields[name]
-            assert field.mode is not None
-            fields.append(
-                FieldRecipe(
-                    name,
-                    sources.index(spec.source_of(name)),
-                    field.mode,
-                    field.values,
-                    layouts[name],
-                    spec.pad.fill if field.values is None else spec.pad.mask_fill,
-                )
-            )
-        texts = tuple((name, sources.index(spec.source_of(name))) for name in spec.text_fields)
-        return cls(tuple(fields), texts, spec.pad.oversize)
+    def of(cls, kinds: Sequence[Kind], order: Sequence[int]) -> DecodeRecipe:
+        planned = tuple(kind.name for kind in kinds if kind.plan_side)
+        return cls(tuple(kinds), tuple(order), planned)
 
-
-def _fit(array: np.ndarray, field: FieldRecipe, oversize: str) -> np.ndarray:
-    target = (field.layout.shape[1], field.layout.shape[2])
-    size = (array.shape[0], array.shape[1])
-    if not geometry.is_oversize(size, target):
-        return array
-    if oversize == "resize":
-        return images.resize(
-            array, geometry.fit_within(size, target), is_mask=field.values is not None
+    @property
+    def arrays(self) -> tuple[tuple[Kind, ArrayColumn], ...]:
+        return tuple(
+            (kind, kind.column) for kind in self.kinds if isinstance(kind.column, ArrayColumn)
         )
-    if oversize == "crop":
-        return geometry.center_crop(array, target)
-    raise RejectError("oversize", f"{size[0]}x{size[1]} is larger than {target[0]}x{target[1]}")
 
 
-def _decode_sample(
-    sample: Sample, recipe: DecodeRecipe, out: dict[str, np.ndarray], row: int
-) -> tuple[str, ...]:
-    """Decode one sample into row ``row`` of ``out``; return each file's hex SHA-256."""
-    files = sample.files
+@dataclass(slots=True)
+class _Decoded:
+    """One accepted sample: each field's value, its files' digests, its own statistics."""
+
+    position: int
+    sample: Sample
+    values: dict[str, Any]
+    hashes: tuple[str, ...]
+    conversions: list[tuple[str, str]] = field(default_factory=list)
+    sample_stats: dict[str, Any] = field(default_factory=dict)
+
+
+def _decode_sample(sample: Sample, recipe: DecodeRecipe, position: int) -> _Decoded:
+    """Decode one sample through every field's kind; rejects raise ``RejectError``."""
     # never a plain open(): a file swapped for a FIFO since it was listed would block it
-    contents = [inputs.read_file(source_file.path) for source_file in files]
-    decoded = []
-    for field in recipe.image_fields:
-        path = files[field.source_index].path
-        labels = frozenset(field.values) if field.values is not None else None
-        array = images.decode(
-            contents[field.source_index], field.mode, path=path, mask_labels=labels
-        )
-        if field.values is not None:
-            with images.rejecting_surprises(path, "check the mask"):
-                array = validate.check_mask(array, field.values, path=path)
-        decoded.append((field, path, array))
-    sizes = {array.shape[:2] for _, _, array in decoded}
-    if len(sizes) > 1:  # the header probe cannot see an orientation stored after the pixels
-        shown = ", ".join(f"{f.name} {a.shape[0]}x{a.shape[1]}" for f, _, a in decoded)
-        raise RejectError(
-            "size_mismatch", f"sizes differ after decoding (HxW): {shown}", path=decoded[0][1]
-        )
-    fitted = []
-    for field, path, array in decoded:
-        try:
-            with images.rejecting_surprises(path, recipe.oversize):  # resize runs Pillow
-                fitted.append((field, _fit(array, field, recipe.oversize)))
-        except RejectError as exc:
-            exc.path = path
-            raise
-    # Only a sample that passed every check touches its row: a rejected one must not leave
-    # pixels in the padding of the sample that takes the row next.
-    for field, array in fitted:
-        geometry.place(array, out[field.name][row])
-    return tuple(hashlib.sha256(data).hexdigest() for data in contents)
+    contents = [inputs.read_file(source_file.path) for source_file in sample.files]
+    context = SampleContext(
+        sample, contents, dict(zip(recipe.plan_fields, sample.extras, strict=True))
+    )
+    values = {}
+    for index in recipe.order:
+        kind = recipe.kinds[index]
+        values[kind.name] = kind.decode(context)
+    decoded = _Decoded(
+        position,
+        sample,
+        values,
+        tuple(hashlib.sha256(data).hexdigest() for data in contents),
+        context.conversions,
+    )
+    for kind, _ in recipe.arrays:  # over the unpadded pixels, sample by sample
+        if kind.stats == "channels":
+            pixels = values[kind.name]
+            axis = -1 if pixels.ndim == 3 else None
+            decoded.sample_stats[kind.name] = stats.ChannelStats.of(pixels, channel_axis=axis)
+        elif kind.stats == "histogram":
+            decoded.sample_stats[kind.name] = stats.Histogram.of(values[kind.name])
+    return decoded
 
 
 def capacity_of(task: DecodeTask) -> int:
@@ -154,15 +123,15 @@ def decode_batch(task: DecodeTask, recipe: DecodeRecipe) -> BatchResult:
     """
     started = time.perf_counter()
     capacity = capacity_of(task)
-    out = {f.name: _batch_buffer(f, capacity) for f in recipe.image_fields}
+    out = {kind.name: _batch_buffer(kind.name, column, capacity) for kind, column in recipe.arrays}
     result = BatchResult(task, 0)
-    kept: list[tuple[int, Sample]] = []
+    kept: list[_Decoded] = []
     for position, sample in enumerate(task.samples):
         if done_decoding(task, len(kept), position):
             result.deferred.extend(range(position, len(task.samples)))
             break
         try:
-            hashes = _decode_sample(sample, recipe, out, len(kept))
+            decoded = _decode_sample(sample, recipe, position)
         except RejectError as exc:
             result.rejects.extend(
                 sample_rejects(sample, STAGE, exc.reason, exc.message, str(exc.path or ""))
@@ -173,20 +142,111 @@ def decode_batch(task: DecodeTask, recipe: DecodeRecipe) -> BatchResult:
                 sample_rejects(sample, STAGE, "memory_error", "ran out of memory decoding")
             )
             continue
-        result.lineage.append(hashes)
-        kept.append((position, sample))
+        # Only a sample that passed every check touches its row: a rejected one must not
+        # leave pixels in the padding of the sample that takes the row next.
+        for kind, _ in recipe.arrays:
+            geometry.place(decoded.values[kind.name], out[kind.name][len(kept)])
+        kept.append(decoded)
     keep = keep_whole_blocks(task, len(kept))
-    result.deferred = sorted([*result.deferred, *(position for position, _ in kept[keep:])])
-    del kept[keep:], result.lineage[keep:]
-    result.accepted = keep
-    result.keys = [sample.key for _, sample in kept]
-    for name, index in recipe.text_fields:
-        result.texts[name] = [sample.relpaths[index] for _, sample in kept]
-    _finish_arrays(result, recipe, {name: rows[:keep] for name, rows in out.items()})
-    if result.raw:  # the rows leave with the result: the next task needs new buffers
+    result.deferred = sorted([*result.deferred, *(d.position for d in kept[keep:])])
+    del kept[keep:]
+    gather(result, recipe, kept, {name: rows[:keep] for name, rows in out.items()})
+    if task.raw:  # the rows leave with the result: the next task needs new buffers
         drop_buffers()
     result.seconds = time.perf_counter() - started
     return result
+
+
+def gather(
+    result: BatchResult,
+    recipe: DecodeRecipe,
+    kept: Sequence[_Decoded],
+    arrays: dict[str, np.ndarray],
+) -> None:
+    """Fill ``result`` from the accepted samples: columns, keys, lineage, stats, conversions."""
+    result.accepted = len(kept)
+    result.keys = [d.sample.key for d in kept]
+    result.lineage = [d.hashes for d in kept]
+    for kind in recipe.kinds:
+        column = kind.column
+        values = [d.values[kind.name] for d in kept]
+        if isinstance(column, ArrayColumn):
+            rows = arrays[kind.name]
+            result.columns[kind.name] = rows if result.task.raw else _encoded(rows, column)
+        elif isinstance(column, ScalarColumn):
+            result.columns[kind.name] = np.array(values, dtype=column.dtype)
+        else:
+            result.columns[kind.name] = [str(v) for v in values]
+        result.stats.update(_task_stats(kind, kept, result.columns[kind.name]))
+    counts: dict[str, Counter[str]] = {}
+    for d in kept:
+        for name, code in d.conversions:
+            counts.setdefault(name, Counter())[code] += 1
+    result.conversions = {name: dict(count) for name, count in counts.items()}
+
+
+def _task_stats(kind: Kind, kept: Sequence[_Decoded], rows: Any) -> dict[str, Any]:
+    if kind.stats is None:
+        return {}
+    if not kept:
+        return {}
+    if isinstance(kind.column, ArrayColumn):
+        return {kind.name: merge_all([d.sample_stats[kind.name] for d in kept])}
+    column = np.asarray(rows)
+    if kind.stats == "histogram":
+        return {kind.name: stats.Histogram.of(column)}
+    return {kind.name: stats.ChannelStats.of(column.astype(np.float64), channel_axis=None)}
+
+
+def merge_all(parts: Sequence[Any]) -> Any:
+    """One statistic from several (exact sums: the grouping never changes the result)."""
+    total = parts[0]
+    for part in parts[1:]:
+        total = total.merge(part)
+    return total
+
+
+def join_results(into: BatchResult, recipe: DecodeRecipe, parts: Sequence[BatchResult]) -> None:
+    """Append the raw results of samples decoded one by one (crash isolation) to ``into``."""
+    into.accepted = sum(part.accepted for part in parts)
+    for part in parts:
+        into.keys.extend(part.keys)
+        into.lineage.extend(part.lineage)
+        for name, codes in part.conversions.items():
+            known = into.conversions.setdefault(name, {})
+            for code, count in codes.items():
+                known[code] = known.get(code, 0) + count
+    for kind in recipe.kinds:
+        column = kind.column
+        pieces = [part.columns[kind.name] for part in parts]
+        if isinstance(column, ArrayColumn):
+            empty = np.empty((0, *column.layout.shape), column.layout.dtype)
+            into.columns[kind.name] = np.concatenate([empty, *pieces])
+        elif isinstance(column, ScalarColumn):
+            empty = np.empty((0,), column.dtype)
+            into.columns[kind.name] = np.concatenate([empty, *pieces])
+        else:
+            into.columns[kind.name] = [text for piece in pieces for text in piece]  # type: ignore[union-attr]
+        found = [part.stats[kind.name] for part in parts if kind.name in part.stats]
+        if found:
+            into.stats[kind.name] = merge_all(found)
+
+
+def _encoded(rows: np.ndarray, column: ArrayColumn) -> EncodedRows:
+    """Compress and hash the rows block by block; the last block of a final task is
+    zero-padded to a whole chunk, as HDF5 stores an edge chunk."""
+    layout = column.layout
+    step = layout.rows
+    blocks, digests = [], []
+    for start in range(0, len(rows), step):
+        block = rows[start : start + step]
+        digests.append(digest.block_digest(block))
+        if len(block) < step:
+            padded = np.zeros((step, *layout.shape), dtype=layout.dtype)
+            padded[: len(block)] = block
+            block = padded
+        blocks.append(encode_block(layout, block))
+    return EncodedRows(blocks, digests)
 
 
 # Per-process batch buffers, reused while tasks end as encoded bytes: a fresh multi-megabyte
@@ -199,41 +259,18 @@ def drop_buffers() -> None:
     _BUFFERS.clear()
 
 
-def _batch_buffer(field: FieldRecipe, count: int) -> np.ndarray:
-    shape = (count, *field.layout.shape)
-    buffer = _BUFFERS.get(field.name)
+def _batch_buffer(name: str, column: ArrayColumn, count: int) -> np.ndarray:
+    layout = column.layout
+    shape = (count, *layout.shape)
+    buffer = _BUFFERS.get(name)
     if (
         buffer is None
-        or buffer.dtype != np.dtype(field.layout.dtype)
+        or buffer.dtype != np.dtype(layout.dtype)
         or buffer.shape[1:] != shape[1:]
         or buffer.shape[0] < count
     ):
-        buffer = np.empty(shape, dtype=field.layout.dtype)
-        _BUFFERS[field.name] = buffer
+        buffer = np.empty(shape, dtype=layout.dtype)
+        _BUFFERS[name] = buffer
     rows = buffer[:count]
-    rows.fill(field.fill)
+    rows.fill(column.fill)
     return rows
-
-
-def _finish_arrays(
-    result: BatchResult, recipe: DecodeRecipe, arrays: dict[str, np.ndarray]
-) -> None:
-    """Compress and hash the kept rows block by block; the last block of a final task is
-    zero-padded to a whole chunk, as HDF5 stores an edge chunk."""
-    for field in recipe.image_fields:
-        rows = arrays[field.name]
-        if result.task.raw:
-            result.raw[field.name] = rows
-            continue
-        step = field.layout.rows
-        encoded, digests = [], []
-        for start in range(0, len(rows), step):
-            block = rows[start : start + step]
-            digests.append(digest.block_digest(block))
-            if len(block) < step:
-                padded = np.zeros((step, *field.layout.shape), dtype=field.layout.dtype)
-                padded[: len(block)] = block
-                block = padded
-            encoded.append(encode_block(field.layout, block))
-        result.encoded[field.name] = encoded
-        result.block_sha256[field.name] = digests

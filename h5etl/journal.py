@@ -19,7 +19,7 @@ from typing import Any
 
 from h5etl.errors import SinkError, io_problem
 
-FORMAT = 2  # 2: the task cutter's queues replace per-split consumed/rejected counts
+FORMAT = 3  # 3: statistics and conversion counts (tallies); text rows hold scalar columns too
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +46,7 @@ class ResumeState:
     lineage: dict[str, list[list[str]]] = field(default_factory=dict)  # split -> rows
     fingerprint: list[str] = field(default_factory=list)
     rejects: list[dict[str, str]] = field(default_factory=list)
+    tallies: dict[str, Any] = field(default_factory=dict)  # the latest snapshot (not a delta)
 
     @property
     def samples(self) -> int:
@@ -76,6 +77,7 @@ class ResumeState:
             self.lineage.setdefault(split, []).extend(rows)
         self.fingerprint.extend(delta["fingerprint"])
         self.rejects.extend(delta["rejects"])
+        self.tallies = delta.get("tallies", self.tallies)
 
 
 class JournalWriter:

@@ -12,9 +12,11 @@ from typing import Any
 
 import h5py
 
-from h5etl import __version__, clean, decode, discover, resume, schedule, tasks, workers
+from h5etl import __version__, clean, decode, discover, fileformat, resume, schedule, tasks, workers
 from h5etl.chunkcodec import ChunkLayout
 from h5etl.errors import BuildFailed, ResumeMismatch
+from h5etl.kinds.base import ArrayColumn
+from h5etl.kinds.registry import decode_order, layout_of, layout_records
 from h5etl.records import BatchResult, Reject, valid_text
 from h5etl.release import OutputFolder
 from h5etl.report import (
@@ -27,6 +29,7 @@ from h5etl.report import (
 )
 from h5etl.sink import Sink, SinkLayout
 from h5etl.spec import Spec, spec_sha256, spec_text
+from h5etl.tallies import Tallies
 
 logger = logging.getLogger(__name__)
 
@@ -35,19 +38,18 @@ ProgressHook = Callable[[str, int, int | None], None]
 if unknown); stages come one after another: discover, probe, decode+write (or decode)."""
 
 
+def recipe_of(plan: clean.Plan) -> decode.DecodeRecipe:
+    """What workers decode with: the plan's kinds (bound to the inputs), in decode order."""
+    return decode.DecodeRecipe.of(plan.kinds, decode_order(plan.kinds))
+
+
 def layouts_of(spec: Spec) -> dict[str, ChunkLayout]:
-    layouts = {}
-    for name in spec.image_fields:
-        field_spec = spec.fields[name]
-        assert field_spec.shape is not None
-        layouts[name] = ChunkLayout(
-            field_spec.shape,
-            field_spec.dtype,
-            spec.chunks_of(name),
-            spec.compression_of(name),
-            spec.shuffle_of(name),
-        )
-    return layouts
+    """How each array field is stored (shape, dtype, chunks, filters)."""
+    return {name: layout_of(spec, name) for name in spec.image_fields}
+
+
+def layout_record(spec: Spec, plan: clean.Plan) -> fileformat.LayoutRecord:
+    return fileformat.LayoutRecord(spec.layout, tuple(spec.splits), layout_records(plan.kinds))
 
 
 class _Stopwatch:
@@ -116,7 +118,7 @@ def build(
     report.seconds = {**watch.seconds, "total": watch.total()}
     report.version, report.path, report.link = info.version, info.path, output.link
     report.rejects_path = info.rejects
-    report.warnings = empty_split_warnings(spec, report.samples, _planned(plan))
+    report.warnings = [*plan.warnings, *empty_split_warnings(spec, report.samples, _planned(plan))]
     return report
 
 
@@ -169,10 +171,9 @@ def _dry_run(spec: Spec, hook: ProgressHook, jobs: int, *, decoding: bool) -> Bu
     enforce_limit(spec, report.rejects, report.inputs)
     if decoding:
         counts = dict.fromkeys(plan.splits, 0)
-        layouts = layouts_of(spec)
-        recipe = decode.DecodeRecipe.from_spec(spec, layouts)
+        recipe = recipe_of(plan)
         hook("decode", 0, plan.total)
-        cutter = _cutter(spec, plan, layouts, None)
+        cutter = _cutter(spec, plan, None)
         for result in _decoded(cutter, recipe, jobs):
             counts[result.task.split] += result.accepted
             report.rejects.extend(result.rejects)
@@ -186,6 +187,7 @@ def _dry_run(spec: Spec, hook: ProgressHook, jobs: int, *, decoding: bool) -> Bu
             "the build may reject more; --dry-run --decode predicts it exactly"
         )
     require_samples(spec, report.samples, report)
+    report.warnings.extend(plan.warnings)
     report.warnings.extend(empty_split_warnings(spec, report.samples, _planned(plan)))
     report.seconds = {**watch.seconds, "total": watch.total()}
     return report
@@ -201,12 +203,13 @@ def _processed(result: BatchResult) -> int:
 
 
 def _cutter(
-    spec: Spec,
-    plan: clean.Plan,
-    layouts: dict[str, ChunkLayout],
-    state: dict[str, dict[str, Any]] | None,
+    spec: Spec, plan: clean.Plan, state: dict[str, dict[str, Any]] | None
 ) -> tasks.TaskCutter:
-    sample_bytes = sum(layout.block_nbytes // layout.rows for layout in layouts.values())
+    sample_bytes = sum(
+        kind.column.layout.block_nbytes // kind.column.layout.rows
+        for kind in plan.kinds
+        if isinstance(kind.column, ArrayColumn)
+    )
     return tasks.TaskCutter(plan, spec.batch_samples, sample_bytes=sample_bytes, state=state)
 
 
@@ -259,22 +262,23 @@ def _write(
     checkpoint_seconds: float,
     output: OutputFolder,
 ) -> None:
-    layouts = layouts_of(spec)
     sink_layout = SinkLayout(
         tuple(spec.splits),
-        layouts,
-        tuple(spec.text_fields),
+        {kind.name: kind.column for kind in plan.kinds},
         tuple(spec.sources),
         spec.batch_samples,
+        spec.layout,
     )
-    recipe = decode.DecodeRecipe.from_spec(spec, layouts)
+    recipe = recipe_of(plan)
+    record = layout_record(spec, plan)
     state = earlier.state.queues if earlier is not None else None
+    tallies = Tallies.restored(earlier.state.tallies if earlier is not None else None)
     try:
-        cutter = _cutter(spec, plan, layouts, state)
+        cutter = _cutter(spec, plan, state)
     except ValueError as exc:  # a journal of another h5etl: its tasks were cut otherwise
         raise ResumeMismatch(str(exc), path=temp) from exc
     checkpoints = resume.Checkpoints(
-        OutputFolder.journal_of(temp), spec, plan, cutter, checkpoint_seconds
+        OutputFolder.journal_of(temp), spec, plan, cutter, checkpoint_seconds, tallies
     )
     fingerprint = hashlib.sha256()  # over key and file digests in write order: no list kept
     worker_seconds = 0.0
@@ -296,6 +300,7 @@ def _write(
                 report.rejects.extend(result.rejects)
                 enforce_limit(spec, report.rejects, report.inputs)
                 sink.write(result)
+                tallies.add(result)
                 lines = _fingerprint_lines(result)
                 fingerprint.update("".join(lines).encode())
                 checkpoints.note(result, lines)
@@ -308,9 +313,15 @@ def _write(
             report.samples = dict(sink.counts)
             require_samples(spec, report.samples, report)
             attrs = _file_attrs(spec, version, fingerprint)
+            attrs[fileformat.LAYOUT_ATTR] = record.to_json()
             diagnostics = _diagnostics(report, watch, worker_seconds, sink.seconds, plan)
+            diagnostics.update(tallies.diagnostics(record))
+            report.conversions = tallies.conversions
+            report.class_counts = tallies.class_counts(record)
             schedule.release_free_memory()
-            report.datasets = sink.finish(attrs, diagnostics)
+            report.datasets = sink.finish(
+                attrs, diagnostics, tallies.dataset_attrs(record, plan.kinds)
+            )
             report.chunk_paths = sink.chunk_paths
             checkpoints.drain()
     finally:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -59,6 +60,7 @@ class Sample:
     key: str
     relpaths: tuple[str, ...]
     roots: Roots
+    extras: tuple[Any, ...] = ()  # values known at plan time, one per plan-side field
 
     @classmethod
     def of(cls, key: str, files: tuple[SourceFile, ...]) -> Sample:
@@ -155,21 +157,36 @@ class EncodedChunk:
 
 
 @dataclass(slots=True)
+class EncodedRows:
+    """An array column's rows as compressed chunks, per block of chunk rows, with the
+    SHA-256 of each uncompressed block (the sink's digests and the resume journal's)."""
+
+    blocks: list[list[EncodedChunk]]
+    digests: list[bytes]
+
+
+ColumnRows = EncodedRows | np.ndarray | list[str]
+"""One column's rows in a result: compressed chunks, plain rows (scalars, or arrays a crash
+isolation joined) or strings."""
+
+
+@dataclass(slots=True)
 class BatchResult:
-    """What a worker returns for a task: pixels raw or as encoded chunks, and the rejects.
+    """What a worker returns for a task: each field's column rows, and the rejects.
 
     ``accepted`` rows are stored; ``deferred`` lists the positions (in ``task.samples``) of
-    the samples to queue again, neither stored nor rejected.
+    the samples to queue again, neither stored nor rejected. ``stats`` holds each field's
+    statistics over the accepted rows, ``conversions`` the lossy conversions counted per
+    field and code (a 16-bit input scaled into 8 bits).
     """
 
     task: DecodeTask
     accepted: int
-    raw: dict[str, np.ndarray] = field(default_factory=dict)  # when not encoded
-    encoded: dict[str, list[list[EncodedChunk]]] = field(default_factory=dict)  # per row block
-    block_sha256: dict[str, list[bytes]] = field(default_factory=dict)  # per row block
+    columns: dict[str, ColumnRows] = field(default_factory=dict)
     keys: list[str] = field(default_factory=list)  # of the accepted samples, in order
-    texts: dict[str, list[str]] = field(default_factory=dict)
     lineage: list[tuple[str, ...]] = field(default_factory=list)  # hex SHA-256 per source
+    stats: dict[str, Any] = field(default_factory=dict)
+    conversions: dict[str, dict[str, int]] = field(default_factory=dict)
     rejects: list[Reject] = field(default_factory=list)
     deferred: list[int] = field(default_factory=list)
     seconds: float = 0.0

@@ -25,6 +25,10 @@ DECODE_CHECKS = (
 )
 
 
+# What each conversion code a kind counts means, for the summary.
+CONVERSIONS = {"16_to_8_bits": "16-bit inputs scaled to 8 bits (v >> 8)"}
+
+
 @dataclass(slots=True)
 class BuildReport:
     """What a build did; the CLI renders it, tests assert on it."""
@@ -45,6 +49,8 @@ class BuildReport:
     resumed: int = 0  # samples copied from a killed build instead of decoded again
     checks: list[str] = field(default_factory=list)  # what a dry run verified
     warnings: list[str] = field(default_factory=list)
+    conversions: dict[str, dict[str, int]] = field(default_factory=dict)  # field -> code -> n
+    class_counts: dict[str, dict[str, dict[str, int]]] = field(default_factory=dict)
 
     @property
     def reject_counts(self) -> dict[str, int]:

@@ -20,6 +20,7 @@ from h5etl.clean import Plan
 from h5etl.records import BatchResult, Reject
 from h5etl.sink import Sink
 from h5etl.spec import Spec, spec_sha256
+from h5etl.tallies import Tallies
 from h5etl.tasks import TaskCutter
 
 logger = logging.getLogger(__name__)
@@ -72,11 +73,20 @@ class Checkpoints:
     after it. ``every=0`` checkpoints after each batch, synchronously (for tests).
     """
 
-    def __init__(self, path: Path, spec: Spec, plan: Plan, cutter: TaskCutter, every: float):
+    def __init__(
+        self,
+        path: Path,
+        spec: Spec,
+        plan: Plan,
+        cutter: TaskCutter,
+        every: float,
+        tallies: Tallies | None = None,
+    ):
         self.writer = journal.JournalWriter(
             path, config_sha256=spec_sha256(spec), plan_sha256=plan.fingerprint()
         )
         self.cutter = cutter
+        self.tallies = tallies if tallies is not None else Tallies()
         self.every = every
         self.last = time.monotonic()
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="h5etl-fsync")
@@ -124,6 +134,7 @@ class Checkpoints:
         delta = sink.checkpoint()
         delta.update(
             queues=self.cutter.journal_delta(),
+            tallies=self.tallies.snapshot(),
             fingerprint=self.fingerprint,
             rejects=[r.as_json() for r in self.rejects],
         )

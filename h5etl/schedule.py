@@ -18,7 +18,6 @@ from concurrent.futures import Future
 from dataclasses import replace
 from typing import TypeVar
 
-import numpy as np
 from joblib.externals.loky.process_executor import BrokenProcessPool
 
 from h5etl import decode, workers
@@ -228,19 +227,5 @@ class _Pool:
                 parts.append((position, part))
         keep = decode.keep_whole_blocks(task, len(parts))
         result.deferred = sorted([*result.deferred, *(p for p, _ in parts[keep:])])
-        kept = [part for _, part in parts[:keep]]
-        result.accepted = keep
-        for part in kept:
-            result.keys.extend(part.keys)
-            result.lineage.extend(part.lineage)
-        result.texts = {
-            name: [text for part in kept for text in part.texts[name]]
-            for name, _ in self.recipe.text_fields
-        }
-        result.raw = {
-            f.name: np.concatenate(
-                [np.empty((0, *f.layout.shape), f.layout.dtype), *(p.raw[f.name] for p in kept)]
-            )
-            for f in self.recipe.image_fields
-        }
+        decode.join_results(result, self.recipe, [part for _, part in parts[:keep]])
         return result

@@ -23,15 +23,14 @@ from typing import Any
 import h5py
 import numpy as np
 
-from h5etl import digest
-from h5etl.chunkcodec import ChunkLayout
+from h5etl import digest, fileformat
 from h5etl.errors import ResumeMismatch, SinkError, io_problem
 from h5etl.journal import ResumeState
-from h5etl.records import BatchResult, valid_text
+from h5etl.kinds.base import ArrayColumn, Column, ScalarColumn
+from h5etl.records import BatchResult, EncodedRows, valid_text
 from h5etl.sink_chunks import DatasetStats, ImageWriter
 
 LIBVER = ("v110", "v110")  # readable by HDF5 1.10 tools (h5ls, h5dump) and newer
-LINEAGE = "source_sha256"
 WRITE_CACHE_BYTES = 256 * 1024
 # Text and lineage rows are buffered and appended this many at a time: one resize and write
 # per field per thousand rows instead of per batch (the writer's CPU is the budget).
@@ -48,13 +47,22 @@ def _mib(nbytes: int) -> str:
 
 @dataclass(frozen=True, slots=True)
 class SinkLayout:
-    """What the file holds: splits, image datasets, text datasets and the lineage columns."""
+    """What the file holds: splits, each field's storage column, the lineage columns and
+    where each dataset goes (the layout template)."""
 
     splits: tuple[str, ...]
-    images: dict[str, ChunkLayout]
-    texts: tuple[str, ...]
+    columns: dict[str, Column]
     sources: tuple[str, ...]
-    rows_per_chunk: int  # for text and lineage datasets
+    rows_per_chunk: int  # for text, scalar and lineage datasets
+    template: str = fileformat.DEFAULT_TEMPLATE
+
+    def path(self, split: str, name: str) -> str:
+        return fileformat.dataset_path(self.template, split, name)
+
+    @property
+    def small(self) -> tuple[str, ...]:
+        """The columns the sink buffers and appends in runs: texts and scalars."""
+        return tuple(n for n, c in self.columns.items() if not isinstance(c, ArrayColumn))
 
 
 class Sink:
@@ -71,9 +79,9 @@ class Sink:
         self.stats: dict[str, DatasetStats] = {}
         self.counts: dict[str, int] = dict.fromkeys(layout.splits, 0)
         self.seconds = 0.0
-        self._unjournaled_texts: dict[str, list[str]] = {}
+        self._unjournaled_rows: dict[str, list[Any]] = {}  # by dataset path
         self._unjournaled_lineage: dict[str, list[list[str]]] = {}
-        self._pending_texts: dict[str, dict[str, list[str]]] = {}
+        self._pending_rows: dict[str, dict[str, list[Any]]] = {}  # split -> field -> rows
         self._pending_lineage: dict[str, list[list[str]]] = {}
 
     def __enter__(self) -> Sink:
@@ -86,7 +94,7 @@ class Sink:
             )
             self._created = True
             for split in self.layout.splits:
-                self._create_split(self.file.create_group(split, track_order=True), split)
+                self._create_split(self.file, split)
         except (OSError, RuntimeError) as exc:
             self._abandon()  # only if it got as far as creating the file
             self._close_quietly()
@@ -172,38 +180,48 @@ class Sink:
             return
         raise self._failed(action, OSError(code, os.strerror(code)), detail)
 
-    def _create_split(self, group: h5py.Group, split: str) -> None:
-        for name, layout in self.layout.images.items():
-            dataset = group.create_dataset(
-                name,
-                shape=(0, *layout.shape),
-                maxshape=(None, *layout.shape),
-                dtype=layout.dtype,
-                chunks=layout.chunks,
-                **layout.filter_kwargs(),
-            )
-            stats = DatasetStats(dataset.name, block_rows=layout.rows)
-            self.stats[dataset.name] = stats
-            self.images[(split, name)] = ImageWriter(dataset, layout, stats)
+    def _create(self, file: h5py.File, path: str, **kwargs: Any) -> h5py.Dataset:
+        parent = path.rsplit("/", 1)[0]
+        if parent and parent not in file:
+            file.create_group(parent, track_order=True)
+        return file.create_dataset(path, **kwargs)
+
+    def _create_split(self, file: h5py.File, split: str) -> None:
         rows = self.layout.rows_per_chunk
-        for name in self.layout.texts:
-            dataset = group.create_dataset(
-                name,
-                shape=(0,),
-                maxshape=(None,),
-                chunks=(rows,),
-                dtype=h5py.string_dtype("utf-8"),
-            )
-            self.stats[dataset.name] = DatasetStats(dataset.name, stream=hashlib.sha256())
+        for name, column in self.layout.columns.items():
+            path = self.layout.path(split, name)
+            if isinstance(column, ArrayColumn):
+                layout = column.layout
+                dataset = self._create(
+                    file,
+                    path,
+                    shape=(0, *layout.shape),
+                    maxshape=(None, *layout.shape),
+                    dtype=layout.dtype,
+                    chunks=layout.chunks,
+                    **layout.filter_kwargs(),
+                )
+                stats = DatasetStats(dataset.name, block_rows=layout.rows)
+                self.images[(split, name)] = ImageWriter(dataset, layout, stats)
+            else:
+                dtype = (
+                    column.dtype if isinstance(column, ScalarColumn) else h5py.string_dtype("utf-8")
+                )
+                dataset = self._create(
+                    file, path, shape=(0,), maxshape=(None,), chunks=(rows,), dtype=dtype
+                )
+                stats = DatasetStats(dataset.name, stream=hashlib.sha256())
+            self.stats[dataset.name] = stats
         width = len(self.layout.sources)
-        lineage = group.create_dataset(
-            LINEAGE,
+        lineage = self._create(
+            file,
+            self.layout.path(split, fileformat.LINEAGE),
             shape=(0, width),
             maxshape=(None, width),
             chunks=(rows, width),
             dtype="S64",
         )
-        lineage.attrs["columns"] = list(self.layout.sources)
+        lineage.attrs[fileformat.LINEAGE_COLUMNS_ATTR] = list(self.layout.sources)
         self.stats[lineage.name] = DatasetStats(lineage.name, stream=hashlib.sha256())
 
     def write(self, result: BatchResult) -> None:
@@ -215,10 +233,12 @@ class Sink:
             for (target, name), writer in self.images.items():
                 if target != split:
                     continue
-                if name in result.encoded:
-                    writer.add_encoded(result.encoded[name], result.block_sha256[name], count)
+                rows = result.columns[name]
+                if isinstance(rows, EncodedRows):
+                    writer.add_encoded(rows.blocks, rows.digests, count)
                 else:
-                    writer.add_raw(result.raw[name])
+                    assert isinstance(rows, np.ndarray)
+                    writer.add_raw(rows)
                 if result.task.final:
                     # nothing follows a split's final task: store its last chunk now, or rows
                     # left in the carry would hold off every later checkpoint of the build
@@ -231,9 +251,14 @@ class Sink:
         self.seconds += time.perf_counter() - started
 
     def _append_rows(self, split: str, result: BatchResult) -> None:
-        texts = self._pending_texts.setdefault(split, {name: [] for name in self.layout.texts})
-        for name in self.layout.texts:
-            texts[name].extend(valid_text(text) for text in result.texts[name])
+        small = self._pending_rows.setdefault(split, {name: [] for name in self.layout.small})
+        for name in self.layout.small:
+            rows = result.columns[name]
+            if isinstance(rows, np.ndarray):
+                small[name].extend(rows.tolist())
+            else:
+                assert isinstance(rows, list)
+                small[name].extend(valid_text(text) for text in rows)
         lineage = self._pending_lineage.setdefault(split, [])
         lineage.extend(list(row) for row in result.lineage)
         if len(lineage) >= SMALL_ROWS_PER_WRITE:
@@ -242,26 +267,33 @@ class Sink:
     def _flush_small(self) -> None:
         for split, lineage in self._pending_lineage.items():
             if lineage:
-                self._append_small(split, self._pending_texts[split], lineage)
-        self._pending_texts, self._pending_lineage = {}, {}
+                self._append_small(split, self._pending_rows[split], lineage)
+        self._pending_rows, self._pending_lineage = {}, {}
 
     def _append_small(
-        self, split: str, texts: dict[str, list[str]], lineage_rows: list[list[str]]
+        self, split: str, small: dict[str, list[Any]], lineage_rows: list[list[str]]
     ) -> None:
         assert self.file is not None
-        group = self.file[split]
-        start, count = len(group[LINEAGE]), len(lineage_rows)  # rows stored so far
-        for name in self.layout.texts:
-            rows = texts[name]
-            dataset = group[name]
+        lineage_path = self.layout.path(split, fileformat.LINEAGE)
+        start, count = len(self.file[lineage_path]), len(lineage_rows)  # rows stored so far
+        for name in self.layout.small:
+            rows = small[name]
+            dataset = self.file[self.layout.path(split, name)]
             dataset.resize(start + count, axis=0)
-            dataset[start : start + count] = rows
             stats = self.stats[dataset.name]
-            stats.stream.update(digest.text_rows_bytes(rows))
-            stats.raw_bytes += sum(len(r.encode()) for r in rows)
-            self._unjournaled_texts.setdefault(dataset.name, []).extend(rows)
+            column = self.layout.columns[name]
+            if isinstance(column, ScalarColumn):
+                values = np.array(rows, dtype=column.dtype)
+                dataset[start : start + count] = values
+                stats.stream.update(values.tobytes())
+                stats.raw_bytes += values.nbytes
+            else:
+                dataset[start : start + count] = rows
+                stats.stream.update(digest.text_rows_bytes(rows))
+                stats.raw_bytes += sum(len(r.encode()) for r in rows)
+            self._unjournaled_rows.setdefault(dataset.name, []).extend(rows)
         lineage = np.array(lineage_rows, dtype="S64").reshape(count, len(self.layout.sources))
-        dataset = group[LINEAGE]
+        dataset = self.file[lineage_path]
         dataset.resize(start + count, axis=0)
         dataset[start : start + count] = lineage
         stats = self.stats[dataset.name]
@@ -297,10 +329,10 @@ class Sink:
             "rows": dict(self.counts),
             "chunks": chunks,
             "blocks": blocks,
-            "texts": self._unjournaled_texts,
+            "texts": self._unjournaled_rows,
             "lineage": self._unjournaled_lineage,
         }
-        self._unjournaled_texts, self._unjournaled_lineage = {}, {}
+        self._unjournaled_rows, self._unjournaled_lineage = {}, {}
         return delta
 
     def sync(self) -> None:
@@ -342,14 +374,23 @@ class Sink:
         for (split, _), writer in self.images.items():
             writer.restore(state.rows.get(split, 0), state.blocks.get(writer.stats.path, []))
         for split in self.layout.splits:
-            texts = {name: state.texts.get(f"/{split}/{name}", []) for name in self.layout.texts}
+            small = {
+                name: state.texts.get(self.layout.path(split, name), [])
+                for name in self.layout.small
+            }
             lineage = state.lineage.get(split, [])
             if lineage:
-                self._append_small(split, texts, lineage)  # and they stay unjournaled
+                self._append_small(split, small, lineage)  # and they stay unjournaled
                 self.counts[split] = len(lineage)
 
-    def finish(self, attrs: dict[str, Any], diagnostics: dict[str, Any]) -> dict[str, Any]:
-        """Store the last partial chunks, the attrs and ``/diagnostics``; return dataset stats."""
+    def finish(
+        self,
+        attrs: dict[str, Any],
+        diagnostics: dict[str, Any],
+        dataset_attrs: dict[str, dict[str, Any]] | None = None,
+    ) -> dict[str, Any]:
+        """Store the last partial chunks, the attrs (the file's, and ``dataset_attrs`` by
+        dataset path: statistics, class names) and ``/diagnostics``; return dataset stats."""
         assert self.file is not None
         self._ensure_room(self._finish_bytes(), "finishing the file")
         try:
@@ -357,16 +398,18 @@ class Sink:
             for writer in self.images.values():
                 writer.finish()
             self.file.attrs.update(attrs)
+            for path, values in (dataset_attrs or {}).items():
+                self.file[path].attrs.update(values)
             report = self._dataset_report()
-            group = self.file.create_group("diagnostics", track_order=True)
+            group = self.file.create_group(fileformat.DIAGNOSTICS, track_order=True)
             for key, value in diagnostics.items():
                 group.attrs[key] = value
-            datasets = group.create_group("datasets", track_order=True)
+            datasets = group.create_group(fileformat.DATASETS_GROUP, track_order=True)
             for path, info in report.items():
-                node = datasets.create_group(path.strip("/").replace("/", "."))
+                node = datasets.create_group(fileformat.diagnostics_node(path))
                 node.attrs.update({k: v for k, v in info.items() if k != "block_sha256"})
                 node.create_dataset(
-                    "block_sha256", data=np.array(info["block_sha256"], dtype="S64")
+                    fileformat.BLOCK_DIGESTS, data=np.array(info["block_sha256"], dtype="S64")
                 )
             self.file.flush()
         except (OSError, RuntimeError) as exc:
@@ -377,13 +420,13 @@ class Sink:
         """An upper bound of the text and lineage bytes buffered for the next flush."""
         rows = sum(len(lineage) for lineage in self._pending_lineage.values())
         chars = sum(
-            len(text)
-            for split in self._pending_texts.values()
+            len(text) if isinstance(text, str) else 8
+            for split in self._pending_rows.values()
             for column in split.values()
             for text in column
         )
         # 64 bytes per lineage digest; up to 4 bytes per UTF-8 character and 16 per heap entry
-        return rows * (64 * len(self.layout.sources) + 16 * len(self.layout.texts)) + 4 * chars
+        return rows * (64 * len(self.layout.sources) + 16 * len(self.layout.small)) + 4 * chars
 
     def _finish_bytes(self) -> int:
         """An upper bound of what ``finish`` writes: the last chunks, rows, diagnostics."""

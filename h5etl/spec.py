@@ -23,9 +23,18 @@ from pydantic import (
     model_validator,
 )
 
+from h5etl import fileformat
+from h5etl.fieldspecs import (
+    FieldSpec,
+    ImageField,
+    JsonRef,
+    LabelField,
+    MaskField,
+    TextField,
+    ValueField,
+)
 from h5etl.specparts import (
     Compression,
-    FieldSpec,
     PadSpec,
     Problem,
     SourceSpec,
@@ -51,7 +60,7 @@ __all__ = [
 ]
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
-RESERVED_NAMES = frozenset({"source_sha256", "diagnostics"})
+RESERVED_NAMES = frozenset({fileformat.LINEAGE, fileformat.DIAGNOSTICS})
 RESERVED_ATTRS = frozenset(
     {
         "name",
@@ -74,13 +83,13 @@ MAX_BATCH_SAMPLES = 1024
 
 
 def source_for(
-    field_name: str, *, source: str | None, is_text: bool, sources: Sequence[str]
+    field_name: str, *, source: str | None, reads_own_name: bool, sources: Sequence[str]
 ) -> str:
-    """The source a field reads: ``source``, else the same-named source, else (a text field)
-    the first source."""
+    """The source a field reads: ``source``, else (an image or mask) the same-named source,
+    else the first source."""
     if source is not None:
         return source
-    if field_name in sources or not is_text or not sources:
+    if field_name in sources or reads_own_name or not sources:
         return field_name
     return sources[0]
 
@@ -90,7 +99,7 @@ def unknown_source(source: str, sources: Iterable[str], *, implicit: bool) -> st
     known = sorted(sources)
     text = f"no source named {source!r}"
     if implicit:
-        text += " (an image field reads the source of its own name unless it sets source)"
+        text += " (an image or mask field reads the source of its own name unless it sets source)"
     text += f"; sources: {', '.join(known)}"
     close = difflib.get_close_matches(source, known, n=1)
     return f"{text}; did you mean {close[0]!r}?" if close else f"{text}; set source: to one of them"
@@ -119,6 +128,8 @@ class Spec(Strict):
     )
     seed: int = 0
     fields: Annotated[dict[str, FieldSpec], Field(min_length=1)]
+    layout: str = fileformat.DEFAULT_TEMPLATE
+    stratify: str | None = None  # a label field: each class split in the split fractions
     storage: StorageSpec = StorageSpec()
     pad: PadSpec = PadSpec()
     on_error: Literal["skip", "fail"] = "skip"
@@ -126,9 +137,15 @@ class Spec(Strict):
     _config_file: Path | None = PrivateAttr(default=None)
     _config_dir: Path | None = PrivateAttr(default=None)
     _written_paths: dict[PathKey, str] = PrivateAttr(default_factory=dict)
+    _inferred_kinds: dict[str, str] = PrivateAttr(default_factory=dict)
 
     def located(
-        self, *, config_dir: Path, config_file: Path | None, written_paths: Mapping[PathKey, str]
+        self,
+        *,
+        config_dir: Path,
+        config_file: Path | None,
+        written_paths: Mapping[PathKey, str],
+        inferred_kinds: Mapping[str, str] | None = None,
     ) -> Spec:
         """This spec, knowing the config it came from.
 
@@ -141,7 +158,13 @@ class Spec(Strict):
         copy._config_dir = config_dir
         copy._config_file = config_file
         copy._written_paths = dict(written_paths)
+        copy._inferred_kinds = dict(inferred_kinds or {})
         return copy
+
+    @property
+    def inferred_kinds(self) -> dict[str, str]:
+        """Fields the config gave no ``kind:``, with the kind their keys implied."""
+        return dict(self._inferred_kinds)
 
     @property
     def config_file(self) -> Path | None:
@@ -188,30 +211,33 @@ class Spec(Strict):
             _check_name(split, "split")
         return splits
 
+    @field_validator("layout")
+    @classmethod
+    def _layout_template(cls, template: str) -> str:
+        if template not in fileformat.TEMPLATES:
+            raise ValueError(
+                f"layout must be one of {', '.join(repr(t) for t in fileformat.TEMPLATES)}, "
+                f"got {template!r}"
+            )
+        return template
+
     @model_validator(mode="after")
     def _fields_match_sources(self) -> Spec:
         problems: list[Problem] = []
-        chunk_problems: list[Problem] = []  # of every image field
+        chunk_problems: list[Problem] = []  # of every array field
         for field_name, field in self.fields.items():
             key = ("fields", field_name)
             name_problem = _name_problem(field_name, "field")
             if name_problem is not None:
                 problems.append(Problem((key,), name_problem))
                 continue
-            source = self.source_of(field_name)
-            if source not in self.sources:
-                implicit = field.source is None
-                problems.append(
-                    Problem(
-                        (key if implicit else (*key, "source"),),
-                        unknown_source(source, self.sources, implicit=implicit),
-                    )
-                )
-            if not field.is_text:
+            problems.extend(self._source_problems(field_name, field))
+            problems.extend(self._reference_problems(field_name, field))
+            if isinstance(field, ImageField | MaskField):
                 found = self._chunk_problems(field_name)
                 chunk_problems.extend(found)
                 problems.extend(found)
-            if field.values is not None and self.pad.mask_fill not in field.values:
+            if isinstance(field, MaskField) and self.pad.mask_fill not in field.values:
                 problems.append(
                     Problem(
                         (("pad", "mask_fill"),),
@@ -219,11 +245,17 @@ class Spec(Strict):
                         f"{list(field.values)}, got {self.pad.mask_fill}",
                     )
                 )
-        if not chunk_problems:  # the chunk shapes are sound, so their sample rows are known
+        if not chunk_problems and self.image_fields:  # chunk rows are known and sound
             problems.extend(self._batch_problems())
-        used = {self.source_of(name) for name, f in self.fields.items() if not f.is_text}
+        if not self.image_fields:
+            problems.append(Problem((("fields",),), "at least one image or mask field is needed"))
+        problems.extend(self._stratify_problems())
+        used = {self.source_of(name) for name in self.fields if self.reads_content(name)}
         problems.extend(
-            Problem((("sources", name),), f"no image field reads this source; add fields.{name}")
+            Problem(
+                (("sources", name),),
+                f"no field reads this source's files; add fields.{name}",
+            )
             for name in self.sources
             if name not in used
         )
@@ -231,8 +263,64 @@ class Spec(Strict):
             raise SpecProblems(problems)
         return self
 
+    def _source_problems(self, field_name: str, field: FieldSpec) -> list[Problem]:
+        key = ("fields", field_name)
+        source = self.source_of(field_name)
+        if source is None or source in self.sources:
+            return []
+        if isinstance(field, TextField | ValueField) and isinstance(field.from_, JsonRef):
+            return [
+                Problem(
+                    ((*key, "from", "json"),),
+                    unknown_source(source, self.sources, implicit=False),
+                )
+            ]
+        implicit = getattr(field, "source", None) is None
+        return [
+            Problem(
+                (key if implicit else (*key, "source"),),
+                unknown_source(source, self.sources, implicit=implicit),
+            )
+        ]
+
+    def _reference_problems(self, field_name: str, field: FieldSpec) -> list[Problem]:
+        """A derived, scaled or mask field names the image field it follows: it must be one."""
+        key = ("fields", field_name)
+        plain = [
+            n for n, f in self.fields.items() if isinstance(f, ImageField) and f.derive is None
+        ]
+        refs: list[tuple[tuple[str, ...], str]] = []
+        if isinstance(field, ImageField) and field.derive is not None:
+            refs.append(((*key, "derive", "from"), field.derive.from_field))
+        if isinstance(field, ImageField) and field.scale is not None:
+            refs.append(((*key, "scale", "of"), field.scale.of))
+        if isinstance(field, MaskField) and field.of is not None:
+            refs.append(((*key, "of"), field.of))
+        return [
+            Problem(
+                (where,),
+                f"names {target!r}, which is not an image field read from files "
+                f"(those are: {', '.join(plain) or 'none'})",
+            )
+            for where, target in refs
+            if target not in plain or target == field_name
+        ]
+
+    def _stratify_problems(self) -> list[Problem]:
+        if self.stratify is None or isinstance(self.fields.get(self.stratify), LabelField):
+            return []
+        labels = [n for n, f in self.fields.items() if isinstance(f, LabelField)]
+        return [
+            Problem(
+                (("stratify",),),
+                f"must name a label field, got {self.stratify!r} "
+                f"(label fields: {', '.join(labels) or 'none'})",
+            )
+        ]
+
     def _chunk_problems(self, field_name: str) -> list[Problem]:
         field = self.fields[field_name]
+        assert isinstance(field, ImageField | MaskField)
         assert field.shape is not None
         key = (("fields", field_name, "chunks"),)
         chunks = self.chunks_of(field_name)
@@ -263,7 +351,7 @@ class Spec(Strict):
             return []
         keys = dict.fromkeys(
             ("fields", name, "chunks")
-            if self.fields[name].chunks is not None
+            if self.array_spec(name).chunks is not None
             else ("storage", "chunk_samples")
             for name in rows
         )
@@ -272,46 +360,80 @@ class Spec(Strict):
             Problem(
                 tuple(keys),
                 f"chunk rows {shown} make decode tasks of {batch} samples (a task holds a whole "
-                f"chunk of every image field: their least common multiple); at most "
+                f"chunk of every array field: their least common multiple); at most "
                 f"{MAX_BATCH_SAMPLES} or the largest chunk rows keeps memory bounded: use chunk "
                 f"rows that divide one another, e.g. the same for every field",
             )
         ]
 
     # Derived views; computed, never stored, so they cannot drift from the config.
-    def source_of(self, field_name: str) -> str:
-        """The source a field reads: ``source``, else the same-named source, else the first."""
+    def kind_of(self, field_name: str) -> str:
+        return self.fields[field_name].kind
+
+    def array_spec(self, field_name: str) -> ImageField | MaskField:
         field = self.fields[field_name]
+        assert isinstance(field, ImageField | MaskField), f"{field_name} is no array field"
+        return field
+
+    def source_of(self, field_name: str) -> str | None:
+        """The source whose files a field reads (or whose file names it uses); None for a
+        field computed from a table or from another field."""
+        field = self.fields[field_name]
+        if isinstance(field, ImageField) and field.derive is not None:
+            return None
+        if isinstance(field, TextField | ValueField | LabelField):
+            origin = field.from_
+            if isinstance(origin, JsonRef):
+                return origin.json_source
+            if not isinstance(origin, str):  # a table
+                return None
         return source_for(
-            field_name, source=field.source, is_text=field.is_text, sources=list(self.sources)
+            field_name,
+            source=getattr(field, "source", None),
+            reads_own_name=isinstance(field, ImageField | MaskField),
+            sources=list(self.sources),
         )
 
-    def chunks_of(self, field_name: str) -> tuple[int, ...]:
-        """The HDF5 chunk shape of a field, sample axis first."""
+    def reads_content(self, field_name: str) -> bool:
+        """Whether the field reads its source's files (not only their names)."""
         field = self.fields[field_name]
+        if isinstance(field, ImageField):
+            return field.derive is None
+        if isinstance(field, MaskField):
+            return True
+        origin = getattr(field, "from_", None)
+        return isinstance(origin, JsonRef)
+
+    def chunks_of(self, field_name: str) -> tuple[int, ...]:
+        """The HDF5 chunk shape of an array field, sample axis first."""
+        field = self.array_spec(field_name)
         if field.chunks is not None:
             return field.chunks
         shape = field.shape or ()
         return (self.storage.chunk_samples, *shape)
 
     def compression_of(self, field_name: str) -> Compression:
-        return self.fields[field_name].compression or self.storage.compression
+        field = self.fields[field_name]
+        own = field.compression if isinstance(field, ImageField | MaskField) else None
+        return own or self.storage.compression
 
     def shuffle_of(self, field_name: str) -> bool:
         field = self.fields[field_name]
-        return self.storage.shuffle if field.shuffle is None else field.shuffle
+        own = field.shuffle if isinstance(field, ImageField | MaskField) else None
+        return self.storage.shuffle if own is None else own
 
     @property
     def image_fields(self) -> list[str]:
-        return [name for name, field in self.fields.items() if not field.is_text]
+        """The fixed-shape array fields (images and masks): workers compress their chunks."""
+        return [n for n, f in self.fields.items() if isinstance(f, ImageField | MaskField)]
 
     @property
     def text_fields(self) -> list[str]:
-        return [name for name, field in self.fields.items() if field.is_text]
+        return [n for n, f in self.fields.items() if isinstance(f, TextField)]
 
     @property
     def batch_samples(self) -> int:
-        """Samples per decode task: a whole chunk of every image field (their lcm)."""
+        """Samples per decode task: a whole chunk of every array field (their lcm)."""
         return math.lcm(*(self.chunks_of(name)[0] for name in self.image_fields))
 
 
@@ -336,7 +458,10 @@ def spec_text(spec: Spec) -> str:
     Paths the config wrote relative to its folder stay relative, so a moved or copied project
     stores (and hashes) the same text.
     """
-    data = spec.model_dump(mode="json")
+    data = spec.model_dump(mode="json", by_alias=True)
+    data["fields"] = {
+        name: {"kind": field.pop("kind"), **field} for name, field in data["fields"].items()
+    }
     data["output"] = spec.stored_path(("output",), spec.output)
     for name, source in spec.sources.items():
         data["sources"][name]["dir"] = spec.stored_path(("sources", name, "dir"), source.dir)

@@ -10,12 +10,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 __all__ = [
     "Compression",
-    "FieldSpec",
     "PadSpec",
     "Problem",
     "SourceSpec",
@@ -23,8 +21,6 @@ __all__ = [
     "StorageSpec",
     "Strict",
 ]
-
-IMAGE_MODES: dict[str, int] = {"RGB": 3, "L": 1}
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,64 +103,3 @@ class PadSpec(Strict):
     fill: Annotated[int, Field(ge=0, le=255)] = 0
     mask_fill: Annotated[int, Field(ge=0, le=255)] = 0  # a label: must be in every mask's values
     oversize: Literal["reject", "crop", "resize"] = "reject"
-
-
-class FieldSpec(Strict):
-    """One dataset per split: decoded pixels of a source, or the source's file name."""
-
-    dtype: str = "uint8"
-    shape: tuple[Annotated[int, Field(gt=0)], ...] | None = None
-    mode: Literal["RGB", "L"] | None = None
-    values: tuple[Annotated[int, Field(ge=0, le=255)], ...] | None = None
-    source: str | None = None
-    chunks: tuple[Annotated[int, Field(gt=0)], ...] | None = None
-    compression: Compression | None = None
-    shuffle: bool | None = None
-
-    @property
-    def is_text(self) -> bool:
-        return self.dtype == "str"
-
-    @model_validator(mode="after")
-    def _consistent(self) -> FieldSpec:
-        problem = self._problem()
-        if problem is not None:
-            key, message = problem
-            raise SpecProblems([Problem(((key,),), message)])
-        return self
-
-    def _problem(self) -> tuple[str, str] | None:
-        """The first broken rule, as (key, message)."""
-        if self.is_text:
-            for key in ("shape", "mode", "values", "chunks", "compression", "shuffle"):
-                if getattr(self, key) is not None:
-                    return key, f"a str field takes no {key}"
-            return None
-        if not _is_uint8(self.dtype):
-            return "dtype", (
-                f"allowed dtypes are uint8 (image and mask fields; 16-bit inputs are scaled to "
-                f"8 bits) and str (a file-name field), got {self.dtype!r}"
-            )
-        if self.shape is None:
-            return "shape", "an image field needs a shape, e.g. [3, 224, 224]"
-        if self.mode is None:
-            return "mode", "an image field needs a mode: RGB or L"
-        channels = IMAGE_MODES[self.mode]
-        if len(self.shape) != 3 or self.shape[0] != channels:
-            return "shape", (
-                f"mode {self.mode} needs shape [{channels}, H, W] (channels first), "
-                f"got {list(self.shape)}"
-            )
-        if self.values is not None:
-            if self.mode != "L":
-                return "values", "values (a mask's allowed labels) need mode L"
-            if len(set(self.values)) != len(self.values):
-                return "values", f"values must be distinct, got {list(self.values)}"
-        return None
-
-
-def _is_uint8(dtype: str) -> bool:
-    try:
-        return bool(np.dtype(dtype) == np.uint8)
-    except (TypeError, ValueError, SyntaxError):  # numpy's parser raises all three
-        return False

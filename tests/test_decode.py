@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 from conftest import MakeRaw, WriteConfig, centre_pad, save
 
-from h5etl import decode, pipeline, schedule
+from h5etl import clean, decode, discover, pipeline, schedule
 from h5etl.config import load_spec
-from h5etl.records import DecodeTask, Sample, SourceFile
+from h5etl.records import DecodeTask, EncodedRows, Sample, SourceFile
 
 
 def planned(root: Path, key: str) -> Sample:
@@ -36,7 +36,7 @@ def test_a_rejected_sample_leaves_no_pixels_in_the_next_ones_padding(
     save(tmp_path / "raw" / "images" / "small.png", small)
     save(tmp_path / "raw" / "masks" / "small.png", np.zeros((6, 6), np.uint8))
     spec = load_spec(write_config(tmp_path))
-    recipe = decode.DecodeRecipe.from_spec(spec, pipeline.layouts_of(spec))
+    recipe = pipeline.recipe_of(clean.plan(spec, discover.find_samples(spec).samples))
     samples = (planned(tmp_path, "big"), planned(tmp_path, "small"))
     task = DecodeTask("train", 0, samples, 4, 4, final=True, raw=True)
 
@@ -44,7 +44,7 @@ def test_a_rejected_sample_leaves_no_pixels_in_the_next_ones_padding(
 
     assert result.accepted == 1
     assert {r.reason for r in result.rejects} == {"mask_values"}
-    np.testing.assert_array_equal(result.raw["image"][0], centre_pad(small, 24, 24))
+    np.testing.assert_array_equal(result.columns["image"][0], centre_pad(small, 24, 24))
 
 
 def _keys(samples: Sequence[Sample]) -> list[str]:
@@ -74,7 +74,7 @@ def test_reused_batch_buffers_never_leak_pixels_between_tasks(
     save(images / "e.png", np.full((24, 24, 3), 90, np.uint8))
     save(masks / "e.png", bad)
     spec = load_spec(write_config(tmp_path, storage={"chunk_samples": 2}))
-    recipe = decode.DecodeRecipe.from_spec(spec, pipeline.layouts_of(spec))
+    recipe = pipeline.recipe_of(clean.plan(spec, discover.find_samples(spec).samples))
     height, width = spec.fields["image"].shape[1:]  # type: ignore[index]
 
     def task(*keys: str, raw: bool = False) -> DecodeTask:
@@ -82,9 +82,11 @@ def test_reused_batch_buffers_never_leak_pixels_between_tasks(
         return DecodeTask("train", 0, samples, 2, 2, final=True, raw=raw)
 
     first = decode.decode_batch(task("a", "b"), recipe)  # encoded: buffers kept
-    assert first.encoded
+    assert isinstance(first.columns["image"], EncodedRows)
     partial = decode.decode_batch(task("c", "e", raw=True), recipe)  # rows leave raw
-    kept = partial.raw["image"].copy()
+    kept = partial.columns["image"].copy()
     np.testing.assert_array_equal(kept[0], centre_pad(np.full((6, 6, 3), 50), height, width))
     decode.decode_batch(task("d", "a"), recipe)
-    np.testing.assert_array_equal(partial.raw["image"], kept)  # not overwritten by the next task
+    np.testing.assert_array_equal(
+        partial.columns["image"], kept
+    )  # not overwritten by the next task

@@ -590,7 +590,7 @@ def test_crashing_worker_rejects_only_its_sample(project: Path) -> None:
     from h5etl import clean, discover, pipeline
 
     plan = clean.plan(spec, discover.find_samples(spec).samples)
-    recipe = decode.DecodeRecipe.from_spec(spec, pipeline.layouts_of(spec))
+    recipe = pipeline.recipe_of(plan)
     cutter = tasks.TaskCutter(plan, 2)
     results = []
     for result in schedule.run_tasks(cutter, recipe, jobs=2, worker=segfault_on_s003):
@@ -612,14 +612,14 @@ def test_memory_error_and_decompression_bomb_are_rejects(
     save(tmp_path / "raw" / "images" / "bomb.png", big)
     save(tmp_path / "raw" / "masks" / "bomb.png", big[..., 0])
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 150)  # 20x20 = 400 > 2x the limit
-    original = h5etl.images.decode
+    original = h5etl.images.decode_field
 
-    def oom(data: bytes, mode: Any, *, path: str, mask_labels: Any = None) -> np.ndarray:
-        if path.endswith("s005.png"):
+    def oom(data: bytes, **kwargs: Any) -> Any:
+        if kwargs["path"].endswith("s005.png"):
             raise MemoryError
-        return original(data, mode, path=path, mask_labels=mask_labels)
+        return original(data, **kwargs)
 
-    monkeypatch.setattr(h5etl.images, "decode", oom)
+    monkeypatch.setattr(h5etl.images, "decode_field", oom)
     report = build(project, jobs=1)
     reasons = {Path(r.path).name: r.reason for r in report.rejects}
     assert reasons["bomb.png"] == "decompression_bomb"

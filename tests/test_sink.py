@@ -14,7 +14,8 @@ import pytest
 from h5etl import digest
 from h5etl.chunkcodec import ChunkLayout, decode_block, encode_block
 from h5etl.errors import SinkError
-from h5etl.records import BatchResult, DecodeTask
+from h5etl.kinds.base import ArrayColumn, TextColumn
+from h5etl.records import BatchResult, DecodeTask, EncodedRows
 from h5etl.sink import Sink, SinkLayout
 from h5etl.spec import Compression
 
@@ -22,7 +23,10 @@ CHUNK = 4
 IMAGE = ChunkLayout((3, 5, 6), "uint8", (CHUNK, 3, 5, 6), Compression(codec="lzf"), True)
 MASK = ChunkLayout((1, 5, 6), "uint8", (CHUNK, 1, 3, 6), Compression(codec="gzip"), True)
 LAYOUT = SinkLayout(
-    ("train", "valid"), {"image": IMAGE, "mask": MASK}, ("filename",), ("image", "mask"), CHUNK
+    ("train", "valid"),
+    {"image": ArrayColumn(IMAGE, 0), "mask": ArrayColumn(MASK, 0), "filename": TextColumn()},
+    ("image", "mask"),
+    CHUNK,
 )
 
 
@@ -34,12 +38,13 @@ def _batch(split: str, start: int, count: int, *, encoded: bool = False) -> Batc
     for name, layout in (("image", IMAGE), ("mask", MASK)):
         rows = rng.integers(0, 256, (count, *layout.shape), dtype=np.uint8)
         if encoded:
-            result.encoded[name] = [encode_block(layout, rows)]
-            result.block_sha256[name] = [digest.block_digest(rows)]
+            result.columns[name] = EncodedRows(
+                [encode_block(layout, rows)], [digest.block_digest(rows)]
+            )
         else:
-            result.raw[name] = rows
+            result.columns[name] = rows
     result.keys = [f"{split}-{start + i}" for i in range(count)]
-    result.texts["filename"] = [f"{key}.png" for key in result.keys]
+    result.columns["filename"] = [f"{key}.png" for key in result.keys]
     result.lineage = [
         (hashlib.sha256(k.encode()).hexdigest(), hashlib.sha256(k[::-1].encode()).hexdigest())
         for k in result.keys
@@ -49,9 +54,11 @@ def _batch(split: str, start: int, count: int, *, encoded: bool = False) -> Batc
 
 def _rows(result: BatchResult, name: str) -> np.ndarray:
     layout = IMAGE if name == "image" else MASK
-    if name in result.raw:
-        return result.raw[name]
-    return np.concatenate([decode_block(layout, block) for block in result.encoded[name]])
+    rows = result.columns[name]
+    if isinstance(rows, np.ndarray):
+        return rows
+    assert isinstance(rows, EncodedRows)
+    return np.concatenate([decode_block(layout, block) for block in rows.blocks])
 
 
 def _write(path: Path, batches: list[BatchResult]) -> dict[str, dict[str, object]]:
@@ -101,7 +108,7 @@ def test_round_trip(tmp_path: Path, plan: list[tuple[str, int, bool]]) -> None:
                 assert node.attrs["raw_bytes"] == expected.nbytes
                 assert len(node["block_sha256"]) == -(-len(expected) // CHUNK)
             names = [v.decode() for v in handle[f"{split}/filename"][...]]
-            assert names == [f for b in mine for f in b.texts["filename"]]
+            assert names == [f for b in mine for f in b.columns["filename"]]
             lineage = handle[f"{split}/source_sha256"][...]
             assert lineage.shape == (len(names), 2)
             assert [tuple(v.decode() for v in row) for row in lineage] == [

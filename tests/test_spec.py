@@ -38,7 +38,7 @@ def test_recipe_defaults_fill_what_the_config_leaves_out(raw_root: Path) -> None
     assert spec.pipeline == "segmentation"
     assert spec.fields["image"].mode == "RGB"
     assert spec.fields["mask"].values == (0, 1)
-    assert spec.fields["filename"].is_text
+    assert spec.fields["filename"].kind == "text"
     assert spec.source_of("filename") == "image"
     assert spec.splits == {"train": 0.8, "valid": 0.2}
     # the default codec, chosen by measurement (tests/benchmarks/codec_bench.py)
@@ -142,7 +142,7 @@ def test_batch_samples_over_the_limit_is_one_clear_line(
         load_spec(config)
     assert caught.value.problems == [
         f"{config}: fields.image.chunks, fields.mask.chunks: chunk rows image 4096, mask 4095 "
-        f"make decode tasks of 16773120 samples (a task holds a whole chunk of every image "
+        f"make decode tasks of 16773120 samples (a task holds a whole chunk of every array "
         f"field: their least common multiple); at most 1024 or the largest chunk rows keeps "
         f"memory bounded: use chunk rows that divide one another, e.g. the same for every field"
     ]
@@ -213,14 +213,17 @@ ERRORS = [
         {"fields": {"image": {"dtype": "float77"}}}, "fields.image.dtype: allowed", id="dtype"
     ),
     pytest.param(
-        {"fields": {"image": {"dtype": "uint16"}}},
-        "fields.image.dtype: allowed dtypes are uint8",
-        id="uint16",
+        {"fields": {"image": {"dtype": "uint32"}}},
+        "fields.image.dtype: allowed dtypes are uint8, uint16, int16, float32",
+        id="uint32",
     ),
     pytest.param({"fields": {"image": {"shape": [1, 24, 24]}}}, "needs shape [3", id="channels"),
-    pytest.param({"fields": {"image": {"values": [0, 1]}}}, "need mode L", id="values-rgb"),
+    # values make it a mask (the rule before kinds): a mask has one channel
+    pytest.param({"fields": {"image": {"values": [0, 1]}}}, "mode L", id="values-rgb"),
     pytest.param({"fields": {"mask": {"values": [0, 0]}}}, "distinct", id="values-dup"),
-    pytest.param({"fields": {"filename": {"shape": [1]}}}, "str field takes no shape", id="text"),
+    pytest.param(
+        {"fields": {"filename": {"shape": [1]}}}, "a text field takes no shape", id="text"
+    ),
     pytest.param(
         {"fields": {"mask": {"source": "labels"}}},
         "fields.mask.source: no source named 'labels'",
@@ -240,7 +243,11 @@ ERRORS = [
     pytest.param({"storage": {"chunk_samples": -1}}, "storage.chunk_samples", id="chunk-samples"),
     pytest.param({"pad": {"fill": 256}}, "pad.fill", id="fill"),
     pytest.param({"sources": {"image": {"dir": "nowhere"}}}, "sources.image.dir: folder", id="dir"),
-    pytest.param({"sources": {"extra": {"dir": "raw"}}}, "sources.extra: no image field", id="src"),
+    pytest.param(
+        {"sources": {"extra": {"dir": "raw"}}},
+        "sources.extra: no field reads this source",
+        id="src",
+    ),
     pytest.param({"seed": "abc"}, "seed", id="seed"),
     # attrs: {version: ...} was silently replaced by the release version
     pytest.param(

@@ -1,0 +1,120 @@
+"""What every field kind is made of: its storage column, its statistics, its two hooks.
+
+A kind is a frozen, picklable dataclass built from its config model in the parent (see
+``h5etl.kinds.registry``); decode workers import this package but never pydantic. Values a
+kind knows without reading files (a class folder, a table row) come from ``prepare`` at plan
+time, in the parent, and travel with the sample (``Sample.extras``); everything that reads a
+file's bytes happens in ``decode``, in a worker. Both reject a sample with ``RejectError``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+import numpy as np
+
+from h5etl.chunkcodec import ChunkLayout
+from h5etl.fileformat import FieldRecord
+from h5etl.records import Sample
+
+if TYPE_CHECKING:
+    from h5etl.kinds.tabular import Prepared
+
+__all__ = [
+    "ArrayColumn",
+    "Column",
+    "Kind",
+    "SampleContext",
+    "ScalarColumn",
+    "TextColumn",
+]
+
+StatsKind = Literal["channels", "histogram"] | None
+
+
+@dataclass(frozen=True, slots=True)
+class ArrayColumn:
+    """A fixed-shape (N, *shape) array: workers compress whole chunks, the sink stores them."""
+
+    layout: ChunkLayout
+    fill: float  # the value around a smaller input (pad.fill, or pad.mask_fill for a mask)
+
+
+@dataclass(frozen=True, slots=True)
+class ScalarColumn:
+    """One number per sample, (N,): small, so the sink buffers and appends its rows."""
+
+    dtype: str
+
+
+@dataclass(frozen=True, slots=True)
+class TextColumn:
+    """One UTF-8 string per sample, (N,)."""
+
+
+Column = ArrayColumn | ScalarColumn | TextColumn
+
+
+@dataclass(slots=True)
+class SampleContext:
+    """One sample as its kinds see it in the worker: its files' bytes, the values kinds met
+    before (``decoded``: an array field's pixels before fitting, for derived and scaled
+    fields and masks), its plan-time values and the lossy conversions met on the way."""
+
+    sample: Sample
+    contents: list[bytes]  # one per source, in source order
+    extras: dict[str, Any]  # field -> value from ``annotate``
+    decoded: dict[str, np.ndarray] = field(default_factory=dict)
+    paths: dict[str, str] = field(default_factory=dict)  # field -> the file it was read from
+    parsed: dict[int, Any] = field(default_factory=dict)  # source index -> its JSON document
+    conversions: list[tuple[str, str]] = field(default_factory=list)  # (field, code)
+
+    def path(self, source_index: int) -> str:
+        return self.sample.files[source_index].path
+
+
+@dataclass(frozen=True, slots=True)
+class Kind:
+    """The behaviour of one field. Subclasses set ``kind`` and override what they use."""
+
+    kind: ClassVar[str] = ""
+    name: str
+    source_index: int | None  # the sample's file it reads or names; None: none
+
+    @property
+    def column(self) -> Column:
+        raise NotImplementedError
+
+    @property
+    def plan_side(self) -> bool:
+        """Whether its value is known at plan time (``annotate``), not decoded in a worker."""
+        return False
+
+    @property
+    def depends_on(self) -> tuple[str, ...]:
+        """Fields whose decoded pixels this one needs first."""
+        return ()
+
+    @property
+    def stats(self) -> StatsKind:
+        return None
+
+    def prepare(self, samples: Sequence[Sample]) -> Prepared:
+        """This kind bound to the inputs, and each sample's value (``plan_side`` kinds)."""
+        raise NotImplementedError(f"{type(self).__name__} decodes in the worker")
+
+    def decode(self, context: SampleContext) -> Any:
+        """The sample's value: an (h, w[, c]) array for an array column (fitted, unpadded),
+        a number or a string. Plan-side kinds return their annotation."""
+        return context.extras[self.name]
+
+    def record(self) -> FieldRecord:
+        """How the release's layout record describes this field."""
+        column = self.column
+        if isinstance(column, ArrayColumn):
+            return FieldRecord(self.kind, "fixed", column.layout.dtype, column.layout.shape)
+        if isinstance(column, ScalarColumn):
+            return FieldRecord(self.kind, "fixed", column.dtype, ())
+        return FieldRecord(self.kind, "text", "str", ())

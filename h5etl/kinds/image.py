@@ -1,0 +1,137 @@
+"""The ``image`` kind: pixels of a source (or derived from another field), in any dtype."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+import numpy as np
+
+from h5etl import images
+from h5etl.chunkcodec import ChunkLayout
+from h5etl.errors import RejectError
+from h5etl.fileformat import FieldRecord
+from h5etl.kinds.base import ArrayColumn, Column, Kind, SampleContext, StatsKind
+from h5etl.kinds.fitting import fit, size_text
+
+if TYPE_CHECKING:
+    from h5etl.fieldspecs import ImageField
+
+
+@dataclass(frozen=True, slots=True)
+class ImageKind(Kind):
+    kind: ClassVar[str] = "image"
+    layout: ChunkLayout
+    mode: Literal["RGB", "L"]
+    fill: float
+    oversize: str
+    derive_from: str | None = None
+    derive_filter: str = "bicubic"
+    derive_factor: int | None = None
+    scale_of: str | None = None
+    scale_factor: int = 1
+    with_stats: bool = True
+
+    @property
+    def column(self) -> Column:
+        return ArrayColumn(self.layout, self.fill)
+
+    @property
+    def depends_on(self) -> tuple[str, ...]:
+        return tuple(name for name in (self.derive_from, self.scale_of) if name is not None)
+
+    @property
+    def stats(self) -> StatsKind:
+        return "channels" if self.with_stats else None
+
+    def record(self) -> FieldRecord:
+        extra: dict[str, Any] = {"mode": self.mode}
+        if self.derive_from is not None:
+            extra["derived_from"] = self.derive_from
+            extra["filter"] = self.derive_filter
+        if self.scale_of is not None:
+            extra["scale"] = {"of": self.scale_of, "factor": self.scale_factor}
+        return FieldRecord(self.kind, "fixed", self.layout.dtype, self.layout.shape, extra)
+
+    def decode(self, context: SampleContext) -> np.ndarray:
+        if self.derive_from is not None:
+            pixels, path = self._derived(context)
+        else:
+            assert self.source_index is not None
+            path = context.path(self.source_index)
+            decoded = images.decode_field(
+                context.contents[self.source_index],
+                path=path,
+                mode=self.mode,
+                dtype=self.layout.dtype,  # type: ignore[arg-type]
+                role="image",
+            )
+            pixels = decoded.array
+            if decoded.conversion:
+                context.conversions.append((self.name, decoded.conversion))
+        if self.scale_of is not None:
+            self._check_scale(context, pixels, path)
+        context.decoded[self.name] = pixels
+        context.paths[self.name] = path
+        return fit(pixels, self.layout, self.oversize, path=path, is_mask=False)
+
+    def _derived(self, context: SampleContext) -> tuple[np.ndarray, str]:
+        assert self.derive_from is not None
+        source = context.decoded[self.derive_from]
+        path = context.sample.files[0].path
+        if self.derive_factor is None:
+            size = (self.layout.shape[1], self.layout.shape[2])
+        else:
+            height, width = source.shape[0], source.shape[1]
+            if height % self.derive_factor or width % self.derive_factor:
+                raise RejectError(
+                    "scale_mismatch",
+                    f"{self.derive_from} is {size_text(source)}, not a multiple of "
+                    f"derive.factor {self.derive_factor} on each axis",
+                    path=path,
+                )
+            size = (height // self.derive_factor, width // self.derive_factor)
+        with images.rejecting_surprises(path, f"derive {self.name}"):
+            pixels = images.resize_to(source, size, self.derive_filter)  # type: ignore[arg-type]
+        if pixels.dtype != np.dtype(self.layout.dtype):
+            pixels = pixels.astype(self.layout.dtype)
+        return pixels, path
+
+    def _check_scale(self, context: SampleContext, pixels: np.ndarray, path: str) -> None:
+        assert self.scale_of is not None
+        other = context.decoded[self.scale_of]
+        expected = (other.shape[0] * self.scale_factor, other.shape[1] * self.scale_factor)
+        if pixels.shape[:2] != expected:
+            raise RejectError(
+                "scale_mismatch",
+                f"{self.name} is {size_text(pixels)}, expected {self.scale_factor} x "
+                f"{self.scale_of} {size_text(other)} = {expected[0]}x{expected[1]}",
+                path=path,
+            )
+
+
+def from_config(
+    name: str,
+    field: ImageField,
+    *,
+    layout: ChunkLayout,
+    source_index: int | None,
+    fill: float,
+    oversize: str,
+) -> ImageKind:
+    assert field.mode is not None
+    derive, scale = field.derive, field.scale
+    return ImageKind(
+        name,
+        source_index,
+        layout,
+        field.mode,
+        fill,
+        oversize,
+        derive_from=derive.from_field if derive else None,
+        derive_filter=derive.resize if derive else "bicubic",
+        derive_factor=derive.factor if derive else None,
+        scale_of=scale.of if scale else None,
+        scale_factor=scale.factor if scale else 1,
+        with_stats=field.stats,
+    )

@@ -1,0 +1,119 @@
+"""The ``label`` kind: one class per sample, as an int64 index into the sorted class names.
+
+The class comes from the sample's folder (``root/<class>/file``) or from a table column, at
+plan time: a sample without a class is rejected before anything is decoded, and a split can
+be stratified by it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
+
+from h5etl.errors import RejectError
+from h5etl.fileformat import FieldRecord
+from h5etl.kinds.base import Column, Kind, ScalarColumn, StatsKind
+from h5etl.kinds.tabular import Prepared, TableSource, shown, table_lookup
+from h5etl.records import Sample
+
+if TYPE_CHECKING:
+    from h5etl.fieldspecs import LabelField
+
+
+@dataclass(frozen=True, slots=True)
+class LabelKind(Kind):
+    kind: ClassVar[str] = "label"
+    source_root: str  # the folder whose class sub-folders name the labels
+    table: TableSource | None = None  # None: from the class folder
+    classes: tuple[str, ...] = ()  # bound at plan time (declared, or found)
+    declared: bool = False
+
+    @property
+    def column(self) -> Column:
+        return ScalarColumn("int64")
+
+    @property
+    def plan_side(self) -> bool:
+        return True
+
+    @property
+    def stats(self) -> StatsKind:
+        return "histogram"
+
+    def record(self) -> FieldRecord:
+        return FieldRecord(self.kind, "fixed", "int64", (), {"classes": list(self.classes)})
+
+    def prepare(self, samples: Sequence[Sample]) -> Prepared:
+        """Bind the class names (declared, or every class the inputs name) and the lookup."""
+        from h5etl import tables
+
+        assert self.source_index is not None
+        index = self.source_index
+        if self.table is not None:
+            cell = table_lookup(self.table, index, samples)
+
+            def name_of(sample: Sample) -> str | None:
+                value = cell(sample)
+                return None if value is None or value == "" else str(value)
+        else:
+
+            def name_of(sample: Sample) -> str | None:
+                found: str | None = tables.class_of(sample.relpaths[index])
+                return found
+
+        names = [name_of(sample) for sample in samples]
+        classes = self.classes or tuple(tables.class_names(n for n in names if n is not None))
+        bound = replace(self, classes=classes)
+        position = {name: i for i, name in enumerate(classes)}
+        by_sample = {sample.key: name for sample, name in zip(samples, names, strict=True)}
+
+        def value(sample: Sample) -> int:
+            name = by_sample.get(sample.key, name_of(sample))
+            if name is None:
+                raise RejectError("no_label", self._missing(sample))
+            if name not in position:
+                raise RejectError(
+                    "unknown_class",
+                    f"class {name!r} is not one of fields.{self.name}.classes "
+                    f"({shown(list(classes))})",
+                )
+            return position[name]
+
+        warnings: list[str] = []
+        if self.table is None:
+            empty = tables.empty_class_folders(Path(self.source_root))
+            warnings.extend(
+                f"fields.{self.name}: class folder {folder!r} is empty: no samples of it"
+                for folder in empty
+            )
+        return Prepared(bound, value, warnings)
+
+    def _missing(self, sample: Sample) -> str:
+        assert self.source_index is not None
+        relpath = sample.relpaths[self.source_index]
+        if self.table is not None:
+            return (
+                f"no {self.table.column!r} for {relpath!r} in {self.table.path} "
+                f"(column {self.table.key!r})"
+            )
+        return (
+            f"{relpath!r} is not in a class folder: fields.{self.name} takes the class from "
+            f"root/<class>/<file>"
+        )
+
+
+def from_config(name: str, field: LabelField, *, source_index: int, source_root: str) -> Kind:
+    origin = field.from_
+    table = (
+        None if isinstance(origin, str) else TableSource(origin.table, origin.key, origin.column)
+    )
+    return LabelKind(
+        name,
+        source_index,
+        source_root,
+        table,
+        field.classes or (),
+        declared=field.classes is not None,
+    )

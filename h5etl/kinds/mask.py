@@ -1,0 +1,101 @@
+"""The ``mask`` kind: a label per pixel, checked against ``values``; colours via ``colors``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+import numpy as np
+
+from h5etl import images, validate
+from h5etl.chunkcodec import ChunkLayout
+from h5etl.errors import RejectError
+from h5etl.fileformat import FieldRecord
+from h5etl.kinds.base import ArrayColumn, Column, Kind, SampleContext, StatsKind
+from h5etl.kinds.fitting import fit, size_text
+
+if TYPE_CHECKING:
+    from h5etl.fieldspecs import MaskField
+
+Colour = tuple[int, int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class MaskKind(Kind):
+    kind: ClassVar[str] = "mask"
+    layout: ChunkLayout
+    fill: float
+    oversize: str
+    values: tuple[int, ...]
+    colors: tuple[tuple[Colour, int], ...] | None = None
+    of: str | None = None  # the image field whose size it has
+    with_stats: bool = True
+
+    @property
+    def column(self) -> Column:
+        return ArrayColumn(self.layout, self.fill)
+
+    @property
+    def depends_on(self) -> tuple[str, ...]:
+        return () if self.of is None else (self.of,)
+
+    @property
+    def stats(self) -> StatsKind:
+        return "histogram" if self.with_stats else None
+
+    def record(self) -> FieldRecord:
+        extra: dict[str, object] = {"values": list(self.values)}
+        if self.colors is not None:
+            extra["colors"] = [[list(colour), label] for colour, label in self.colors]
+        if self.of is not None:
+            extra["of"] = self.of
+        return FieldRecord(self.kind, "fixed", self.layout.dtype, self.layout.shape, extra)
+
+    def decode(self, context: SampleContext) -> np.ndarray:
+        assert self.source_index is not None
+        path = context.path(self.source_index)
+        data = context.contents[self.source_index]
+        decoded = images.decode_field(
+            data,
+            path=path,
+            mode="L",
+            dtype=self.layout.dtype,  # type: ignore[arg-type]
+            role="mask",
+            palette="color" if self.colors is not None else "index",
+        )
+        labels = decoded.array
+        with images.rejecting_surprises(path, "check the mask"):
+            if labels.ndim == 3:  # colours, to be mapped by the table
+                assert self.colors is not None
+                labels = validate.map_colors(
+                    labels, dict(self.colors), path=path, dtype=np.dtype(self.layout.dtype)
+                )
+            labels = validate.check_mask(labels, self.values, path=path)
+        if self.of is not None:
+            image = context.decoded[self.of]
+            if image.shape[:2] != labels.shape[:2]:
+                raise RejectError(
+                    "size_mismatch",
+                    f"sizes differ after decoding (HxW): {self.of} {size_text(image)}, "
+                    f"{self.name} {size_text(labels)}",
+                    path=context.paths.get(self.of, path),
+                )
+        context.decoded[self.name] = labels
+        context.paths[self.name] = path
+        return fit(labels, self.layout, self.oversize, path=path, is_mask=True)
+
+
+def from_config(
+    name: str,
+    field: MaskField,
+    *,
+    layout: ChunkLayout,
+    source_index: int | None,
+    fill: float,
+    oversize: str,
+    of: str | None,
+) -> MaskKind:
+    colors = tuple(field.colors.items()) if field.colors is not None else None
+    return MaskKind(
+        name, source_index, layout, fill, oversize, field.values, colors, of, field.stats
+    )

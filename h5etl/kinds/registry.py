@@ -1,0 +1,133 @@
+"""The one place that knows every kind: config model -> behaviour, for a whole spec.
+
+Parent side only (it reads the pydantic config); workers receive the built kinds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from h5etl.chunkcodec import ChunkLayout
+from h5etl.fieldspecs import ImageField, LabelField, MaskField, TextField, ValueField
+from h5etl.fileformat import FieldRecord
+from h5etl.kinds import image, label, mask, text, value
+from h5etl.kinds.base import Kind
+from h5etl.spec import Spec
+
+Builder = Callable[[Spec, str], Kind]
+
+
+def layout_of(spec: Spec, name: str) -> ChunkLayout:
+    """How an array field is stored: shape, dtype, chunks and filters."""
+    field = spec.array_spec(name)
+    assert field.shape is not None
+    return ChunkLayout(
+        field.shape,
+        field.dtype,
+        spec.chunks_of(name),
+        spec.compression_of(name),
+        spec.shuffle_of(name),
+    )
+
+
+def _index(spec: Spec, source: str | None) -> int | None:
+    return list(spec.sources).index(source) if source is not None else None
+
+
+def _lookup_index(spec: Spec, source: str | None) -> int:
+    """The source whose relative paths key a table (its own ``source``, else the first)."""
+    return list(spec.sources).index(source) if source is not None else 0
+
+
+def _image(spec: Spec, name: str) -> Kind:
+    field = spec.fields[name]
+    assert isinstance(field, ImageField)
+    return image.from_config(
+        name,
+        field,
+        layout=layout_of(spec, name),
+        source_index=_index(spec, spec.source_of(name)),
+        fill=spec.pad.fill,
+        oversize=spec.pad.oversize,
+    )
+
+
+def _mask(spec: Spec, name: str) -> Kind:
+    field = spec.fields[name]
+    assert isinstance(field, MaskField)
+    plain = [n for n, f in spec.fields.items() if isinstance(f, ImageField) and f.derive is None]
+    return mask.from_config(
+        name,
+        field,
+        layout=layout_of(spec, name),
+        source_index=_index(spec, spec.source_of(name)),
+        fill=spec.pad.mask_fill,
+        oversize=spec.pad.oversize,
+        of=field.of if field.of is not None else (plain[0] if plain else None),
+    )
+
+
+def _label(spec: Spec, name: str) -> Kind:
+    field = spec.fields[name]
+    assert isinstance(field, LabelField)
+    source = field.source or next(iter(spec.sources))
+    return label.from_config(
+        name,
+        field,
+        source_index=_lookup_index(spec, source),
+        source_root=str(spec.sources[source].dir),
+    )
+
+
+def _text(spec: Spec, name: str) -> Kind:
+    field = spec.fields[name]
+    assert isinstance(field, TextField)
+    source = spec.source_of(name)
+    index = _index(spec, source) if source is not None else _lookup_index(spec, field.source)
+    return text.from_config(name, field, source_index=index)
+
+
+def _value(spec: Spec, name: str) -> Kind:
+    field = spec.fields[name]
+    assert isinstance(field, ValueField)
+    source = spec.source_of(name)
+    index = _index(spec, source) if source is not None else 0
+    return value.from_config(name, field, source_index=index)
+
+
+BUILDERS: dict[type[Any], Builder] = {
+    ImageField: _image,
+    MaskField: _mask,
+    LabelField: _label,
+    TextField: _text,
+    ValueField: _value,
+}
+
+
+def kinds_of(spec: Spec) -> tuple[Kind, ...]:
+    """Every field's behaviour, in config order."""
+    return tuple(BUILDERS[type(field)](spec, name) for name, field in spec.fields.items())
+
+
+def decode_order(kinds: Sequence[Kind]) -> tuple[int, ...]:
+    """Positions of ``kinds`` in an order where each comes after the fields it depends on."""
+    by_name = {kind.name: i for i, kind in enumerate(kinds)}
+    order: list[int] = []
+    placed: set[int] = set()
+
+    def visit(i: int) -> None:
+        if i in placed:
+            return
+        placed.add(i)
+        for dependency in kinds[i].depends_on:
+            visit(by_name[dependency])
+        order.append(i)
+
+    for i in range(len(kinds)):
+        visit(i)
+    return tuple(order)
+
+
+def layout_records(kinds: Sequence[Kind]) -> dict[str, FieldRecord]:
+    return {kind.name: kind.record() for kind in kinds}

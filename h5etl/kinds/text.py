@@ -1,0 +1,72 @@
+"""The ``text`` kind: a string per sample, its file's relative path, a table cell or a key
+of a per-sample JSON sidecar."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+from h5etl.errors import RejectError
+from h5etl.kinds.base import Column, Kind, SampleContext, TextColumn
+from h5etl.kinds.sidecar import json_value
+from h5etl.kinds.tabular import Prepared, TableSource, table_lookup
+from h5etl.records import Sample
+
+if TYPE_CHECKING:
+    from h5etl.fieldspecs import TextField
+
+
+@dataclass(frozen=True, slots=True)
+class TextKind(Kind):
+    kind: ClassVar[str] = "text"
+    table: TableSource | None = None
+    json_key: str | None = None  # a key of the sidecar JSON at ``source_index``
+
+    @property
+    def column(self) -> Column:
+        return TextColumn()
+
+    @property
+    def plan_side(self) -> bool:
+        return self.table is not None
+
+    def prepare(self, samples: Sequence[Sample]) -> Prepared:
+        assert self.table is not None
+        assert self.source_index is not None
+        cell = table_lookup(self.table, self.source_index, samples)
+        table = self.table
+
+        def value(sample: Sample) -> str:
+            found = cell(sample)
+            if found is None:
+                raise RejectError("no_value", f"no {table.column!r} for this file in {table.path}")
+            return str(found)
+
+        return Prepared(self, value)
+
+    def decode(self, context: SampleContext) -> str:
+        if self.table is not None:
+            return str(context.extras[self.name])
+        assert self.source_index is not None
+        if self.json_key is None:
+            return context.sample.relpaths[self.source_index]
+        found = json_value(context, self.source_index, self.json_key)
+        if found is None:
+            raise RejectError(
+                "no_value",
+                f"no {self.json_key!r} in this JSON sidecar",
+                path=context.path(self.source_index),
+            )
+        return str(found)
+
+
+def from_config(name: str, field: TextField, *, source_index: int | None) -> Kind:
+    from h5etl.fieldspecs import TableRef  # parent only: workers stay free of pydantic
+
+    origin = field.from_
+    if isinstance(origin, str):
+        return TextKind(name, source_index)
+    if isinstance(origin, TableRef):
+        return TextKind(name, source_index, TableSource(origin.table, origin.key, origin.column))
+    return TextKind(name, source_index, json_key=origin.key)

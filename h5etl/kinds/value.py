@@ -1,0 +1,81 @@
+"""The ``value`` kind: a number per sample (age, dose, a regression target) from a table or
+a per-sample JSON sidecar, stored exactly in its dtype."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from h5etl.errors import RejectError
+from h5etl.kinds.base import Column, Kind, SampleContext, ScalarColumn, StatsKind
+from h5etl.kinds.sidecar import json_value, typed_value
+from h5etl.kinds.tabular import Prepared, TableSource, table_lookup
+from h5etl.records import Sample
+
+if TYPE_CHECKING:
+    from h5etl.fieldspecs import ValueField
+
+
+@dataclass(frozen=True, slots=True)
+class ValueKind(Kind):
+    kind: ClassVar[str] = "value"
+    dtype: str = "float64"
+    table: TableSource | None = None
+    json_key: str | None = None
+    default: float | int | bool | None = None
+
+    @property
+    def column(self) -> Column:
+        return ScalarColumn(self.dtype)
+
+    @property
+    def plan_side(self) -> bool:
+        return self.table is not None
+
+    @property
+    def stats(self) -> StatsKind:
+        return "channels"
+
+    def prepare(self, samples: Sequence[Sample]) -> Prepared:
+        assert self.table is not None
+        assert self.source_index is not None
+        cell = table_lookup(self.table, self.source_index, samples)
+        where = f"{self.table.path} column {self.table.column!r}"
+
+        def value(sample: Sample) -> Any:
+            return self._typed(cell(sample), where)
+
+        return Prepared(self, value)
+
+    def decode(self, context: SampleContext) -> Any:
+        if self.table is not None:
+            return context.extras[self.name]
+        assert self.source_index is not None
+        assert self.json_key is not None
+        path = context.path(self.source_index)
+        try:
+            return self._typed(json_value(context, self.source_index, self.json_key), self.json_key)
+        except RejectError as exc:
+            exc.path = path
+            raise
+
+    def _typed(self, found: Any, where: str) -> Any:
+        if found is None or found == "":
+            if self.default is None:
+                raise RejectError(
+                    "no_value",
+                    f"{where}: no value for fields.{self.name} (set default: to keep such samples)",
+                )
+            found = self.default
+        return typed_value(found, self.dtype, where)
+
+
+def from_config(name: str, field: ValueField, *, source_index: int | None) -> Kind:
+    from h5etl.fieldspecs import TableRef  # parent only: workers stay free of pydantic
+
+    origin = field.from_
+    if isinstance(origin, TableRef):
+        table = TableSource(origin.table, origin.key, origin.column)
+        return ValueKind(name, source_index, field.dtype, table, default=field.default)
+    return ValueKind(name, source_index, field.dtype, json_key=origin.key, default=field.default)
