@@ -64,6 +64,25 @@ def _apply_recipe(defaults: Mapping[str, Any], config: Mapping[str, Any]) -> dic
     return merged
 
 
+class _Loader(yaml.SafeLoader):
+    """YAML's safe loader, but a sequence may be a mapping key (``colors: {[128, 64, 128]: 7}``,
+    a colour-coded mask's table): it becomes a tuple."""
+
+
+def _mapping(loader: _Loader, node: yaml.MappingNode) -> dict[Any, Any]:
+    loader.flatten_mapping(node)
+    out = {}
+    for key_node, value_node in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        if isinstance(key, list):
+            key = tuple(key)
+        out[key] = loader.construct_object(value_node, deep=True)
+    return out
+
+
+_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)
+
+
 def _read_yaml_mapping(path: Path, what: str) -> dict[str, Any]:
     try:
         text = path.read_text(encoding="utf-8")
@@ -72,7 +91,7 @@ def _read_yaml_mapping(path: Path, what: str) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read {what}: {exc}", path=path) from exc
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_Loader)  # a SafeLoader: builds no objects
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
