@@ -319,3 +319,23 @@ def test_map_colors_round_trip(colours: list[tuple[int, int, int]], data: st.Dat
     out = map_colors(rgb, table, path="m")
     assert out.dtype == np.uint8
     np.testing.assert_array_equal(out, expected)
+
+
+def test_map_colors_with_a_table_too_large_to_hash() -> None:
+    # 3000 colours collide in any 16-bit hash: the lookup falls back to np.searchsorted
+    codes = rng.choice(1 << 24, 3000, replace=False)
+    colours = np.stack([codes >> 16, (codes >> 8) & 255, codes & 255], axis=1).astype(np.uint8)
+    table = {(int(r), int(g), int(b)): i % 60000 for i, (r, g, b) in enumerate(colours)}
+    image = rng.integers(0, len(table), (20, 30))
+    rgb = colours[image]
+    out = map_colors(rgb, table, path="m", dtype=np.uint16)
+    np.testing.assert_array_equal(out, image % 60000)
+    unknown = next(c for c in range(1 << 24) if c not in set(codes.tolist()))
+    rgb[5, 6] = [unknown >> 16, (unknown >> 8) & 255, unknown & 255]
+    with pytest.raises(RejectError, match="first at row 5, col 6"):
+        map_colors(rgb, table, path="m", dtype=np.uint16)
+
+
+def test_map_colors_with_an_empty_table() -> None:
+    with pytest.raises(RejectError, match=r"colour \[0, 0, 0\] .* \(4 pixels, first at row 0"):
+        map_colors(np.zeros((2, 2, 3), np.uint8), {}, path="m")
