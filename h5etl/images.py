@@ -255,26 +255,30 @@ def decode_field(
     """Decode file bytes (EXIF orientation applied) into a field's ``mode`` and ``dtype``.
 
     ``array`` is (h, w, 3) for RGB, (h, w) for L; ``conversion`` is "" when exact, else a code
-    of ``pixels.CONVERSIONS`` the build counts. Input (Pillow mode) by field dtype:
+    of ``pixels.CONVERSIONS`` the build counts. The input's values by field dtype:
 
-    ==================  =========  ==============  ==============  ==============
-    input               uint8      uint16          int16           float32
-    ==================  =========  ==============  ==============  ==============
-    8-bit (L, RGB, P)   as is      values as is    as is           as is
-    16-bit (I;16,       v >> 8,    as is           exact up to     as is
-    16-bit PGM/PNG)     reported                   32767, else L
-    32-bit int (I)      L unless   L unless        L unless        L beyond
-                        0..255     0..65535        -32768..32767   +-2**24
-    float (F)           L unless integers in the dtype's range     as is
-    ==================  =========  ==============  ==============  ==============
+    ====================  =========  ===========  ==============  =============
+    input (Pillow mode)   uint8      uint16       int16           float32
+    ====================  =========  ===========  ==============  =============
+    8-bit (L, RGB, P...)  as is      as is (no    as is           as is
+                                     << 8: exact)
+    16-bit (I;16, 16-bit  v >> 8,    as is        reject above    as is
+    PGM, 16-bit PNG)      reported                32767
+    32-bit int (I)        reject     reject       reject outside  reject beyond
+                          outside    outside      -32768..32767   +-2**24
+                          0..255     0..65535
+    float (F)             reject unless integers in the dtype's   as is
+                          range (NaN, 0.5 are rejected)
+    ====================  =========  ===========  ==============  =============
 
-    "reported" is conversion ``16_to_8_bits``; L is a reject ``lossy_conversion`` naming the
+    "reported" is conversion ``16_to_8_bits``; "reject" is ``lossy_conversion``, naming the
     values found and a dtype that holds them. A grey input of an RGB field repeats its channel;
     alpha is dropped; 16-bit colour PNGs, which Pillow opens as 8-bit, are read with libpng.
     ``role="mask"`` (mode L only): a palette file gives its indices (``palette="index"``);
-    16-bit into uint8 follows the mask rules (labels up to 255 kept, widened labels shifted
-    back, reported), an RGB file must have equal channels. ``palette="color"``: the (h, w, 3)
-    uint8 colours of any mask file, grey ones too, for ``validate.map_colors``.
+    16-bit into uint8 keeps the mask rules (labels up to 255 kept; 8-bit labels widened to
+    16 bits shifted back and reported), an RGB file must have equal channels. With
+    ``palette="color"`` the array is the (h, w, 3) uint8 colours of any mask file, grey ones
+    too, whatever ``dtype``: ``validate.map_colors`` makes them labels of that dtype.
 
     Raises:
         RejectError: as ``decode`` (truncated, too large, undecodable, EXIF or plugin

@@ -196,17 +196,17 @@ def _lossy(
     else:
         found = "no finite values"
     if finite.size < values.size:
-        found += ", with NaN or infinity"
+        found += " (with NaN or infinity)"
     elif not integral:
-        found += ", not all integers"
+        found += " (not all integers)"
     if not integral:
         fix = "use a float32 field"
     elif fits:
         fix = f"use {_article(fits[0])} {fits[0]} field"
     else:
-        fix = "no field dtype stores them exactly: rescale the images"
+        fix = "no field dtype stores them exactly; rescale the images"
     exact = _EXACT[dtype]
-    holds = f"integers {exact[0]}..{exact[1]}" if dtype != "float32" else "integers up to 2**24"
+    holds = f"integers {exact[0]}..{exact[1]}" if dtype != "float32" else "integers up to ±2**24"
     return RejectError(
         "lossy_conversion",
         f"mode {source} {found} do not fit {_article(dtype)} {dtype} field exactly "

@@ -339,3 +339,33 @@ def test_map_colors_with_a_table_too_large_to_hash() -> None:
 def test_map_colors_with_an_empty_table() -> None:
     with pytest.raises(RejectError, match=r"colour \[0, 0, 0\] .* \(4 pixels, first at row 0"):
         map_colors(np.zeros((2, 2, 3), np.uint8), {}, path="m")
+
+
+def test_sixteen_bit_colour_mask_for_a_colour_table() -> None:
+    # 8-bit colours widened to 16 bits (v * 257) shift back exactly, and the shift is reported
+    colours = np.array([[[0, 0, 0], [128, 64, 128]]], np.uint16)
+    data = bytes(imagecodecs.png_encode(colours * 257))
+    out = mask(data, palette="color")
+    assert out.conversion == "16_to_8_bits"
+    np.testing.assert_array_equal(out.array, colours)
+    np.testing.assert_array_equal(map_colors(out.array, COLOURS, path="m"), [[0, 7]])
+
+
+@pytest.mark.parametrize(
+    ("values", "reason"),
+    [
+        pytest.param([[0.0, 3.0]], "", id="integral-labels"),
+        pytest.param([[0.0, 0.5]], "lossy_conversion", id="fraction"),
+    ],
+)
+def test_float_mask(values: list[list[float]], reason: str) -> None:
+    buffer = io.BytesIO()
+    Image.fromarray(np.array(values, np.float32)).save(buffer, format="TIFF")
+    if reason:
+        with pytest.raises(RejectError) as caught:
+            mask(buffer.getvalue())
+        assert caught.value.reason == reason
+        return
+    out = mask(buffer.getvalue())
+    np.testing.assert_array_equal(out.array, values)
+    assert out.array.dtype == np.uint8
