@@ -77,13 +77,6 @@ def _decode_sample(sample: Sample, recipe: DecodeRecipe, position: int) -> _Deco
         tuple(hashlib.sha256(data).hexdigest() for data in contents),
         context.conversions,
     )
-    for kind, _ in recipe.arrays:  # over the unpadded pixels, sample by sample
-        if kind.stats == "channels":
-            pixels = values[kind.name]
-            axis = -1 if pixels.ndim == 3 else None
-            decoded.sample_stats[kind.name] = stats.ChannelStats.of(pixels, channel_axis=axis)
-        elif kind.stats == "histogram":
-            decoded.sample_stats[kind.name] = stats.Histogram.of(values[kind.name])
     return decoded
 
 
@@ -145,7 +138,10 @@ def decode_batch(task: DecodeTask, recipe: DecodeRecipe) -> BatchResult:
         # Only a sample that passed every check touches its row: a rejected one must not
         # leave pixels in the padding of the sample that takes the row next.
         for kind, _ in recipe.arrays:
-            geometry.place(decoded.values[kind.name], out[kind.name][len(kept)])
+            window = geometry.place(decoded.values[kind.name], out[kind.name][len(kept)])
+            found = kind.sample_stats(window)  # over the unpadded pixels, as stored
+            if found is not None:
+                decoded.sample_stats[kind.name] = found
         kept.append(decoded)
     keep = keep_whole_blocks(task, len(kept))
     result.deferred = sorted([*result.deferred, *(d.position for d in kept[keep:])])

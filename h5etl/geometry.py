@@ -34,8 +34,9 @@ def center_crop(array: np.ndarray, target: tuple[int, int]) -> np.ndarray:
     return array[top : top + target[0], left : left + target[1]]
 
 
-def place(array: np.ndarray, out: np.ndarray) -> None:
-    """Copy an (h, w) or (h, w, c) array centred into a pre-filled (c, H, W) slot."""
+def place(array: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """Copy an (h, w) or (h, w, c) array centred into a pre-filled (c, H, W) slot; return
+    the (c, h, w) window it fills (the unpadded pixels)."""
     height, width = array.shape[0], array.shape[1]
     top, left = pad_offsets((height, width), (out.shape[1], out.shape[2]))
     window = out[:, top : top + height, left : left + width]
@@ -43,6 +44,7 @@ def place(array: np.ndarray, out: np.ndarray) -> None:
         window[0] = array
     else:
         window[...] = array.transpose(2, 0, 1)
+    return window
 
 
 def pad(array: np.ndarray, shape: tuple[int, int, int], fill: int) -> np.ndarray:

@@ -110,6 +110,16 @@ class Kind:
         a number or a string. Plan-side kinds return their annotation."""
         return context.extras[self.name]
 
+    def sample_stats(self, pixels: np.ndarray) -> Any:
+        """One sample's statistics from its unpadded (c, h, w) pixels as stored, or None."""
+        from h5etl import stats
+
+        if self.stats == "channels":
+            return stats.ChannelStats.of(pixels, channel_axis=0)
+        if self.stats == "histogram":
+            return stats.Histogram.of(pixels)
+        return None
+
     def record(self) -> FieldRecord:
         """How the release's layout record describes this field."""
         column = self.column

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -42,6 +42,18 @@ class MaskKind(Kind):
     @property
     def stats(self) -> StatsKind:
         return "histogram" if self.with_stats else None
+
+    def sample_stats(self, pixels: np.ndarray) -> Any:
+        """The histogram over the declared values: every pixel holds one (checked), and a
+        pass per value beats a bincount for the usual few labels."""
+        if not self.with_stats:
+            return None
+        from h5etl import stats
+
+        if len(self.values) > 16:
+            return stats.Histogram.of(pixels)
+        counts = ((v, int(np.count_nonzero(pixels == v))) for v in sorted(self.values))
+        return stats.Histogram(tuple((v, n) for v, n in counts if n))
 
     def record(self) -> FieldRecord:
         extra: dict[str, object] = {"values": list(self.values)}
