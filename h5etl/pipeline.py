@@ -17,7 +17,7 @@ from h5etl.chunkcodec import ChunkLayout
 from h5etl.errors import BuildFailed, ResumeMismatch
 from h5etl.kinds.base import ArrayColumn
 from h5etl.kinds.registry import decode_order, layout_of, layout_records
-from h5etl.records import BatchResult, Reject, valid_text
+from h5etl.records import BatchResult, valid_text
 from h5etl.release import OutputFolder
 from h5etl.report import (
     DECODE_CHECKS,
@@ -271,8 +271,8 @@ def _write(
     )
     recipe = recipe_of(plan)
     record = layout_record(spec, plan)
-    state = earlier.state.queues if earlier is not None else None
-    tallies = Tallies.restored(earlier.state.tallies if earlier is not None else None)
+    state = earlier.queues if earlier is not None else None
+    tallies = earlier.tallies() if earlier is not None else Tallies()
     try:
         cutter = _cutter(spec, plan, state)
     except ValueError as exc:  # a journal of another h5etl: its tasks were cut otherwise
@@ -285,13 +285,12 @@ def _write(
     try:
         with Sink(temp, sink_layout) as sink:
             if earlier is not None:
-                sink.restore(earlier.state, earlier.partial)
-                checkpoints.seed(earlier.state, sink)
+                restored = earlier.restore(sink, checkpoints)
                 # This build's journal now holds everything the killed builds' files did.
                 output.remove_stale_partials(keep={temp, OutputFolder.journal_of(temp)})
-                fingerprint.update("".join(earlier.state.fingerprint).encode())
-                report.rejects.extend(Reject(**r) for r in earlier.state.rejects)
-                report.resumed = earlier.state.samples
+                fingerprint.update(restored.fingerprint.encode())
+                report.rejects.extend(restored.rejects)
+                report.resumed = restored.samples
                 watch.lap("resume_copy")
             hook("decode+write", 0, plan.total)  # in order: a decoded batch is written at once
             if earlier is not None:

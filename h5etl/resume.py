@@ -28,8 +28,43 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class Resume:
+    """A killed build to continue: its journal's state and its temp file."""
+
     state: journal.ResumeState
     partial: Path
+
+    @property
+    def queues(self) -> dict[str, dict[str, Any]]:
+        """Where the task cutter stood: it cuts the same tasks from there."""
+        return self.state.queues
+
+    def tallies(self) -> Tallies:
+        """The statistics and conversion counts of what the killed build stored."""
+        return Tallies.restored(self.state.tallies)
+
+    def restore(self, sink: Sink, checkpoints: Checkpoints) -> Restored:
+        """Copy the killed build's stored chunks and rows into ``sink`` (verified against the
+        journal) and record them in this build's journal at once.
+
+        Raises:
+            ResumeMismatch: a recorded chunk is missing or its bytes changed.
+        """
+        sink.restore(self.state, self.partial)
+        checkpoints.seed(self.state, sink)
+        return Restored(
+            self.state.samples,
+            [Reject(**r) for r in self.state.rejects],
+            "".join(self.state.fingerprint),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Restored:
+    """What a resumed build starts from: samples stored, their rejects, fingerprint lines."""
+
+    samples: int
+    rejects: list[Reject]
+    fingerprint: str
 
 
 def usable_resume(candidates: list[tuple[Path, Path]], spec: Spec, plan: Plan) -> Resume | None:
