@@ -15,7 +15,6 @@ import logging
 import os
 import resource
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -23,18 +22,18 @@ from typing import Any
 import h5py
 import numpy as np
 
-from h5etl import digest, fileformat
+from h5etl import fileformat
 from h5etl.errors import ResumeMismatch, SinkError, io_problem
 from h5etl.journal import ResumeState
-from h5etl.kinds.base import ArrayColumn, Column, ScalarColumn
-from h5etl.records import BatchResult, EncodedRows, valid_text
+from h5etl.kinds.base import ArrayColumn, ScalarColumn
+from h5etl.records import BatchResult, EncodedRows
 from h5etl.sink_chunks import DatasetStats, ImageWriter
+from h5etl.sink_rows import SinkLayout, SmallRows
+
+__all__ = ["LIBVER", "Sink", "SinkLayout"]
 
 LIBVER = ("v110", "v110")  # readable by HDF5 1.10 tools (h5ls, h5dump) and newer
 WRITE_CACHE_BYTES = 256 * 1024
-# Text and lineage rows are buffered and appended this many at a time: one resize and write
-# per field per thousand rows instead of per batch (the writer's CPU is the budget).
-SMALL_ROWS_PER_WRITE = 1024
 # Room kept free for the metadata HDF5 writes at a flush or at the close: a flush that fails
 # leaves HDF5 unable to close the file at all, so the sink stops before the disk is full.
 HEADROOM_BYTES = 1 << 20
@@ -43,26 +42,6 @@ logger = logging.getLogger(__name__)
 
 def _mib(nbytes: int) -> str:
     return f"{nbytes / 2**20:.1f} MiB"
-
-
-@dataclass(frozen=True, slots=True)
-class SinkLayout:
-    """What the file holds: splits, each field's storage column, the lineage columns and
-    where each dataset goes (the layout template)."""
-
-    splits: tuple[str, ...]
-    columns: dict[str, Column]
-    sources: tuple[str, ...]
-    rows_per_chunk: int  # for text, scalar and lineage datasets
-    template: str = fileformat.DEFAULT_TEMPLATE
-
-    def path(self, split: str, name: str) -> str:
-        return fileformat.dataset_path(self.template, split, name)
-
-    @property
-    def small(self) -> tuple[str, ...]:
-        """The columns the sink buffers and appends in runs: texts and scalars."""
-        return tuple(n for n, c in self.columns.items() if not isinstance(c, ArrayColumn))
 
 
 class Sink:
@@ -79,10 +58,7 @@ class Sink:
         self.stats: dict[str, DatasetStats] = {}
         self.counts: dict[str, int] = dict.fromkeys(layout.splits, 0)
         self.seconds = 0.0
-        self._unjournaled_rows: dict[str, list[Any]] = {}  # by dataset path
-        self._unjournaled_lineage: dict[str, list[list[str]]] = {}
-        self._pending_rows: dict[str, dict[str, list[Any]]] = {}  # split -> field -> rows
-        self._pending_lineage: dict[str, list[list[str]]] = {}
+        self.rows: SmallRows | None = None  # the small columns, once the file exists
 
     def __enter__(self) -> Sink:
         try:
@@ -95,6 +71,7 @@ class Sink:
             self._created = True
             for split in self.layout.splits:
                 self._create_split(self.file, split)
+            self.rows = SmallRows(self.file, self.layout, self.stats)
         except (OSError, RuntimeError) as exc:
             self._abandon()  # only if it got as far as creating the file
             self._close_quietly()
@@ -244,62 +221,16 @@ class Sink:
                     # left in the carry would hold off every later checkpoint of the build
                     writer.finish()
             if count:
-                self._append_rows(split, result)
+                self._small.add(split, result)
         except (OSError, RuntimeError) as exc:
             raise self._failed("writing", exc) from exc
         self.counts[split] += count
         self.seconds += time.perf_counter() - started
 
-    def _append_rows(self, split: str, result: BatchResult) -> None:
-        small = self._pending_rows.setdefault(split, {name: [] for name in self.layout.small})
-        for name in self.layout.small:
-            rows = result.columns[name]
-            if isinstance(rows, np.ndarray):
-                small[name].extend(rows.tolist())
-            else:
-                assert isinstance(rows, list)
-                small[name].extend(valid_text(text) for text in rows)
-        lineage = self._pending_lineage.setdefault(split, [])
-        lineage.extend(list(row) for row in result.lineage)
-        if len(lineage) >= SMALL_ROWS_PER_WRITE:
-            self._flush_small()
-
-    def _flush_small(self) -> None:
-        for split, lineage in self._pending_lineage.items():
-            if lineage:
-                self._append_small(split, self._pending_rows[split], lineage)
-        self._pending_rows, self._pending_lineage = {}, {}
-
-    def _append_small(
-        self, split: str, small: dict[str, list[Any]], lineage_rows: list[list[str]]
-    ) -> None:
-        assert self.file is not None
-        lineage_path = self.layout.path(split, fileformat.LINEAGE)
-        start, count = len(self.file[lineage_path]), len(lineage_rows)  # rows stored so far
-        for name in self.layout.small:
-            rows = small[name]
-            dataset = self.file[self.layout.path(split, name)]
-            dataset.resize(start + count, axis=0)
-            stats = self.stats[dataset.name]
-            column = self.layout.columns[name]
-            if isinstance(column, ScalarColumn):
-                values = np.array(rows, dtype=column.dtype)
-                dataset[start : start + count] = values
-                stats.stream.update(values.tobytes())
-                stats.raw_bytes += values.nbytes
-            else:
-                dataset[start : start + count] = rows
-                stats.stream.update(digest.text_rows_bytes(rows))
-                stats.raw_bytes += sum(len(r.encode()) for r in rows)
-            self._unjournaled_rows.setdefault(dataset.name, []).extend(rows)
-        lineage = np.array(lineage_rows, dtype="S64").reshape(count, len(self.layout.sources))
-        dataset = self.file[lineage_path]
-        dataset.resize(start + count, axis=0)
-        dataset[start : start + count] = lineage
-        stats = self.stats[dataset.name]
-        stats.stream.update(lineage.tobytes())
-        stats.raw_bytes += lineage.nbytes
-        self._unjournaled_lineage.setdefault(split, []).extend(lineage_rows)
+    @property
+    def _small(self) -> SmallRows:
+        assert self.rows is not None, "Sink used outside its with-block"
+        return self.rows
 
     @property
     def consistent(self) -> bool:
@@ -313,9 +244,9 @@ class Sink:
         """
         assert self.file is not None
         assert self.consistent
-        self._ensure_room(self._pending_small_bytes(), "flushing")
+        self._ensure_room(self._small.pending_bytes(), "flushing")
         try:
-            self._flush_small()
+            self._small.flush()
             self.file.flush()
         except (OSError, RuntimeError) as exc:
             raise self._failed("flushing", exc) from exc
@@ -329,10 +260,8 @@ class Sink:
             "rows": dict(self.counts),
             "chunks": chunks,
             "blocks": blocks,
-            "texts": self._unjournaled_rows,
-            "lineage": self._unjournaled_lineage,
         }
-        self._unjournaled_rows, self._unjournaled_lineage = {}, {}
+        delta["texts"], delta["lineage"] = self._small.journal_delta()
         return delta
 
     def sync(self) -> None:
@@ -380,7 +309,7 @@ class Sink:
             }
             lineage = state.lineage.get(split, [])
             if lineage:
-                self._append_small(split, small, lineage)  # and they stay unjournaled
+                self._small.append(split, small, lineage)  # and they stay unjournaled
                 self.counts[split] = len(lineage)
 
     def finish(
@@ -394,7 +323,7 @@ class Sink:
         assert self.file is not None
         self._ensure_room(self._finish_bytes(), "finishing the file")
         try:
-            self._flush_small()
+            self._small.flush()
             for writer in self.images.values():
                 writer.finish()
             self.file.attrs.update(attrs)
@@ -416,25 +345,13 @@ class Sink:
             raise self._failed("finishing the file", exc) from exc
         return report
 
-    def _pending_small_bytes(self) -> int:
-        """An upper bound of the text and lineage bytes buffered for the next flush."""
-        rows = sum(len(lineage) for lineage in self._pending_lineage.values())
-        chars = sum(
-            len(text) if isinstance(text, str) else 8
-            for split in self._pending_rows.values()
-            for column in split.values()
-            for text in column
-        )
-        # 64 bytes per lineage digest; up to 4 bytes per UTF-8 character and 16 per heap entry
-        return rows * (64 * len(self.layout.sources) + 16 * len(self.layout.small)) + 4 * chars
-
     def _finish_bytes(self) -> int:
         """An upper bound of what ``finish`` writes: the last chunks, rows, diagnostics."""
         carry = sum(
             writer.layout.block_nbytes * 2 for writer in self.images.values() if writer.carry_rows
         )
         digests = sum(len(stats.blocks) + 1 for stats in self.stats.values()) * 64
-        return carry + self._pending_small_bytes() + digests
+        return carry + self._small.pending_bytes() + digests
 
     def _dataset_report(self) -> dict[str, dict[str, Any]]:
         assert self.file is not None

@@ -27,7 +27,7 @@ from conftest import (
     sha256_file,
 )
 
-from h5etl import BuildFailed, ConfigError, build, load_spec, sink
+from h5etl import BuildFailed, ConfigError, build, load_spec, sink_rows
 from h5etl.report import BuildReport
 
 
@@ -220,7 +220,7 @@ def test_buffered_text_and_lineage_rows_match_per_batch_writes(
     make_raw(tmp_path, n=23, broken={"b1": "mask_128"})
     config = write_config(tmp_path, storage={"chunk_samples": 2})
     whole = _build(config, jobs=1)
-    monkeypatch.setattr(sink, "SMALL_ROWS_PER_WRITE", 3)
+    monkeypatch.setattr(sink_rows, "SMALL_ROWS_PER_WRITE", 3)
     cut = _build(config, jobs=1)
     assert whole.path is not None
     assert cut.path is not None

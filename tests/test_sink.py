@@ -6,6 +6,7 @@ import hashlib
 import shutil
 import subprocess
 from pathlib import Path
+from typing import cast
 
 import h5py
 import numpy as np
@@ -108,7 +109,7 @@ def test_round_trip(tmp_path: Path, plan: list[tuple[str, int, bool]]) -> None:
                 assert node.attrs["raw_bytes"] == expected.nbytes
                 assert len(node["block_sha256"]) == -(-len(expected) // CHUNK)
             names = [v.decode() for v in handle[f"{split}/filename"][...]]
-            assert names == [f for b in mine for f in b.columns["filename"]]
+            assert names == [f for b in mine for f in cast(list[str], b.columns["filename"])]
             lineage = handle[f"{split}/source_sha256"][...]
             assert lineage.shape == (len(names), 2)
             assert [tuple(v.decode() for v in row) for row in lineage] == [

@@ -1,0 +1,126 @@
+"""sink_rows: the sink's writer of the small columns: texts, scalars and the lineage.
+
+Part of the sink (the only code that writes HDF5). Their rows are buffered per split and
+appended a thousand at a time, hashed as one stream per dataset, and handed to the resume
+journal as plain values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import h5py
+import numpy as np
+
+from h5etl import digest, fileformat
+from h5etl.kinds.base import ArrayColumn, Column, ScalarColumn
+from h5etl.records import BatchResult, valid_text
+from h5etl.sink_chunks import DatasetStats
+
+# Small rows are buffered and appended this many at a time: one resize and write per field
+# per thousand rows instead of per batch (the writer's CPU is the budget).
+SMALL_ROWS_PER_WRITE = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class SinkLayout:
+    """What the file holds: splits, each field's storage column, the lineage columns and
+    where each dataset goes (the layout template)."""
+
+    splits: tuple[str, ...]
+    columns: dict[str, Column]
+    sources: tuple[str, ...]
+    rows_per_chunk: int  # for text, scalar and lineage datasets
+    template: str = fileformat.DEFAULT_TEMPLATE
+
+    def path(self, split: str, name: str) -> str:
+        return fileformat.dataset_path(self.template, split, name)
+
+    @property
+    def small(self) -> tuple[str, ...]:
+        """The columns the sink buffers and appends in runs: texts and scalars."""
+        return tuple(n for n, c in self.columns.items() if not isinstance(c, ArrayColumn))
+
+
+class SmallRows:
+    """Buffers and appends the rows of the small columns of every split, in order."""
+
+    def __init__(self, file: h5py.File, layout: SinkLayout, stats: dict[str, DatasetStats]):
+        self.file = file
+        self.layout = layout
+        self.stats = stats
+        self._unjournaled_rows: dict[str, list[Any]] = {}  # by dataset path
+        self._unjournaled_lineage: dict[str, list[list[str]]] = {}
+        self._pending_rows: dict[str, dict[str, list[Any]]] = {}  # split -> field -> rows
+        self._pending_lineage: dict[str, list[list[str]]] = {}
+
+    def add(self, split: str, result: BatchResult) -> None:
+        """Buffer a result's rows; append them once a thousand are waiting."""
+        small = self._pending_rows.setdefault(split, {name: [] for name in self.layout.small})
+        for name in self.layout.small:
+            rows = result.columns[name]
+            if isinstance(rows, np.ndarray):
+                small[name].extend(rows.tolist())
+            else:
+                assert isinstance(rows, list)
+                small[name].extend(valid_text(text) for text in rows)
+        lineage = self._pending_lineage.setdefault(split, [])
+        lineage.extend(list(row) for row in result.lineage)
+        if len(lineage) >= SMALL_ROWS_PER_WRITE:
+            self.flush()
+
+    def flush(self) -> None:
+        for split, lineage in self._pending_lineage.items():
+            if lineage:
+                self.append(split, self._pending_rows[split], lineage)
+        self._pending_rows, self._pending_lineage = {}, {}
+
+    def append(
+        self, split: str, small: dict[str, list[Any]], lineage_rows: list[list[str]]
+    ) -> None:
+        """Append rows to the split's small datasets (a flush, or rows a resume copies)."""
+        lineage_path = self.layout.path(split, fileformat.LINEAGE)
+        start, count = len(self.file[lineage_path]), len(lineage_rows)  # rows stored so far
+        for name in self.layout.small:
+            rows = small[name]
+            dataset = self.file[self.layout.path(split, name)]
+            dataset.resize(start + count, axis=0)
+            stats = self.stats[dataset.name]
+            column = self.layout.columns[name]
+            if isinstance(column, ScalarColumn):
+                values = np.array(rows, dtype=column.dtype)
+                dataset[start : start + count] = values
+                stats.stream.update(values.tobytes())
+                stats.raw_bytes += values.nbytes
+            else:
+                dataset[start : start + count] = rows
+                stats.stream.update(digest.text_rows_bytes(rows))
+                stats.raw_bytes += sum(len(r.encode()) for r in rows)
+            self._unjournaled_rows.setdefault(dataset.name, []).extend(rows)
+        lineage = np.array(lineage_rows, dtype="S64").reshape(count, len(self.layout.sources))
+        dataset = self.file[lineage_path]
+        dataset.resize(start + count, axis=0)
+        dataset[start : start + count] = lineage
+        stats = self.stats[dataset.name]
+        stats.stream.update(lineage.tobytes())
+        stats.raw_bytes += lineage.nbytes
+        self._unjournaled_lineage.setdefault(split, []).extend(lineage_rows)
+
+    def journal_delta(self) -> tuple[dict[str, list[Any]], dict[str, list[list[str]]]]:
+        """The rows appended since the last call: by dataset path, and lineage by split."""
+        delta = self._unjournaled_rows, self._unjournaled_lineage
+        self._unjournaled_rows, self._unjournaled_lineage = {}, {}
+        return delta
+
+    def pending_bytes(self) -> int:
+        """An upper bound of the bytes buffered for the next flush."""
+        rows = sum(len(lineage) for lineage in self._pending_lineage.values())
+        chars = sum(
+            len(text) if isinstance(text, str) else 8
+            for split in self._pending_rows.values()
+            for column in split.values()
+            for text in column
+        )
+        # 64 bytes per lineage digest; up to 4 bytes per UTF-8 character and 16 per heap entry
+        return rows * (64 * len(self.layout.sources) + 16 * len(self.layout.small)) + 4 * chars
