@@ -191,7 +191,7 @@ def _task_stats(kind: Kind, kept: Sequence[_Decoded], rows: Any) -> dict[str, An
     column = np.asarray(rows)
     if kind.stats == "histogram":
         return {kind.name: stats.Histogram.of(column)}
-    return {kind.name: stats.ChannelStats.of(column.astype(np.float64), channel_axis=None)}
+    return {kind.name: stats.ChannelStats.of(column, channel_axis=None)}
 
 
 def merge_all(parts: Sequence[Any]) -> Any:
