@@ -1,33 +1,24 @@
 """Reading a config: YAML in, recipe defaults merged, paths resolved, a ``Spec`` out.
 
 ``load_spec(path)`` is the only function that reads a config file. Every problem becomes a
-``ConfigError`` whose lines name the file, the dotted key and what was expected.
+``ConfigError`` whose lines name the file, the dotted key and what was expected (the wording
+of pydantic's errors is ``h5etl.config_problems``'s job).
 """
 
 from __future__ import annotations
 
-import difflib
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
 from h5etl import resources
+from h5etl.config_problems import Found, Origin, find_typos, from_validation, problem_lines
 from h5etl.errors import ConfigError
-from h5etl.fieldspecs import FIELD_MODELS, inferred_kind
-from h5etl.spec import (
-    Compression,
-    PadSpec,
-    SourceSpec,
-    Spec,
-    SpecProblems,
-    StorageSpec,
-    source_for,
-    unknown_source,
-)
+from h5etl.fieldspecs import inferred_kind
+from h5etl.spec import Spec
 
 __all__ = ["load_spec", "parse_spec"]
 
@@ -186,139 +177,6 @@ def _resolve_paths(
     return resolved, written
 
 
-Key = tuple[str | int, ...]
-Kind = Literal["unknown_key", "unknown_source", "other"]
-
-
-def _keys(model: type[BaseModel]) -> list[str]:
-    return [info.alias or name for name, info in model.model_fields.items()]
-
-
-# The keys of the mapping at each key path (None: any name), for "did you mean".
-_MODELS: list[tuple[tuple[str | None, ...], list[str]]] = [
-    ((), _keys(Spec)),
-    (("storage",), _keys(StorageSpec)),
-    (("pad",), _keys(PadSpec)),
-    (("sources", None), _keys(SourceSpec)),
-    (("fields", None), sorted({k for m in FIELD_MODELS.values() for k in _keys(m)})),
-    (("storage", "compression"), _keys(Compression)),
-    (("fields", None, "compression"), _keys(Compression)),
-]
-
-
-@dataclass(frozen=True, slots=True)
-class _Found:
-    keys: tuple[Key, ...]
-    message: str
-    kind: Kind = "other"
-
-
-def _unknown_key(key: Key) -> str:
-    parent, name = key[:-1], str(key[-1])
-    for pattern, keys in _MODELS:
-        if len(pattern) == len(parent) and all(
-            want is None or want == part for want, part in zip(pattern, parent, strict=True)
-        ):
-            close = difflib.get_close_matches(name, keys, n=1)
-            if close:
-                return (
-                    f"unknown key; did you mean {close[0]!r}? (the README's config reference "
-                    f"lists every key)"
-                )
-    return "unknown key (check the spelling against the README's config reference)"
-
-
-def _unknown_field_key(kind: str, name: str) -> str:
-    """An unknown key of a field: its kind's own keys, and which kind takes it if another."""
-    keys = _keys(FIELD_MODELS[kind])
-    close = difflib.get_close_matches(name, keys, n=1)
-    if close:
-        return f"unknown key; did you mean {close[0]!r}? (a {kind} field's keys: {', '.join(keys)})"
-    others = [k for k, model in FIELD_MODELS.items() if name in _keys(model)]
-    if others:
-        return (
-            f"a {kind} field takes no {name} (that is a key of {' and '.join(others)} fields; "
-            f"a {kind} field's keys: {', '.join(keys)})"
-        )
-    return f"unknown key (a {kind} field's keys: {', '.join(keys)})"
-
-
-def _typos(data: Mapping[str, Any], merged: Mapping[str, Any]) -> list[_Found]:
-    """Unknown top-level keys and fields reading no source: the likely cause of the rest."""
-    found = [
-        _Found(((key,),), _unknown_key((key,)), "unknown_key")
-        for key in data
-        if key not in Spec.model_fields
-    ]
-    sources, fields = merged.get("sources"), merged.get("fields")
-    if not isinstance(sources, Mapping) or not sources or not isinstance(fields, Mapping):
-        return found
-    names = [str(name) for name in sources]
-    for name, field in fields.items():
-        source = field.get("source") if isinstance(field, Mapping) else None
-        if not isinstance(name, str) or not isinstance(field, Mapping):
-            continue
-        if source is not None and not isinstance(source, str):
-            continue
-        kind = field.get("kind") or inferred_kind(field)
-        if kind not in {"image", "mask", "text"} or isinstance(field.get("from"), Mapping):
-            continue  # reads a table or a sidecar: the spec names the key
-        if field.get("derive") is not None:
-            continue
-        read = source_for(
-            name, source=source, reads_own_name=kind in {"image", "mask"}, sources=names
-        )
-        if read not in names:
-            key: Key = ("fields", name) if source is None else ("fields", name, "source")
-            message = unknown_source(read, names, implicit=source is None)
-            found.append(_Found((key,), message, "unknown_source"))
-    return found
-
-
-def _from_validation(exc: ValidationError) -> list[_Found]:
-    found: list[_Found] = []
-    for error in exc.errors(include_url=False):
-        tagged = tuple(part for part in error["loc"] if part != "function-after[...]")
-        loc = _without_kind_tag(tagged)
-        if error["type"] == "unknown_kind":
-            found.append(_Found(((*loc, "kind"),), _unknown_kind(error.get("input"))))
-            continue
-        cause = error.get("ctx", {}).get("error")
-        if isinstance(cause, SpecProblems):  # a model validator that names its own keys
-            found.extend(
-                _Found(tuple((*loc, *key) for key in problem.keys), problem.message)
-                for problem in cause.problems
-            )
-            continue
-        message = error["msg"].removeprefix("Value error, ")
-        kind: Kind = "other"
-        if error["type"] == "extra_forbidden" and len(tagged) == 4 and tagged != loc:
-            message, kind = _unknown_field_key(str(tagged[2]), str(loc[-1])), "unknown_key"
-        elif error["type"] == "extra_forbidden":
-            message, kind = _unknown_key(loc), "unknown_key"
-        elif error["type"] == "missing":
-            message = "required key is missing"
-        elif "input" in error and error["type"] not in {"value_error", "assertion_error"}:
-            message = f"{message}, got {error['input']!r}"
-        found.append(_Found((loc,), message, kind))
-    return found
-
-
-def _without_kind_tag(loc: Key) -> Key:
-    """A field's location without the union tag pydantic puts after its name."""
-    if len(loc) >= 3 and loc[0] == "fields" and loc[2] in FIELD_MODELS:
-        return (*loc[:2], *loc[3:])
-    return loc
-
-
-def _unknown_kind(data: Any) -> str:
-    kind = data.get("kind") if isinstance(data, Mapping) else data
-    known = list(FIELD_MODELS)
-    text = f"kind must be one of {', '.join(known)}, got {kind!r}"
-    close = difflib.get_close_matches(str(kind), known, n=1)
-    return f"{text}; did you mean {close[0]!r}?" if close else text
-
-
 def inferred_kinds(data: Mapping[str, Any]) -> dict[str, str]:
     """The fields a config (merged with its recipe) leaves without ``kind:``, and the kind
     each gets, for ``h5etl validate`` to say."""
@@ -332,78 +190,6 @@ def inferred_kinds(data: Mapping[str, Any]) -> dict[str, str]:
     }
 
 
-def _depth(tree: Any, key: Key) -> int:
-    """How many leading parts of ``key`` the mapping ``tree`` holds.
-
-    A scalar on the way holds the rest too: ``compression: brotli`` is what became
-    ``compression.codec``, so a problem there is that file's.
-    """
-    depth = 0
-    for part in key:
-        if isinstance(tree, Mapping) and part in tree:
-            tree = tree[part]
-        elif isinstance(tree, list) and isinstance(part, int) and 0 <= part < len(tree):
-            tree = tree[part]  # a list index in a pydantic location
-        elif depth and tree is not None and not isinstance(tree, Mapping | list):
-            return len(key)
-        else:
-            break
-        depth += 1
-    return depth
-
-
-@dataclass(frozen=True, slots=True)
-class _Origin:
-    """Which file wrote a key: the config, or the recipe whose defaults filled it in."""
-
-    config_path: Path
-    config: Mapping[str, Any]
-    recipe_path: Path
-    recipe: Mapping[str, Any]
-
-    def from_recipe(self, keys: Sequence[Key]) -> bool:
-        """Whether the recipe wrote the offending value (and the config did not replace it)."""
-        return all(_depth(self.recipe, key) == len(key) > _depth(self.config, key) for key in keys)
-
-    def written(self, keys: Sequence[Key]) -> bool:
-        """Whether the config itself set one of these keys (not the recipe, not nobody)."""
-        return any(0 < _depth(self.config, key) >= _depth(self.recipe, key) for key in keys)
-
-    def line(self, found: _Found) -> str:
-        if self.from_recipe(found.keys):
-            shown = ", ".join(".".join(map(str, ("defaults", *key))) for key in found.keys)
-            return (
-                f"{self.recipe_path}: {shown}: {found.message} (a recipe default, used by "
-                f"{self.config_path})"
-            )
-        shown = ", ".join(".".join(map(str, key)) for key in found.keys if key)
-        where = f"{self.config_path}: {shown}" if shown else str(self.config_path)
-        return f"{where}: {found.message}{self._recipe_note(found.keys)}"
-
-    def _recipe_note(self, keys: Sequence[Key]) -> str:
-        """Where a key the config never wrote came from: ``fields.image`` of the recipe."""
-        for key in keys:
-            depth = _depth(self.recipe, key)
-            if depth > _depth(self.config, key):
-                part = ".".join(map(str, key[:depth]))
-                return f" ({part} comes from the recipe {self.recipe_path})"
-        return ""
-
-
-def _problem_lines(origin: _Origin, typos: list[_Found], found: list[_Found]) -> list[str]:
-    """Typos first; beside one, only what the config itself wrote (the rest is likely their
-    side effect: ``feilds:`` leaves the recipe's fields without shapes)."""
-    seen = {typo.keys for typo in typos}
-    found = [f for f in found if f.keys not in seen]
-    typos = typos + [f for f in found if f.kind != "other"]
-    others = [f for f in found if f.kind == "other"]
-    if typos:
-        # a model with an unknown key: its complaints about itself are likely the typo's
-        parents = {f.keys[0][:-1] for f in typos if f.kind == "unknown_key"}
-        others = [f for f in others if origin.written(f.keys) and f.keys[0] not in parents]
-    return [origin.line(f) for f in typos + others]
-
-
 def parse_spec(data: Mapping[str, Any], *, config_path: Path) -> Spec:
     """Validate an already-parsed config mapping, as ``load_spec`` does after reading YAML.
 
@@ -412,14 +198,14 @@ def parse_spec(data: Mapping[str, Any], *, config_path: Path) -> Spec:
     """
     config_path = config_path.absolute()
     recipe_path, recipe = _recipe_defaults(data.get("pipeline", "segmentation"), config_path)
-    origin = _Origin(config_path, data, recipe_path, recipe)
+    origin = Origin(config_path, data, recipe_path, recipe)
     merged = _apply_recipe(_fields_for_sources(recipe, data), data)
     merged.setdefault("output", DEFAULT_OUTPUT)  # the config's folder's, not the current one's
     resolved, written = _resolve_paths(merged, config_path.parent)
     try:
         spec = Spec.model_validate(resolved)
     except ValidationError as exc:
-        problems = _problem_lines(origin, _typos(data, merged), _from_validation(exc))
+        problems = problem_lines(origin, find_typos(data, merged), from_validation(exc))
         raise ConfigError(problems[0], problems=problems) from exc
     spec = spec.located(
         config_dir=config_path.parent,
@@ -428,7 +214,7 @@ def parse_spec(data: Mapping[str, Any], *, config_path: Path) -> Spec:
         inferred_kinds=inferred_kinds(merged),
     )
     missing = [
-        origin.line(_Found((("sources", name, "dir"),), f"folder does not exist: {src.dir}"))
+        origin.line(Found((("sources", name, "dir"),), f"folder does not exist: {src.dir}"))
         for name, src in spec.sources.items()
         if not src.dir.is_dir()
     ]

@@ -1,20 +1,18 @@
 """The config contract: the frozen, validated ``Spec`` a build runs from.
 
 One pydantic model per concern, unknown keys refused; values are checked against each other
-(chunks against shapes, fields against sources). Reading YAML is ``h5etl.config``'s job.
+(chunks against shapes, fields against sources) by ``h5etl.spec_rules``, called from ``Spec``'s
+model validator. Reading YAML is ``h5etl.config``'s job.
 """
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import math
-import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import numpy as np
 import yaml
 from pydantic import (
     Field,
@@ -23,7 +21,7 @@ from pydantic import (
     model_validator,
 )
 
-from h5etl import fileformat
+from h5etl import fileformat, spec_rules
 from h5etl.fieldspecs import (
     FieldSpec,
     ImageField,
@@ -33,6 +31,7 @@ from h5etl.fieldspecs import (
     TextField,
     ValueField,
 )
+from h5etl.spec_rules import NAME_PATTERN, check_name, source_for, unknown_source
 from h5etl.specparts import (
     Compression,
     PadSpec,
@@ -59,8 +58,6 @@ __all__ = [
     "unknown_source",
 ]
 
-NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
-RESERVED_NAMES = frozenset({fileformat.LINEAGE, fileformat.DIAGNOSTICS})
 RESERVED_ATTRS = frozenset(
     {
         "name",
@@ -75,35 +72,6 @@ RESERVED_ATTRS = frozenset(
         "source_fingerprint",
     }
 )  # file attributes every build writes (pipeline._file_attrs)
-MAX_CHUNK_BYTES = 2**32 - 1  # HDF5 refuses chunks of 4 GiB or more
-# A decode task holds a whole chunk of every image field: the lcm of their chunk rows. Fields
-# that agree make that one chunk, the user's own choice; fields that disagree may grow it to
-# this many samples (32 chunks of the default 32) before memory stops being "a few batches".
-MAX_BATCH_SAMPLES = 1024
-
-
-def source_for(
-    field_name: str, *, source: str | None, reads_own_name: bool, sources: Sequence[str]
-) -> str:
-    """The source a field reads: ``source``, else (an image or mask) the same-named source,
-    else the first source."""
-    if source is not None:
-        return source
-    if field_name in sources or reads_own_name or not sources:
-        return field_name
-    return sources[0]
-
-
-def unknown_source(source: str, sources: Iterable[str], *, implicit: bool) -> str:
-    """The message for a field reading a source that does not exist, with a likely fix."""
-    known = sorted(sources)
-    text = f"no source named {source!r}"
-    if implicit:
-        text += " (an image or mask field reads the source of its own name unless it sets source)"
-    text += f"; sources: {', '.join(known)}"
-    close = difflib.get_close_matches(source, known, n=1)
-    return f"{text}; did you mean {close[0]!r}?" if close else f"{text}; set source: to one of them"
-
 
 PathKey = tuple[str, ...]  # ("output",) or ("sources", <name>, "dir")
 
@@ -208,7 +176,7 @@ class Spec(Strict):
         if abs(total - 1.0) > 1e-6:
             raise ValueError(f"split fractions must sum to 1, got {total:g}")
         for split in splits:
-            _check_name(split, "split")
+            check_name(split, "split")
         return splits
 
     @field_validator("layout")
@@ -223,148 +191,10 @@ class Spec(Strict):
 
     @model_validator(mode="after")
     def _fields_match_sources(self) -> Spec:
-        problems: list[Problem] = []
-        chunk_problems: list[Problem] = []  # of every array field
-        for field_name, field in self.fields.items():
-            key = ("fields", field_name)
-            name_problem = _name_problem(field_name, "field")
-            if name_problem is not None:
-                problems.append(Problem((key,), name_problem))
-                continue
-            problems.extend(self._source_problems(field_name, field))
-            problems.extend(self._reference_problems(field_name, field))
-            if isinstance(field, ImageField | MaskField):
-                found = self._chunk_problems(field_name)
-                chunk_problems.extend(found)
-                problems.extend(found)
-            if isinstance(field, MaskField) and self.pad.mask_fill not in field.values:
-                problems.append(
-                    Problem(
-                        (("pad", "mask_fill"),),
-                        f"padding of mask fields.{field_name} must be one of its values "
-                        f"{list(field.values)}, got {self.pad.mask_fill}",
-                    )
-                )
-        if not chunk_problems and self.image_fields:  # chunk rows are known and sound
-            problems.extend(self._batch_problems())
-        if not self.image_fields:
-            problems.append(Problem((("fields",),), "at least one image or mask field is needed"))
-        problems.extend(self._stratify_problems())
-        used = {self.source_of(name) for name in self.fields if self.reads_content(name)}
-        problems.extend(
-            Problem(
-                (("sources", name),),
-                f"no field reads this source's files; add fields.{name}",
-            )
-            for name in self.sources
-            if name not in used
-        )
+        problems = spec_rules.spec_problems(self)
         if problems:
             raise SpecProblems(problems)
         return self
-
-    def _source_problems(self, field_name: str, field: FieldSpec) -> list[Problem]:
-        key = ("fields", field_name)
-        source = self.source_of(field_name)
-        if source is None or source in self.sources:
-            return []
-        if isinstance(field, TextField | ValueField) and isinstance(field.from_, JsonRef):
-            return [
-                Problem(
-                    ((*key, "from", "json"),),
-                    unknown_source(source, self.sources, implicit=False),
-                )
-            ]
-        implicit = getattr(field, "source", None) is None
-        return [
-            Problem(
-                (key if implicit else (*key, "source"),),
-                unknown_source(source, self.sources, implicit=implicit),
-            )
-        ]
-
-    def _reference_problems(self, field_name: str, field: FieldSpec) -> list[Problem]:
-        """A derived, scaled or mask field names the image field it follows: it must be one."""
-        key = ("fields", field_name)
-        plain = [
-            n for n, f in self.fields.items() if isinstance(f, ImageField) and f.derive is None
-        ]
-        refs: list[tuple[tuple[str, ...], str]] = []
-        if isinstance(field, ImageField) and field.derive is not None:
-            refs.append(((*key, "derive", "from"), field.derive.from_field))
-        if isinstance(field, ImageField) and field.scale is not None:
-            refs.append(((*key, "scale", "of"), field.scale.of))
-        if isinstance(field, MaskField) and field.of is not None:
-            refs.append(((*key, "of"), field.of))
-        return [
-            Problem(
-                (where,),
-                f"names {target!r}, which is not an image field read from files "
-                f"(those are: {', '.join(plain) or 'none'})",
-            )
-            for where, target in refs
-            if target not in plain or target == field_name
-        ]
-
-    def _stratify_problems(self) -> list[Problem]:
-        if self.stratify is None or isinstance(self.fields.get(self.stratify), LabelField):
-            return []
-        labels = [n for n, f in self.fields.items() if isinstance(f, LabelField)]
-        return [
-            Problem(
-                (("stratify",),),
-                f"must name a label field, got {self.stratify!r} "
-                f"(label fields: {', '.join(labels) or 'none'})",
-            )
-        ]
-
-    def _chunk_problems(self, field_name: str) -> list[Problem]:
-        field = self.fields[field_name]
-        assert isinstance(field, ImageField | MaskField)
-        assert field.shape is not None
-        key = (("fields", field_name, "chunks"),)
-        chunks = self.chunks_of(field_name)
-        expected_rank = len(field.shape) + 1
-        if len(chunks) != expected_rank:
-            return [
-                Problem(
-                    key,
-                    f"needs {expected_rank} numbers (samples, then one per axis of shape "
-                    f"{list(field.shape)}), got {list(chunks)}",
-                )
-            ]
-        too_big = [c for c, s in zip(chunks[1:], field.shape, strict=True) if c > s]
-        if too_big:
-            return [
-                Problem(
-                    key, f"each axis must fit the shape {list(field.shape)}, got {list(chunks)}"
-                )
-            ]
-        if math.prod(chunks) * np.dtype(field.dtype).itemsize > MAX_CHUNK_BYTES:
-            return [Problem(key, f"a chunk must be under 4 GiB, got {list(chunks)}")]
-        return []
-
-    def _batch_problems(self) -> list[Problem]:
-        rows = {name: self.chunks_of(name)[0] for name in self.image_fields}
-        batch = math.lcm(*rows.values())
-        if batch <= max([MAX_BATCH_SAMPLES, *rows.values()]):
-            return []
-        keys = dict.fromkeys(
-            ("fields", name, "chunks")
-            if self.array_spec(name).chunks is not None
-            else ("storage", "chunk_samples")
-            for name in rows
-        )
-        shown = ", ".join(f"{name} {count}" for name, count in rows.items())
-        return [
-            Problem(
-                tuple(keys),
-                f"chunk rows {shown} make decode tasks of {batch} samples (a task holds a whole "
-                f"chunk of every array field: their least common multiple); at most "
-                f"{MAX_BATCH_SAMPLES} or the largest chunk rows keeps memory bounded: use chunk "
-                f"rows that divide one another, e.g. the same for every field",
-            )
-        ]
 
     # Derived views; computed, never stored, so they cannot drift from the config.
     def kind_of(self, field_name: str) -> str:
@@ -435,21 +265,6 @@ class Spec(Strict):
     def batch_samples(self) -> int:
         """Samples per decode task: a whole chunk of every array field (their lcm)."""
         return math.lcm(*(self.chunks_of(name)[0] for name in self.image_fields))
-
-
-def _name_problem(name: str, what: str) -> str | None:
-    if not re.match(NAME_PATTERN, name) or name in RESERVED_NAMES:
-        return (
-            f"{what} name {name!r} must match {NAME_PATTERN} and not be one of "
-            f"{sorted(RESERVED_NAMES)}"
-        )
-    return None
-
-
-def _check_name(name: str, what: str) -> None:
-    problem = _name_problem(name, what)
-    if problem is not None:
-        raise ValueError(problem)
 
 
 def spec_text(spec: Spec) -> str:

@@ -1,0 +1,254 @@
+"""The cross-field rules of a config: fields against sources, chunks against shapes.
+
+``spec_problems(spec)`` returns every ``Problem`` a ``Spec`` breaks, each naming its own keys;
+``Spec``'s model validator raises them as one ``SpecProblems``. Plain functions over the
+spec's fields and derived views: no YAML, no pydantic errors, no import of ``h5etl.spec``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Protocol
+
+import numpy as np
+
+from h5etl import fileformat
+from h5etl.fieldspecs import (
+    FieldSpec,
+    ImageField,
+    JsonRef,
+    LabelField,
+    MaskField,
+    TextField,
+    ValueField,
+)
+from h5etl.specparts import PadSpec, Problem, SourceSpec
+
+__all__ = [
+    "MAX_BATCH_SAMPLES",
+    "MAX_CHUNK_BYTES",
+    "NAME_PATTERN",
+    "RESERVED_NAMES",
+    "SpecView",
+    "check_name",
+    "name_problem",
+    "source_for",
+    "spec_problems",
+    "unknown_source",
+]
+
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+RESERVED_NAMES = frozenset({fileformat.LINEAGE, fileformat.DIAGNOSTICS})
+MAX_CHUNK_BYTES = 2**32 - 1  # HDF5 refuses chunks of 4 GiB or more
+# A decode task holds a whole chunk of every image field: the lcm of their chunk rows. Fields
+# that agree make that one chunk, the user's own choice; fields that disagree may grow it to
+# this many samples (32 chunks of the default 32) before memory stops being "a few batches".
+MAX_BATCH_SAMPLES = 1024
+
+
+class SpecView(Protocol):
+    """What the rules read of a ``Spec``: its fields, sources and pad, and its derived views."""
+
+    @property
+    def fields(self) -> Mapping[str, FieldSpec]: ...
+    @property
+    def sources(self) -> Mapping[str, SourceSpec]: ...
+    @property
+    def pad(self) -> PadSpec: ...
+    @property
+    def stratify(self) -> str | None: ...
+    @property
+    def image_fields(self) -> list[str]: ...
+    def array_spec(self, field_name: str) -> ImageField | MaskField: ...
+    def source_of(self, field_name: str) -> str | None: ...
+    def reads_content(self, field_name: str) -> bool: ...
+    def chunks_of(self, field_name: str) -> tuple[int, ...]: ...
+
+
+def source_for(
+    field_name: str, *, source: str | None, reads_own_name: bool, sources: Sequence[str]
+) -> str:
+    """The source a field reads: ``source``, else (an image or mask) the same-named source,
+    else the first source."""
+    if source is not None:
+        return source
+    if field_name in sources or reads_own_name or not sources:
+        return field_name
+    return sources[0]
+
+
+def unknown_source(source: str, sources: Iterable[str], *, implicit: bool) -> str:
+    """The message for a field reading a source that does not exist, with a likely fix."""
+    known = sorted(sources)
+    text = f"no source named {source!r}"
+    if implicit:
+        text += " (an image or mask field reads the source of its own name unless it sets source)"
+    text += f"; sources: {', '.join(known)}"
+    close = difflib.get_close_matches(source, known, n=1)
+    return f"{text}; did you mean {close[0]!r}?" if close else f"{text}; set source: to one of them"
+
+
+def name_problem(name: str, what: str) -> str | None:
+    if not re.match(NAME_PATTERN, name) or name in RESERVED_NAMES:
+        return (
+            f"{what} name {name!r} must match {NAME_PATTERN} and not be one of "
+            f"{sorted(RESERVED_NAMES)}"
+        )
+    return None
+
+
+def check_name(name: str, what: str) -> None:
+    problem = name_problem(name, what)
+    if problem is not None:
+        raise ValueError(problem)
+
+
+def spec_problems(spec: SpecView) -> list[Problem]:
+    """Every cross-field rule ``spec`` breaks, each with the keys to blame; empty if none.
+
+    Chunk rows are weighed against one another only when every array field's chunks are sound.
+    """
+    problems: list[Problem] = []
+    chunk_problems: list[Problem] = []  # of every array field
+    for field_name, field in spec.fields.items():
+        key = ("fields", field_name)
+        bad_name = name_problem(field_name, "field")
+        if bad_name is not None:
+            problems.append(Problem((key,), bad_name))
+            continue
+        problems.extend(_source_problems(spec, field_name, field))
+        problems.extend(_reference_problems(spec, field_name, field))
+        if isinstance(field, ImageField | MaskField):
+            found = _chunk_problems(spec, field_name)
+            chunk_problems.extend(found)
+            problems.extend(found)
+        if isinstance(field, MaskField) and spec.pad.mask_fill not in field.values:
+            problems.append(
+                Problem(
+                    (("pad", "mask_fill"),),
+                    f"padding of mask fields.{field_name} must be one of its values "
+                    f"{list(field.values)}, got {spec.pad.mask_fill}",
+                )
+            )
+    if not chunk_problems and spec.image_fields:  # chunk rows are known and sound
+        problems.extend(_batch_problems(spec))
+    if not spec.image_fields:
+        problems.append(Problem((("fields",),), "at least one image or mask field is needed"))
+    problems.extend(_stratify_problems(spec))
+    used = {spec.source_of(name) for name in spec.fields if spec.reads_content(name)}
+    problems.extend(
+        Problem(
+            (("sources", name),),
+            f"no field reads this source's files; add fields.{name}",
+        )
+        for name in spec.sources
+        if name not in used
+    )
+    return problems
+
+
+def _source_problems(spec: SpecView, field_name: str, field: FieldSpec) -> list[Problem]:
+    key = ("fields", field_name)
+    source = spec.source_of(field_name)
+    if source is None or source in spec.sources:
+        return []
+    if isinstance(field, TextField | ValueField) and isinstance(field.from_, JsonRef):
+        return [
+            Problem(
+                ((*key, "from", "json"),),
+                unknown_source(source, spec.sources, implicit=False),
+            )
+        ]
+    implicit = getattr(field, "source", None) is None
+    return [
+        Problem(
+            (key if implicit else (*key, "source"),),
+            unknown_source(source, spec.sources, implicit=implicit),
+        )
+    ]
+
+
+def _reference_problems(spec: SpecView, field_name: str, field: FieldSpec) -> list[Problem]:
+    """A derived, scaled or mask field names the image field it follows: it must be one."""
+    key = ("fields", field_name)
+    plain = [n for n, f in spec.fields.items() if isinstance(f, ImageField) and f.derive is None]
+    refs: list[tuple[tuple[str, ...], str]] = []
+    if isinstance(field, ImageField) and field.derive is not None:
+        refs.append(((*key, "derive", "from"), field.derive.from_field))
+    if isinstance(field, ImageField) and field.scale is not None:
+        refs.append(((*key, "scale", "of"), field.scale.of))
+    if isinstance(field, MaskField) and field.of is not None:
+        refs.append(((*key, "of"), field.of))
+    return [
+        Problem(
+            (where,),
+            f"names {target!r}, which is not an image field read from files "
+            f"(those are: {', '.join(plain) or 'none'})",
+        )
+        for where, target in refs
+        if target not in plain or target == field_name
+    ]
+
+
+def _stratify_problems(spec: SpecView) -> list[Problem]:
+    if spec.stratify is None or isinstance(spec.fields.get(spec.stratify), LabelField):
+        return []
+    labels = [n for n, f in spec.fields.items() if isinstance(f, LabelField)]
+    return [
+        Problem(
+            (("stratify",),),
+            f"must name a label field, got {spec.stratify!r} "
+            f"(label fields: {', '.join(labels) or 'none'})",
+        )
+    ]
+
+
+def _chunk_problems(spec: SpecView, field_name: str) -> list[Problem]:
+    field = spec.fields[field_name]
+    assert isinstance(field, ImageField | MaskField)
+    assert field.shape is not None
+    key = (("fields", field_name, "chunks"),)
+    chunks = spec.chunks_of(field_name)
+    expected_rank = len(field.shape) + 1
+    if len(chunks) != expected_rank:
+        return [
+            Problem(
+                key,
+                f"needs {expected_rank} numbers (samples, then one per axis of shape "
+                f"{list(field.shape)}), got {list(chunks)}",
+            )
+        ]
+    too_big = [c for c, s in zip(chunks[1:], field.shape, strict=True) if c > s]
+    if too_big:
+        return [
+            Problem(key, f"each axis must fit the shape {list(field.shape)}, got {list(chunks)}")
+        ]
+    if math.prod(chunks) * np.dtype(field.dtype).itemsize > MAX_CHUNK_BYTES:
+        return [Problem(key, f"a chunk must be under 4 GiB, got {list(chunks)}")]
+    return []
+
+
+def _batch_problems(spec: SpecView) -> list[Problem]:
+    rows = {name: spec.chunks_of(name)[0] for name in spec.image_fields}
+    batch = math.lcm(*rows.values())
+    if batch <= max([MAX_BATCH_SAMPLES, *rows.values()]):
+        return []
+    keys = dict.fromkeys(
+        ("fields", name, "chunks")
+        if spec.array_spec(name).chunks is not None
+        else ("storage", "chunk_samples")
+        for name in rows
+    )
+    shown = ", ".join(f"{name} {count}" for name, count in rows.items())
+    return [
+        Problem(
+            tuple(keys),
+            f"chunk rows {shown} make decode tasks of {batch} samples (a task holds a whole "
+            f"chunk of every array field: their least common multiple); at most "
+            f"{MAX_BATCH_SAMPLES} or the largest chunk rows keeps memory bounded: use chunk "
+            f"rows that divide one another, e.g. the same for every field",
+        )
+    ]
