@@ -13,14 +13,20 @@ def fit(
     array: np.ndarray, layout: ChunkLayout, oversize: str, *, path: str, is_mask: bool
 ) -> np.ndarray:
     """``array`` (h, w[, c]) cut or resized to fit the field's (H, W), per ``pad.oversize``;
-    a smaller one is returned as it is (placing it centred is the decoder's job)."""
+    a smaller one is returned as it is (placing it centred is the decoder's job).
+
+    ``resize`` keeps the aspect ratio: Lanczos for images, nearest for masks (labels stay
+    labels), in the array's own dtype (``images.resize_to``: uint8 through Pillow's 8-bit
+    path, uint16, int16 and float32 plane by plane in float32, integers rounded back).
+    """
     target = (layout.shape[1], layout.shape[2])
     size = (array.shape[0], array.shape[1])
     if not geometry.is_oversize(size, target):
         return array
     if oversize == "resize":
         with images.rejecting_surprises(path, oversize):  # resize runs Pillow
-            return images.resize(array, geometry.fit_within(size, target), is_mask=is_mask)
+            size = geometry.fit_within(size, target)
+            return images.resize_to(array, size, "nearest" if is_mask else "lanczos")
     if oversize == "crop":
         return geometry.center_crop(array, target)
     raise RejectError(
