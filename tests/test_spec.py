@@ -13,6 +13,7 @@ from conftest import MakeRaw, WriteConfig, base_config
 from h5etl import sink
 from h5etl.config import load_spec
 from h5etl.errors import ConfigError
+from h5etl.fieldspecs import ImageField, MaskField
 from h5etl.spec import Compression, spec_sha256, spec_text
 
 
@@ -36,8 +37,11 @@ def test_recipe_defaults_fill_what_the_config_leaves_out(raw_root: Path) -> None
     )
     spec = load_spec(config)
     assert spec.pipeline == "segmentation"
-    assert spec.fields["image"].mode == "RGB"
-    assert spec.fields["mask"].values == (0, 1)
+    image, mask = spec.fields["image"], spec.fields["mask"]
+    assert isinstance(image, ImageField)
+    assert image.mode == "RGB"
+    assert isinstance(mask, MaskField)
+    assert mask.values == (0, 1)
     assert spec.fields["filename"].kind == "text"
     assert spec.source_of("filename") == "image"
     assert spec.splits == {"train": 0.8, "valid": 0.2}
