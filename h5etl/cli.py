@@ -282,18 +282,38 @@ def rollback(
 @app.command(name="demo")
 def demo_command(
     folder: Annotated[
-        Path, typer.Option("--dir", metavar="FOLDER", help="Where to put the demo.")
-    ] = Path("h5etl-demo"),
+        Path | None,
+        typer.Option(
+            "--dir",
+            metavar="FOLDER",
+            help="Where to put the demo (default: h5etl-demo, or h5etl-NAME with --example).",
+        ),
+    ] = None,
+    example: Annotated[
+        str,
+        typer.Option(
+            "--example",
+            metavar="NAME",
+            help="Which example to build; 'list' lists them.",
+        ),
+    ] = "cells",
     jobs: JobsOption = ALL_CORES,
     quiet: QuietOption = False,
 ) -> None:
     """Build the embedded example (synthetic cells, a few broken inputs) into FOLDER/releases.
 
-    Run it again on the same FOLDER to build the next version.
+    Run it again on the same FOLDER to build the next version. --example NAME builds another
+    example (classification, super-resolution, 16-bit CT, colour masks, metadata, flat
+    layout), each with a few broken inputs of its kind.
     """
-    from h5etl import demo
+    from h5etl import examples
 
-    config = _run(lambda: demo.prepare(folder))
+    if example == "list":
+        _say(examples.names_line())
+        raise typer.Exit(2)
+    _run(lambda: examples.find(example))
+    where = folder if folder is not None else examples.default_folder(example)
+    config = _run(lambda: examples.prepare(where, example))
     _say(f"demo config: {config}")
     build(config, jobs=jobs, dry_run=False, decode=False, resume=False, quiet=quiet)
 

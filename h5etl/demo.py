@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -73,8 +74,18 @@ def prepare(folder: Path) -> Path:
     Raises:
         UsageError: ``folder`` holds another ``demo.yaml``, or data of its own (exit code 2).
     """
-    config = folder / "demo.yaml"
-    shipped = resources.demo_config().read_bytes()
+    return lay_out(folder, resources.demo_config(), write_raw)
+
+
+def lay_out(folder: Path, shipped_config: Path, write: Callable[[Path], object]) -> Path:
+    """Copy ``shipped_config`` into ``folder`` and have ``write`` fill ``folder/raw``, as
+    ``prepare`` does for the demo: a previous copy (same config bytes) is kept as it is.
+
+    Raises:
+        UsageError: ``folder`` holds another config of that name, or data of its own.
+    """
+    config = folder / shipped_config.name
+    shipped = shipped_config.read_bytes()
     if config.is_symlink() or config.exists():
         if not config.is_file() or config.read_bytes() != shipped:
             raise UsageError(
@@ -86,8 +97,8 @@ def prepare(folder: Path) -> Path:
         found = [name for name in ("raw", "releases") if (folder / name).exists()]
         if found:
             raise UsageError(
-                f"holds {' and '.join(found)}/ but no demo.yaml, so it is no previous demo; "
-                f"give --dir a new or empty folder",
+                f"holds {' and '.join(found)}/ but no {config.name}, so it is no previous "
+                f"demo; give --dir a new or empty folder",
                 path=folder,
             )
         folder.mkdir(parents=True, exist_ok=True)
@@ -95,7 +106,7 @@ def prepare(folder: Path) -> Path:
     if not (folder / "raw").exists():
         staging = folder / f".raw.partial-{os.getpid()}"
         shutil.rmtree(staging, ignore_errors=True)
-        write_raw(staging)
+        write(staging)
         os.replace(staging, folder / "raw")  # a demo killed while writing leaves no raw/
     return config
 

@@ -28,3 +28,8 @@ def find_recipe(pipeline: str, *, relative_to: Path) -> Path | None:
 
 def demo_config() -> Path:
     return data_dir("configs") / "demo.yaml"
+
+
+def example_config(file_name: str) -> Path:
+    """A shipped example config by file name, e.g. ``classification.yaml``."""
+    return data_dir("configs") / file_name
