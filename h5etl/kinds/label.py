@@ -7,7 +7,7 @@ be stratified by it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, ClassVar
 from h5etl.errors import RejectError
 from h5etl.fileformat import FieldRecord
 from h5etl.kinds.base import Column, Kind, ScalarColumn, StatsKind
+from h5etl.kinds.sidecar import text_value
 from h5etl.kinds.tabular import Prepared, TableSource, shown, table_lookup
 from h5etl.records import Sample
 
@@ -29,6 +30,7 @@ class LabelKind(Kind):
     table: TableSource | None = None  # None: from the class folder
     classes: tuple[str, ...] = ()  # bound at plan time (declared, or found)
     declared: bool = False
+    pattern: str | None = None  # the source's glob: which files make a class folder non-empty
 
     @property
     def column(self) -> Column:
@@ -53,10 +55,11 @@ class LabelKind(Kind):
         index = self.source_index
         if self.table is not None:
             cell = table_lookup(self.table, index, samples)
+            where = f"{self.table.path} column {self.table.column!r}"
 
             def name_of(sample: Sample) -> str | None:
                 value = cell(sample)
-                return None if value is None or value == "" else str(value)
+                return None if value is None or value == "" else text_value(value, where)
         else:
 
             def name_of(sample: Sample) -> str | None:
@@ -70,7 +73,7 @@ class LabelKind(Kind):
         by_sample = {sample.key: name for sample, name in zip(samples, names, strict=True)}
 
         def value(sample: Sample) -> int:
-            name = by_sample.get(sample.key, name_of(sample))
+            name = by_sample[sample.key] if sample.key in by_sample else name_of(sample)
             if name is None:
                 raise RejectError("no_label", self._missing(sample))
             if name not in position:
@@ -83,7 +86,16 @@ class LabelKind(Kind):
 
         warnings: list[str] = []
         if self.table is None:
-            empty = tables.empty_class_folders(Path(self.source_root))
+            matches: Callable[[str], bool] | None = None
+            if self.pattern is not None:
+                from h5etl.discover import glob_regex
+
+                regex = glob_regex(self.pattern)
+
+                def matches(relpath: str) -> bool:
+                    return regex.match(relpath) is not None
+
+            empty = tables.empty_class_folders(Path(self.source_root), matches=matches)
             warnings.extend(
                 f"fields.{self.name}: class folder {folder!r} is empty: no samples of it"
                 for folder in empty
@@ -104,7 +116,14 @@ class LabelKind(Kind):
         )
 
 
-def from_config(name: str, field: LabelField, *, source_index: int, source_root: str) -> Kind:
+def from_config(
+    name: str,
+    field: LabelField,
+    *,
+    source_index: int,
+    source_root: str,
+    pattern: str | None = None,
+) -> Kind:
     origin = field.from_
     table = (
         None if isinstance(origin, str) else TableSource(origin.table, origin.key, origin.column)
@@ -116,4 +135,5 @@ def from_config(name: str, field: LabelField, *, source_index: int, source_root:
         table,
         field.classes or (),
         declared=field.classes is not None,
+        pattern=pattern,
     )

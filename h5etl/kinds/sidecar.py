@@ -43,6 +43,8 @@ def typed_value(value: Any, dtype: str, where: str) -> Any:
     if kind == "b":
         if isinstance(value, bool):
             return value
+        if isinstance(value, int) and value in (0, 1):  # JSON 0/1, as the CSV cells "0"/"1"
+            return bool(value)
         if isinstance(value, str) and value.strip().lower() in {"true", "false", "1", "0"}:
             return value.strip().lower() in {"true", "1"}
         raise RejectError("bad_value", f"{where}: expected true or false, got {value!r}")
@@ -66,9 +68,21 @@ def typed_value(value: Any, dtype: str, where: str) -> Any:
     return as_float
 
 
+def text_value(value: Any, where: str) -> str:
+    """A cell or JSON value as text: strings as they are, numbers and true/false as JSON
+    writes them (``41``, ``2.5``, ``true``); a list or an object is a ``bad_value``."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool | int | float):
+        return json.dumps(value)
+    raise RejectError(
+        "bad_value", f"{where}: expected text, a number or true/false, got {json.dumps(value)}"
+    )
+
+
 def _number(value: Any, where: str) -> int | float:
-    if isinstance(value, bool):
-        return int(value)
+    if isinstance(value, bool):  # JSON true is no number: 1.0 would be a silent guess
+        raise RejectError("bad_value", f"{where}: expected a number, got {json.dumps(value)}")
     if isinstance(value, int | float):
         return value
     if isinstance(value, str):

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from h5etl.errors import RejectError
 from h5etl.kinds.base import Column, Kind, SampleContext, TextColumn
-from h5etl.kinds.sidecar import json_value
+from h5etl.kinds.sidecar import json_value, text_value
 from h5etl.kinds.tabular import Prepared, TableSource, table_lookup
 from h5etl.records import Sample
 
@@ -41,7 +41,7 @@ class TextKind(Kind):
             found = cell(sample)
             if found is None:
                 raise RejectError("no_value", f"no {table.column!r} for this file in {table.path}")
-            return str(found)
+            return text_value(found, f"{table.path} column {table.column!r}")
 
         return Prepared(self, value)
 
@@ -58,7 +58,11 @@ class TextKind(Kind):
                 f"no {self.json_key!r} in this JSON sidecar",
                 path=context.path(self.source_index),
             )
-        return str(found)
+        try:
+            return text_value(found, self.json_key)
+        except RejectError as exc:
+            exc.path = context.path(self.source_index)
+            raise
 
 
 def from_config(name: str, field: TextField, *, source_index: int | None) -> Kind:
