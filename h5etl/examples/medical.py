@@ -30,7 +30,7 @@ def ct_slice(rng: np.random.Generator, size: int = SLICE) -> tuple[np.ndarray, n
     config="ct16.yaml",
     summary="16-bit CT-like slices (values 66..2090) into a uint16 field, 3-class masks",
 )
-def ct16(raw: Path, *, samples: int = 16, seed: int = 8) -> dict[str, Broken]:
+def ct16(raw: Path, *, samples: int = 20, seed: int = 8) -> dict[str, Broken]:
     """``raw/slices/ct_NNN.png`` (16-bit grey) and ``raw/masks/ct_NNN.png`` (labels 0, 1, 2),
     and broken inputs: a truncated slice, a mask holding a label 3, a mask of another size."""
     rng = np.random.default_rng(seed)
@@ -62,7 +62,7 @@ SCANNERS = ("Leica GT450", "Hamamatsu S360", "Philips UFS")
     summary="cells with masks, patient and age from raw/patients.csv, scanner and dose "
     "from a JSON sidecar per image",
 )
-def metadata(raw: Path, *, samples: int = 16, seed: int = 9) -> dict[str, Broken]:
+def metadata(raw: Path, *, samples: int = 20, seed: int = 9) -> dict[str, Broken]:
     """``raw/images``, ``raw/masks``, ``raw/patients.csv`` (``file,patient,age``) and a sidecar
     ``raw/meta/<stem>.json`` per image (``{"scanner": ..., "acquisition": {"dose": ...}}``),
     and broken inputs: an image the table has no row for, an age that is no number, a sidecar

@@ -40,7 +40,7 @@ def street(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     config="cityscapes.yaml",
     summary="street scenes with colour-coded RGB masks mapped to label ids by a colors: table",
 )
-def cityscapes(raw: Path, *, samples: int = 16, seed: int = 10) -> dict[str, Broken]:
+def cityscapes(raw: Path, *, samples: int = 20, seed: int = 10) -> dict[str, Broken]:
     """``raw/images/street_NNN.png`` and ``raw/masks/street_NNN.png`` (RGB colours), and broken
     inputs: a mask with a colour the table lacks (a person), a truncated mask, an image
     without its mask."""
@@ -71,7 +71,7 @@ def cityscapes(raw: Path, *, samples: int = 16, seed: int = 10) -> dict[str, Bro
     summary="seed-style flat names: fields x and y stored as /x_train, /y_train, /x_valid, "
     "/y_valid",
 )
-def seed_layout(raw: Path, *, samples: int = 16, seed: int = 11) -> dict[str, Broken]:
+def seed_layout(raw: Path, *, samples: int = 20, seed: int = 11) -> dict[str, Broken]:
     """``raw/x/NNN.png`` (RGB cells) and ``raw/y/NNN.png`` (0/255 masks), and broken inputs: a
     truncated x, a y holding a 128, an x without its y."""
     rng = np.random.default_rng(seed)

@@ -35,7 +35,7 @@ def low_res(high: np.ndarray, factor: int = FACTOR) -> np.ndarray:
     config="superres.yaml",
     summary="16x16 low-res beside 64x64 high-res, paired by stem, declared scale 4",
 )
-def superres(raw: Path, *, samples: int = 16, seed: int = 5) -> dict[str, Broken]:
+def superres(raw: Path, *, samples: int = 20, seed: int = 5) -> dict[str, Broken]:
     """``raw/low/NNN.png`` (16x16) and ``raw/high/NNN.png`` (64x64), and broken inputs: a pair
     whose high-res is not 4x its low-res, a low-res without its high-res, a truncated low-res."""
     rng = np.random.default_rng(seed)
@@ -64,7 +64,7 @@ def superres(raw: Path, *, samples: int = 16, seed: int = 5) -> dict[str, Broken
     config="superres-derived.yaml",
     summary="64x64 high-res only; the 16x16 low-res computed from it (bicubic, factor 4)",
 )
-def superres_derived(raw: Path, *, samples: int = 16, seed: int = 6) -> dict[str, Broken]:
+def superres_derived(raw: Path, *, samples: int = 20, seed: int = 6) -> dict[str, Broken]:
     """``raw/high/NNN.png`` (64x64) only, and broken inputs: a high-res whose sides are no
     multiple of 4 (no exact low-res), a truncated one, a text file named ``.png``."""
     rng = np.random.default_rng(seed)
