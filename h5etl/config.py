@@ -57,7 +57,7 @@ def _apply_recipe(defaults: Mapping[str, Any], config: Mapping[str, Any]) -> dic
 
 class _Loader(yaml.SafeLoader):
     """YAML's safe loader, but a sequence may be a mapping key (``colors: {[128, 64, 128]: 7}``,
-    a colour-coded mask's table): it becomes a tuple."""
+    a colour-coded mask's table): it becomes a tuple; and a key written twice is an error."""
 
 
 def _mapping(loader: _Loader, node: yaml.MappingNode) -> dict[Any, Any]:
@@ -67,6 +67,10 @@ def _mapping(loader: _Loader, node: yaml.MappingNode) -> dict[Any, Any]:
         key = loader.construct_object(key_node, deep=True)
         if isinstance(key, list):
             key = tuple(key)
+        if key in out:  # PyYAML would keep the last one without a word
+            raise yaml.constructor.ConstructorError(
+                None, None, f"found duplicate key {key!r}", key_node.start_mark
+            )
         out[key] = loader.construct_object(value_node, deep=True)
     return out
 

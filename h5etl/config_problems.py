@@ -77,15 +77,16 @@ def _unknown_key(key: Key) -> str:
 def _unknown_field_key(kind: str, name: str) -> str:
     """An unknown key of a field: its kind's own keys, and which kind takes it if another."""
     keys = _keys(FIELD_MODELS[kind])
-    close = difflib.get_close_matches(name, keys, n=1)
-    if close:
-        return f"unknown key; did you mean {close[0]!r}? (a {kind} field's keys: {', '.join(keys)})"
+    # a key of another kind is a key the user meant: say so before guessing a typo
     others = [k for k, model in FIELD_MODELS.items() if name in _keys(model)]
     if others:
         return (
             f"a {kind} field takes no {name} (that is a key of {' and '.join(others)} fields; "
             f"a {kind} field's keys: {', '.join(keys)})"
         )
+    close = difflib.get_close_matches(name, keys, n=1)
+    if close:
+        return f"unknown key; did you mean {close[0]!r}? (a {kind} field's keys: {', '.join(keys)})"
     return f"unknown key (a {kind} field's keys: {', '.join(keys)})"
 
 

@@ -10,7 +10,7 @@ rule, and ``h5etl validate`` says where it applied. What each kind *does* lives 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -23,12 +23,13 @@ from pydantic import (
     model_validator,
 )
 
-from h5etl.specparts import Compression, Problem, SpecProblems, Strict
+from h5etl.specparts import Compression, PadSpec, Problem, SpecProblems, Strict
 
 __all__ = [
     "FIELD_MODELS",
     "ArrayField",
     "DeriveSpec",
+    "FieldModel",
     "FieldSpec",
     "ImageField",
     "JsonRef",
@@ -72,7 +73,45 @@ class JsonRef(Strict):
     model_config = Strict.model_config | {"populate_by_name": True, "serialize_by_alias": True}
 
 
-class ArrayField(Strict):
+Key = tuple[str, ...]
+
+
+def own_or_first(field_name: str, source: str | None, sources: Sequence[str]) -> str:
+    """``source``, else the source named like the field, else the first source."""
+    if source is not None:
+        return source
+    if field_name in sources or not sources:
+        return field_name
+    return sources[0]
+
+
+class FieldModel(Strict):
+    """What the spec asks of every kind's model; a kind overrides what applies to it."""
+
+    def source_name(self, field_name: str, sources: Sequence[str]) -> str | None:
+        """The source whose files (or file names) the field uses; None: it uses none."""
+        return None
+
+    @property
+    def source_key(self) -> Key:
+        """Where the config names that source, for a message about it."""
+        return ("source",)
+
+    @property
+    def reads_files(self) -> bool:
+        """Whether it reads its source's files (not only their names)."""
+        return False
+
+    def references(self) -> list[tuple[Key, str]]:
+        """The image fields it follows (key naming each), which must be read from files."""
+        return []
+
+    def problems(self, field_name: str, pad: PadSpec) -> list[Problem]:
+        """Rules between this field and the rest of the config."""
+        return []
+
+
+class ArrayField(FieldModel):
     """Keys every fixed-shape array field shares: where it reads, its shape and storage."""
 
     source: str | None = None
@@ -81,6 +120,14 @@ class ArrayField(Strict):
     compression: Compression | None = None
     shuffle: bool | None = None
     stats: bool = True  # normalisation statistics (or a mask's histogram) per split
+
+    def source_name(self, field_name: str, sources: Sequence[str]) -> str | None:
+        # an array field reads the source of its own name unless it says otherwise
+        return self.source if self.source is not None else field_name
+
+    @property
+    def reads_files(self) -> bool:
+        return True
 
     def _shape_problem(self, mode: str, what: str) -> SpecProblems | None:
         if self.shape is None:
@@ -131,6 +178,21 @@ class ImageField(ArrayField):
                 f"into uint8 are scaled to 8 bits and reported), got {value!r}"
             )
         return value
+
+    def source_name(self, field_name: str, sources: Sequence[str]) -> str | None:
+        return None if self.derive is not None else super().source_name(field_name, sources)
+
+    @property
+    def reads_files(self) -> bool:
+        return self.derive is None
+
+    def references(self) -> list[tuple[Key, str]]:
+        found: list[tuple[Key, str]] = []
+        if self.derive is not None:
+            found.append((("derive", "from"), self.derive.from_field))
+        if self.scale is not None:
+            found.append((("scale", "of"), self.scale.of))
+        return found
 
     @model_validator(mode="after")
     def _consistent(self) -> ImageField:
@@ -185,6 +247,20 @@ class MaskField(ArrayField):
             )
         return value
 
+    def references(self) -> list[tuple[Key, str]]:
+        return [] if self.of is None else [(("of",), self.of)]
+
+    def problems(self, field_name: str, pad: PadSpec) -> list[Problem]:
+        if pad.mask_fill in self.values:
+            return []
+        return [
+            Problem(
+                (("pad", "mask_fill"),),
+                f"padding of mask fields.{field_name} must be one of its values "
+                f"{list(self.values)}, got {pad.mask_fill}",
+            )
+        ]
+
     @model_validator(mode="after")
     def _consistent(self) -> MaskField:
         found = self._shape_problem(self.mode, "a mask field")
@@ -227,7 +303,7 @@ def _colour(key: Any) -> Colour:
     return (values[0], values[1], values[2])
 
 
-class LabelField(Strict):
+class LabelField(FieldModel):
     """A class per sample: its folder (``root/<class>/file``) or a table column."""
 
     kind: Literal["label"]
@@ -236,6 +312,9 @@ class LabelField(Strict):
     classes: tuple[str, ...] | None = None  # fixed names: other labels are rejected
 
     model_config = Strict.model_config | {"populate_by_name": True, "serialize_by_alias": True}
+
+    def source_name(self, field_name: str, sources: Sequence[str]) -> str | None:
+        return own_or_first(field_name, self.source, sources) if self.from_ == "folder" else None
 
     @model_validator(mode="after")
     def _distinct(self) -> LabelField:
@@ -246,7 +325,23 @@ class LabelField(Strict):
         return self
 
 
-class TextField(Strict):
+class _FromSidecar(FieldModel):
+    """A field whose value may come from a per-sample JSON sidecar."""
+
+    def _json(self) -> JsonRef | None:
+        origin = getattr(self, "from_", None)
+        return origin if isinstance(origin, JsonRef) else None
+
+    @property
+    def source_key(self) -> Key:
+        return ("from", "json") if self._json() is not None else ("source",)
+
+    @property
+    def reads_files(self) -> bool:
+        return self._json() is not None
+
+
+class TextField(_FromSidecar):
     """A string per sample: the file's relative path, a table column or a JSON sidecar key."""
 
     kind: Literal["text"] = "text"
@@ -256,8 +351,14 @@ class TextField(Strict):
 
     model_config = Strict.model_config | {"populate_by_name": True, "serialize_by_alias": True}
 
+    def source_name(self, field_name: str, sources: Sequence[str]) -> str | None:
+        json = self._json()
+        if json is not None:
+            return json.json_source
+        return own_or_first(field_name, self.source, sources) if self.from_ == "filename" else None
 
-class ValueField(Strict):
+
+class ValueField(_FromSidecar):
     """A number per sample (age, dose, a regression target) from a table or a JSON sidecar."""
 
     kind: Literal["value"]
@@ -265,10 +366,14 @@ class ValueField(Strict):
     from_: TableRef | JsonRef = Field(alias="from")
     default: float | int | bool | None = None  # for samples the table or sidecar lacks
 
+    def source_name(self, field_name: str, sources: Sequence[str]) -> str | None:
+        json = self._json()
+        return json.json_source if json is not None else None
+
     model_config = Strict.model_config | {"populate_by_name": True, "serialize_by_alias": True}
 
 
-FIELD_MODELS: dict[str, type[Strict]] = {
+FIELD_MODELS: dict[str, type[FieldModel]] = {
     "image": ImageField,
     "mask": MaskField,
     "label": LabelField,

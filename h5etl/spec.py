@@ -22,15 +22,7 @@ from pydantic import (
 )
 
 from h5etl import fileformat, spec_rules
-from h5etl.fieldspecs import (
-    FieldSpec,
-    ImageField,
-    JsonRef,
-    LabelField,
-    MaskField,
-    TextField,
-    ValueField,
-)
+from h5etl.fieldspecs import ArrayField, FieldSpec
 from h5etl.spec_rules import NAME_PATTERN, check_name, source_for, unknown_source
 from h5etl.specparts import (
     Compression,
@@ -200,66 +192,43 @@ class Spec(Strict):
     def kind_of(self, field_name: str) -> str:
         return self.fields[field_name].kind
 
-    def array_spec(self, field_name: str) -> ImageField | MaskField:
+    def array_spec(self, field_name: str) -> ArrayField:
         field = self.fields[field_name]
-        assert isinstance(field, ImageField | MaskField), f"{field_name} is no array field"
+        assert isinstance(field, ArrayField), f"{field_name} is no array field"
         return field
 
     def source_of(self, field_name: str) -> str | None:
         """The source whose files a field reads (or whose file names it uses); None for a
         field computed from a table or from another field."""
-        field = self.fields[field_name]
-        if isinstance(field, ImageField) and field.derive is not None:
-            return None
-        if isinstance(field, TextField | ValueField | LabelField):
-            origin = field.from_
-            if isinstance(origin, JsonRef):
-                return origin.json_source
-            if not isinstance(origin, str):  # a table
-                return None
-        return source_for(
-            field_name,
-            source=getattr(field, "source", None),
-            reads_own_name=isinstance(field, ImageField | MaskField),
-            sources=list(self.sources),
-        )
+        return self.fields[field_name].source_name(field_name, list(self.sources))
 
     def reads_content(self, field_name: str) -> bool:
         """Whether the field reads its source's files (not only their names)."""
-        field = self.fields[field_name]
-        if isinstance(field, ImageField):
-            return field.derive is None
-        if isinstance(field, MaskField):
-            return True
-        origin = getattr(field, "from_", None)
-        return isinstance(origin, JsonRef)
+        return self.fields[field_name].reads_files
 
     def chunks_of(self, field_name: str) -> tuple[int, ...]:
         """The HDF5 chunk shape of an array field, sample axis first."""
         field = self.array_spec(field_name)
         if field.chunks is not None:
-            return field.chunks
+            return tuple(field.chunks)
         shape = field.shape or ()
         return (self.storage.chunk_samples, *shape)
 
     def compression_of(self, field_name: str) -> Compression:
-        field = self.fields[field_name]
-        own = field.compression if isinstance(field, ImageField | MaskField) else None
-        return own or self.storage.compression
+        return self.array_spec(field_name).compression or self.storage.compression
 
     def shuffle_of(self, field_name: str) -> bool:
-        field = self.fields[field_name]
-        own = field.shuffle if isinstance(field, ImageField | MaskField) else None
+        own = self.array_spec(field_name).shuffle
         return self.storage.shuffle if own is None else own
 
     @property
     def image_fields(self) -> list[str]:
         """The fixed-shape array fields (images and masks): workers compress their chunks."""
-        return [n for n, f in self.fields.items() if isinstance(f, ImageField | MaskField)]
+        return [n for n, f in self.fields.items() if isinstance(f, ArrayField)]
 
     @property
     def text_fields(self) -> list[str]:
-        return [n for n, f in self.fields.items() if isinstance(f, TextField)]
+        return [n for n, f in self.fields.items() if f.kind == "text"]
 
     @property
     def batch_samples(self) -> int:

@@ -16,15 +16,7 @@ from typing import Protocol
 import numpy as np
 
 from h5etl import fileformat
-from h5etl.fieldspecs import (
-    FieldSpec,
-    ImageField,
-    JsonRef,
-    LabelField,
-    MaskField,
-    TextField,
-    ValueField,
-)
+from h5etl.fieldspecs import ArrayField, FieldSpec, ImageField, LabelField
 from h5etl.specparts import PadSpec, Problem, SourceSpec
 
 __all__ = [
@@ -62,7 +54,7 @@ class SpecView(Protocol):
     def stratify(self) -> str | None: ...
     @property
     def image_fields(self) -> list[str]: ...
-    def array_spec(self, field_name: str) -> ImageField | MaskField: ...
+    def array_spec(self, field_name: str) -> ArrayField: ...
     def source_of(self, field_name: str) -> str | None: ...
     def reads_content(self, field_name: str) -> bool: ...
     def chunks_of(self, field_name: str) -> tuple[int, ...]: ...
@@ -121,18 +113,11 @@ def spec_problems(spec: SpecView) -> list[Problem]:
             continue
         problems.extend(_source_problems(spec, field_name, field))
         problems.extend(_reference_problems(spec, field_name, field))
-        if isinstance(field, ImageField | MaskField):
+        problems.extend(field.problems(field_name, spec.pad))
+        if isinstance(field, ArrayField):
             found = _chunk_problems(spec, field_name)
             chunk_problems.extend(found)
             problems.extend(found)
-        if isinstance(field, MaskField) and spec.pad.mask_fill not in field.values:
-            problems.append(
-                Problem(
-                    (("pad", "mask_fill"),),
-                    f"padding of mask fields.{field_name} must be one of its values "
-                    f"{list(field.values)}, got {spec.pad.mask_fill}",
-                )
-            )
     if not chunk_problems and spec.image_fields:  # chunk rows are known and sound
         problems.extend(_batch_problems(spec))
     if not spec.image_fields:
@@ -155,10 +140,10 @@ def _source_problems(spec: SpecView, field_name: str, field: FieldSpec) -> list[
     source = spec.source_of(field_name)
     if source is None or source in spec.sources:
         return []
-    if isinstance(field, TextField | ValueField) and isinstance(field.from_, JsonRef):
+    if field.source_key != ("source",):
         return [
             Problem(
-                ((*key, "from", "json"),),
+                ((*key, *field.source_key),),
                 unknown_source(source, spec.sources, implicit=False),
             )
         ]
@@ -175,20 +160,13 @@ def _reference_problems(spec: SpecView, field_name: str, field: FieldSpec) -> li
     """A derived, scaled or mask field names the image field it follows: it must be one."""
     key = ("fields", field_name)
     plain = [n for n, f in spec.fields.items() if isinstance(f, ImageField) and f.derive is None]
-    refs: list[tuple[tuple[str, ...], str]] = []
-    if isinstance(field, ImageField) and field.derive is not None:
-        refs.append(((*key, "derive", "from"), field.derive.from_field))
-    if isinstance(field, ImageField) and field.scale is not None:
-        refs.append(((*key, "scale", "of"), field.scale.of))
-    if isinstance(field, MaskField) and field.of is not None:
-        refs.append(((*key, "of"), field.of))
     return [
         Problem(
-            (where,),
+            ((*key, *where),),
             f"names {target!r}, which is not an image field read from files "
             f"(those are: {', '.join(plain) or 'none'})",
         )
-        for where, target in refs
+        for where, target in field.references()
         if target not in plain or target == field_name
     ]
 
@@ -208,7 +186,7 @@ def _stratify_problems(spec: SpecView) -> list[Problem]:
 
 def _chunk_problems(spec: SpecView, field_name: str) -> list[Problem]:
     field = spec.fields[field_name]
-    assert isinstance(field, ImageField | MaskField)
+    assert isinstance(field, ArrayField)
     assert field.shape is not None
     key = (("fields", field_name, "chunks"),)
     chunks = spec.chunks_of(field_name)

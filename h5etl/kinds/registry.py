@@ -20,7 +20,8 @@ Builder = Callable[[Spec, str], Kind]
 
 def layout_of(spec: Spec, name: str) -> ChunkLayout:
     """How an array field is stored: shape, dtype, chunks and filters."""
-    field = spec.array_spec(name)
+    field = spec.fields[name]
+    assert isinstance(field, ImageField | MaskField)
     assert field.shape is not None
     return ChunkLayout(
         field.shape,
