@@ -76,6 +76,8 @@ class MaskKind(Kind):
             palette="color" if self.colors is not None else "index",
         )
         labels = decoded.array
+        if decoded.conversion:  # a 16-bit mask into a uint8 field: counted, never silent
+            context.conversions.append((self.name, decoded.conversion))
         with images.rejecting_surprises(path, "check the mask"):
             if labels.ndim == 3:  # colours, to be mapped by the table
                 assert self.colors is not None
