@@ -7,7 +7,7 @@ of pydantic's errors is ``h5etl.config_problems``'s job).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -178,7 +178,25 @@ def _resolve_paths(
             else src
             for name, src in sources.items()
         }
+    fields = resolved.get("fields")
+    if isinstance(fields, dict):
+        resolved["fields"] = {
+            name: _with_table_path(field, ("fields", str(name), "from", "table"), absolute)
+            for name, field in fields.items()
+        }
     return resolved, written
+
+
+def _with_table_path(
+    field: Any, key: tuple[str, ...], absolute: Callable[[tuple[str, ...], str], str]
+) -> Any:
+    """A field whose ``from.table`` names a sidecar table, with that path resolved."""
+    if not isinstance(field, dict):
+        return field
+    origin = field.get("from")
+    if not isinstance(origin, dict) or not isinstance(origin.get("table"), str):
+        return field
+    return {**field, "from": {**origin, "table": absolute(key, origin["table"])}}
 
 
 def inferred_kinds(data: Mapping[str, Any]) -> dict[str, str]:

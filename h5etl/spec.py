@@ -249,6 +249,11 @@ def spec_text(spec: Spec) -> str:
     data["output"] = spec.stored_path(("output",), spec.output)
     for name, source in spec.sources.items():
         data["sources"][name]["dir"] = spec.stored_path(("sources", name, "dir"), source.dir)
+    for name, field in spec.fields.items():
+        table = getattr(getattr(field, "from_", None), "table", None)
+        if table is not None:
+            key = ("fields", name, "from", "table")
+            data["fields"][name]["from"]["table"] = spec.stored_path(key, table)
     return yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
 
 

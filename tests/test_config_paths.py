@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from h5etl.cli import app
 from h5etl.config import load_spec, parse_spec
+from h5etl.fieldspecs import LabelField, TableRef
 from h5etl.spec import spec_sha256, spec_text
 
 runner = CliRunner()
@@ -181,3 +182,33 @@ def test_config_file_cannot_be_set_from_yaml(
     result = runner.invoke(app, ["validate", str(config)])
     assert result.exit_code == 2
     assert "config_file: unknown key" in result.output
+
+
+def test_a_sidecar_table_is_found_beside_the_config_and_stored_as_written(
+    tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig
+) -> None:
+    # a label table is a path in the config like a source folder: relative to the config
+    make_raw(tmp_path, n=2)
+    (tmp_path / "meta").mkdir()
+    (tmp_path / "meta" / "labels.csv").write_text("file,label\n", encoding="utf-8")
+    config = write_config(
+        tmp_path,
+        fields={
+            "label": {"kind": "label", "from": {"table": "meta/labels.csv", "column": "label"}}
+        },
+    )
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    os.chdir(elsewhere)
+    spec = load_spec(config)
+    field = spec.fields["label"]
+    assert isinstance(field, LabelField)
+    assert isinstance(field.from_, TableRef)
+    assert field.from_.table == tmp_path / "meta" / "labels.csv"
+    fields = _stored(spec_text(spec))["fields"]
+    assert isinstance(fields, dict)
+    assert fields["label"]["from"] == {
+        "table": "meta/labels.csv",
+        "key": "file",
+        "column": "label",
+    }
