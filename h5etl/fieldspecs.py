@@ -370,6 +370,19 @@ class ValueField(_FromSidecar):
         json = self._json()
         return json.json_source if json is not None else None
 
+    @model_validator(mode="after")
+    def _default_fits(self) -> ValueField:
+        if self.default is None:
+            return self
+        from h5etl.errors import RejectError
+        from h5etl.kinds.sidecar import typed_value
+
+        try:
+            typed_value(self.default, self.dtype, "default")
+        except RejectError as exc:  # every sample lacking a value would be rejected for it
+            raise _problem("default", exc.message.removeprefix("default: ")) from exc
+        return self
+
     model_config = Strict.model_config | {"populate_by_name": True, "serialize_by_alias": True}
 
 

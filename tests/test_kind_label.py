@@ -227,12 +227,6 @@ def _registry_passing_the_glob(spec: Any, name: str) -> Any:
         pytest.param(
             False,
             id="as-registered",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="kinds/registry.py does not pass the source's glob to label.from_config "
-                "(pattern=spec.sources[source].glob), so a class folder holding only "
-                "non-matching files is not reported empty",
-            ),
         ),
     ],
 )
@@ -343,12 +337,6 @@ def test_labels_from_a_table_by_name_with_and_without_suffix(tmp_path: Path) -> 
     assert list(data["train"]["attrs"]["classes"]) == ["a", "b"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="config.py resolves sources and output against the config's folder but not "
-    "fields.*.from.table: a relative table path is read from the working directory "
-    "(suggested fix in /tmp/h5etl-notes/kind-label.md)",
-)
 def test_a_relative_table_path_is_relative_to_the_config(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -78,6 +78,7 @@ def _label(spec: Spec, name: str) -> Kind:
         field,
         source_index=_lookup_index(spec, source),
         source_root=str(spec.sources[source].dir),
+        pattern=spec.sources[source].glob,
     )
 
 
