@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 
-from h5etl import images
+from h5etl import images, pixels
 from h5etl.chunkcodec import ChunkLayout
 from h5etl.errors import RejectError
 from h5etl.fileformat import FieldRecord
@@ -76,9 +76,12 @@ class ImageKind(Kind):
         return fit(pixels, self.layout, self.oversize, path=path, is_mask=False)
 
     def _derived(self, context: SampleContext) -> tuple[np.ndarray, str]:
+        """``derive.from``'s pixels resized by the named filter (in their own dtype), then
+        brought to this field's mode and dtype by ``decode_field``'s rules: grey is the luma,
+        16 to 8 bits is scaled and reported, anything lossy is a ``lossy_conversion``."""
         assert self.derive_from is not None
         source = context.decoded[self.derive_from]
-        path = context.sample.files[0].path
+        path = context.paths[self.derive_from]
         if self.derive_factor is None:
             size = (self.layout.shape[1], self.layout.shape[2])
         else:
@@ -92,10 +95,20 @@ class ImageKind(Kind):
                 )
             size = (height // self.derive_factor, width // self.derive_factor)
         with images.rejecting_surprises(path, f"derive {self.name}"):
-            pixels = images.resize_to(source, size, self.derive_filter)  # type: ignore[arg-type]
-        if pixels.dtype != np.dtype(self.layout.dtype):
-            pixels = pixels.astype(self.layout.dtype)
-        return pixels, path
+            resized = images.resize_to(source, size, self.derive_filter)  # type: ignore[arg-type]
+        channels = "RGB" if resized.ndim == 3 else "L"
+        converted = pixels.convert(
+            resized,
+            source=f"{channels} {resized.dtype} ({self.derive_from} resized)",
+            mode=self.mode,
+            dtype=self.layout.dtype,  # type: ignore[arg-type]
+            role="image",
+            palette="index",
+            path=path,
+        )
+        if converted.conversion:
+            context.conversions.append((self.name, converted.conversion))
+        return converted.array, path
 
     def _check_scale(self, context: SampleContext, pixels: np.ndarray, path: str) -> None:
         assert self.scale_of is not None
@@ -104,8 +117,9 @@ class ImageKind(Kind):
         if pixels.shape[:2] != expected:
             raise RejectError(
                 "scale_mismatch",
+                # the header probe's words (clean._size_problem): a dry run predicts them
                 f"{self.name} is {size_text(pixels)}, expected {self.scale_factor} x "
-                f"{self.scale_of} {size_text(other)} = {expected[0]}x{expected[1]}",
+                f"{self.scale_of} {size_text(other)}",
                 path=path,
             )
 
