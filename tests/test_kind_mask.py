@@ -857,6 +857,63 @@ def test_resume_after_a_kill_ends_with_the_same_masks_and_histograms(
     assert code == 0, output
 
 
+def test_resume_after_the_colour_table_changed_decodes_everything_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tasks, "TASK_SAMPLES", 2)
+    rgb, labels = colour_masks(n=20, seed=8)
+    write_pairs(tmp_path, dict(rgb))
+    config = write_config(
+        tmp_path, mask_field([0, 3, 7]), colors_yaml=AS_SEQUENCES, storage={"chunk_samples": 2}
+    )
+    assert run_killed(config, 10, 1) == -signal.SIGKILL
+    swapped = "{[128, 64, 128]: 3, [0, 0, 0]: 0, [70, 130, 180]: 7}"  # road and sky swap labels
+    config = write_config(
+        tmp_path, mask_field([0, 3, 7]), colors_yaml=swapped, storage={"chunk_samples": 2}
+    )
+
+    resumed = build(config, jobs=1, resume=True)
+
+    assert resumed.resumed == 0, "rows mapped by the old table must not be reused"
+    assert resumed.path is not None
+    swap = np.array([0, 1, 2, 7, 4, 5, 6, 3], np.uint8)
+    assert_release_holds(resumed.path, {k: swap[v] for k, v in labels.items()})
+
+
+def test_flat_layout_with_a_mask_builds_checks_and_reads(tmp_path: Path) -> None:
+    labels = label_masks([0, 1, 2, 3], n=6)
+    write_pairs(tmp_path, labels)
+    data = merge(base_config(), {"layout": "{field}_{split}"})
+    data["sources"] = {
+        "x": {"dir": "raw/images", "glob": "*.png"},
+        "y": {"dir": "raw/masks", "glob": "*.png"},
+    }
+    data["fields"] = {
+        "x": {"kind": "image", "shape": [3, SHAPE, SHAPE], "mode": "RGB"},
+        "y": mask_field([0, 1, 2, 3]),
+        "name": {"kind": "text", "source": "y"},
+    }
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(data, sort_keys=False), "utf-8")
+
+    report = build(config, jobs=1)
+
+    assert report.path is not None
+    code, output = invoke("check", report.path, "--deep")
+    assert code == 0, output
+    with h5py.File(report.path, "r") as handle:
+        assert {"x_train", "y_train", "x_valid", "y_valid"} <= set(handle)
+        assert "train" not in handle
+        for split in ("train", "valid"):
+            keys = [Path(n.decode()).stem for n in handle[f"name_{split}"][...]]
+            rows = handle[f"y_{split}"][...]
+            for key, row in zip(keys, rows, strict=True):
+                np.testing.assert_array_equal(row, centre_pad(labels[key], SHAPE, SHAPE))
+            with Release(report.path, split) as reader:
+                np.testing.assert_array_equal(reader.read_slice(0, len(keys))["y"], rows)
+            assert "y histogram (unpadded pixels): " in output
+
+
 # --- 6. validate ---------------------------------------------------------------------------
 
 
