@@ -151,8 +151,15 @@ def _reads_one_of(name: str, field: Any, sources: Mapping[str, Any]) -> bool:
     if not isinstance(field, dict):
         return name in sources
     source = field.get("source")
-    if source is None and field.get("dtype") == "str":
-        return True  # a text field without a source reads the first source, whatever its name
+    origin = field.get("from")
+    if isinstance(origin, Mapping):  # a table (always there) or a JSON sidecar source
+        return "json" not in origin or origin["json"] in sources
+    derive = field.get("derive")
+    if isinstance(derive, Mapping):  # computed from a field: kept when that one's source is
+        return derive.get("from") in sources
+    kind = field.get("kind") or inferred_kind(field)
+    if source is None and kind in {"text", "label"}:
+        return True  # it names the first source's files, whatever that source is called
     return (name if source is None else source) in sources
 
 

@@ -67,6 +67,26 @@ def test_recipe_file_name_field_comes_with_own_source_names(raw_root: Path) -> N
     assert spec.source_of("filename") == "img"
 
 
+@pytest.mark.parametrize(
+    "recipe_field",
+    [
+        pytest.param({"kind": "text"}, id="text"),
+        pytest.param({"kind": "label", "from": "folder"}, id="label"),
+    ],
+)
+def test_a_recipe_field_of_a_kind_comes_along_without_dtype_str(
+    raw_root: Path, recipe_field: dict[str, Any]
+) -> None:
+    # only `dtype: str` kept a recipe field that names no source; `kind: text` was dropped
+    recipe = {"defaults": {"fields": {"extra": recipe_field}}}
+    (raw_root / "mine.yaml").write_text(yaml.safe_dump(recipe), encoding="utf-8")
+    data = _own_names()
+    data["pipeline"] = "mine.yaml"
+    spec = load_spec(_write(raw_root / "own.yaml", data))
+    assert "extra" in spec.fields
+    assert spec.fields["extra"].kind == recipe_field["kind"]
+
+
 def test_shipped_recipe_pins_no_source() -> None:
     recipe = yaml.safe_load(
         (resources.data_dir("pipelines") / "segmentation.yaml").read_text("utf-8")
