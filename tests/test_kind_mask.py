@@ -501,7 +501,7 @@ def test_an_unknown_colour_is_a_reject_naming_colour_count_place_and_file(
     mine = next(r for r in reports if r["path"] == str(bad_path))
     assert mine["reason"] == "unknown_color"
     detail = mine["detail"]
-    assert "colour [255, 0, 0]" in detail, detail
+    assert "colour [255, 0, 0] is not in fields.mask.colors" in detail, detail
     assert "3 pixels" in detail, detail
     assert "row 2, col 3" in detail, detail
     assert "\n" not in detail

@@ -82,7 +82,11 @@ class MaskKind(Kind):
             if labels.ndim == 3:  # colours, to be mapped by the table
                 assert self.colors is not None
                 labels = validate.map_colors(
-                    labels, dict(self.colors), path=path, dtype=np.dtype(self.layout.dtype)
+                    labels,
+                    dict(self.colors),
+                    path=path,
+                    dtype=np.dtype(self.layout.dtype),
+                    what=f"fields.{self.name}.colors",  # where the user adds the colour
                 )
             labels = validate.check_mask(labels, self.values, path=path)
         if self.of is not None:
