@@ -337,6 +337,19 @@ def test_labels_from_a_table_by_name_with_and_without_suffix(tmp_path: Path) -> 
     assert list(data["train"]["attrs"]["classes"]) == ["a", "b"]
 
 
+def test_table_rows_that_match_no_file_are_a_warning(tmp_path: Path) -> None:
+    # a row for a file that is not there (a typo, a deleted image) went unmentioned
+    _, truth = make_flat(tmp_path)
+    table = tmp_path / "labels.csv"
+    write_table(table, truth, missing="")
+    with table.open("a", encoding="utf-8") as handle:
+        handle.write("p999.png,a,x\n")
+    code, out = _cli("build", table_config(tmp_path, str(table)), "--jobs", "1")
+    assert code == 0, out
+    warnings = [line for line in out.splitlines() if line.startswith("warning:")]
+    assert any("1 rows of" in line and "p999.png" in line for line in warnings), out
+
+
 def test_a_relative_table_path_is_relative_to_the_config(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

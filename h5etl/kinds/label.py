@@ -53,8 +53,11 @@ class LabelKind(Kind):
 
         assert self.source_index is not None
         index = self.source_index
+        lookup_warnings: list[str] = []
         if self.table is not None:
-            cell = table_lookup(self.table, index, samples)
+            lookup = table_lookup(self.table, index, samples, field_name=self.name)
+            cell = lookup.cell
+            lookup_warnings = lookup.warnings
             where = f"{self.table.path} column {self.table.column!r}"
 
             def name_of(sample: Sample) -> str | None:
@@ -100,7 +103,7 @@ class LabelKind(Kind):
                 f"fields.{self.name}: class folder {folder!r} is empty: no samples of it"
                 for folder in empty
             )
-        return Prepared(bound, value, warnings)
+        return Prepared(bound, value, [*lookup_warnings, *warnings])
 
     def _missing(self, sample: Sample) -> str:
         assert self.source_index is not None

@@ -30,9 +30,17 @@ class Prepared:
     warnings: list[str] = field(default_factory=list)
 
 
+@dataclass(frozen=True, slots=True)
+class Lookup:
+    """A sample's cell (``cell``), and what to warn about the table (rows no file matches)."""
+
+    cell: Callable[[Sample], Any]
+    warnings: list[str]
+
+
 def table_lookup(
-    source: TableSource, source_index: int, samples: Sequence[Sample]
-) -> Callable[[Sample], Any]:
+    source: TableSource, source_index: int, samples: Sequence[Sample], *, field_name: str = ""
+) -> Lookup:
     """A function from a sample to its cell (None when empty or when the table has no row
     for it); the table is read once, here, and bound to the samples' file names so that a
     bare name several files reach is an ``ambiguous_row`` reject, never a guess."""
@@ -49,7 +57,13 @@ def table_lookup(
                 return None
             raise
 
-    return cell
+    warnings = []
+    if table.unmatched:
+        warnings.append(
+            f"fields.{field_name}: {len(table.unmatched)} rows of {source.path} match no input "
+            f"file ({shown(list(table.unmatched))})"
+        )
+    return Lookup(cell, warnings)
 
 
 def relpath_of(sample: Sample, source_index: int) -> str:

@@ -34,16 +34,20 @@ class TextKind(Kind):
     def prepare(self, samples: Sequence[Sample]) -> Prepared:
         assert self.table is not None
         assert self.source_index is not None
-        cell = table_lookup(self.table, self.source_index, samples)
+        lookup = table_lookup(self.table, self.source_index, samples, field_name=self.name)
+        cell = lookup.cell
         table = self.table
 
         def value(sample: Sample) -> str:
             found = cell(sample)
             if found is None:
-                raise RejectError("no_value", f"no {table.column!r} for this file in {table.path}")
+                raise RejectError(
+                    "no_value",
+                    f"no {table.column!r} for this file in {table.path} (fields.{self.name})",
+                )
             return text_value(found, f"{table.path} column {table.column!r}")
 
-        return Prepared(self, value)
+        return Prepared(self, value, lookup.warnings)
 
     def decode(self, context: SampleContext) -> str:
         if self.table is not None:

@@ -40,13 +40,14 @@ class ValueKind(Kind):
     def prepare(self, samples: Sequence[Sample]) -> Prepared:
         assert self.table is not None
         assert self.source_index is not None
-        cell = table_lookup(self.table, self.source_index, samples)
+        lookup = table_lookup(self.table, self.source_index, samples, field_name=self.name)
+        cell = lookup.cell
         where = f"{self.table.path} column {self.table.column!r}"
 
         def value(sample: Sample) -> Any:
             return self._typed(cell(sample), where)
 
-        return Prepared(self, value)
+        return Prepared(self, value, lookup.warnings)
 
     def decode(self, context: SampleContext) -> Any:
         if self.table is not None:
