@@ -48,6 +48,12 @@ MaskDtype = Literal["uint8", "uint16"]
 ValueDtype = Literal["int64", "int32", "float64", "float32", "bool"]
 ResizeFilter = Literal["nearest", "bilinear", "bicubic", "lanczos", "area"]
 MASK_MAX = {"uint8": 255, "uint16": 65535}
+IMAGE_RANGE = {
+    "uint8": (0, 255),
+    "uint16": (0, 65535),
+    "int16": (-32768, 32767),
+    "float32": (-(2**24), 2**24),
+}
 _HEX_COLOUR = re.compile(r"^#([0-9a-fA-F]{6})$")
 Colour = tuple[int, int, int]
 
@@ -186,6 +192,18 @@ class ImageField(ArrayField):
     def reads_files(self) -> bool:
         return self.derive is None
 
+    def problems(self, field_name: str, pad: PadSpec) -> list[Problem]:
+        low, high = IMAGE_RANGE[self.dtype]
+        if low <= pad.fill <= high:
+            return []
+        return [
+            Problem(
+                (("pad", "fill"),),
+                f"padding of {self.dtype} image fields.{field_name} must be in {low}..{high}, "
+                f"got {pad.fill}",
+            )
+        ]
+
     def references(self) -> list[tuple[Key, str]]:
         found: list[tuple[Key, str]] = []
         if self.derive is not None:
@@ -221,7 +239,22 @@ class MaskField(ArrayField):
     def _colour_keys(cls, value: Any) -> Any:
         if not isinstance(value, Mapping):
             return value
-        return {_colour(key): label for key, label in value.items()}
+        if not value:
+            raise ValueError(
+                "the colour table is empty: map each colour of the masks to one of values "
+                "(e.g. {[128, 64, 128]: 7}), or drop colors for grey or palette masks"
+            )
+        colours: dict[Colour, Any] = {}
+        written: dict[Colour, Any] = {}
+        for key, label in value.items():
+            colour = _colour(key)
+            if colour in colours:  # "#000000" and [0, 0, 0] are one colour
+                raise ValueError(
+                    f"colour {list(colour)} is listed twice ({written[colour]!r} and {key!r}): "
+                    "give each colour one label"
+                )
+            colours[colour], written[colour] = label, key
+        return colours
 
     @field_serializer("colors")
     def _colours_as_hex(self, colors: dict[Colour, int] | None) -> dict[str, int] | None:

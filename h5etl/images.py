@@ -356,6 +356,8 @@ def _rejecting(path: str) -> Iterator[None]:
             raise _open_error(path, exc) from exc
         raise RejectError("decode_error", f"cannot decode: {exc}", path=path) from exc
     except imagecodecs.PngError as exc:  # libpng refused what Pillow read
+        if "too small" in str(exc):  # libpng's words for a file cut short
+            raise RejectError("truncated", "file ends before the image does", path=path) from exc
         raise RejectError("decode_error", f"cannot decode: {exc}", path=path) from exc
 
 

@@ -102,10 +102,14 @@ def _reduce(native: np.ndarray, channels: int, *, role: Role, path: str) -> np.n
 
 
 def _luma(rgb: np.ndarray) -> np.ndarray:
-    """ITU-R 601-2 luma, Pillow's convert("L"): L = R * 299/1000 + G * 587/1000 + B * 114/1000."""
+    """ITU-R 601-2 luma exactly as Pillow's convert("L") computes it (Convert.c, fixed point:
+    (19595 R + 38470 G + 7471 B + 0x8000) >> 16); float pixels keep their fraction."""
+    if rgb.dtype.kind == "f":
+        grey = rgb[..., 0] * 0.299 + rgb[..., 1] * 0.587 + rgb[..., 2] * 0.114
+        return grey.astype(rgb.dtype)
     wide = rgb.astype(np.int64)
-    grey = (wide[..., 0] * 299 + wide[..., 1] * 587 + wide[..., 2] * 114 + 500) // 1000
-    return grey.astype(rgb.dtype)
+    fixed = (wide[..., 0] * 19595 + wide[..., 1] * 38470 + wide[..., 2] * 7471 + 0x8000) >> 16
+    return fixed.astype(rgb.dtype)
 
 
 def _without_palette(image: Image.Image) -> Image.Image:

@@ -100,6 +100,7 @@ class StorageSpec(Strict):
 class PadSpec(Strict):
     """How an image smaller or larger than its field's shape is fitted."""
 
-    fill: Annotated[int, Field(ge=0, le=255)] = 0
-    mask_fill: Annotated[int, Field(ge=0, le=255)] = 0  # a label: must be in every mask's values
+    # each must fit every field it pads: the image fields' dtypes, every mask's values
+    fill: Annotated[int, Field(ge=-32768, le=65535)] = 0
+    mask_fill: Annotated[int, Field(ge=0, le=65535)] = 0
     oversize: Literal["reject", "crop", "resize"] = "reject"

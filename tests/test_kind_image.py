@@ -445,11 +445,6 @@ def test_broken_sixteen_bit_inputs_are_rejected_and_named(tmp_path: Path) -> Non
     assert_stats(report.path, written)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="images._rejecting words libpng's 'input stream too small' (the 16-bit colour "
-    "path) as decode_error, not truncated as Pillow's 8-bit path does: fix in images.py",
-)
 def test_a_truncated_sixteen_bit_rgb_png_is_truncated(tmp_path: Path) -> None:
     ct_slices(tmp_path, n=2, rgb=True)
     noise = np.random.default_rng(9).integers(66, 2091, (12, 12, 3), dtype=np.uint16)

@@ -254,11 +254,6 @@ def test_16_bit_masks_into_an_8_bit_field_are_counted_as_conversions(tmp_path: P
     assert "converted: mask: 3 16-bit inputs scaled to 8 bits" in output, output
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="specparts.Pad.mask_fill is capped at 255 (le=255) although uint16 masks take "
-    "labels up to 65535: a uint16 mask cannot pad with its own label 1000 (lead: specparts.py)",
-)
 def test_uint16_mask_pads_with_a_label_above_255(tmp_path: Path) -> None:
     values = [0, 1000]
     labels = {"s000": np.array([[0, 1000], [1000, 0]], np.uint16)}
@@ -615,17 +610,11 @@ TWICE = "fieldspecs.MaskField._colour_keys builds a dict: a colour given twice k
             "{'#000000': 0, '0, 0, 0': 1}",
             "[0, 0, 0]",
             id="two-spellings-one-colour",
-            marks=pytest.mark.xfail(strict=True, reason=f"{TWICE} (lead: fieldspecs.py)"),
         ),
         pytest.param(
             "{}",
             "empty",
             id="empty-table",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="an empty colour table is accepted and rejects every mask at decode "
-                "(lead: fieldspecs.py)",
-            ),
         ),
     ],
 )

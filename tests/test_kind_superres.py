@@ -332,11 +332,6 @@ def test_a_grey_field_derived_from_rgb_is_the_luma_of_the_resize(tmp_path: Path)
         assert np.abs(difference).max() <= 1, name
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="pixels._luma is (299R + 587G + 114B + 500) // 1000, not Pillow's convert('L') "
-    "(Convert.c: (19595R + 38470G + 7471B + 0x8000) >> 16): off by one on ~0.1% of pixels",
-)
 def test_a_grey_field_derived_from_rgb_is_exactly_pillows_luma(tmp_path: Path) -> None:
     found, expected = grey_derived(tmp_path)
     for name, grey in expected.items():
