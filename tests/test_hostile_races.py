@@ -152,15 +152,15 @@ def test_a_resize_that_raises_rejects_only_its_sample(
     # Pillow's resize ran outside the decoder's catch-all: its error ended the whole build
     make_raw(tmp_path, n=4, broken={"big1": "oversize", "big2": "oversize"})
     spec = load_spec(write_config(tmp_path, pad={"oversize": "resize"}))
-    real, calls = images.resize, []
+    real, calls = images.resize_to, []
 
-    def resize(array: np.ndarray, size: tuple[int, int], *, is_mask: bool) -> np.ndarray:
+    def resize(array: np.ndarray, size: tuple[int, int], filter: Any) -> np.ndarray:
         calls.append(array.shape)
         if len(calls) == 1:  # the first oversize image only
             raise _Hostile("crafted input")
-        return real(array, size, is_mask=is_mask)
+        return real(array, size, filter)
 
-    monkeypatch.setattr(images, "resize", resize)
+    monkeypatch.setattr(images, "resize_to", resize)
 
     report = build(spec, jobs=1)
 
