@@ -336,9 +336,10 @@ class Sink:
             datasets = group.create_group(fileformat.DATASETS_GROUP, track_order=True)
             for path, info in report.items():
                 node = datasets.create_group(fileformat.diagnostics_node(path))
-                node.attrs.update({k: v for k, v in info.items() if k != "block_sha256"})
+                node.attrs.update({k: v for k, v in info.items() if k != fileformat.BLOCK_DIGESTS})
                 node.create_dataset(
-                    fileformat.BLOCK_DIGESTS, data=np.array(info["block_sha256"], dtype="S64")
+                    fileformat.BLOCK_DIGESTS,
+                    data=np.array(info[fileformat.BLOCK_DIGESTS], dtype="S64"),
                 )
             self.file.flush()
         except (OSError, RuntimeError) as exc:
@@ -366,7 +367,7 @@ class Sink:
                 "stored_bytes": stored,
                 "ratio": round(stats.raw_bytes / stored, 4) if stored else 0.0,
                 "block_rows": stats.block_rows,
-                "block_sha256": [b.hex() for b in blocks],
+                fileformat.BLOCK_DIGESTS: [b.hex() for b in blocks],
             }
         return report
 

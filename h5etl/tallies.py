@@ -68,7 +68,7 @@ class Tallies:
         for split in record.splits:
             for kind in kinds:
                 attrs: dict[str, Any] = {"kind": kind.kind}
-                classes = record.fields[kind.name].extra.get("classes")
+                classes = record.fields[kind.name].extra.get(fileformat.CLASSES_ATTR)
                 if classes is not None:
                     attrs[fileformat.CLASSES_ATTR] = list(classes)
                 stat = self.stats.get(split, {}).get(kind.name)
@@ -83,7 +83,7 @@ class Tallies:
         out: dict[str, dict[str, dict[str, int]]] = {}
         for split in record.splits:
             for name, field in record.fields.items():
-                classes = field.extra.get("classes")
+                classes = field.extra.get(fileformat.CLASSES_ATTR)
                 if classes is None:
                     continue
                 stat = self.stats.get(split, {}).get(name)

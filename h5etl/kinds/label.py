@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
+from h5etl import fileformat
 from h5etl.errors import RejectError
 from h5etl.fileformat import FieldRecord
 from h5etl.kinds.base import Column, Kind, ScalarColumn, StatsKind
@@ -45,7 +46,9 @@ class LabelKind(Kind):
         return "histogram"
 
     def record(self) -> FieldRecord:
-        return FieldRecord(self.kind, "fixed", "int64", (), {"classes": list(self.classes)})
+        return FieldRecord(
+            self.kind, "fixed", "int64", (), {fileformat.CLASSES_ATTR: list(self.classes)}
+        )
 
     def prepare(self, samples: Sequence[Sample]) -> Prepared:
         """Bind the class names (declared, or every class the inputs name) and the lookup."""

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from h5etl import images, validate
+from h5etl import fileformat, images, validate
 from h5etl.chunkcodec import ChunkLayout
 from h5etl.errors import RejectError
 from h5etl.fileformat import FieldRecord
@@ -56,7 +56,7 @@ class MaskKind(Kind):
         return stats.Histogram(tuple((v, n) for v, n in counts if n))
 
     def record(self) -> FieldRecord:
-        extra: dict[str, object] = {"values": list(self.values)}
+        extra: dict[str, object] = {fileformat.VALUES_KEY: list(self.values)}
         if self.colors is not None:
             extra["colors"] = [[list(colour), label] for colour, label in self.colors]
         if self.of is not None:
