@@ -257,9 +257,12 @@ def releases(
     found = _run(lambda: release.list_releases(folder))
     if not found:
         _say(f"{folder}: no releases")
+    from h5etl import hdf5info
+
     for info in found:
         mark = "*" if info.current else " "
-        _say(f"{mark} {info.path.name}  {human_size(info.size):>10}  {info.modified}")
+        held = hdf5info.contents(info.path)  # from the layout record the release carries
+        _say(f"{mark} {info.path.name}  {human_size(info.size):>10}  {info.modified}  {held}")
 
 
 @app.command()

@@ -127,3 +127,26 @@ def _why_not_hdf5(path: Path, exc: Exception) -> str:
             "copy it again from where it came from"
         )
     return "a damaged HDF5 file: HDF5 cannot open it; copy it again from where it came from"
+
+
+def contents(path: Path) -> str:
+    """What a release holds, as its layout record says: samples per split and the fields
+    with their kinds (``train 34, valid 6; image (image), mask (mask)``), or why not."""
+    from h5etl import fileformat  # light: no pydantic, no pipeline
+
+    try:
+        with h5py.File(path, "r") as handle:
+            record = fileformat.read_layout(handle)
+            counts = []
+            for split in record.splits:
+                rows = [
+                    int(node.shape[0])
+                    for name in record.fields
+                    if isinstance(node := handle.get(record.path(split, name)), h5py.Dataset)
+                    and node.shape
+                ]
+                counts.append(f"{split} {max(rows, default=0)}")
+    except (OSError, ValueError, KeyError) as exc:
+        return f"unreadable: {_why_not_hdf5(path, exc) if isinstance(exc, OSError) else exc}"
+    fields = ", ".join(f"{name} ({field.kind})" for name, field in record.fields.items())
+    return f"{', '.join(counts)}; {fields}"

@@ -211,3 +211,27 @@ def test_demo(tmp_path: Path) -> None:
     assert link.is_symlink()
     code, output = _invoke("check", str(link), "--deep")
     assert code == 0, output
+
+
+def test_releases_says_what_each_release_holds_from_its_layout_record(
+    tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig
+) -> None:
+    # releases listed names and sizes only; a flat release's /x_train was invisible to it
+    make_raw(tmp_path, n=6)
+    config = tmp_path / "flat.yaml"
+    config.write_text(
+        "name: cells\npipeline: flat\n"
+        "sources: {x: {dir: raw/images, glob: '*.png'}, y: {dir: raw/masks, glob: '*.png'}}\n"
+        "fields: {x: {shape: [3, 24, 24]}, y: {shape: [1, 24, 24]}}\n",
+        encoding="utf-8",
+    )
+    code, output = _invoke("build", str(config), "--jobs", "1", "--quiet")
+    assert code == 0, output
+    (tmp_path / "releases" / "cells-v0002.h5").write_bytes(b"not hdf5")  # a stray file
+    code, output = _invoke("releases", str(tmp_path / "releases"))
+    assert code == 0, output
+    first, stray = output.splitlines()
+    counts = re.search(r"train (\d+), valid (\d+); x \(image\), y \(mask\)$", first)
+    assert counts is not None, first
+    assert int(counts[1]) + int(counts[2]) == 6
+    assert "unreadable: not an HDF5 file" in stray
