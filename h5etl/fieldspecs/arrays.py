@@ -1,51 +1,25 @@
-"""The config of a field: one pydantic model per kind, validated as a discriminated union.
-
-Each kind has only its own keys (``extra="forbid"`` names the right key), and ``kind:`` picks
-the model. A field that omits ``kind`` gets the kind its keys implied before kinds existed
-(``dtype: str`` a text, ``values`` a mask, anything else an image): ``inferred_kind`` is that
-rule, and ``h5etl validate`` says where it applied. What each kind *does* lives in
-``h5etl.kinds``; this module only says what a config may write.
-"""
+"""The config of the array kinds: ``image`` and ``mask`` (shapes, dtypes, derive, scale,
+colours)."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
-    Discriminator,
     Field,
-    Tag,
     field_serializer,
     field_validator,
     model_validator,
 )
 
+from h5etl.fieldspecs.base import FieldModel, Key, key_problem
 from h5etl.specparts import Compression, PadSpec, Problem, SpecProblems, Strict
-
-__all__ = [
-    "FIELD_MODELS",
-    "ArrayField",
-    "DeriveSpec",
-    "FieldModel",
-    "FieldSpec",
-    "ImageField",
-    "JsonRef",
-    "LabelField",
-    "MaskField",
-    "ScaleSpec",
-    "TableRef",
-    "TextField",
-    "ValueField",
-    "inferred_kind",
-]
 
 IMAGE_MODES: dict[str, int] = {"RGB": 3, "L": 1}
 ImageDtype = Literal["uint8", "uint16", "int16", "float32"]
 MaskDtype = Literal["uint8", "uint16"]
-ValueDtype = Literal["int64", "int32", "float64", "float32", "bool"]
 ResizeFilter = Literal["nearest", "bilinear", "bicubic", "lanczos", "area"]
 MASK_MAX = {"uint8": 255, "uint16": 65535}
 IMAGE_RANGE = {
@@ -56,65 +30,6 @@ IMAGE_RANGE = {
 }
 _HEX_COLOUR = re.compile(r"^#([0-9a-fA-F]{6})$")
 Colour = tuple[int, int, int]
-
-
-def _problem(key: str, message: str) -> SpecProblems:
-    return SpecProblems([Problem(((key,),), message)])
-
-
-class TableRef(Strict):
-    """A column of a sidecar table (CSV or JSON) with one row per sample."""
-
-    table: Path
-    key: str = "file"  # the column naming the sample's file
-    column: str
-
-
-class JsonRef(Strict):
-    """A key of a per-sample JSON sidecar: a source whose files pair with the others by stem."""
-
-    json_source: str = Field(alias="json")
-    key: str
-
-    model_config = Strict.model_config | {"populate_by_name": True, "serialize_by_alias": True}
-
-
-Key = tuple[str, ...]
-
-
-def own_or_first(field_name: str, source: str | None, sources: Sequence[str]) -> str:
-    """``source``, else the source named like the field, else the first source."""
-    if source is not None:
-        return source
-    if field_name in sources or not sources:
-        return field_name
-    return sources[0]
-
-
-class FieldModel(Strict):
-    """What the spec asks of every kind's model; a kind overrides what applies to it."""
-
-    def source_name(self, field_name: str, sources: Sequence[str]) -> str | None:
-        """The source whose files (or file names) the field uses; None: it uses none."""
-        return None
-
-    @property
-    def source_key(self) -> Key:
-        """Where the config names that source, for a message about it."""
-        return ("source",)
-
-    @property
-    def reads_files(self) -> bool:
-        """Whether it reads its source's files (not only their names)."""
-        return False
-
-    def references(self) -> list[tuple[Key, str]]:
-        """The image fields it follows (key naming each), which must be read from files."""
-        return []
-
-    def problems(self, field_name: str, pad: PadSpec) -> list[Problem]:
-        """Rules between this field and the rest of the config."""
-        return []
 
 
 class ArrayField(FieldModel):
@@ -137,10 +52,10 @@ class ArrayField(FieldModel):
 
     def _shape_problem(self, mode: str, what: str) -> SpecProblems | None:
         if self.shape is None:
-            return _problem("shape", f"{what} needs a shape, e.g. [3, 224, 224]")
+            return key_problem("shape", f"{what} needs a shape, e.g. [3, 224, 224]")
         channels = IMAGE_MODES[mode]
         if len(self.shape) != 3 or self.shape[0] != channels:
-            return _problem(
+            return key_problem(
                 "shape",
                 f"mode {mode} needs shape [{channels}, H, W] (channels first), "
                 f"got {list(self.shape)}",
@@ -215,12 +130,14 @@ class ImageField(ArrayField):
     @model_validator(mode="after")
     def _consistent(self) -> ImageField:
         if self.mode is None:
-            raise _problem("mode", "an image field needs a mode: RGB or L")
+            raise key_problem("mode", "an image field needs a mode: RGB or L")
         found = self._shape_problem(self.mode, "an image field")
         if found is not None:
             raise found
         if self.derive is not None and self.source is not None:
-            raise _problem("source", "a derived field reads no source (derive.from names a field)")
+            raise key_problem(
+                "source", "a derived field reads no source (derive.from names a field)"
+            )
         return self
 
 
@@ -300,16 +217,16 @@ class MaskField(ArrayField):
         if found is not None:
             raise found
         if len(set(self.values)) != len(self.values):
-            raise _problem("values", f"values must be distinct, got {list(self.values)}")
+            raise key_problem("values", f"values must be distinct, got {list(self.values)}")
         top = MASK_MAX[self.dtype]
         if any(v > top for v in self.values):
-            raise _problem(
+            raise key_problem(
                 "values", f"{self.dtype} masks hold labels 0..{top}, got {max(self.values)}"
             )
         if self.colors is not None:
             stray = sorted(set(self.colors.values()) - set(self.values))
             if stray:
-                raise _problem("colors", f"colours map to labels not in values: {stray}")
+                raise key_problem("colors", f"colours map to labels not in values: {stray}")
         return self
 
 
@@ -334,128 +251,3 @@ def _colour(key: Any) -> Colour:
             f"a colour is [R, G, B] with each 0..255, 'R, G, B' or '#rrggbb', got {key!r}"
         )
     return (values[0], values[1], values[2])
-
-
-class LabelField(FieldModel):
-    """A class per sample: its folder (``root/<class>/file``) or a table column."""
-
-    kind: Literal["label"]
-    source: str | None = None  # whose file path names the class folder (default: the first)
-    from_: Literal["folder"] | TableRef = Field("folder", alias="from")
-    classes: tuple[str, ...] | None = None  # fixed names: other labels are rejected
-
-    model_config = Strict.model_config | {"populate_by_name": True, "serialize_by_alias": True}
-
-    def source_name(self, field_name: str, sources: Sequence[str]) -> str | None:
-        return own_or_first(field_name, self.source, sources) if self.from_ == "folder" else None
-
-    @model_validator(mode="after")
-    def _distinct(self) -> LabelField:
-        if self.classes is not None and len(set(self.classes)) != len(self.classes):
-            raise _problem("classes", f"class names must be distinct, got {list(self.classes)}")
-        if self.classes is not None and not self.classes:
-            raise _problem("classes", "name at least one class, or leave classes out")
-        return self
-
-
-class _FromSidecar(FieldModel):
-    """A field whose value may come from a per-sample JSON sidecar."""
-
-    def _json(self) -> JsonRef | None:
-        origin = getattr(self, "from_", None)
-        return origin if isinstance(origin, JsonRef) else None
-
-    @property
-    def source_key(self) -> Key:
-        return ("from", "json") if self._json() is not None else ("source",)
-
-    @property
-    def reads_files(self) -> bool:
-        return self._json() is not None
-
-
-class TextField(_FromSidecar):
-    """A string per sample: the file's relative path, a table column or a JSON sidecar key."""
-
-    kind: Literal["text"] = "text"
-    dtype: Literal["str"] = "str"
-    source: str | None = None
-    from_: Literal["filename"] | TableRef | JsonRef = Field("filename", alias="from")
-
-    model_config = Strict.model_config | {"populate_by_name": True, "serialize_by_alias": True}
-
-    def source_name(self, field_name: str, sources: Sequence[str]) -> str | None:
-        json = self._json()
-        if json is not None:
-            return json.json_source
-        return own_or_first(field_name, self.source, sources) if self.from_ == "filename" else None
-
-
-class ValueField(_FromSidecar):
-    """A number per sample (age, dose, a regression target) from a table or a JSON sidecar."""
-
-    kind: Literal["value"]
-    dtype: ValueDtype = "float64"
-    from_: TableRef | JsonRef = Field(alias="from")
-    default: float | int | bool | None = None  # for samples the table or sidecar lacks
-
-    def source_name(self, field_name: str, sources: Sequence[str]) -> str | None:
-        json = self._json()
-        return json.json_source if json is not None else None
-
-    @model_validator(mode="after")
-    def _default_fits(self) -> ValueField:
-        if self.default is None:
-            return self
-        from h5etl.errors import RejectError
-        from h5etl.kinds.sidecar import typed_value
-
-        try:
-            typed_value(self.default, self.dtype, "default")
-        except RejectError as exc:  # every sample lacking a value would be rejected for it
-            raise _problem("default", exc.message.removeprefix("default: ")) from exc
-        return self
-
-    model_config = Strict.model_config | {"populate_by_name": True, "serialize_by_alias": True}
-
-
-FIELD_MODELS: dict[str, type[FieldModel]] = {
-    "image": ImageField,
-    "mask": MaskField,
-    "label": LabelField,
-    "text": TextField,
-    "value": ValueField,
-}
-
-
-def inferred_kind(data: Mapping[str, Any]) -> str:
-    """The kind a field without ``kind:`` has: the rule of the versions before kinds."""
-    if data.get("dtype") == "str":
-        return "text"
-    if data.get("values") is not None:
-        return "mask"
-    return "image"
-
-
-def _kind_tag(data: Any) -> str | None:
-    if isinstance(data, Mapping):
-        kind = data.get("kind")
-        if kind is None:
-            return inferred_kind(data)
-        return kind if isinstance(kind, str) else None
-    return getattr(data, "kind", None)
-
-
-FieldSpec = Annotated[
-    Annotated[ImageField, Tag("image")]
-    | Annotated[MaskField, Tag("mask")]
-    | Annotated[LabelField, Tag("label")]
-    | Annotated[TextField, Tag("text")]
-    | Annotated[ValueField, Tag("value")],
-    Discriminator(
-        _kind_tag,
-        custom_error_type="unknown_kind",
-        custom_error_message=f"kind must be one of {', '.join(FIELD_MODELS)}",
-    ),
-]
-"""One field of a config, any kind."""

@@ -1,0 +1,71 @@
+"""What every kind's config model shares: the base model, sidecar references, helpers."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from pydantic import (
+    Field,
+)
+
+from h5etl.specparts import PadSpec, Problem, SpecProblems, Strict
+
+
+def key_problem(key: str, message: str) -> SpecProblems:
+    return SpecProblems([Problem(((key,),), message)])
+
+
+class TableRef(Strict):
+    """A column of a sidecar table (CSV or JSON) with one row per sample."""
+
+    table: Path
+    key: str = "file"  # the column naming the sample's file
+    column: str
+
+
+class JsonRef(Strict):
+    """A key of a per-sample JSON sidecar: a source whose files pair with the others by stem."""
+
+    json_source: str = Field(alias="json")
+    key: str
+
+    model_config = Strict.model_config | {"populate_by_name": True, "serialize_by_alias": True}
+
+
+Key = tuple[str, ...]
+
+
+def own_or_first(field_name: str, source: str | None, sources: Sequence[str]) -> str:
+    """``source``, else the source named like the field, else the first source."""
+    if source is not None:
+        return source
+    if field_name in sources or not sources:
+        return field_name
+    return sources[0]
+
+
+class FieldModel(Strict):
+    """What the spec asks of every kind's model; a kind overrides what applies to it."""
+
+    def source_name(self, field_name: str, sources: Sequence[str]) -> str | None:
+        """The source whose files (or file names) the field uses; None: it uses none."""
+        return None
+
+    @property
+    def source_key(self) -> Key:
+        """Where the config names that source, for a message about it."""
+        return ("source",)
+
+    @property
+    def reads_files(self) -> bool:
+        """Whether it reads its source's files (not only their names)."""
+        return False
+
+    def references(self) -> list[tuple[Key, str]]:
+        """The image fields it follows (key naming each), which must be read from files."""
+        return []
+
+    def problems(self, field_name: str, pad: PadSpec) -> list[Problem]:
+        """Rules between this field and the rest of the config."""
+        return []
