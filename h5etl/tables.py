@@ -1,7 +1,7 @@
-"""tables: per-sample values from a CSV/TSV/JSON table, and class labels from class folders.
+"""tables: per-sample values from a CSV/TSV/JSON table (class folders: ``h5etl.classfolders``).
 
-Input: a table file and the columns a field reads from it, or a class-folder tree. Output: a
-frozen ``Table`` that answers ``get(sample path, column)``, or class names. Pure: no pydantic,
+Input: a table file and the columns a field reads from it. Output: a frozen ``Table`` that
+answers ``get(sample path, column)``. Pure: no pydantic,
 no HDF5; a ``Table`` pickles, so decode workers may hold one. A broken table is a
 ``ConfigError`` (one line, naming the table and the line); a sample without a row is the
 sample's ``RejectError``.
@@ -35,10 +35,9 @@ import dataclasses
 import io
 import json
 import os
-import re
 import stat
 import unicodedata
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,7 +47,6 @@ from h5etl.errors import ConfigError, RejectError
 Cell = str | int | float | bool | None
 FORMATS = {".csv": "csv", ".tsv": "tsv", ".json": "json"}
 DELIMITERS = (",", ";", "\t")  # sniffed for .csv, in order of preference on a tie
-_INTEGER = re.compile(r"-?[0-9]+")
 
 
 @dataclass(frozen=True)
@@ -368,75 +366,3 @@ def _json_rows(path: Path, text: str, wanted: tuple[str, ...]) -> dict[str, tupl
         first[name] = where
         rows[name] = cells
     return rows
-
-
-def class_of(relpath: str) -> str | None:
-    """The class of a file at ``relpath`` (POSIX, relative to the source folder), or None.
-
-    Only ``<class>/<file>`` is a member of class ``<class>`` (its folder name, NFC). A file
-    directly in the root has no class, and neither has a file deeper down
-    (``<class>/sub/x.jpg``): nested folders are not classes, and the label kind rejects such
-    files as ``no_label``.
-    """
-    parts = relpath.split("/")
-    if len(parts) != 2 or not parts[0] or not parts[1]:
-        return None
-    return unicodedata.normalize("NFC", parts[0])
-
-
-def empty_class_folders(root: Path, *, matches: Callable[[str], bool] | None = None) -> list[str]:
-    """The class folders under ``root`` that hold no file of their class, sorted (NFC names).
-
-    A class folder is a non-hidden folder directly under ``root`` (symlinked folders are not,
-    as discover does not walk them). It is empty when it holds no non-hidden regular file
-    (or link to one) directly; files in deeper folders are no class members. ``matches``
-    (the source's pattern, given ``<class>/<file>``) narrows which files count. A folder that
-    cannot be listed is not reported here: discover reports it as unreadable.
-
-    Raises:
-        ConfigError: ``root`` cannot be listed.
-    """
-    try:
-        with os.scandir(root) as scan:
-            folders = [e for e in scan if not e.name.startswith(".") and _is_folder(e)]
-    except OSError as exc:
-        raise ConfigError(
-            f"cannot list the class folders: {exc.strerror or exc}", path=root
-        ) from exc
-    empty = []
-    for folder in folders:
-        try:
-            with os.scandir(folder.path) as scan:
-                members = any(_is_member(folder.name, e, matches) for e in scan)
-        except OSError:
-            continue
-        if not members:
-            empty.append(unicodedata.normalize("NFC", folder.name))
-    return sorted(empty)
-
-
-def _is_folder(entry: os.DirEntry[str]) -> bool:
-    try:
-        return entry.is_dir(follow_symlinks=False)
-    except OSError:
-        return False
-
-
-def _is_member(folder: str, entry: os.DirEntry[str], matches: Callable[[str], bool] | None) -> bool:
-    if entry.name.startswith("."):
-        return False
-    try:
-        regular = entry.is_file()
-    except OSError:
-        return False
-    return regular and (matches is None or matches(f"{folder}/{entry.name}"))
-
-
-def class_names(labels: Iterable[str]) -> list[str]:
-    """The distinct class names, sorted: by value when every one is an integer (``"2"``
-    before ``"10"``; ASCII digits, optional ``-``), else as text. Labels are int64 indices
-    into this list."""
-    names = set(labels)
-    if names and all(_INTEGER.fullmatch(name) for name in names):
-        return sorted(names, key=lambda name: (int(name), name))
-    return sorted(names)

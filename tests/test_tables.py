@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from h5etl import inputs, tables
+from h5etl import classfolders, inputs, tables
 from h5etl.errors import ConfigError, RejectError
 
 
@@ -320,7 +320,7 @@ def test_broken_json(tmp_path: Path, document: str, expected: str) -> None:
     ],
 )
 def test_class_of(relpath: str, expected: str | None) -> None:
-    assert tables.class_of(relpath) == expected
+    assert classfolders.class_of(relpath) == expected
 
 
 def test_empty_class_folders(tmp_path: Path) -> None:
@@ -334,14 +334,14 @@ def test_empty_class_folders(tmp_path: Path) -> None:
     (tmp_path / "only_hidden" / ".d.jpg").write_bytes(b"x")
     (tmp_path / "root_file.jpg").write_bytes(b"x")
     (tmp_path / "linked").symlink_to(tmp_path / "cat")  # not walked by discover: not a class
-    assert tables.empty_class_folders(tmp_path) == ["empty", "only_hidden", "only_sub"]
-    jpegs = tables.empty_class_folders(tmp_path, matches=lambda rel: rel.endswith(".jpg"))
+    assert classfolders.empty_class_folders(tmp_path) == ["empty", "only_hidden", "only_sub"]
+    jpegs = classfolders.empty_class_folders(tmp_path, matches=lambda rel: rel.endswith(".jpg"))
     assert jpegs == ["empty", "only_hidden", "only_sub", "zebra"]
 
 
 def test_empty_class_folders_of_a_missing_root(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as caught:
-        tables.empty_class_folders(tmp_path / "nope")
+        classfolders.empty_class_folders(tmp_path / "nope")
     assert caught.value.path == tmp_path / "nope"
 
 
@@ -358,5 +358,5 @@ def test_empty_class_folders_of_a_missing_root(tmp_path: Path) -> None:
     ],
 )
 def test_class_names(labels: list[str], expected: list[str]) -> None:
-    assert tables.class_names(labels) == expected
-    assert tables.class_names(iter(labels)) == expected
+    assert classfolders.class_names(labels) == expected
+    assert classfolders.class_names(iter(labels)) == expected

@@ -52,7 +52,7 @@ class LabelKind(Kind):
 
     def prepare(self, samples: Sequence[Sample]) -> Prepared:
         """Bind the class names (declared, or every class the inputs name) and the lookup."""
-        from h5etl import tables
+        from h5etl import classfolders
 
         assert self.source_index is not None
         index = self.source_index
@@ -69,11 +69,11 @@ class LabelKind(Kind):
         else:
 
             def name_of(sample: Sample) -> str | None:
-                found: str | None = tables.class_of(sample.relpaths[index])
+                found: str | None = classfolders.class_of(sample.relpaths[index])
                 return found
 
         names = [name_of(sample) for sample in samples]
-        classes = self.classes or tuple(tables.class_names(n for n in names if n is not None))
+        classes = self.classes or tuple(classfolders.class_names(n for n in names if n is not None))
         bound = replace(self, classes=classes)
         position = {name: i for i, name in enumerate(classes)}
         by_sample = {sample.key: name for sample, name in zip(samples, names, strict=True)}
@@ -101,7 +101,7 @@ class LabelKind(Kind):
                 def matches(relpath: str) -> bool:
                     return regex.match(relpath) is not None
 
-            empty = tables.empty_class_folders(Path(self.source_root), matches=matches)
+            empty = classfolders.empty_class_folders(Path(self.source_root), matches=matches)
             warnings.extend(
                 f"fields.{self.name}: class folder {folder!r} is empty: no samples of it"
                 for folder in empty
