@@ -112,6 +112,22 @@ def _submit(jobs: int, fn: Callable[..., Got], *args: object) -> Future[Got]:
         return failed
 
 
+def rerun_after_crash(
+    future: Future[Got], again: Callable[[], Future[Got]], isolate: Callable[[], Got]
+) -> Got:
+    """The future's result; if its worker died, the same work once more (it may only have
+    shared a pool with the crash), and if that dies too, ``isolate()``: the work split so
+    that a crash costs only what causes it."""
+    try:
+        return future.result()
+    except BrokenProcessPool:
+        pass
+    try:
+        return again().result()
+    except BrokenProcessPool:
+        return isolate()
+
+
 def _crash_rejects(sample: Sample, stage: str, exc: BaseException) -> list[Reject]:
     return sample_rejects(
         sample, stage, "worker_crashed", f"the worker process died on this sample ({exc})"
@@ -148,14 +164,12 @@ def map_in_workers(
             return _crash_rejects(sample, stage, exc)
 
     def result(batch: Sequence[Sample], future: Future[list[Out]]) -> list[Out | list[Reject]]:
-        try:
-            return list(future.result())
-        except BrokenProcessPool:
-            pass
-        try:  # the batch may only have shared a pool with the crash: run it again alone
-            return list(submit(batch).result())
-        except BrokenProcessPool:
-            return [alone(sample) for sample in batch]
+        outcomes: Future[list[Out | list[Reject]]] = future  # type: ignore[assignment]
+        return rerun_after_crash(
+            outcomes,
+            lambda: submit(batch),  # type: ignore[arg-type,return-value]
+            lambda: [alone(sample) for sample in batch],
+        )
 
     yield from _in_order(batches, submit, result, window or 2 * jobs + 1)
 
@@ -183,13 +197,7 @@ class _Pool:
         return _submit(self.jobs, _run_remote, self.worker, task, self.recipe)
 
     def result(self, task: DecodeTask, future: Future[BatchResult]) -> BatchResult:
-        try:
-            got = future.result()
-        except BrokenProcessPool:
-            try:  # the task may only have shared a pool with the crash: run it again alone
-                got = self.submit(task).result()
-            except BrokenProcessPool:
-                return self._isolate(task)
+        got = rerun_after_crash(future, lambda: self.submit(task), lambda: self._isolate(task))
         got.task = task
         return got
 
