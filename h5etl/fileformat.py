@@ -68,6 +68,10 @@ VALUES_KEY = "values"
 # float64), and the value histogram of masks and labels.
 STAT_ATTRS = ("mean", "std", "min", "max", "count")
 HISTOGRAM_ATTRS = ("histogram_values", "histogram_counts")
+# HDF5 filter ids a release's datasets may use: built into HDF5 (deflate is gzip), h5py's own
+# (lzf), hdf5plugin's (Blosc, Zstd); readers decode these outside HDF5, check names them.
+FILTER_DEFLATE, FILTER_SHUFFLE, FILTER_FLETCHER32 = 1, 2, 3
+FILTER_LZF, FILTER_BLOSC, FILTER_ZSTD = 32000, 32001, 32015
 DEFAULT_TEMPLATE = "{split}/{field}"
 TEMPLATES = ("{split}/{field}", "{field}_{split}")
 ColumnType = Literal["fixed", "text", "ragged"]

@@ -15,10 +15,11 @@ from pathlib import Path
 import h5py
 import hdf5plugin
 
+from h5etl import fileformat
 from h5etl.errors import CheckFailed, UsageError
 
 BUILT_IN = {1: "gzip", 2: "shuffle", 3: "fletcher32", 4: "szip", 5: "nbit", 6: "scaleoffset"}
-LZF = 32000  # h5py's own filter: compiled into h5py, not into HDF5
+LZF = fileformat.FILTER_LZF  # h5py's own filter: compiled into h5py, not into HDF5
 HDF5PLUGIN = {number: name for name, number in hdf5plugin.FILTERS.items()}
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"  # at 0, 512, 1024, 2048, ... (after a user block)
 PLUGIN_NAMES = {
@@ -132,8 +133,6 @@ def _why_not_hdf5(path: Path, exc: Exception) -> str:
 def contents(path: Path) -> str:
     """What a release holds, as its layout record says: samples per split and the fields
     with their kinds (``train 34, valid 6; image (image), mask (mask)``), or why not."""
-    from h5etl import fileformat  # light: no pydantic, no pipeline
-
     try:
         with h5py.File(path, "r") as handle:
             record = fileformat.read_layout(handle)

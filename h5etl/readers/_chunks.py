@@ -29,11 +29,20 @@ import h5py
 import imagecodecs
 import numpy as np
 
+from h5etl.fileformat import (
+    FILTER_BLOSC,
+    FILTER_DEFLATE,
+    FILTER_FLETCHER32,
+    FILTER_LZF,
+    FILTER_SHUFFLE,
+    FILTER_ZSTD,
+)
 from h5etl.readers._layout import copy_rows, gather_rows
 
 logger = logging.getLogger(__name__)
 
-SHUFFLE, FLETCHER32, DEFLATE, LZF, BLOSC, ZSTD = 2, 3, 1, 32000, 32001, 15 + 32000
+SHUFFLE, FLETCHER32, DEFLATE = FILTER_SHUFFLE, FILTER_FLETCHER32, FILTER_DEFLATE
+LZF, BLOSC, ZSTD = FILTER_LZF, FILTER_BLOSC, FILTER_ZSTD
 CODECS = frozenset({DEFLATE, LZF, BLOSC, ZSTD})
 DECODE_THREADS = 4  # at most; never more than the CPUs
 
