@@ -565,3 +565,9 @@ def test_keras_dataset_gives_int64_labels(pets_release: Path) -> None:
     dataset.close()
     assert target.dtype == np.int64
     assert target.tolist() == [truth[f] for f in files[:4]]
+    # by default x and y come from the layout record: the image, and (no mask) the label
+    default = KerasDataset(pets_release, "train", batch_size=4, shuffle=False)
+    assert (default.x, default.y) == ("image", "label")
+    _, target = default[0]
+    default.close()
+    assert target.tolist() == [truth[f] for f in files[:4]]

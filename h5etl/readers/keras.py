@@ -14,9 +14,33 @@ from typing import Any
 import keras
 import numpy as np
 
+from h5etl.errors import ReaderError
 from h5etl.readers._core import CacheBytes, Release
 
 Fields = str | Sequence[str]
+
+
+AUTO = "auto"  # x or y taken from the release's layout record
+
+
+def _from_record(
+    path: str | os.PathLike[str], split: str, x: Fields, y: Fields | None
+) -> tuple[Fields, Fields | None]:
+    """``x`` and ``y`` where they are ``AUTO``: the first image field; the first mask, else
+    the first label field."""
+    fields = Release(path, split).layout.fields
+    by_kind = {kind: [n for n, f in fields.items() if f.kind == kind] for kind in KINDS}
+    if x == AUTO:
+        if not by_kind["image"]:
+            raise ReaderError(f"split {split!r} has no image field: pass x=", path=os.fspath(path))
+        x = by_kind["image"][0]
+    if y == AUTO:
+        targets = by_kind["mask"] or by_kind["label"]
+        y = targets[0] if targets else None
+    return x, y
+
+
+KINDS = ("image", "mask", "label")
 
 
 class KerasDataset(keras.utils.PyDataset):  # type: ignore[misc]
@@ -32,8 +56,11 @@ class KerasDataset(keras.utils.PyDataset):  # type: ignore[misc]
     Parameters:
         path: the release or its link; the link is resolved once, here.
         split: the group to read.
-        x: the input field, or several (then ``x`` is a dict of arrays).
-        y: the target field(s), or ``None`` to yield ``x`` only.
+        x: the input field, or several (then ``x`` is a dict of arrays); by default
+            (``"auto"``) the release's first image field, as its layout record says.
+        y: the target field(s), or ``None`` to yield ``x`` only; by default (``"auto"``) the
+            first mask field, else the first label field (a classification release), else
+            none.
         batch_size: rows per step; default one chunk of the first field.
         shuffle: reshuffle block and row order every epoch.
         seed: the seed of the per-epoch orders.
@@ -50,8 +77,8 @@ class KerasDataset(keras.utils.PyDataset):  # type: ignore[misc]
         path: str | os.PathLike[str],
         split: str,
         *,
-        x: Fields = "image",
-        y: Fields | None = "mask",
+        x: Fields = AUTO,
+        y: Fields | None = AUTO,
         batch_size: int | None = None,
         shuffle: bool = True,
         seed: int = 0,
@@ -60,6 +87,8 @@ class KerasDataset(keras.utils.PyDataset):  # type: ignore[misc]
         **kwargs: Any,
     ):
         super().__init__(**kwargs)
+        if AUTO in (x, y):
+            x, y = _from_record(path, split, x, y)
         self.x, self.y = x, y
         names = [*_names(x), *(_names(y) if y is not None else [])]
         probe = Release(path, split, fields=names, batch_size=batch_size or 1)
