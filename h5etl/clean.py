@@ -22,7 +22,7 @@ import numpy as np
 
 from h5etl import geometry, images, inputs
 from h5etl.errors import RejectError
-from h5etl.kinds.base import ArrayColumn, Kind
+from h5etl.kinds.base import Kind, ProbeTarget
 from h5etl.kinds.tabular import Prepared
 from h5etl.records import (
     Reject,
@@ -56,18 +56,6 @@ PROBE_BATCH = 128  # samples per probe task: big enough that IPC is noise beside
 
 
 @dataclass(frozen=True, slots=True)
-class ProbeTarget:
-    """An array field read from files, as a header probe sees it."""
-
-    name: str
-    source_index: int
-    height: int
-    width: int
-    same_as: str | None = None  # the field whose size it must have (a mask's image)
-    times: tuple[str, int] | None = None  # (field, factor): exactly factor times its size
-
-
-@dataclass(frozen=True, slots=True)
 class ProbeRules:
     """What a header probe checks beyond readability: plain data, picklable for workers."""
 
@@ -76,17 +64,8 @@ class ProbeRules:
 
     @classmethod
     def of(cls, spec: Spec, kinds: Sequence[Kind]) -> ProbeRules:
-        targets = []
-        for kind in kinds:
-            column = kind.column
-            if not isinstance(column, ArrayColumn) or kind.source_index is None:
-                continue  # derived fields read no file
-            shape = column.layout.shape
-            of = getattr(kind, "of", None)
-            scale_of = getattr(kind, "scale_of", None)
-            times = (scale_of, int(getattr(kind, "scale_factor", 1))) if scale_of else None
-            targets.append(ProbeTarget(kind.name, kind.source_index, shape[1], shape[2], of, times))
-        return cls(spec.pad.oversize == "reject", tuple(targets))
+        targets = (kind.probe_target() for kind in kinds)
+        return cls(spec.pad.oversize == "reject", tuple(t for t in targets if t is not None))
 
 
 ProbeBatch = Callable[[Sequence[Sample]], list[ProbeOutcome]]

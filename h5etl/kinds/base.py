@@ -26,6 +26,7 @@ __all__ = [
     "ArrayColumn",
     "Column",
     "Kind",
+    "ProbeTarget",
     "SampleContext",
     "ScalarColumn",
     "TextColumn",
@@ -55,6 +56,18 @@ class TextColumn:
 
 
 Column = ArrayColumn | ScalarColumn | TextColumn
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeTarget:
+    """What a header probe checks of a field read from image files (a dry run's probe)."""
+
+    name: str
+    source_index: int
+    height: int  # of the field's shape: a larger image is oversize
+    width: int
+    same_as: str | None = None  # the field whose size it must have (a mask's image)
+    times: tuple[str, int] | None = None  # (field, factor): exactly factor times its size
 
 
 @dataclass(slots=True)
@@ -118,6 +131,11 @@ class Kind:
             return stats.ChannelStats.of(pixels, channel_axis=0)
         if self.stats == "histogram":
             return stats.Histogram.of(pixels)
+        return None
+
+    def probe_target(self) -> ProbeTarget | None:
+        """What a header probe can check of this field without decoding it; None: nothing
+        (the field reads no image file)."""
         return None
 
     def record(self) -> FieldRecord:

@@ -11,7 +11,14 @@ from h5etl import images, pixels
 from h5etl.chunkcodec import ChunkLayout
 from h5etl.errors import RejectError
 from h5etl.fileformat import FieldRecord
-from h5etl.kinds.base import ArrayColumn, Column, Kind, SampleContext, StatsKind
+from h5etl.kinds.base import (
+    ArrayColumn,
+    Column,
+    Kind,
+    ProbeTarget,
+    SampleContext,
+    StatsKind,
+)
 from h5etl.kinds.fitting import fit, size_text
 
 if TYPE_CHECKING:
@@ -43,6 +50,13 @@ class ImageKind(Kind):
     @property
     def stats(self) -> StatsKind:
         return "channels" if self.with_stats else None
+
+    def probe_target(self) -> ProbeTarget | None:
+        if self.source_index is None:  # derived: its size follows its source's
+            return None
+        times = (self.scale_of, self.scale_factor) if self.scale_of is not None else None
+        shape = self.layout.shape
+        return ProbeTarget(self.name, self.source_index, shape[1], shape[2], times=times)
 
     def record(self) -> FieldRecord:
         extra: dict[str, Any] = {"mode": self.mode}

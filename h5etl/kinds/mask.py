@@ -11,7 +11,14 @@ from h5etl import fileformat, images, validate
 from h5etl.chunkcodec import ChunkLayout
 from h5etl.errors import RejectError
 from h5etl.fileformat import FieldRecord
-from h5etl.kinds.base import ArrayColumn, Column, Kind, SampleContext, StatsKind
+from h5etl.kinds.base import (
+    ArrayColumn,
+    Column,
+    Kind,
+    ProbeTarget,
+    SampleContext,
+    StatsKind,
+)
 from h5etl.kinds.fitting import fit, size_text
 
 if TYPE_CHECKING:
@@ -54,6 +61,11 @@ class MaskKind(Kind):
             return stats.Histogram.of(pixels)
         counts = ((v, int(np.count_nonzero(pixels == v))) for v in sorted(self.values))
         return stats.Histogram(tuple((v, n) for v, n in counts if n))
+
+    def probe_target(self) -> ProbeTarget | None:
+        assert self.source_index is not None
+        shape = self.layout.shape
+        return ProbeTarget(self.name, self.source_index, shape[1], shape[2], same_as=self.of)
 
     def record(self) -> FieldRecord:
         extra: dict[str, object] = {fileformat.VALUES_KEY: list(self.values)}
