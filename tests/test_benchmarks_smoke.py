@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -231,3 +233,56 @@ def test_corpus_pairs_are_deterministic() -> None:
     assert image.ndim == 3
     assert image.shape[2] == 3
     assert max(image.shape[:2]) <= corpus.FIELD_SIZE
+
+
+def test_kinds_bench_compares_each_build_with_its_work_limit(tmp_path: Path) -> None:
+    import h5py
+    import numpy as np
+
+    text = _run(
+        "kinds_bench.py", "--dir", str(tmp_path), "--samples", "24", "--classes", "3",
+        "--repeats", "1",
+    )  # fmt: skip
+    root = tmp_path / "classes-n24-c3-s0-v1"
+    folders = sorted(p.name for p in (root / "images").iterdir())
+    assert folders == ["airplane", "automobile", "bird"]
+    assert [len(list((root / "images" / f).glob("*.jpg"))) for f in folders] == [8, 8, 8]
+    for row in (
+        "| h5etl build -j2 (classification: image + label from folder) |",
+        "| h5etl build -j2 (super-resolution: high + low derived, bicubic x4) |",
+        "| work limit: read+SHA-256+decode+fit+pad+compress+block SHA-256, all cores "
+        "(classification) |",
+        "| work limit: read+SHA-256+decode+derive+pad+compress+block SHA-256, all cores "
+        "(super-resolution) |",
+        "| h5etl build -j2 / work limit (classification) |",
+        "| h5etl build -j2 / work limit (superres) |",
+        "| images per CPU-s, build / work limit (classification) |",
+    ):
+        assert row in text
+    assert f"h5etl {h5etl.__version__} from" in text
+    # the build stored every photo with its folder's class; the limit did the same samples
+    release = sorted((root / "releases" / "classification").glob("*.h5"))[-1]
+    with h5py.File(release, "r") as f:
+        labels = np.concatenate([f["train/label"][:], f["valid/label"][:]])
+        assert labels.dtype == np.int64
+        assert np.bincount(labels).tolist() == [8, 8, 8]
+        assert f["train/image"].shape[1:] == (3, 224, 224)
+    limit = _run("kinds_bench.py", "--run", "limit", "--config", str(root / "superres.yaml"))
+    assert json.loads(limit.splitlines()[-1]) == {"samples": 24, "blocks": 2}  # train, valid
+
+
+def test_kinds_bench_photos_are_deterministic(tmp_path: Path) -> None:
+    digests = []
+    for copy in ("a", "b"):
+        args = ("--dir", str(tmp_path / copy), "--samples", "6", "--classes", "2")
+        _run("kinds_bench.py", "--run", "corpus", *args)
+        root = tmp_path / copy / "classes-n6-c2-s0-v1" / "images"
+        files = sorted(root.glob("*/*.jpg"))
+        digests.append(
+            [(p.relative_to(root), hashlib.sha256(p.read_bytes()).digest()) for p in files]
+        )
+    assert digests[0] == digests[1]
+    assert [str(name) for name, _ in digests[0][:2]] == [
+        "airplane/000000.jpg",
+        "airplane/000002.jpg",
+    ]
