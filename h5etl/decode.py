@@ -10,6 +10,7 @@ statistics, so the single writer only writes. Scheduling the tasks is ``h5etl.sc
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -34,17 +35,15 @@ class DecodeRecipe:
     kinds: tuple[Kind, ...]
     order: tuple[int, ...]  # positions in ``kinds``: each field after those it depends on
     plan_fields: tuple[str, ...] = ()  # fields whose values travel in ``Sample.extras``
+    arrays: tuple[tuple[Kind, ArrayColumn], ...] = ()  # the array fields and their columns
 
     @classmethod
     def of(cls, kinds: Sequence[Kind], order: Sequence[int]) -> DecodeRecipe:
         planned = tuple(kind.name for kind in kinds if kind.plan_side)
-        return cls(tuple(kinds), tuple(order), planned)
-
-    @property
-    def arrays(self) -> tuple[tuple[Kind, ArrayColumn], ...]:
-        return tuple(
-            (kind, kind.column) for kind in self.kinds if isinstance(kind.column, ArrayColumn)
+        arrays = tuple(
+            (kind, column) for kind in kinds if isinstance(column := kind.column, ArrayColumn)
         )
+        return cls(tuple(kinds), tuple(order), planned, arrays)
 
 
 @dataclass(slots=True)
@@ -61,11 +60,14 @@ class _Decoded:
 
 def _decode_sample(sample: Sample, recipe: DecodeRecipe, position: int) -> _Decoded:
     """Decode one sample through every field's kind; rejects raise ``RejectError``."""
-    # never a plain open(): a file swapped for a FIFO since it was listed would block it
-    contents = [inputs.read_file(source_file.path) for source_file in sample.files]
-    context = SampleContext(
-        sample, contents, dict(zip(recipe.plan_fields, sample.extras, strict=True))
+    files = tuple(
+        os.path.join(root, relpath)
+        for (_, root), relpath in zip(sample.roots, sample.relpaths, strict=True)
     )
+    # never a plain open(): a file swapped for a FIFO since it was listed would block it
+    contents = [inputs.read_file(path) for path in files]
+    extras = dict(zip(recipe.plan_fields, sample.extras, strict=True))
+    context = SampleContext(sample, contents, extras, files)
     values = {}
     for index in recipe.order:
         kind = recipe.kinds[index]

@@ -296,6 +296,9 @@ def decode_field(
         if native is None:
             native, source = _native_with_pillow(data, eight_bit, role, palette, labels, path)
     native = _nonempty(native, path)
+    channels = (3,) if eight_bit == "RGB" else ()  # the trailing axis of the field's pixels
+    if dtype == "uint8" and native.dtype == np.uint8 and native.shape[2:] == channels:
+        return Decoded(native, "")  # already the field's pixels: nothing to convert
     return pixels.convert(
         native, source=source, mode=mode, dtype=dtype, role=role, palette=palette, path=path
     )

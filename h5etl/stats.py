@@ -81,6 +81,8 @@ class ChannelStats:
         array = np.asarray(array)
         if channel_axis is None:
             planar = array.reshape(1, -1)
+        elif channel_axis == 0:  # (c, h, w) as stored: no axis to move (the common case)
+            planar = array.reshape(array.shape[0], -1)
         else:
             channels = array.shape[channel_axis]
             planar = np.moveaxis(array, channel_axis, 0).reshape(channels, -1)

@@ -59,7 +59,9 @@ class MaskKind(Kind):
 
         if len(self.values) > 16:
             return stats.Histogram.of(pixels)
-        counts = ((v, int(np.count_nonzero(pixels == v))) for v in sorted(self.values))
+        *counted, last = sorted(self.values)
+        counts = [(v, int(np.count_nonzero(pixels == v))) for v in counted]
+        counts.append((last, pixels.size - sum(n for _, n in counts)))  # every pixel is one
         return stats.Histogram(tuple((v, n) for v, n in counts if n))
 
     def probe_target(self) -> ProbeTarget | None:
