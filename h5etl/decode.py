@@ -55,7 +55,7 @@ class _Decoded:
     values: dict[str, Any]
     hashes: tuple[str, ...]
     conversions: list[tuple[str, str]] = field(default_factory=list)
-    sample_stats: dict[str, Any] = field(default_factory=dict)
+    windows: dict[str, np.ndarray] = field(default_factory=dict)  # unpadded, as stored
 
 
 def _decode_sample(sample: Sample, recipe: DecodeRecipe, position: int) -> _Decoded:
@@ -141,9 +141,7 @@ def decode_batch(task: DecodeTask, recipe: DecodeRecipe) -> BatchResult:
         # leave pixels in the padding of the sample that takes the row next.
         for kind, _ in recipe.arrays:
             window = geometry.place(decoded.values[kind.name], out[kind.name][len(kept)])
-            found = kind.sample_stats(window)  # over the unpadded pixels, as stored
-            if found is not None:
-                decoded.sample_stats[kind.name] = found
+            decoded.windows[kind.name] = window  # statistics once per task, over these
         kept.append(decoded)
     keep = keep_whole_blocks(task, len(kept))
     result.deferred = sorted([*result.deferred, *(d.position for d in kept[keep:])])
@@ -189,7 +187,8 @@ def _task_stats(kind: Kind, kept: Sequence[_Decoded], rows: Any) -> dict[str, An
     if not kept:
         return {}
     if isinstance(kind.column, ArrayColumn):
-        return {kind.name: merge_all([d.sample_stats[kind.name] for d in kept])}
+        found = kind.task_stats([d.windows[kind.name] for d in kept])
+        return {} if found is None else {kind.name: found}
     column = np.asarray(rows)
     if kind.stats == "histogram":
         return {kind.name: stats.Histogram.of(column)}

@@ -126,14 +126,18 @@ class Kind:
         a number or a string. Plan-side kinds return their annotation."""
         return context.extras[self.name]
 
-    def sample_stats(self, pixels: np.ndarray) -> Any:
-        """One sample's statistics from its unpadded (c, h, w) pixels as stored, or None."""
+    def task_stats(self, windows: Sequence[np.ndarray]) -> Any:
+        """The statistics of a task's kept samples from their unpadded (c, h, w) pixels as
+        stored (one per sample), or None."""
         from h5etl import stats
 
         if self.stats == "channels":
-            return stats.ChannelStats.of(pixels, channel_axis=0)
+            return stats.ChannelStats.of_windows(windows)
         if self.stats == "histogram":
-            return stats.Histogram.of(pixels)
+            total = stats.Histogram()
+            for window in windows:
+                total = total.merge(stats.Histogram.of(window))
+            return total
         return None
 
     def probe_target(self) -> ProbeTarget | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -50,7 +51,7 @@ class MaskKind(Kind):
     def stats(self) -> StatsKind:
         return "histogram" if self.with_stats else None
 
-    def sample_stats(self, pixels: np.ndarray) -> Any:
+    def task_stats(self, windows: Sequence[np.ndarray]) -> Any:
         """The histogram over the declared values: every pixel holds one (checked), and a
         pass per value beats a bincount for the usual few labels."""
         if not self.with_stats:
@@ -58,11 +59,17 @@ class MaskKind(Kind):
         from h5etl import stats
 
         if len(self.values) > 16:
-            return stats.Histogram.of(pixels)
+            return super().task_stats(windows)
         *counted, last = sorted(self.values)
-        counts = [(v, int(np.count_nonzero(pixels == v))) for v in counted]
-        counts.append((last, pixels.size - sum(n for _, n in counts)))  # every pixel is one
-        return stats.Histogram(tuple((v, n) for v, n in counts if n))
+        counts = dict.fromkeys(self.values, 0)
+        for window in windows:
+            seen = 0
+            for value in counted:
+                n = int(np.count_nonzero(window == value))
+                counts[value] += n
+                seen += n
+            counts[last] += window.size - seen  # every pixel is one of the values
+        return stats.Histogram(tuple((v, n) for v, n in sorted(counts.items()) if n))
 
     def probe_target(self) -> ProbeTarget | None:
         assert self.source_index is not None
