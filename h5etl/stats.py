@@ -108,16 +108,17 @@ class ChannelStats:
         high = [-math.inf] * channels
         count = 0
         for window in windows:
-            planar = window.reshape(channels, -1)  # a copy of a strided window: contiguous rows
-            if planar.shape[1] > 2**16:  # beyond what uint32 sums of squares hold exactly
-                part = _small_ints(planar)
+            # one copy of the strided window, widened: squares of uint8 fit uint16
+            values = window.astype(np.uint16).reshape(channels, -1)
+            mins, maxs = values.min(axis=1).tolist(), values.max(axis=1).tolist()
+            if values.shape[1] > 2**16:  # beyond what uint32 sums of squares hold exactly
+                part = _small_ints(window.reshape(channels, -1))
                 sums, squared = list(part.total), list(part.squares)
-            else:  # squares fit uint16, 2**16 of them a uint32 sum
-                values = planar.astype(np.uint16)
+            else:
                 sums = values.sum(axis=1, dtype=np.uint32).tolist()
                 np.multiply(values, values, out=values)
                 squared = values.sum(axis=1, dtype=np.uint32).tolist()
-            mins, maxs = planar.min(axis=1).tolist(), planar.max(axis=1).tolist()
+            planar = values
             for c in range(channels):
                 total[c] += sums[c]
                 squares[c] += squared[c]

@@ -318,3 +318,39 @@ def test_histogram_of_a_mask() -> None:
 def test_histogram_refuses_values_outside_int64() -> None:
     with pytest.raises(ValueError, match="int64"):
         Histogram.of(np.array([2**63], np.uint64))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(1, 40), st.integers(1, 40), st.integers(0, 2**31)),
+        min_size=0,
+        max_size=6,
+    ),
+    st.sampled_from([np.uint8, np.uint16, np.float32]),
+)
+def test_a_tasks_windows_at_once_equal_merging_each(
+    shapes: list[tuple[int, int, int]], dtype: Any
+) -> None:
+    # of_windows is the decode stage's fast path; it must give the bits a merge would
+    windows = []
+    for height, width, seed in shapes:
+        rng = np.random.default_rng(seed)
+        block = np.zeros((3, 48, 48), dtype=dtype)
+        top, left = (48 - height) // 2, (48 - width) // 2
+        window = block[:, top : top + height, left : left + width]
+        window[...] = rng.integers(
+            0, np.iinfo(dtype).max if dtype != np.float32 else 999, window.shape
+        )
+        windows.append(window)
+    merged = reduce(
+        ChannelStats.merge, (ChannelStats.of(w, channel_axis=0) for w in windows), ChannelStats()
+    )
+    assert ChannelStats.of_windows(windows) == merged
+
+
+def test_windows_past_the_uint32_block_take_the_exact_path() -> None:
+    window = np.full((1, 300, 300), 255, np.uint8)  # 90,000 squares of 65,025 pass 2**32
+    got = ChannelStats.of_windows([window])
+    assert got == ChannelStats.of(window, channel_axis=0)
+    assert got.squares == (90_000 * 255 * 255,)

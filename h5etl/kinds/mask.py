@@ -60,15 +60,22 @@ class MaskKind(Kind):
 
         if len(self.values) > 16:
             return super().task_stats(windows)
-        *counted, last = sorted(self.values)
+        # Every pixel is one of the values (checked): the zeros are the pixels count_nonzero
+        # leaves, the last non-zero label what the others leave; one pass each for the rest.
+        labels = sorted(v for v in self.values if v)
+        *counted, last = labels or [0]
         counts = dict.fromkeys(self.values, 0)
         for window in windows:
+            nonzero = int(np.count_nonzero(window))
             seen = 0
             for value in counted:
                 n = int(np.count_nonzero(window == value))
                 counts[value] += n
                 seen += n
-            counts[last] += window.size - seen  # every pixel is one of the values
+            if labels:
+                counts[last] += nonzero - seen
+            if 0 in counts:
+                counts[0] += window.size - nonzero
         return stats.Histogram(tuple((v, n) for v, n in sorted(counts.items()) if n))
 
     def probe_target(self) -> ProbeTarget | None:
