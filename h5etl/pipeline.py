@@ -237,7 +237,13 @@ def _plan_only(
         spec,
         found.samples,
         lambda n: hook(stage, n, None),
-        mapper=lambda fn, batches: schedule.map_in_workers(fn, batches, jobs=jobs),
+        # Header probes decode headers: the workers' work. Stamps are one stat per file:
+        # threads here, so the build does not wait for the workers to start to plan.
+        mapper=(
+            (lambda fn, batches: schedule.map_in_workers(fn, batches, jobs=jobs))
+            if headers
+            else (lambda fn, batches: schedule.map_in_threads(fn, batches))
+        ),
         headers=headers,
     )
     watch.lap("clean")

@@ -14,7 +14,7 @@ import ctypes
 import sys
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from typing import TypeVar
 
@@ -172,6 +172,27 @@ def map_in_workers(
         )
 
     yield from _in_order(batches, submit, result, window or 2 * jobs + 1)
+
+
+STAT_THREADS = 8  # stat calls wait on the file system (a network one most): threads overlap them
+
+
+def map_in_threads(
+    fn: Callable[[Sequence[Sample]], list[Out]],
+    batches: Iterable[Sequence[Sample]],
+    *,
+    threads: int = STAT_THREADS,
+) -> Iterator[list[Out]]:
+    """``fn`` over batches in a few threads of this process, results in order, at most
+    ``2 * threads`` batches in flight. For work that waits on the file system, not the CPU
+    (stat calls release the GIL): it needs no worker process to have started."""
+    with ThreadPoolExecutor(threads, thread_name_prefix="h5etl-stat") as pool:
+        yield from _in_order(
+            batches,
+            lambda batch: pool.submit(fn, batch),
+            lambda batch, future: future.result(),
+            2 * threads,
+        )
 
 
 # What a worker sends back in place of its task: the parent holds the task already, and
