@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from h5etl import digest, geometry, inputs, stats
+from h5etl import digest, inputs, stats
 from h5etl.chunkcodec import encode_block
 from h5etl.errors import RejectError
 from h5etl.kinds.base import ArrayColumn, Kind, SampleContext, ScalarColumn
@@ -140,7 +140,7 @@ def decode_batch(task: DecodeTask, recipe: DecodeRecipe) -> BatchResult:
         # Only a sample that passed every check touches its row: a rejected one must not
         # leave pixels in the padding of the sample that takes the row next.
         for kind, _ in recipe.arrays:
-            window = geometry.place(decoded.values[kind.name], out[kind.name][len(kept)])
+            window = kind.place(decoded.values[kind.name], out[kind.name][len(kept)])
             decoded.windows[kind.name] = window  # statistics once per task, over these
         kept.append(decoded)
     keep = keep_whole_blocks(task, len(kept))

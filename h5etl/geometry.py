@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 
@@ -28,17 +30,34 @@ def fit_within(size: tuple[int, int], target: tuple[int, int]) -> tuple[int, int
     )
 
 
-def center_crop(array: np.ndarray, target: tuple[int, int]) -> np.ndarray:
-    """Cut the centred ``target`` window (or less, per axis) from an (h, w, ...) array."""
-    top, left = crop_offsets((array.shape[0], array.shape[1]), target)
+def center_crop(array: np.ndarray, target: tuple[int, int], grid: int = 1) -> np.ndarray:
+    """Cut the centred ``target`` window (or less, per axis) from an (h, w, ...) array; with
+    ``grid`` the cut starts on multiples of it (a field paired with one ``grid`` times
+    smaller stays aligned with it)."""
+    size = (array.shape[0], array.shape[1])
+    top, left = _on_grid(crop_offsets, size, target, grid)
     return array[top : top + target[0], left : left + target[1]]
 
 
-def place(array: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """Copy an (h, w) or (h, w, c) array centred into a pre-filled (c, H, W) slot; return
-    the (c, h, w) window it fills (the unpadded pixels)."""
+def _on_grid(
+    rule: Callable[[tuple[int, int], tuple[int, int]], tuple[int, int]],
+    size: tuple[int, int],
+    target: tuple[int, int],
+    grid: int,
+) -> tuple[int, int]:
+    """``rule``'s offsets, computed on a ``grid`` times coarser grid when every size is a
+    multiple of it: a pair's fields then pad and crop by the same amount at their scales."""
+    if grid > 1 and not any(n % grid for n in (*size, *target)):
+        coarse = rule((size[0] // grid, size[1] // grid), (target[0] // grid, target[1] // grid))
+        return coarse[0] * grid, coarse[1] * grid
+    return rule(size, target)
+
+
+def place(array: np.ndarray, out: np.ndarray, grid: int = 1) -> np.ndarray:
+    """Copy an (h, w) or (h, w, c) array centred into a pre-filled (c, H, W) slot (offsets on
+    multiples of ``grid``, see ``center_crop``); return the (c, h, w) window it fills."""
     height, width = array.shape[0], array.shape[1]
-    top, left = pad_offsets((height, width), (out.shape[1], out.shape[2]))
+    top, left = _on_grid(pad_offsets, (height, width), (out.shape[1], out.shape[2]), grid)
     window = out[:, top : top + height, left : left + width]
     if array.ndim == 2:
         window[0] = array

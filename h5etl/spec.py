@@ -62,6 +62,7 @@ RESERVED_ATTRS = frozenset(
         "h5py_version",
         "hdf5_version",
         "source_fingerprint",
+        fileformat.LAYOUT_ATTR,
     }
 )  # file attributes every build writes (pipeline._file_attrs)
 

@@ -53,6 +53,10 @@ class SpecView(Protocol):
     @property
     def stratify(self) -> str | None: ...
     @property
+    def layout(self) -> str: ...
+    @property
+    def splits(self) -> Mapping[str, float]: ...
+    @property
     def image_fields(self) -> list[str]: ...
     def array_spec(self, field_name: str) -> ArrayField: ...
     def source_of(self, field_name: str) -> str | None: ...
@@ -123,16 +127,103 @@ def spec_problems(spec: SpecView) -> list[Problem]:
     if not spec.image_fields:
         problems.append(Problem((("fields",),), "at least one image or mask field is needed"))
     problems.extend(_stratify_problems(spec))
+    problems.extend(_pair_problems(spec))
+    problems.extend(_path_problems(spec))
     used = {spec.source_of(name) for name in spec.fields if spec.reads_content(name)}
     problems.extend(
-        Problem(
-            (("sources", name),),
-            f"no field reads this source's files; add fields.{name}",
-        )
+        Problem((("sources", name),), _unused_source(spec, name))
         for name in spec.sources
         if name not in used
     )
     return problems
+
+
+def _unused_source(spec: SpecView, name: str) -> str:
+    field = spec.fields.get(name)
+    if isinstance(field, ImageField) and field.derive is not None:
+        return (
+            f"no field reads this source's files: fields.{name} is derived from "
+            f"{field.derive.from_field} and reads no files; remove sources.{name} or the derive"
+        )
+    return (
+        f"no field reads this source's files; add fields.{name}, read it as a sidecar "
+        f"(from: {{json: {name}, key: ...}}), or remove it"
+    )
+
+
+def _pair_problems(spec: SpecView) -> list[Problem]:
+    """A scaled or derived pair is stored aligned only when the shapes are exactly the factor
+    apart and a too large input is cropped (on the pair's grid) or rejected, not resized."""
+    problems = []
+    for name, field in spec.fields.items():
+        if not isinstance(field, ImageField) or field.shape is None:
+            continue
+        pairs: list[tuple[str, str, int, bool]] = []  # (key, partner, factor, this is high)
+        if field.scale is not None:
+            pairs.append(("scale.of", field.scale.of, field.scale.factor, True))
+        if field.derive is not None and field.derive.factor is not None:
+            pairs.append(("derive.from", field.derive.from_field, field.derive.factor, False))
+        for where, other, factor, high in pairs:
+            partner = spec.fields.get(other)
+            if not isinstance(partner, ImageField) or partner.shape is None:
+                continue  # _reference_problems says so
+            low_shape, high_shape = (
+                (partner.shape, field.shape) if high else (field.shape, partner.shape)
+            )
+            if tuple(high_shape[1:]) != tuple(factor * n for n in low_shape[1:]):
+                wanted = (
+                    [factor * n for n in low_shape[1:]]
+                    if high
+                    else [n // factor for n in high_shape[1:]]
+                )
+                relation = f"{factor} x" if high else f"1/{factor} of"
+                problems.append(
+                    Problem(
+                        (("fields", name, "shape"),),
+                        f"must be {relation} {other}'s on each axis ({wanted}, by "
+                        f"fields.{name}.{where}) for the pair to line up, got {list(field.shape)}",
+                    )
+                )
+            if spec.pad.oversize == "resize":
+                problems.append(
+                    Problem(
+                        (("pad", "oversize"),),
+                        f"resize fits the two fields of fields.{name}.{where} each on its own "
+                        f"(they would no longer line up); use crop or reject",
+                    )
+                )
+    return problems
+
+
+def _path_problems(spec: SpecView) -> list[Problem]:
+    """Every dataset of the file, and its /diagnostics entry, must have a path of its own."""
+    seen: dict[str, tuple[str, str]] = {}
+    nodes: dict[str, str] = {}
+    for split in spec.splits:
+        for name in [*spec.fields, fileformat.LINEAGE]:
+            path = fileformat.dataset_path(spec.layout, split, name)
+            node = fileformat.diagnostics_node(path)
+            clash = seen.get(path)
+            if clash is not None:
+                return [_clash(spec, path, clash, (split, name))]
+            if node in nodes and nodes[node] != path:
+                return [
+                    Problem(
+                        (("layout",),),
+                        f"datasets {nodes[node]} and {path} would share the /diagnostics "
+                        f"entry {node!r} ('/' is written '.'): rename a field or split",
+                    )
+                ]
+            seen[path], nodes[node] = (split, name), path
+    return []
+
+
+def _clash(spec: SpecView, path: str, first: tuple[str, str], second: tuple[str, str]) -> Problem:
+    shown = [f"field {n} of split {s}" for s, n in (first, second)]
+    return Problem(
+        (("layout",),),
+        f"{spec.layout!r} puts {shown[0]} and {shown[1]} both at {path}: rename one",
+    )
 
 
 def _source_problems(spec: SpecView, field_name: str, field: FieldSpec) -> list[Problem]:

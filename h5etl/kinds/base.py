@@ -81,6 +81,7 @@ class SampleContext:
     extras: dict[str, Any]  # field -> value from ``prepare``
     files: tuple[str, ...] = ()  # each source's file path (built once: kinds ask often)
     decoded: dict[str, np.ndarray] = field(default_factory=dict)
+    fitted: dict[str, np.ndarray] = field(default_factory=dict)  # as stored, before padding
     paths: dict[str, str] = field(default_factory=dict)  # field -> the file it was read from
     parsed: dict[int, Any] = field(default_factory=dict)  # source index -> its JSON document
     conversions: list[tuple[str, str]] = field(default_factory=list)  # (field, code)
@@ -125,6 +126,13 @@ class Kind:
         """The sample's value: an (h, w[, c]) array for an array column (fitted, unpadded),
         a number or a string. Plan-side kinds return their annotation."""
         return context.extras[self.name]
+
+    def place(self, value: np.ndarray, row: np.ndarray) -> np.ndarray:
+        """Put an array field's fitted value into its (c, H, W) row, centred; return the
+        window it fills (its unpadded pixels)."""
+        from h5etl import geometry
+
+        return geometry.place(value, row)
 
     def task_stats(self, windows: Sequence[np.ndarray]) -> Any:
         """The statistics of a task's kept samples from their unpadded (c, h, w) pixels as

@@ -10,7 +10,13 @@ from h5etl.errors import RejectError
 
 
 def fit(
-    array: np.ndarray, layout: ChunkLayout, oversize: str, *, path: str, is_mask: bool
+    array: np.ndarray,
+    layout: ChunkLayout,
+    oversize: str,
+    *,
+    path: str,
+    is_mask: bool,
+    grid: int = 1,
 ) -> np.ndarray:
     """``array`` (h, w[, c]) cut or resized to fit the field's (H, W), per ``pad.oversize``;
     a smaller one is returned as it is (placing it centred is the decoder's job).
@@ -28,7 +34,7 @@ def fit(
             size = geometry.fit_within(size, target)
             return images.resize_to(array, size, "nearest" if is_mask else "lanczos")
     if oversize == "crop":
-        return geometry.center_crop(array, target)
+        return geometry.center_crop(array, target, grid)
     raise RejectError(
         "oversize", f"{size[0]}x{size[1]} is larger than {target[0]}x{target[1]}", path=path
     )

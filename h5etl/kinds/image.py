@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 
-from h5etl import images, pixels
+from h5etl import geometry, images, pixels
 from h5etl.chunkcodec import ChunkLayout
 from h5etl.errors import RejectError
 from h5etl.fileformat import FieldRecord
@@ -38,6 +38,7 @@ class ImageKind(Kind):
     scale_of: str | None = None
     scale_factor: int = 1
     with_stats: bool = True
+    grid: int = 1  # pads and crops on multiples of this: it pairs with a field this much smaller
 
     @property
     def column(self) -> Column:
@@ -87,14 +88,20 @@ class ImageKind(Kind):
             self._check_scale(context, pixels, path)
         context.decoded[self.name] = pixels
         context.paths[self.name] = path
-        return fit(pixels, self.layout, self.oversize, path=path, is_mask=False)
+        fitted = fit(pixels, self.layout, self.oversize, path=path, is_mask=False, grid=self.grid)
+        context.fitted[self.name] = fitted
+        return fitted
+
+    def place(self, value: np.ndarray, row: np.ndarray) -> np.ndarray:
+        return geometry.place(value, row, self.grid)
 
     def _derived(self, context: SampleContext) -> tuple[np.ndarray, str]:
         """``derive.from``'s pixels resized by the named filter (in their own dtype), then
         brought to this field's mode and dtype by ``decode_field``'s rules: grey is the luma,
         16 to 8 bits is scaled and reported, anything lossy is a ``lossy_conversion``."""
         assert self.derive_from is not None
-        source = context.decoded[self.derive_from]
+        # from the pixels stored (cropped like them, on the pair's grid): the two line up
+        source = context.fitted[self.derive_from]
         path = context.paths[self.derive_from]
         if self.derive_factor is None:
             size = (self.layout.shape[1], self.layout.shape[2])
@@ -146,6 +153,7 @@ def from_config(
     source_index: int | None,
     fill: float,
     oversize: str,
+    grid: int = 1,
 ) -> ImageKind:
     assert field.mode is not None
     derive, scale = field.derive, field.scale
@@ -162,4 +170,5 @@ def from_config(
         scale_of=scale.of if scale else None,
         scale_factor=scale.factor if scale else 1,
         with_stats=field.stats,
+        grid=grid,
     )

@@ -5,6 +5,7 @@ Parent side only (it reads the pydantic config); workers receive the built kinds
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -41,6 +42,22 @@ def _lookup_index(spec: Spec, source: str | None) -> int:
     return list(spec.sources).index(source) if source is not None else 0
 
 
+def _grid(spec: Spec, name: str) -> int:
+    """How much finer than its partner a paired image field is (1: unpaired): it pads and
+    crops on multiples of that, so the pair lines up pixel for pixel."""
+    field = spec.fields[name]
+    factors = [field.scale.factor] if isinstance(field, ImageField) and field.scale else []
+    factors.extend(
+        other.derive.factor
+        for other in spec.fields.values()
+        if isinstance(other, ImageField)
+        and other.derive is not None
+        and other.derive.from_field == name
+        and other.derive.factor
+    )
+    return math.lcm(*factors) if factors else 1
+
+
 def _image(spec: Spec, name: str) -> Kind:
     field = spec.fields[name]
     assert isinstance(field, ImageField)
@@ -51,6 +68,7 @@ def _image(spec: Spec, name: str) -> Kind:
         source_index=_index(spec, spec.source_of(name)),
         fill=spec.pad.fill,
         oversize=spec.pad.oversize,
+        grid=_grid(spec, name),
     )
 
 

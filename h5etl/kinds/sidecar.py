@@ -72,6 +72,8 @@ def text_value(value: Any, where: str) -> str:
     """A cell or JSON value as text: strings as they are, numbers and true/false as JSON
     writes them (``41``, ``2.5``, ``true``); a list or an object is a ``bad_value``."""
     if isinstance(value, str):
+        if "\x00" in value:  # HDF5 strings end at a NUL: the build could not store it
+            raise RejectError("bad_value", f"{where}: text holds a NUL character (\\0)")
         return value
     if isinstance(value, bool | int | float):
         return json.dumps(value)
