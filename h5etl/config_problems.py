@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError
 
-from h5etl.fieldspecs import FIELD_MODELS, inferred_kind
+from h5etl.fieldspecs import FIELD_MODELS, JsonRef, TableRef, inferred_kind
 from h5etl.spec import (
     Compression,
     PadSpec,
@@ -122,9 +122,97 @@ def find_typos(data: Mapping[str, Any], merged: Mapping[str, Any]) -> list[Found
     return found
 
 
+# What each member of a union of config values means, for one-line messages about it.
+_MEMBER_WORDS = {
+    "TableRef": "{table: <file>, key: <column>, column: <column>}",
+    "JsonRef": "{json: <source>, key: <key>}",
+    "float": "a number",
+    "int": "an integer",
+    "bool": "true or false",
+    "constrained-int": "a count (an integer >= 0)",
+    "constrained-float": "a fraction (0 <= f < 1)",
+}
+_MEMBER_MODELS: dict[str, type[BaseModel]] = {"TableRef": TableRef, "JsonRef": JsonRef}
+
+
+def _member_at(loc: Key) -> int | None:
+    """Where pydantic put a union member's name in ``loc`` (``TableRef``, ``literal['folder']``,
+    ``float``), or None; user names (fields, sources, splits) are never taken for one."""
+    first = 2 if loc and loc[0] in {"fields", "sources", "splits"} else 1
+    for index in range(first, len(loc)):
+        part = loc[index]
+        if isinstance(part, str) and (
+            part[:1].isupper()
+            or part.startswith(("literal[", "constrained-"))
+            or part in _MEMBER_WORDS
+        ):
+            return index
+    return None
+
+
+def _collapse_unions(errors: list[Any]) -> tuple[list[Any], list[Found]]:
+    """The errors of a value that matched no member of its union, as what one member says:
+    the member a mapping came closest to (fewest errors), or one line listing the choices for a
+    scalar. Other errors pass through unchanged."""
+    plain: list[Any] = []
+    groups: dict[Key, list[tuple[Any, Key, Any]]] = {}
+    for error in errors:
+        loc = _without_kind_tag(tuple(p for p in error["loc"] if p != "function-after[...]"))
+        at = _member_at(loc)
+        if at is None:
+            plain.append(error)
+            continue
+        groups.setdefault(loc[:at], []).append((loc[at], loc[at + 1 :], error))
+    found = []
+    for where, members in groups.items():
+        value = next((e.get("input") for _, rest, e in members if not rest), None)
+        if value is None:
+            value = next((e.get("input") for _, rest, e in members if len(rest) == 1), None)
+        models = [m for m, _, _ in members if m in _MEMBER_MODELS]
+        if isinstance(value, Mapping) and models:
+            best = min(dict.fromkeys(models), key=lambda m: sum(x == m for x, _, _ in members))
+            found.extend(_member_problems(where, _MEMBER_MODELS[best], [
+                (rest, error) for member, rest, error in members if member == best
+            ]))  # fmt: skip
+            continue
+        choices = [
+            m.removeprefix("literal[").removesuffix("]")
+            if m.startswith("literal[")
+            else _MEMBER_WORDS.get(m, m)
+            for m in dict.fromkeys(m for m, _, _ in members)
+        ]
+        text = f"expected {' or '.join(choices)}, got {value!r}"
+        literals = [c.strip("'") for c in choices if c.startswith("'")]
+        close = difflib.get_close_matches(str(value), literals, n=1)
+        found.append(Found((where,), f"{text}; did you mean {close[0]!r}?" if close else text))
+    return plain, found
+
+
+def _member_problems(
+    where: Key, model: type[BaseModel], errors: list[tuple[Key, Any]]
+) -> list[Found]:
+    """A mapping's errors against the union member it came closest to; a misspelled key
+    first, and not also the required key it misspells."""
+    keys = _keys(model)
+    missing = {str(rest[-1]) for rest, e in errors if e["type"] == "missing" and rest}
+    typos, others = [], []
+    for rest, error in errors:
+        if error["type"] == "extra_forbidden":
+            close = difflib.get_close_matches(str(rest[-1]), keys, n=1)
+            missing -= set(close)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            message = f"unknown key{hint} (its keys: {', '.join(keys)})"
+            typos.append(Found(((*where, *rest),), message, "unknown_key"))
+        elif error["type"] != "missing":
+            message = error["msg"].removeprefix("Value error, ")
+            others.append(Found(((*where, *rest),), message))
+    others.extend(Found(((*where, key),), "required key is missing") for key in sorted(missing))
+    return typos + others
+
+
 def from_validation(exc: ValidationError) -> list[Found]:
-    found: list[Found] = []
-    for error in exc.errors(include_url=False):
+    errors, found = _collapse_unions(list(exc.errors(include_url=False)))
+    for error in errors:
         tagged = tuple(part for part in error["loc"] if part != "function-after[...]")
         loc = _without_kind_tag(tagged)
         if error["type"] == "unknown_kind":
@@ -186,6 +274,19 @@ def _depth(tree: Any, key: Key) -> int:
     return depth
 
 
+def _replaced(config: Any, recipe: Any, key: Key) -> bool:
+    """Whether the config wrote a mapping where the recipe has a scalar on the way to ``key``
+    (``from: {json: ...}`` over the recipe's ``from: folder``): the mapping is the config's."""
+    for part in key:
+        if not isinstance(config, Mapping) or part not in config:
+            return False
+        config = config[part]
+        recipe = recipe.get(part) if isinstance(recipe, Mapping) else None
+        if isinstance(config, Mapping) and recipe is not None and not isinstance(recipe, Mapping):
+            return True
+    return False
+
+
 @dataclass(frozen=True, slots=True)
 class Origin:
     """Which file wrote a key: the config, or the recipe whose defaults filled it in."""
@@ -197,7 +298,11 @@ class Origin:
 
     def from_recipe(self, keys: Sequence[Key]) -> bool:
         """Whether the recipe wrote the offending value (and the config did not replace it)."""
-        return all(_depth(self.recipe, key) == len(key) > _depth(self.config, key) for key in keys)
+        return all(
+            _depth(self.recipe, key) == len(key) > _depth(self.config, key)
+            and not _replaced(self.config, self.recipe, key)
+            for key in keys
+        )
 
     def written(self, keys: Sequence[Key]) -> bool:
         """Whether the config itself set one of these keys (not the recipe, not nobody)."""
@@ -218,7 +323,7 @@ class Origin:
         """Where a key the config never wrote came from: ``fields.image`` of the recipe."""
         for key in keys:
             depth = _depth(self.recipe, key)
-            if depth > _depth(self.config, key):
+            if depth > _depth(self.config, key) and not _replaced(self.config, self.recipe, key):
                 part = ".".join(map(str, key[:depth]))
                 return f" ({part} comes from the recipe {self.recipe_path})"
         return ""

@@ -223,3 +223,68 @@ def test_bad_dtype_points_at_the_key_and_lists_the_choices(
         f"an image field (16-bit inputs into uint8 are scaled to 8 bits and reported), "
         f"got {dtype!r}"
     ]
+
+
+# --- union values (from:, default:, max_rejects:) in one line, review of the kinds work ---
+
+
+@pytest.mark.parametrize(
+    ("field", "expected"),
+    [
+        pytest.param(
+            {"kind": "text", "from": "filenme"},
+            "fields.extra.from: expected 'filename' or {table: <file>, key: <column>, column: "
+            "<column>} or {json: <source>, key: <key>}, got 'filenme'; did you mean 'filename'?",
+            id="text-from-typo",
+        ),
+        pytest.param(
+            {"kind": "label", "from": {"tabel": "l.csv", "key": "file", "column": "label"}},
+            "fields.extra.from.tabel: unknown key; did you mean 'table'? (its keys: table, key, "
+            "column)",
+            id="table-key-typo",
+        ),
+        pytest.param(
+            {"kind": "text", "from": {"json": "image"}},
+            "fields.extra.from.key: required key is missing",
+            id="sidecar-without-key",
+        ),
+        pytest.param(
+            {"kind": "value", "from": {"json": "image", "key": "a"}, "default": "none"},
+            "fields.extra.default: expected a number or an integer or true or false, got 'none'",
+            id="default",
+        ),
+        pytest.param(
+            {"kind": "value", "from": {"json": "image", "key": ""}},
+            "fields.extra.from.key: String should have at least 1 character",
+            id="empty-sidecar-key",
+        ),
+    ],
+)
+def test_a_union_value_is_one_line_naming_the_closest_choice(
+    raw_root: Path, write_config: WriteConfig, field: dict[str, Any], expected: str
+) -> None:
+    # "fields.x.from.TableRef.json: ...", "fields.x.from.literal['filename']: ..." and three
+    # more lines in pydantic's words, for one value
+    config = write_config(raw_root, fields={"extra": field})
+    assert _problems(config) == [f"{config}: {expected}"]
+
+
+def test_max_rejects_out_of_range_is_one_line(raw_root: Path, write_config: WriteConfig) -> None:
+    config = write_config(raw_root, max_rejects=1.5)
+    assert _problems(config) == [
+        f"{config}: max_rejects: expected a count (an integer >= 0) or a fraction "
+        f"(0 <= f < 1), got 1.5"
+    ]
+
+
+def test_a_mapping_over_a_recipe_scalar_is_the_configs_mistake(raw_root: Path) -> None:
+    # the recipe's label has from: folder; a config's own from: {...} was blamed on the recipe
+    data = base_config()
+    data["pipeline"] = "classification"
+    data["sources"] = {"image": {"dir": "raw/images"}}
+    data["fields"] = {
+        "image": {"kind": "image", "shape": [3, 24, 24], "mode": "RGB"},
+        "label": {"kind": "text", "from": {"json": "image"}},
+    }
+    config = _write(raw_root / "cls.yaml", data)
+    assert _problems(config) == [f"{config}: fields.label.from.key: required key is missing"]

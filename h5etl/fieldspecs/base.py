@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Annotated
 
 from pydantic import (
     Field,
@@ -28,7 +29,7 @@ class JsonRef(Strict):
     """A key of a per-sample JSON sidecar: a source whose files pair with the others by stem."""
 
     json_source: str = Field(alias="json")
-    key: str
+    key: Annotated[str, Field(min_length=1)]
 
     model_config = Strict.model_config | {"populate_by_name": True, "serialize_by_alias": True}
 

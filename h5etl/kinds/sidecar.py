@@ -61,7 +61,9 @@ def typed_value(value: Any, dtype: str, where: str) -> Any:
     as_float = float(number)
     if not math.isfinite(as_float):
         raise RejectError("bad_value", f"{where}: {value!r} is not a finite number")
-    if dtype == "float32" and float(np.float32(as_float)) != as_float:
+    with np.errstate(over="ignore"):  # beyond float32: inf, which is no exact value either
+        narrowed = float(np.float32(as_float)) if dtype == "float32" else as_float
+    if narrowed != as_float:
         raise RejectError(
             "bad_value", f"{where}: {value!r} is not exact in float32; use dtype float64"
         )

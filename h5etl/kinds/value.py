@@ -56,7 +56,8 @@ class ValueKind(Kind):
         assert self.json_key is not None
         path = context.path(self.source_index)
         try:
-            return self._typed(json_value(context, self.source_index, self.json_key), self.json_key)
+            where = f"fields.{self.name} ({self.json_key})"  # several fields may read one key
+            return self._typed(json_value(context, self.source_index, self.json_key), where)
         except RejectError as exc:
             exc.path = path
             raise
