@@ -116,6 +116,12 @@ def _recipe_defaults(pipeline: Any, config_path: Path) -> tuple[Path, dict[str, 
     recipe_path = resources.find_recipe(pipeline, relative_to=config_path.parent)
     if recipe_path is None:
         known = ", ".join(resources.recipe_names())
+        if "/" in pipeline or pipeline.endswith((".yaml", ".yml")):  # a path, not a name
+            raise ConfigError(
+                f"no recipe file {config_path.parent / pipeline}; known recipes: {known}",
+                path=config_path,
+                key="pipeline",
+            )
         raise ConfigError(
             f"no recipe named {pipeline!r}; known recipes: {known}",
             path=config_path,

@@ -98,8 +98,7 @@ def build(
     with output.locked():
         workers.warm_up(jobs)
         previous = output.resumables() if resume else []
-        if not previous:
-            output.remove_stale_partials()
+        discarded = [] if previous else output.remove_stale_partials()
         report, plan, watch = _plan_only(spec, hook, jobs)
         try:
             info = _build_planned(
@@ -119,6 +118,12 @@ def build(
     report.version, report.path, report.link = info.version, info.path, output.link
     report.rejects_path = info.rejects
     report.warnings = [*plan.warnings, *empty_split_warnings(spec, report.samples, _planned(plan))]
+    killed = [p for p in discarded if p.suffix == ".h5"]
+    if killed and not resume:
+        report.warnings.append(
+            f"the temp file of a killed build ({killed[0].name}) was removed and its work "
+            f"redone: --resume continues a killed build instead"
+        )
     return report
 
 
@@ -183,8 +188,8 @@ def _dry_run(spec: Spec, hook: ProgressHook, jobs: int, *, decoding: bool) -> Bu
         watch.lap("decode")
     else:
         report.warnings.append(
-            "pixel data and mask values were not checked (a header probe cannot see them): "
-            "the build may reject more; --dry-run --decode predicts it exactly"
+            "pixel data, mask values and JSON sidecars were not checked (a header probe "
+            "cannot see them): the build may reject more; --dry-run --decode predicts it exactly"
         )
     require_samples(spec, report.samples, report)
     report.warnings.extend(plan.warnings)

@@ -96,6 +96,16 @@ def require_samples(spec: Spec, samples: dict[str, int], report: BuildReport) ->
     if any(samples.values()):
         return
     why = f" ({_tally(report.rejects)})" if report.rejects else ""
+    if not report.inputs:  # "0 of 0 files were rejected" says nothing: say where it looked
+        looked = "; ".join(
+            f"sources.{name}: {source.glob!r} in {source.dir}"
+            for name, source in spec.sources.items()
+        )
+        raise BuildFailed(
+            f"no sample to store: the sources matched no file ({looked}); no release was made",
+            path=spec.config_file,
+            rejects=report.rejects,
+        )
     raise BuildFailed(
         f"no sample to store: {len(report.rejects)} of {report.inputs} input files were "
         f"rejected{why}; no release was made",

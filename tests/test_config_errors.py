@@ -288,3 +288,12 @@ def test_a_mapping_over_a_recipe_scalar_is_the_configs_mistake(raw_root: Path) -
     }
     config = _write(raw_root / "cls.yaml", data)
     assert _problems(config) == [f"{config}: fields.label.from.key: required key is missing"]
+
+
+def test_a_recipe_path_that_is_not_there_is_named_as_a_path(
+    raw_root: Path, write_config: WriteConfig
+) -> None:
+    # "no recipe named 'recipes/mine.yaml'": the README says it may be a path
+    config = write_config(raw_root, pipeline="recipes/mine.yaml")
+    (problem,) = _problems(config)
+    assert f"no recipe file {raw_root / 'recipes' / 'mine.yaml'}" in problem

@@ -240,3 +240,29 @@ def test_a_split_whose_samples_were_all_rejected_says_so(
     assert report.samples == {"train": 12 - valid, "valid": 0}
     (warning,) = report.warnings
     assert warning == f"split 'valid' is empty: all {valid} of its samples were rejected"
+
+
+def test_sources_that_match_no_file_say_where_they_looked(
+    tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig
+) -> None:
+    # "0 of 0 input files were rejected", pointing at an empty rejects report
+    make_raw(tmp_path, n=2)
+    sources = {s: {"dir": f"raw/{s}s", "glob": "*.jpg"} for s in ("image", "mask")}
+    config = write_config(tmp_path, sources=sources)
+    with pytest.raises(BuildFailed) as caught:
+        build(load_spec(config), jobs=1)
+    assert "the sources matched no file (sources.image: '*.jpg' in " in str(caught.value)
+
+
+def test_a_plain_build_says_it_removed_a_killed_builds_work(
+    tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig
+) -> None:
+    # a killed build's temp file and journal were deleted without a word
+    make_raw(tmp_path, n=3)
+    spec = load_spec(write_config(tmp_path))
+    (tmp_path / "releases").mkdir()
+    (tmp_path / "releases" / ".cells.partial-1-abcdef.h5").write_bytes(b"dead")
+    report = build(spec, jobs=1)
+    assert any("--resume continues a killed build" in w for w in report.warnings)
+    again = build(spec, jobs=1)  # nothing left over: nothing to say
+    assert not any("killed build" in w for w in again.warnings)
