@@ -286,7 +286,7 @@ def _empty_section(counts: dict[str, int], report: CheckReport) -> None:
     for split, count in counts.items():
         if not count:
             report.warn(
-                f"/{split}: 0 samples: the split is empty (too few inputs, or all of its "
+                f"split {split}: 0 samples: the split is empty (too few inputs, or all of its "
                 "inputs were rejected)"
             )
 

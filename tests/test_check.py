@@ -325,7 +325,7 @@ def test_an_empty_split_is_a_warning(
     report = check_release(built.path, deep=True)
     assert report.ok, report.problems
     assert len(report.warnings) == 1
-    assert report.warnings[0].startswith(f"/{empty}: 0 samples: the split is empty")
+    assert report.warnings[0].startswith(f"split {empty}: 0 samples: the split is empty")
     assert f"WARNING {report.warnings[0]}" in report.lines
     result = _invoke("check", str(built.path))
     assert result.exit_code == 0, result.output
