@@ -214,9 +214,10 @@ def _render_build(report: BuildReport, *, dry_run: bool) -> None:
 @app.command()
 def validate(config: ConfigArgument) -> None:
     """Check CONFIG without building."""
-    from h5etl.config import load_spec
+    from h5etl.config import check_tables, load_spec
 
     spec = _run(lambda: load_spec(config))
+    _run(lambda: check_tables(spec))  # a broken table is the config's problem, found now
     fields = ", ".join(f"{name} ({spec.kind_of(name)})" for name in spec.fields)
     _say(f"{config}: OK ({spec.name}: fields {fields}; splits {', '.join(spec.splits)})")
     for name, kind in spec.inferred_kinds.items():

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from h5etl import resources
 from h5etl.config_problems import Found, Origin, find_typos, from_validation, problem_lines
 from h5etl.errors import ConfigError
-from h5etl.fieldspecs import inferred_kind
+from h5etl.fieldspecs import TableRef, inferred_kind
 from h5etl.spec import Spec
 
 __all__ = ["load_spec", "parse_spec"]
@@ -253,9 +253,42 @@ def parse_spec(data: Mapping[str, Any], *, config_path: Path) -> Spec:
         for name, src in spec.sources.items()
         if not src.dir.is_dir()
     ]
+    missing.extend(
+        origin.line(Found((("fields", name, "from", "table"),), f"no such file: {table}"))
+        for name, table in _tables(spec)
+        if not table.is_file()
+    )
     if missing:
         raise ConfigError(missing[0], problems=missing)
     return spec
+
+
+def _tables(spec: Spec) -> list[tuple[str, Path]]:
+    """The sidecar tables the fields read, by field."""
+    found = []
+    for name, field in spec.fields.items():
+        table = getattr(getattr(field, "from_", None), "table", None)
+        if isinstance(table, Path):
+            found.append((name, table))
+    return found
+
+
+def check_tables(spec: Spec) -> None:
+    """Read every sidecar table the fields name, as a build will (``h5etl validate``).
+
+    Raises:
+        ConfigError: a table is broken (a key twice, a column missing, not UTF-8...), one line
+            naming the table, the line and the field.
+    """
+    from h5etl import tables  # reads files: only validate and builds need it
+
+    for name, path in _tables(spec):
+        origin = getattr(spec.fields[name], "from_", None)
+        assert isinstance(origin, TableRef)
+        try:
+            tables.load_table(path, key=origin.key, columns=[origin.column])
+        except ConfigError as exc:
+            raise ConfigError(f"{exc.message} (fields.{name}.from.table)", path=exc.path) from exc
 
 
 def load_spec(path: Path | str) -> Spec:

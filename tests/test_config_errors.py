@@ -297,3 +297,19 @@ def test_a_recipe_path_that_is_not_there_is_named_as_a_path(
     config = write_config(raw_root, pipeline="recipes/mine.yaml")
     (problem,) = _problems(config)
     assert f"no recipe file {raw_root / 'recipes' / 'mine.yaml'}" in problem
+
+
+def test_validate_finds_a_missing_or_broken_label_table(
+    raw_root: Path, write_config: WriteConfig
+) -> None:
+    # validate said OK; only build and --dry-run read the table
+    origin = {"table": "labels.csv", "key": "file", "column": "label"}
+    config = write_config(raw_root, fields={"label": {"kind": "label", "from": origin}})
+    (problem,) = _problems(config)
+    assert problem.startswith(f"{config}: fields.label.from.table: no such file: ")
+    (raw_root / "labels.csv").write_text("file,label\na.png,cat\na.png,dog\n", "utf-8")
+    result = CliRunner().invoke(app, ["validate", str(config)])
+    assert result.exit_code == 2, result.output
+    (line,) = result.output.strip().splitlines()
+    assert "labels.csv" in line
+    assert "(fields.label.from.table)" in line
