@@ -16,7 +16,7 @@ from typing import Protocol
 import numpy as np
 
 from h5etl import fileformat
-from h5etl.fieldspecs import ArrayField, FieldSpec, ImageField, LabelField
+from h5etl.fieldspecs import ArrayField, FieldSpec, ImageField, LabelField, MaskField
 from h5etl.specparts import PadSpec, Problem, SourceSpec
 
 __all__ = [
@@ -128,6 +128,7 @@ def spec_problems(spec: SpecView) -> list[Problem]:
         problems.append(Problem((("fields",),), "at least one image or mask field is needed"))
     problems.extend(_stratify_problems(spec))
     problems.extend(_pair_problems(spec))
+    problems.extend(_mask_shape_problems(spec))
     problems.extend(_path_problems(spec))
     used = {spec.source_of(name) for name in spec.fields if spec.reads_content(name)}
     problems.extend(
@@ -192,6 +193,29 @@ def _pair_problems(spec: SpecView) -> list[Problem]:
                         f"(they would no longer line up); use crop or reject",
                     )
                 )
+    return problems
+
+
+def _mask_shape_problems(spec: SpecView) -> list[Problem]:
+    """A mask has its image's size (or it is rejected), so its field must have the image
+    field's height and width: else the two are padded apart and never line up."""
+    plain = [n for n, f in spec.fields.items() if isinstance(f, ImageField) and f.derive is None]
+    problems = []
+    for name, field in spec.fields.items():
+        if not isinstance(field, MaskField) or field.shape is None:
+            continue
+        of = field.of or (plain[0] if plain else None)
+        image = spec.fields.get(of) if of else None
+        if not isinstance(image, ImageField) or image.shape is None:
+            continue
+        if tuple(field.shape[1:]) != tuple(image.shape[1:]):
+            problems.append(
+                Problem(
+                    (("fields", name, "shape"),),
+                    f"must have {of}'s height and width {list(image.shape[1:])} (a mask has its "
+                    f"image's size), got {list(field.shape)}; set of: to the image it belongs to",
+                )
+            )
     return problems
 
 

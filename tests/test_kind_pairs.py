@@ -183,3 +183,22 @@ def test_a_user_attribute_named_layout_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as caught:
         h5etl.load_spec(_flat(tmp_path, spec, {"train": 1.0}, attrs={"layout": "tiles-v2"}))
     assert "reserved" in str(caught.value)
+
+
+def test_a_mask_field_of_another_size_than_its_image_is_a_config_error(tmp_path: Path) -> None:
+    # the build stored them padded apart and preview drew a mask off its image
+    for source in ("image", "mask"):
+        (tmp_path / "raw" / source).mkdir(parents=True)
+    data = {
+        "name": "m",
+        "sources": {s: {"dir": f"raw/{s}"} for s in ("image", "mask")},
+        "fields": {
+            "image": {"kind": "image", "shape": [1, 32, 32], "mode": "L"},
+            "mask": {"kind": "mask", "shape": [1, 64, 64], "values": [0, 1]},
+        },
+    }
+    path = tmp_path / "m.yaml"
+    path.write_text(yaml.safe_dump(data), "utf-8")
+    with pytest.raises(ConfigError) as caught:
+        h5etl.load_spec(path)
+    assert "fields.mask.shape: must have image's height and width [32, 32]" in str(caught.value)
