@@ -240,7 +240,8 @@ def parse_spec(data: Mapping[str, Any], *, config_path: Path) -> Spec:
     try:
         spec = Spec.model_validate(resolved)
     except ValidationError as exc:
-        problems = problem_lines(origin, find_typos(data, merged), from_validation(exc))
+        found = from_validation(exc, merged)
+        problems = problem_lines(origin, find_typos(data, merged), found)
         raise ConfigError(problems[0], problems=problems) from exc
     spec = spec.located(
         config_dir=config_path.parent,

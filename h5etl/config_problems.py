@@ -74,11 +74,16 @@ def _unknown_key(key: Key) -> str:
     return "unknown key (check the spelling against the README's config reference)"
 
 
-def _unknown_field_key(kind: str, name: str) -> str:
+def _unknown_field_key(kind: str, name: str, *, inferred: bool = False) -> str:
     """An unknown key of a field: its kind's own keys, and which kind takes it if another."""
     keys = _keys(FIELD_MODELS[kind])
     # a key of another kind is a key the user meant: say so before guessing a typo
     others = [k for k, model in FIELD_MODELS.items() if name in _keys(model)]
+    if others and inferred and kind == "image":  # no kind and no clue: the old default guess
+        return (
+            f"{name} is a key of {' and '.join(others)} fields, but this field has no kind: and "
+            f"is read as {kind} (as before kinds existed); add kind: {others[0]}"
+        )
     if others:
         return (
             f"a {kind} field takes no {name} (that is a key of {' and '.join(others)} fields; "
@@ -210,7 +215,13 @@ def _member_problems(
     return typos + others
 
 
-def from_validation(exc: ValidationError) -> list[Found]:
+def _inferred(merged: Mapping[str, Any] | None, field_name: Any) -> bool:
+    fields = merged.get("fields") if merged is not None else None
+    field = fields.get(field_name) if isinstance(fields, Mapping) else None
+    return isinstance(field, Mapping) and field.get("kind") is None
+
+
+def from_validation(exc: ValidationError, merged: Mapping[str, Any] | None = None) -> list[Found]:
     errors, found = _collapse_unions(list(exc.errors(include_url=False)))
     for error in errors:
         tagged = tuple(part for part in error["loc"] if part != "function-after[...]")
@@ -228,7 +239,9 @@ def from_validation(exc: ValidationError) -> list[Found]:
         message = error["msg"].removeprefix("Value error, ")
         kind: Kind = "other"
         if error["type"] == "extra_forbidden" and len(tagged) == 4 and tagged != loc:
-            message, kind = _unknown_field_key(str(tagged[2]), str(loc[-1])), "unknown_key"
+            inferred = _inferred(merged, loc[1])
+            message = _unknown_field_key(str(tagged[2]), str(loc[-1]), inferred=inferred)
+            kind = "unknown_key"
         elif error["type"] == "extra_forbidden":
             message, kind = _unknown_key(loc), "unknown_key"
         elif error["type"] == "missing":

@@ -290,11 +290,13 @@ def _stratify_problems(spec: SpecView) -> list[Problem]:
     if spec.stratify is None or isinstance(spec.fields.get(spec.stratify), LabelField):
         return []
     labels = [n for n, f in spec.fields.items() if isinstance(f, LabelField)]
+    close = difflib.get_close_matches(spec.stratify, labels, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
     return [
         Problem(
             (("stratify",),),
             f"must name a label field, got {spec.stratify!r} "
-            f"(label fields: {', '.join(labels) or 'none'})",
+            f"(label fields: {', '.join(labels) or 'none'}){hint}",
         )
     ]
 

@@ -313,3 +313,25 @@ def test_validate_finds_a_missing_or_broken_label_table(
     (line,) = result.output.strip().splitlines()
     assert "labels.csv" in line
     assert "(fields.label.from.table)" in line
+
+
+def test_a_key_of_another_kind_on_a_field_without_kind_says_to_add_it(
+    raw_root: Path, write_config: WriteConfig
+) -> None:
+    # "a image field takes no from" and "no source named 'label'": both away from the fix
+    config = write_config(raw_root, fields={"label": {"from": "folder", "source": "image"}})
+    problems = _problems(config)
+    assert problems[0] == (
+        f"{config}: fields.label.from: from is a key of label and text and value fields, but "
+        f"this field has no kind: and is read as image (as before kinds existed); add kind: label"
+    )
+
+
+def test_a_misspelled_stratify_target_gets_a_suggestion(
+    raw_root: Path, write_config: WriteConfig
+) -> None:
+    config = write_config(
+        raw_root, fields={"label": {"kind": "label", "source": "image"}}, stratify="lable"
+    )
+    (problem,) = _problems(config)
+    assert problem.endswith("(label fields: label); did you mean 'label'?")
