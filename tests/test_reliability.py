@@ -128,11 +128,11 @@ KILLED_BUILD = f"""
 SLOW_CLI_BUILD = """
     import sys, time
     import h5etl.images
-    original = h5etl.images.decode
+    original = h5etl.images.decode_field  # what the kinds decode with
     def slow(*args, **kwargs):
         time.sleep(0.05)
         return original(*args, **kwargs)
-    h5etl.images.decode = slow
+    h5etl.images.decode_field = slow
     from h5etl.cli import main
     sys.argv = ["h5etl", "build", sys.argv[1], "--jobs", "1", "--quiet"]
     main()
