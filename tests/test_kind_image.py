@@ -8,15 +8,10 @@ with ``fractions``, not with h5etl's code.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
-import os
 import re
 import signal
-import subprocess
-import sys
-import textwrap
 from collections.abc import Mapping
 from fractions import Fraction
 from pathlib import Path
@@ -27,7 +22,7 @@ import imagecodecs
 import numpy as np
 import pytest
 import yaml
-from conftest import dataset_digests
+from conftest import dataset_digests, run_killed_build
 from PIL import Image
 from typer.testing import CliRunner
 
@@ -458,52 +453,12 @@ def test_a_truncated_sixteen_bit_rgb_png_is_truncated(tmp_path: Path) -> None:
 
 # --- resume after a kill -------------------------------------------------------------------
 
-TASK_SAMPLES = 2
-KILLED_BUILD = f"""
-    import os, signal, sys
-    import h5etl, h5etl.tasks
-    h5etl.tasks.TASK_SAMPLES = {TASK_SAMPLES}
-    from h5etl.config import load_spec
-    config, after, jobs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    seen = 0
-    def hook(stage, advance, total):
-        global seen
-        if stage == "decode+write" and total is None:
-            seen += advance
-            if seen >= after:
-                os.kill(os.getpid(), signal.SIGKILL)
-    h5etl.build(load_spec(config), jobs=jobs, progress=hook, checkpoint_seconds=0)
-"""
-
-
-def run_killed_build(config: Path, after: int, jobs: int) -> int:
-    """A build in a fresh session that SIGKILLs itself after ``after`` samples were written."""
-    with open(os.devnull, "w") as sink:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-c",
-                textwrap.dedent(KILLED_BUILD),
-                str(config),
-                str(after),
-                str(jobs),
-            ],
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        try:
-            return proc.wait(timeout=120)
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-
 
 @pytest.mark.parametrize("jobs", [1, 2])
 def test_resume_after_a_kill_equals_a_clean_build(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, jobs: int
 ) -> None:
-    monkeypatch.setattr(tasks, "TASK_SAMPLES", TASK_SAMPLES)
+    monkeypatch.setattr(tasks, "TASK_SAMPLES", 2)  # as run_killed_build cuts them
     written = ct_slices(tmp_path, n=16)
     config = write_config(tmp_path, grey("uint16"))
     clean = build(config)

@@ -4,14 +4,10 @@ computed here (Pillow decodes, our own sort, our own split hash)."""
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
 import signal
-import subprocess
-import sys
-import textwrap
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -20,7 +16,7 @@ import h5py
 import numpy as np
 import pytest
 import yaml
-from conftest import dataset_digests, save
+from conftest import dataset_digests, run_killed_build, save
 from PIL import Image
 from typer.testing import CliRunner
 
@@ -454,37 +450,6 @@ def test_jobs_one_and_two_give_identical_releases(tmp_path: Path) -> None:
     assert code == 0, output
 
 
-KILLED = """
-    import os, signal, sys
-    import h5etl, h5etl.tasks
-    h5etl.tasks.TASK_SAMPLES = 2
-    seen = 0
-    def hook(stage, advance, total):
-        global seen
-        if stage == "decode+write" and total is None:
-            seen += advance
-            if seen >= int(sys.argv[2]):
-                os.kill(os.getpid(), signal.SIGKILL)
-    h5etl.build(h5etl.load_spec(sys.argv[1]), jobs=1, progress=hook, checkpoint_seconds=0)
-"""
-
-
-def kill_build(config: Path, after: int) -> int:
-    """Run a build in a fresh session that SIGKILLs itself after ``after`` samples."""
-    with open(os.devnull, "w") as sink:
-        proc = subprocess.Popen(
-            [sys.executable, "-c", textwrap.dedent(KILLED), str(config), str(after)],
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        try:
-            return proc.wait(timeout=120)
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-
-
 def test_resume_after_a_kill_ends_identical(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -499,7 +464,7 @@ def test_resume_after_a_kill_ends_identical(
     reference.path.unlink()
     (reference.path.parent / "pets.h5").unlink()
 
-    assert kill_build(config, 12) == -signal.SIGKILL
+    assert run_killed_build(config, 12) == -signal.SIGKILL
     resumed = build(config, jobs=2, resume=True)
 
     assert resumed.path is not None

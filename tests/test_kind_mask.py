@@ -7,14 +7,9 @@ arrays the test wrote, never by h5etl's own decode.
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
-import os
 import signal
-import subprocess
-import sys
-import textwrap
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
@@ -24,7 +19,7 @@ import h5py
 import numpy as np
 import pytest
 import yaml
-from conftest import base_config, dataset_digests, merge, save
+from conftest import base_config, dataset_digests, merge, run_killed_build, save
 from PIL import Image
 from typer.testing import CliRunner
 
@@ -777,46 +772,6 @@ def test_readers_return_the_labels(tmp_path: Path) -> None:
     np.testing.assert_array_equal(got, expected)
 
 
-# A build that SIGKILLs itself after `after` samples went through the sink
-KILLED_BUILD = """
-    import os, signal, sys
-    import h5etl, h5etl.tasks
-    h5etl.tasks.TASK_SAMPLES = 2
-    from h5etl.config import load_spec
-    config, after, jobs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    seen = 0
-    def hook(stage, advance, total):
-        global seen
-        if stage == "decode+write" and total is None:
-            seen += advance
-            if seen >= after:
-                os.kill(os.getpid(), signal.SIGKILL)
-    h5etl.build(load_spec(config), jobs=jobs, progress=hook, checkpoint_seconds=0)
-"""
-
-
-def run_killed(config: Path, after: int, jobs: int) -> int:
-    with open(os.devnull, "w") as sink:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-c",
-                textwrap.dedent(KILLED_BUILD),
-                str(config),
-                str(after),
-                str(jobs),
-            ],
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        try:
-            return proc.wait(timeout=120)
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-
-
 @pytest.mark.parametrize("jobs", [1, 2])
 def test_resume_after_a_kill_ends_with_the_same_masks_and_histograms(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, jobs: int
@@ -834,7 +789,7 @@ def test_resume_after_a_kill_ends_with_the_same_masks_and_histograms(
     reference.path.unlink()
     (reference.path.parent / "cells.h5").unlink()
 
-    assert run_killed(config, 10, jobs) == -signal.SIGKILL
+    assert run_killed_build(config, 10, jobs) == -signal.SIGKILL
     resumed = build(config, jobs=jobs, resume=True)
 
     assert resumed.path is not None
@@ -855,7 +810,7 @@ def test_resume_after_the_colour_table_changed_decodes_everything_again(
     config = write_config(
         tmp_path, mask_field([0, 3, 7]), colors_yaml=AS_SEQUENCES, storage={"chunk_samples": 2}
     )
-    assert run_killed(config, 10, 1) == -signal.SIGKILL
+    assert run_killed_build(config, 10, 1) == -signal.SIGKILL
     swapped = "{[128, 64, 128]: 3, [0, 0, 0]: 0, [70, 130, 180]: 7}"  # road and sky swap labels
     config = write_config(
         tmp_path, mask_field([0, 3, 7]), colors_yaml=swapped, storage={"chunk_samples": 2}

@@ -13,8 +13,7 @@ import h5py
 import numpy as np
 import pytest
 import yaml
-from conftest import dataset_digests, save
-from test_kind_label import kill_build
+from conftest import dataset_digests, run_killed_build, save
 from typer.testing import CliRunner
 
 import h5etl
@@ -342,7 +341,7 @@ def test_resume_after_a_kill_ends_identical(
     reference.path.unlink()
     (reference.path.parent / "scans.h5").unlink()
 
-    assert kill_build(config, 4) == -signal.SIGKILL
+    assert run_killed_build(config, 4) == -signal.SIGKILL
     resumed = build(config, jobs=2, resume=True)
 
     assert resumed.path is not None

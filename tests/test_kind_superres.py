@@ -8,12 +8,7 @@ of them (``Image.resize`` with the matching ``Image.Resampling``), not h5etl's c
 
 from __future__ import annotations
 
-import contextlib
-import os
 import signal
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +17,7 @@ import imagecodecs
 import numpy as np
 import pytest
 import yaml
-from conftest import dataset_digests
+from conftest import dataset_digests, run_killed_build
 from PIL import Image
 from typer.testing import CliRunner
 
@@ -436,46 +431,11 @@ def test_a_broken_high_image_rejects_its_derived_sample(tmp_path: Path) -> None:
     assert [(r.path, r.reason) for r in report.rejects] == [(str(broken), "unreadable")]
 
 
-TASK_SAMPLES = 2
-KILLED_BUILD = f"""
-    import os, signal, sys
-    import h5etl, h5etl.tasks
-    h5etl.tasks.TASK_SAMPLES = {TASK_SAMPLES}
-    from h5etl.config import load_spec
-    config, after, jobs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    seen = 0
-    def hook(stage, advance, total):
-        global seen
-        if stage == "decode+write" and total is None:
-            seen += advance
-            if seen >= after:
-                os.kill(os.getpid(), signal.SIGKILL)
-    h5etl.build(load_spec(config), jobs=jobs, progress=hook, checkpoint_seconds=0)
-"""
-
-
-def run_killed_build(config: Path, after: int, jobs: int) -> int:
-    """A build in a fresh session that SIGKILLs itself after ``after`` samples were written."""
-    script = textwrap.dedent(KILLED_BUILD)
-    with open(os.devnull, "w") as sink:
-        proc = subprocess.Popen(
-            [sys.executable, "-c", script, str(config), str(after), str(jobs)],
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        try:
-            return proc.wait(timeout=120)
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-
-
 @pytest.mark.parametrize(("derived", "jobs"), [(False, 2), (True, 1)], ids=["paired", "derived"])
 def test_resume_after_a_kill_equals_a_clean_build(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, derived: bool, jobs: int
 ) -> None:
-    monkeypatch.setattr(tasks, "TASK_SAMPLES", TASK_SAMPLES)
+    monkeypatch.setattr(tasks, "TASK_SAMPLES", 2)  # as run_killed_build cuts them
     write_pairs(tmp_path, 12, low=not derived)
     fields = derived_fields("area") if derived else paired_fields()
     config = write_config(tmp_path, fields, low=not derived)
