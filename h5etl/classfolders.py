@@ -12,6 +12,7 @@ import unicodedata
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from h5etl import inputs
 from h5etl.errors import ConfigError
 
 __all__ = ["class_names", "class_of", "empty_class_folders"]
@@ -47,7 +48,7 @@ def empty_class_folders(root: Path, *, matches: Callable[[str], bool] | None = N
     """
     try:
         with os.scandir(root) as scan:
-            folders = [e for e in scan if not e.name.startswith(".") and _is_folder(e)]
+            folders = [e for e in scan if not e.name.startswith(".") and inputs.is_folder(e)]
     except OSError as exc:
         raise ConfigError(
             f"cannot list the class folders: {exc.strerror or exc}", path=root
@@ -62,13 +63,6 @@ def empty_class_folders(root: Path, *, matches: Callable[[str], bool] | None = N
         if not members:
             empty.append(unicodedata.normalize("NFC", folder.name))
     return sorted(empty)
-
-
-def _is_folder(entry: os.DirEntry[str]) -> bool:
-    try:
-        return entry.is_dir(follow_symlinks=False)
-    except OSError:
-        return False
 
 
 def _is_member(folder: str, entry: os.DirEntry[str], matches: Callable[[str], bool] | None) -> bool:

@@ -10,7 +10,6 @@ statistics, so the single writer only writes. Scheduling the tasks is ``h5etl.sc
 from __future__ import annotations
 
 import hashlib
-import os
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -60,10 +59,7 @@ class _Decoded:
 
 def _decode_sample(sample: Sample, recipe: DecodeRecipe, position: int) -> _Decoded:
     """Decode one sample through every field's kind; rejects raise ``RejectError``."""
-    files = tuple(
-        os.path.join(root, relpath)
-        for (_, root), relpath in zip(sample.roots, sample.relpaths, strict=True)
-    )
+    files = sample.paths
     # never a plain open(): a file swapped for a FIFO since it was listed would block it
     contents = [inputs.read_file(path) for path in files]
     extras = dict(zip(recipe.plan_fields, sample.extras, strict=True))

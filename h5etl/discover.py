@@ -115,18 +115,11 @@ def _walk(
                 if entry.name.startswith("."):
                     continue
                 relpath = f"{relative_dir}/{entry.name}" if relative_dir else entry.name
-                if _is_folder(entry):
+                if inputs.is_folder(entry):
                     if folder_may_match(relpath, pattern):
                         pending.append(relpath)
                 else:
                     yield relpath, entry
-
-
-def _is_folder(entry: os.DirEntry[str]) -> bool:
-    try:
-        return entry.is_dir(follow_symlinks=False)
-    except OSError:  # as os.walk: what cannot be looked at is not walked
-        return False
 
 
 def not_a_file(entry: os.DirEntry[str]) -> str | None:

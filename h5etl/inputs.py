@@ -93,3 +93,12 @@ def read_file(path: str) -> bytes:
             raise RejectError(
                 "unreadable", f"cannot read: {exc.strerror or exc}", path=path
             ) from exc
+
+
+def is_folder(entry: os.DirEntry[str]) -> bool:
+    """Whether a scanned entry is a real folder (a symlinked folder is not walked: no loops);
+    an entry that cannot be looked at is none, as in ``os.walk``."""
+    try:
+        return entry.is_dir(follow_symlinks=False)
+    except OSError:
+        return False

@@ -67,6 +67,14 @@ class Sample:
         return cls(key, tuple(f.relpath for f in files), tuple((f.source, f.root) for f in files))
 
     @property
+    def paths(self) -> tuple[str, ...]:
+        """Each file's path, in source order (what ``files`` holds, without the objects)."""
+        return tuple(
+            os.path.join(root, relpath)
+            for (_, root), relpath in zip(self.roots, self.relpaths, strict=True)
+        )
+
+    @property
     def files(self) -> tuple[SourceFile, ...]:
         return tuple(
             SourceFile(source, root, relpath)

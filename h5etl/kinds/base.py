@@ -79,7 +79,7 @@ class SampleContext:
     sample: Sample
     contents: list[bytes]  # one per source, in source order
     extras: dict[str, Any]  # field -> value from ``prepare``
-    files: tuple[str, ...] = ()  # each source's file path (built once: kinds ask often)
+    files: tuple[str, ...]  # each source's file path (built once: kinds ask often)
     decoded: dict[str, np.ndarray] = field(default_factory=dict)
     fitted: dict[str, np.ndarray] = field(default_factory=dict)  # as stored, before padding
     paths: dict[str, str] = field(default_factory=dict)  # field -> the file it was read from
@@ -87,9 +87,7 @@ class SampleContext:
     conversions: list[tuple[str, str]] = field(default_factory=list)  # (field, code)
 
     def path(self, source_index: int) -> str:
-        if self.files:
-            return self.files[source_index]
-        return self.sample.files[source_index].path
+        return self.files[source_index]
 
 
 @dataclass(frozen=True, slots=True)

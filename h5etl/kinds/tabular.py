@@ -66,9 +66,5 @@ def table_lookup(
     return Lookup(cell, warnings)
 
 
-def relpath_of(sample: Sample, source_index: int) -> str:
-    return sample.relpaths[source_index]
-
-
 def shown(values: Sequence[str], limit: int = 8) -> str:
     return ", ".join(values[:limit]) + (", ..." if len(values) > limit else "")

@@ -29,20 +29,13 @@ import h5py
 import imagecodecs
 import numpy as np
 
-from h5etl.fileformat import (
-    FILTER_BLOSC,
-    FILTER_DEFLATE,
-    FILTER_FLETCHER32,
-    FILTER_LZF,
-    FILTER_SHUFFLE,
-    FILTER_ZSTD,
-)
+from h5etl import fileformat as ff
 from h5etl.readers._layout import copy_rows, gather_rows
 
 logger = logging.getLogger(__name__)
 
-SHUFFLE, FLETCHER32, DEFLATE = FILTER_SHUFFLE, FILTER_FLETCHER32, FILTER_DEFLATE
-LZF, BLOSC, ZSTD = FILTER_LZF, FILTER_BLOSC, FILTER_ZSTD
+SHUFFLE, FLETCHER32, DEFLATE = ff.FILTER_SHUFFLE, ff.FILTER_FLETCHER32, ff.FILTER_DEFLATE
+LZF, BLOSC, ZSTD = ff.FILTER_LZF, ff.FILTER_BLOSC, ff.FILTER_ZSTD
 CODECS = frozenset({DEFLATE, LZF, BLOSC, ZSTD})
 DECODE_THREADS = 4  # at most; never more than the CPUs
 
