@@ -178,3 +178,32 @@ def test_without_rejects_every_sample_is_decoded_once(sizes: list[int], block: i
     results, _ = _run_cutter(TaskCutter(plan, block), _simulated_worker(frozenset(), decoded), 3)
     assert sorted(decoded) == sorted(s.key for members in plan.splits.values() for s in members)
     assert sum(r.accepted for r in results) == plan.total
+
+
+def _thread_names(delay: float) -> Any:
+    import threading
+    import time
+
+    def named(batch: Any) -> list[str]:
+        time.sleep(delay)
+        return [f"{item}:{threading.current_thread().name}" for item in batch]
+
+    return named
+
+
+def test_stats_answered_from_cache_stay_in_this_thread() -> None:
+    # 60,000 cached stats cost twice as long in 8 threads as here (GIL handoffs)
+    batches = [list(range(i, i + 4)) for i in range(0, 40, 4)]
+    mapped = schedule.map_in_threads(_thread_names(0.0), batches, slow=0.5)
+    out = [x for got in mapped for x in got]
+    assert [x.split(":")[0] for x in out] == [str(i) for i in range(40)]
+    assert not any("h5etl-stat" in x for x in out)
+
+
+def test_stats_that_wait_on_the_file_system_overlap_in_threads_in_order() -> None:
+    batches = [list(range(i, i + 4)) for i in range(0, 40, 4)]
+    mapped = schedule.map_in_threads(_thread_names(0.005), batches, slow=1e-4)
+    out = [x for got in mapped for x in got]
+    assert [x.split(":")[0] for x in out] == [str(i) for i in range(40)]
+    assert "h5etl-stat" not in out[0]  # the first batch measures the file system
+    assert all("h5etl-stat" in x for x in out[4:])
