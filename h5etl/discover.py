@@ -213,7 +213,17 @@ def find_samples(spec: Spec, progress: Callable[[int], None] | None = None) -> D
     samples: list[Sample] = []
     rejects = list(unlisted.values())
     keys = sorted(set().union(*listed.unique.values(), *listed.duplicated.values()))
+    uniques = [listed.unique[source] for source, _ in roots]
+    # The common case, a key with one regular file in every source, in one step: at 30,000
+    # pairs the general rule below costs the build's single parent 0.2 s before any decoding.
+    plain = not any(listed.duplicated.values()) and not any(listed.not_files.values())
     for key in keys:
+        if plain:
+            try:
+                samples.append(Sample(key, tuple([files[key] for files in uniques]), roots))
+                continue
+            except KeyError:
+                pass  # an orphan: the general rule words it
         sample = _pair(key, roots, listed, rejects)
         if sample is not None:
             samples.append(sample)
