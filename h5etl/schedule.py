@@ -27,6 +27,7 @@ from h5etl.records import Barrier, BatchResult, DecodeTask, Reject, Sample, samp
 PROBE_STAGE = "clean"  # header probes belong to cleaning (clean.STAGE)
 In = TypeVar("In")
 Out = TypeVar("Out")
+Item = TypeVar("Item")
 Got = TypeVar("Got")
 
 Worker = Callable[[DecodeTask, decode.DecodeRecipe], BatchResult]
@@ -183,8 +184,8 @@ SLOW_STAT_SECONDS = 20e-6
 
 
 def map_in_threads(
-    fn: Callable[[Sequence[Sample]], list[Out]],
-    batches: Iterable[Sequence[Sample]],
+    fn: Callable[[Sequence[Item]], list[Out]],
+    batches: Iterable[Sequence[Item]],
     *,
     threads: int = STAT_THREADS,
     slow: float = SLOW_STAT_SECONDS,
