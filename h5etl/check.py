@@ -263,7 +263,11 @@ def _splits_section(
                 report.problem(f"/{name}: {what}, not a split group: not an h5etl release")
     counts = {}
     for split in record.splits:
-        paths = {**record.paths(split), LINEAGE: record.lineage_path(split)}
+        paths = {
+            **record.paths(split),
+            LINEAGE: record.lineage_path(split),
+            **record.sample_paths(split),
+        }
         if not record.inferred and not any(p in handle for p in paths.values()):
             report.problem(f"split {split!r} is in the layout record, missing from the file")
             report.missing.update(paths.values())

@@ -7,6 +7,7 @@ key, so a sample keeps its split when the folder grows: no leakage between relea
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import os
@@ -318,7 +319,7 @@ def _annotated(
         except RejectError as exc:
             rejects.extend(_reject_sample(sample, exc.reason, exc.message, str(exc.path or "")))
             continue
-        out.append((Sample(sample.key, sample.relpaths, sample.roots, extras), outcome))
+        out.append((dataclasses.replace(sample, extras=extras), outcome))
     warnings = [w for p in prepared for w in p.warnings]
     return out, [bound.get(kind.name, kind) for kind in kinds], warnings
 
@@ -346,6 +347,8 @@ def _assigned(
         column = planned.index(spec.stratify)
         strata = [sample.extras[column] for sample, _ in annotated]
         splits = stratify.assign_splits(names, spec.splits, spec.seed, strata=strata)
-    for pair, split in zip(annotated, splits, strict=True):
-        by_split[split].append(pair)
+    for (sample, outcome), name, split in zip(annotated, names, splits, strict=True):
+        if name != sample.key:  # the per-sample record stores the name, not the new key
+            sample = dataclasses.replace(sample, name=name)
+        by_split[split].append((sample, outcome))
     return by_split

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from h5etl import digest, inputs, stats
+from h5etl import digest, fileformat, inputs, stats
 from h5etl.chunkcodec import encode_block
 from h5etl.errors import RejectError
 from h5etl.kinds.base import ArrayColumn, Kind, SampleContext, ScalarColumn
@@ -159,6 +159,8 @@ def gather(
     result.accepted = len(kept)
     result.keys = [d.sample.key for d in kept]
     result.lineage = [d.hashes for d in kept]
+    result.columns[fileformat.SAMPLE_KEY] = [d.sample.split_name for d in kept]
+    result.columns[fileformat.SAMPLE_GROUP] = [d.sample.group for d in kept]
     for kind in recipe.kinds:
         column = kind.column
         values = [d.values[kind.name] for d in kept]
@@ -209,6 +211,8 @@ def join_results(into: BatchResult, recipe: DecodeRecipe, parts: Sequence[BatchR
             known = into.conversions.setdefault(name, {})
             for code, count in codes.items():
                 known[code] = known.get(code, 0) + count
+    for name in fileformat.SAMPLE_RECORD:
+        into.columns[name] = [text for part in parts for text in part.columns[name]]  # type: ignore[union-attr]
     for kind in recipe.kinds:
         column = kind.column
         pieces = [part.columns[kind.name] for part in parts]

@@ -27,6 +27,9 @@ __all__ = [
     "LAYOUT_ATTR",
     "LINEAGE",
     "REQUIRED_ATTRS",
+    "SAMPLE_GROUP",
+    "SAMPLE_KEY",
+    "SAMPLE_RECORD",
     "STAT_ATTRS",
     "TEMPLATES",
     "FieldRecord",
@@ -43,6 +46,10 @@ DIAGNOSTICS_DATASETS = f"{DIAGNOSTICS}/{DATASETS_GROUP}"
 BLOCK_DIGESTS = "block_sha256"  # in each of those groups: S64 digests of its row blocks
 LINEAGE = "source_sha256"  # per split: (N, sources) S64, the SHA-256 of each input file
 LINEAGE_COLUMNS_ATTR = "columns"  # on the lineage dataset: the source names, in order
+# The per-sample record, per split, row-aligned with the split's fields and lineage:
+SAMPLE_KEY = "sample_key"  # (N,) UTF-8: the name the sample's split is seeded by (NFC)
+SAMPLE_GROUP = "sample_group"  # (N,) UTF-8: the sample's group (splits.group_by), "" if none
+SAMPLE_RECORD = (SAMPLE_KEY, SAMPLE_GROUP)
 # Root attributes (the required ones, then the tool's version, which older files may lack)
 NAME_ATTR, VERSION_ATTR, CREATED_AT_ATTR = "name", "version", "created_at"
 CONFIG_ATTR, CONFIG_SHA256_ATTR, FINGERPRINT_ATTR = "config", "config_sha256", "source_fingerprint"
@@ -128,12 +135,17 @@ class LayoutRecord:
     splits: tuple[str, ...]
     fields: Mapping[str, FieldRecord]
     inferred: bool = False  # no record in the file: read from an older release's shape
+    samples: tuple[str, ...] = ()  # the per-sample record's datasets (older releases: none)
 
     def path(self, split: str, field_name: str) -> str:
         return dataset_path(self.template, split, field_name)
 
     def lineage_path(self, split: str) -> str:
         return dataset_path(self.template, split, LINEAGE)
+
+    def sample_paths(self, split: str) -> dict[str, str]:
+        """The per-sample record's dataset paths in ``split`` (empty for older releases)."""
+        return {name: dataset_path(self.template, split, name) for name in self.samples}
 
     def paths(self, split: str) -> dict[str, str]:
         """Every field's dataset path in ``split``, in field order."""
@@ -146,6 +158,7 @@ class LayoutRecord:
                 "template": self.template,
                 "splits": list(self.splits),
                 "lineage": LINEAGE,
+                "samples": list(self.samples),
                 "fields": {name: record.as_json() for name, record in self.fields.items()},
             },
             sort_keys=False,
@@ -174,6 +187,7 @@ class LayoutRecord:
                 str(data["template"]),
                 tuple(str(s) for s in data["splits"]),
                 {str(n): FieldRecord.from_json(r) for n, r in data["fields"].items()},
+                samples=tuple(str(n) for n in data.get("samples", ())),
             )
             record.path("split", "field")  # a template of other placeholders fails here
         except (KeyError, IndexError, TypeError, AttributeError, ValueError) as exc:
@@ -216,7 +230,8 @@ def _inferred_layout(handle: h5py.File) -> LayoutRecord:
     fields: dict[str, FieldRecord] = {}
     for split in splits:
         for name, node in handle[split].items():
-            if name == LINEAGE or name in fields or not isinstance(node, h5py.Dataset):
+            beside = name in (LINEAGE, *SAMPLE_RECORD)
+            if beside or name in fields or not isinstance(node, h5py.Dataset):
                 continue
             entry = config.get(name)
             declared: dict[str, Any] = entry if isinstance(entry, dict) else {}

@@ -15,7 +15,7 @@ import h5py
 from h5etl import __version__, clean, decode, discover, fileformat, resume, schedule, tasks, workers
 from h5etl.chunkcodec import ChunkLayout
 from h5etl.errors import BuildFailed, ResumeMismatch
-from h5etl.kinds.base import ArrayColumn
+from h5etl.kinds.base import ArrayColumn, TextColumn
 from h5etl.kinds.registry import decode_order, layout_of, layout_records
 from h5etl.records import BatchResult, valid_text
 from h5etl.release import OutputFolder
@@ -49,7 +49,12 @@ def layouts_of(spec: Spec) -> dict[str, ChunkLayout]:
 
 
 def layout_record(spec: Spec, plan: clean.Plan) -> fileformat.LayoutRecord:
-    return fileformat.LayoutRecord(spec.layout, tuple(spec.splits), layout_records(plan.kinds))
+    return fileformat.LayoutRecord(
+        spec.layout,
+        tuple(spec.splits),
+        layout_records(plan.kinds),
+        samples=fileformat.SAMPLE_RECORD,
+    )
 
 
 class _Stopwatch:
@@ -275,7 +280,10 @@ def _write(
 ) -> None:
     sink_layout = SinkLayout(
         tuple(spec.splits),
-        {kind.name: kind.column for kind in plan.kinds},
+        {
+            **{kind.name: kind.column for kind in plan.kinds},
+            **{name: TextColumn() for name in fileformat.SAMPLE_RECORD},  # the sample record
+        },
         tuple(spec.sources),
         spec.batch_samples,
         spec.layout,

@@ -61,10 +61,17 @@ class Sample:
     relpaths: tuple[str, ...]
     roots: Roots
     extras: tuple[Any, ...] = ()  # values known at plan time, one per plan-side field
+    name: str = ""  # the name its split is seeded by, when not its key (a renamed key)
+    group: str = ""  # its group (``splits.group_by``); "" when splits are not grouped
 
     @classmethod
     def of(cls, key: str, files: tuple[SourceFile, ...]) -> Sample:
         return cls(key, tuple(f.relpath for f in files), tuple((f.source, f.root) for f in files))
+
+    @property
+    def split_name(self) -> str:
+        """The name its split is seeded by: the NFC name it was found under."""
+        return self.name or self.key
 
     @property
     def paths(self) -> tuple[str, ...]:

@@ -33,7 +33,7 @@ __all__ = [
 ]
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
-RESERVED_NAMES = frozenset({fileformat.LINEAGE, fileformat.DIAGNOSTICS})
+RESERVED_NAMES = frozenset({fileformat.LINEAGE, *fileformat.SAMPLE_RECORD, fileformat.DIAGNOSTICS})
 MAX_CHUNK_BYTES = 2**32 - 1  # HDF5 refuses chunks of 4 GiB or more
 # A decode task holds a whole chunk of every image field: the lcm of their chunk rows. Fields
 # that agree make that one chunk, the user's own choice; fields that disagree may grow it to
@@ -224,7 +224,7 @@ def _path_problems(spec: SpecView) -> list[Problem]:
     seen: dict[str, tuple[str, str]] = {}
     nodes: dict[str, str] = {}
     for split in spec.splits:
-        for name in [*spec.fields, fileformat.LINEAGE]:
+        for name in [*spec.fields, fileformat.LINEAGE, *fileformat.SAMPLE_RECORD]:
             path = fileformat.dataset_path(spec.layout, split, name)
             node = fileformat.diagnostics_node(path)
             clash = seen.get(path)

@@ -65,17 +65,15 @@ def resolve(
             f"no split {split!r}; the release has: {', '.join(record.splits)}", path=path
         )
     names = list(fields) if fields is not None else list(record.fields)
-    unknown = [n for n in names if n not in record.fields and n != fileformat.LINEAGE]
+    beside = {fileformat.LINEAGE: record.lineage_path(split), **record.sample_paths(split)}
+    unknown = [n for n in names if n not in record.fields and n not in beside]
     if unknown or not names:
         raise ReaderError(
             f"split {split!r} has no field {', '.join(unknown) or '(none asked)'}; "
             f"it has: {', '.join(record.fields)}",
             path=path,
         )
-    paths = {
-        n: record.lineage_path(split) if n == fileformat.LINEAGE else record.path(split, n)
-        for n in names
-    }
+    paths = {n: beside.get(n) or record.path(split, n) for n in names}
     datasets = {n: handle.get(p) for n, p in paths.items()}
     missing = [p for n, p in paths.items() if not isinstance(datasets[n], h5py.Dataset)]
     if missing:
