@@ -62,11 +62,17 @@ class ProbeRules:
 
     reject_oversize: bool
     targets: tuple[ProbeTarget, ...]
+    folders: frozenset[int] = frozenset()  # sources whose entries are folders
 
     @classmethod
     def of(cls, spec: Spec, kinds: Sequence[Kind]) -> ProbeRules:
         targets = (kind.probe_target() for kind in kinds)
-        return cls(spec.pad.oversize == "reject", tuple(t for t in targets if t is not None))
+        folders = frozenset(
+            i for i, source in enumerate(spec.sources.values()) if source.entries == "folders"
+        )
+        return cls(
+            spec.pad.oversize == "reject", tuple(t for t in targets if t is not None), folders
+        )
 
 
 ProbeBatch = Callable[[Sequence[Sample]], list[ProbeOutcome]]
@@ -164,11 +170,15 @@ def _stat_problem(path: str, exc: OSError) -> tuple[str, str]:
     return "unreadable", f"cannot read: {exc.strerror or exc}"
 
 
-def _stamp_sample(sample: Sample) -> ProbeOutcome:
-    """The files' stamps alone (size and mtime): what a build needs before decoding."""
+def _stamp_sample(sample: Sample, folders: frozenset[int] = frozenset()) -> ProbeOutcome:
+    """The files' stamps alone (size and mtime): what a build needs before decoding; a folder
+    entry's stamp is that of each file in it."""
     stamps = []
-    for f in sample.files:
+    for index, f in enumerate(sample.files):
         try:
+            if index in folders:
+                stamps.append(inputs.folder_stamp(f.path))
+                continue
             info = os.stat(f.path)
         except OSError as exc:
             return _reject_sample(sample, *_stat_problem(f.path, exc), f.path)
@@ -178,9 +188,11 @@ def _stamp_sample(sample: Sample) -> ProbeOutcome:
     return Probed(0, 0, ",".join(stamps))
 
 
-def stamp_samples(samples: Sequence[Sample]) -> list[ProbeOutcome]:
+def stamp_samples(
+    samples: Sequence[Sample], folders: frozenset[int] = frozenset()
+) -> list[ProbeOutcome]:
     """Stamp a batch of samples without reading them (``plan(..., headers=False)``)."""
-    return [_stamp_sample(sample) for sample in samples]
+    return [_stamp_sample(sample, folders) for sample in samples]
 
 
 def _probe_sample(sample: Sample, rules: ProbeRules) -> ProbeOutcome:
@@ -194,19 +206,15 @@ def _probe_sample(sample: Sample, rules: ProbeRules) -> ProbeOutcome:
         except RejectError as exc:
             return _reject_sample(sample, exc.reason, exc.message, path)
         sizes[target.name] = (header.height, header.width)
-    stamps = []
-    for f in files:
-        try:
-            info = os.stat(f.path)
-        except OSError as exc:
-            return _reject_sample(sample, *_stat_problem(f.path, exc), f.path)
-        stamps.append(f"{info.st_size}:{info.st_mtime_ns}")
+    stamped = _stamp_sample(sample, rules.folders)
+    if isinstance(stamped, list):
+        return stamped
     for target in rules.targets:
         problem = _size_problem(target, sizes, rules.reject_oversize)
         if problem is not None:
             return _reject_sample(sample, *problem)
     height, width = next(iter(sizes.values()), (0, 0))
-    return Probed(height, width, ",".join(stamps))
+    return Probed(height, width, stamped.stamp)
 
 
 def _size_problem(
@@ -272,7 +280,9 @@ def plan(
         renamed_samples[i : i + PROBE_BATCH] for i in range(0, len(renamed_samples), PROBE_BATCH)
     ]
     probe_batch: ProbeBatch = (
-        functools.partial(probe_samples, rules=rules) if headers else stamp_samples
+        functools.partial(probe_samples, rules=rules)
+        if headers
+        else functools.partial(stamp_samples, folders=rules.folders)
     )
     outcomes = map(probe_batch, batches) if mapper is None else mapper(probe_batch, batches)
     rejects: list[Reject] = []

@@ -5,6 +5,12 @@ Hidden files and folders are ignored; symlinked folders are not walked (no loops
 files are kept so that clean can follow or reject them (dangling, looping). An entry that is not
 a regular file once links are followed (a FIFO, socket, device, linked folder) is rejected here
 as ``not_a_file``, with its partners: opening a FIFO would block the build. Output is sorted by key.
+
+A source with ``entries: folders`` pairs folders instead (a DICOM series, a folder of slices):
+the folders matching its glob are its entries, keyed by their relative path as it is (no
+suffix taken off), not walked further; a file (or anything else) matching the glob there is
+a ``not_a_folder`` reject. Compound suffixes (``.nii.gz``) come off whole, so ``case_7.nii.gz``
+pairs with the folder ``case_7``.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from h5etl.records import Reject, Roots, Sample, SourceFile
 from h5etl.spec import Spec
 
 STAGE = "discover"
+COMPOUND_SUFFIXES = (".nii.gz",)  # taken off whole by key_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +75,7 @@ class Listing:
     relpaths: list[str]
     not_files: dict[str, str]
     unlistable: list[tuple[str, str]] = field(default_factory=list)  # (folder, why)
+    odd_reason: str = "not_a_file"  # the reject reason of the entries in ``not_files``
 
 
 def folder_may_match(reldir: str, pattern: str) -> bool:
@@ -85,7 +93,7 @@ def folder_may_match(reldir: str, pattern: str) -> bool:
 
 
 def _walk(
-    root: str, pattern: str, unlistable: list[tuple[str, str]]
+    root: str, pattern: str, unlistable: list[tuple[str, str]], *, folders: bool = False
 ) -> Iterator[tuple[str, os.DirEntry[str]]]:
     """(relative POSIX path, entry) of every non-hidden non-folder entry under ``root`` in a
     folder where ``pattern`` can match.
@@ -94,6 +102,7 @@ def _walk(
     listing breaks off) goes to ``unlistable`` with the reason: the files in it are inputs
     nobody can see, so the build reports the folder rather than dropping them silently.
     Folders the pattern cannot reach (``lost+found`` beside ``*.png``) are not entered.
+    With ``folders``, a folder the pattern matches is yielded (an entry), not entered.
     """
     pending = [""]
     while pending:
@@ -116,7 +125,9 @@ def _walk(
                     continue
                 relpath = f"{relative_dir}/{entry.name}" if relative_dir else entry.name
                 if inputs.is_folder(entry):
-                    if folder_may_match(relpath, pattern):
+                    if folders and glob_regex(pattern).match(relpath):
+                        yield relpath, entry
+                    elif folder_may_match(relpath, pattern):
                         pending.append(relpath)
                 else:
                     yield relpath, entry
@@ -143,23 +154,50 @@ def not_a_file(entry: os.DirEntry[str]) -> str | None:
     return f"not a regular file but {what}; only regular files (or links to them) are read"
 
 
-def list_source(root: Path, pattern: str) -> Listing:
-    """The non-hidden entries under ``root`` whose relative POSIX path matches ``pattern``."""
+def not_a_folder(entry: os.DirEntry[str]) -> str | None:
+    """What an entry of a folder source is when it is not a folder (links followed), else
+    None."""
+    try:
+        if entry.is_dir(follow_symlinks=True):
+            return None
+        mode = os.stat(entry.path).st_mode
+    except OSError:
+        return "a link that points nowhere (or cannot be looked at), not a folder"
+    what = "a regular file" if stat.S_ISREG(mode) else inputs.kind_of(mode) or "not a folder"
+    return f"not a folder but {what}; this source's entries are folders (entries: folders)"
+
+
+def list_source(root: Path, pattern: str, entries: str = "files") -> Listing:
+    """The non-hidden entries under ``root`` whose relative POSIX path matches ``pattern``:
+    files, or with ``entries="folders"`` folders."""
     regex = glob_regex(pattern)
+    folders = entries == "folders"
+    judge = not_a_folder if folders else not_a_file
     found: list[str] = []
     not_files: dict[str, str] = {}
     unlistable: list[tuple[str, str]] = []
-    for relpath, entry in _walk(str(root), pattern, unlistable):
+    for relpath, entry in _walk(str(root), pattern, unlistable, folders=folders):
         if regex.match(relpath):
             found.append(relpath)
-            what = not_a_file(entry)
+            what = judge(entry)
             if what is not None:
                 not_files[relpath] = what
     found.sort()
-    return Listing(found, not_files, unlistable)
+    reason = "not_a_folder" if folders else "not_a_file"
+    return Listing(found, not_files, unlistable, reason)
 
 
-def key_of(relpath: str) -> str:
+def key_of(relpath: str, *, folder: bool = False) -> str:
+    """A sample's key from an entry's relative path: without its suffix (a compound one such
+    as ``.nii.gz`` whole); a folder entry's path as it is."""
+    if folder:
+        return unicodedata.normalize("NFC", relpath)
+    lowered = relpath.lower()
+    for compound in COMPOUND_SUFFIXES:
+        if lowered.endswith(compound) and "/" not in relpath[-len(compound) :]:
+            base = relpath[: -len(compound)]
+            if base and not base.endswith("/"):
+                return unicodedata.normalize("NFC", base)
     stem, dot, suffix = relpath.rpartition(".")
     base = stem if dot and "/" not in suffix and stem and not stem.endswith("/") else relpath
     return unicodedata.normalize("NFC", base)
@@ -173,6 +211,7 @@ class _Listed:
     unique: dict[str, dict[str, str]] = field(default_factory=dict)
     duplicated: dict[str, dict[str, list[str]]] = field(default_factory=dict)
     not_files: dict[str, dict[str, str]] = field(default_factory=dict)
+    odd_reasons: dict[str, str] = field(default_factory=dict)  # per source
 
 
 def find_samples(spec: Spec, progress: Callable[[int], None] | None = None) -> Discovery:
@@ -193,8 +232,10 @@ def find_samples(spec: Spec, progress: Callable[[int], None] | None = None) -> D
     for source, source_spec in spec.sources.items():
         files = listed.unique.setdefault(source, {})
         copies = listed.duplicated.setdefault(source, {})
-        listing = list_source(source_spec.dir, source_spec.glob)
+        listing = list_source(source_spec.dir, source_spec.glob, source_spec.entries)
         listed.not_files[source] = listing.not_files
+        listed.odd_reasons[source] = listing.odd_reason
+        folders = source_spec.entries == "folders"
         for folder, why in listing.unlistable:
             where = os.path.normpath(os.path.join(source_spec.dir, folder))
             detail = f"cannot list this folder, its files are not in the release: {why}"
@@ -203,7 +244,7 @@ def find_samples(spec: Spec, progress: Callable[[int], None] | None = None) -> D
             seen += 1
             if progress is not None:
                 progress(1)
-            key = sys.intern(key_of(relpath))  # image and mask share one key string
+            key = sys.intern(key_of(relpath, folder=folders))  # image and mask share one key
             if key in copies:
                 copies[key].append(relpath)
             elif key in files:
@@ -254,10 +295,11 @@ def _pair(key: str, roots: Roots, listed: _Listed, rejects: list[Reject]) -> Sam
         reason, detail = "duplicate_key", "its partner has a duplicate key"
     else:  # as clean rejects a pair: the partner names the culprit
         culprit = next(iter(odd))
-        reason, detail = "not_a_file", f"{odd[culprit]} (in {path(culprit, single[culprit])})"
+        reason = listed.odd_reasons[culprit]
+        detail = f"{odd[culprit]} (in {path(culprit, single[culprit])})"
     for s, r in single.items():
         if s in odd:  # whatever else is wrong, this entry could never be read
-            rejects.append(Reject(path(s, r), STAGE, "not_a_file", odd[s], key))
+            rejects.append(Reject(path(s, r), STAGE, listed.odd_reasons[s], odd[s], key))
         else:
             rejects.append(Reject(path(s, r), STAGE, reason, detail, key))
     return None

@@ -102,3 +102,20 @@ def is_folder(entry: os.DirEntry[str]) -> bool:
         return entry.is_dir(follow_symlinks=False)
     except OSError:
         return False
+
+
+def folder_stamp(path: str) -> str:
+    """What identifies a folder entry's bytes without reading them: each non-hidden file's
+    name, size and mtime (ns), by name (a resume must find the same files).
+
+    Raises:
+        OSError: the folder cannot be listed or is no folder.
+    """
+    parts = []
+    with os.scandir(path) as scan:
+        for entry in sorted(scan, key=lambda e: e.name):
+            if entry.name.startswith("."):
+                continue
+            info = entry.stat()
+            parts.append(f"{entry.name}={info.st_size}:{info.st_mtime_ns}")
+    return "[" + ";".join(parts) + "]"

@@ -250,6 +250,8 @@ def spec_text(spec: Spec) -> str:
     data["output"] = spec.stored_path(("output",), spec.output)
     for name, source in spec.sources.items():
         data["sources"][name]["dir"] = spec.stored_path(("sources", name, "dir"), source.dir)
+        if source.entries == "files":  # the default: configs from before it keep their digest
+            del data["sources"][name]["entries"]
     for name, field in spec.fields.items():
         table = getattr(getattr(field, "from_", None), "table", None)
         if table is not None:

@@ -82,10 +82,16 @@ class Compression(Strict):
 
 
 class SourceSpec(Strict):
-    """One folder of inputs; files are paired across sources by their relative stem."""
+    """One folder of inputs; files are paired across sources by their relative stem.
+
+    ``entries: folders``: each input is a folder (a DICOM series, a folder of slices, a
+    recording's channel files) matched by ``glob`` and keyed by its relative path; the kind
+    reading it lists its files.
+    """
 
     dir: Path
     glob: str = "*"
+    entries: Literal["files", "folders"] = "files"
 
 
 class StorageSpec(Strict):
