@@ -20,7 +20,7 @@ import hdf5plugin  # noqa: F401  (registers the Blosc/Zstd filters for reading)
 import numpy as np
 
 from h5etl import digest, fileformat, hdf5info
-from h5etl.check_fields import field_lines
+from h5etl.check_fields import field_lines, group_lines
 from h5etl.fileformat import (
     BLOCK_DIGESTS,
     DIAGNOSTICS,
@@ -231,6 +231,8 @@ def check_release(path: Path, *, deep: bool = False) -> CheckReport:
         if not expected:
             report.problem(f"no /{DIAGNOSTICS_DATASETS}: not an h5etl release, or damaged")
         counts = _splits_section(handle, record, expected, report, deep=deep)
+        with _section(report, "groups"):
+            report.lines.extend(group_lines(handle, record, report.problem))
         with _section(report, f"/{DIAGNOSTICS_DATASETS}"):
             for name in expected:
                 if name not in handle and name not in report.missing:

@@ -136,3 +136,26 @@ def field_lines(
     if declared is not None and dataset.dtype.kind in "uib" and dataset.ndim >= 1:
         lines.append(_mask_values_line(name, dataset, declared, problem))
     return [line for line in lines if line is not None]
+
+
+def group_lines(handle: h5py.File, record: fileformat.LayoutRecord, problem: Problem) -> list[str]:
+    """The groups of the per-sample record: how many, and a problem for each group found in
+    more than one split (leakage: one patient's images in train and valid)."""
+    if fileformat.SAMPLE_GROUP not in record.samples:
+        return []
+    where: dict[str, dict[str, int]] = {}
+    for split in record.splits:
+        node = handle.get(record.sample_paths(split)[fileformat.SAMPLE_GROUP])
+        if not isinstance(node, h5py.Dataset) or not len(node):
+            continue  # a missing dataset is reported with the split
+        for group in node.asstr()[...]:
+            if group:
+                counts = where.setdefault(str(group), {})
+                counts[split] = counts.get(split, 0) + 1
+    if not where:
+        return []  # built without splits.group_by
+    leaked = {group: splits for group, splits in where.items() if len(splits) > 1}
+    for group, splits in sorted(leaked.items()):
+        shown = ", ".join(f"{split} {count}" for split, count in splits.items())
+        problem(f"group {group!r} is in {len(splits)} splits ({shown}): leakage between splits")
+    return [f"groups: {len(where)}, {len(leaked)} in more than one split"]

@@ -1,8 +1,8 @@
 """clean: sanitise keys, stat or probe files, apply the oversize policy, assign splits.
 
 Input: discovered samples. Output: a ``Plan`` (per split, samples in a seeded write order) and
-rejects. Headers are read without decoding pixels. Splits are assigned by a seeded hash of the
-key, so a sample keeps its split when the folder grows: no leakage between releases.
+rejects. Headers are read without decoding pixels. Splits are exact on a first release and
+sticky after it (``h5etl.assign``): a sample keeps the split the previous release recorded.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import re
 import stat
 import unicodedata
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -35,6 +35,7 @@ from h5etl.records import (
 
 if TYPE_CHECKING:  # header probes run in the decode workers; pydantic stays out of them
     from h5etl.spec import Spec
+    from h5etl.specparts import GroupBy
 
 STAGE = "clean"
 _UNSAFE = re.compile(r"[\x00-\x1f\x7f\\:]+")
@@ -94,6 +95,7 @@ class Plan:
     digest: str = ""  # SHA-256 of splits, keys, file names, probed sizes, file sizes and mtimes
     kinds: tuple[Kind, ...] = ()  # the fields' kinds, bound to the inputs (class names found)
     warnings: list[str] = field(default_factory=list)
+    policy: dict[str, Any] = field(default_factory=dict)  # how splits were assigned (JSON)
 
     @property
     def total(self) -> int:
@@ -143,19 +145,6 @@ def sanitize_keys(samples: Sequence[Sample]) -> tuple[list[Sample], list[tuple[s
             sample = Sample(key, sample.relpaths, sample.roots)
         out.append(sample)  # unchanged samples are kept, not copied: plans can be large
     return out, renamed
-
-
-def split_of(key: str, splits: dict[str, float], seed: int) -> str:
-    """The split of a key: a seeded hash mapped onto the cumulative split fractions."""
-    digest = hashlib.sha256(text_bytes(f"{seed}\x00{key}")).digest()
-    position = int.from_bytes(digest[:8], "big") / 2**64
-    cumulative = 0.0
-    names = list(splits)
-    for name in names:
-        cumulative += splits[name]
-        if position < cumulative:
-            return name
-    return names[-1]
 
 
 def _reject_sample(sample: Sample, reason: str, detail: str, cause: str = "") -> list[Reject]:
@@ -256,6 +245,7 @@ def plan(
     mapper: Mapper | None = None,
     headers: bool = True,
     kinds: Sequence[Kind] | None = None,
+    previous: Mapping[str, str] | None = None,
 ) -> Plan:
     """Probe and place every sample.
 
@@ -266,6 +256,8 @@ def plan(
     only read each file twice (a fifth of a build's wall time, before any decoding).
     Values known without decoding (labels, table columns) are found here, in the parent: a
     sample without one is rejected now, and they travel with it (``Sample.extras``).
+    ``previous`` (sample name -> split, from the previous release's record) makes the
+    splits sticky (``h5etl.assign``).
 
     Returns:
         The plan; every input is either in it once or among its rejects.
@@ -296,7 +288,7 @@ def plan(
         if progress is not None:
             progress(len(batch))
     annotated, bound, warnings = _annotated(passed, kinds, rejects)
-    by_split = _assigned(spec, annotated, bound, renamed)
+    by_split, policy = _assigned(spec, annotated, bound, renamed, previous, rejects)
     digest = hashlib.sha256()
     for split, pairs in by_split.items():
         for sample, outcome in pairs:
@@ -309,7 +301,7 @@ def plan(
     for name, placed in by_split.items():
         members = sorted((sample for sample, _ in placed), key=lambda s: s.key)
         ordered[name] = [members[i] for i in rng.permutation(len(members))]
-    return Plan(ordered, rejects, renamed, digest.hexdigest(), tuple(bound), warnings)
+    return Plan(ordered, rejects, renamed, digest.hexdigest(), tuple(bound), warnings, policy)
 
 
 def _annotated(
@@ -339,26 +331,67 @@ def _assigned(
     annotated: list[tuple[Sample, Probed]],
     kinds: Sequence[Kind],
     renamed: list[tuple[str, str]],
-) -> dict[str, list[tuple[Sample, Probed]]]:
-    """Samples per split. A sample's split follows from its own name (NFC), never from the
-    key it was given, which can change when another file's key collides with it."""
+    previous: Mapping[str, str] | None,
+    rejects: list[Reject],
+) -> tuple[dict[str, list[tuple[Sample, Probed]]], dict[str, Any]]:
+    """Samples per split, and the policy that placed them (``h5etl.assign``). A sample's split
+    follows from its own name (NFC), never from the key it was given, which can change when
+    another file's key collides with it."""
+    from h5etl import assign
+
     originals = {new: old for old, new in renamed}
+    planned = [kind.name for kind in kinds if kind.plan_side]
+    if spec.group_by is not None:
+        annotated = _grouped(spec.group_by, annotated, planned, rejects)
     names = [
         unicodedata.normalize("NFC", originals.get(sample.key, sample.key))
         for sample, _ in annotated
     ]
-    by_split: dict[str, list[tuple[Sample, Probed]]] = {name: [] for name in spec.splits}
-    if spec.stratify is None:
-        splits = [split_of(name, spec.splits, spec.seed) for name in names]
-    else:
-        from h5etl import stratify
-
-        planned = [kind.name for kind in kinds if kind.plan_side]
+    strata = None
+    if spec.stratify is not None:
         column = planned.index(spec.stratify)
         strata = [sample.extras[column] for sample, _ in annotated]
-        splits = stratify.assign_splits(names, spec.splits, spec.seed, strata=strata)
-    for (sample, outcome), name, split in zip(annotated, names, splits, strict=True):
+    groups = [sample.group for sample, _ in annotated] if spec.group_by is not None else None
+    placed = assign.assign(
+        names, spec.splits, spec.seed, strata=strata, groups=groups, previous=previous
+    )
+    by_split: dict[str, list[tuple[Sample, Probed]]] = {name: [] for name in spec.splits}
+    for (sample, outcome), name, split in zip(annotated, names, placed.splits, strict=True):
         if name != sample.key:  # the per-sample record stores the name, not the new key
             sample = dataclasses.replace(sample, name=name)
         by_split[split].append((sample, outcome))
-    return by_split
+    policy = {
+        **placed.policy,
+        "fractions": dict(spec.splits),
+        "seed": spec.seed,
+        "stratify": spec.stratify,
+        "group_by": None if spec.group_by is None else spec.group_by.describe(),
+        "counts": {split: len(members) for split, members in by_split.items()},
+    }
+    return by_split, policy
+
+
+def _grouped(
+    group_by: GroupBy,
+    annotated: list[tuple[Sample, Probed]],
+    planned: list[str],
+    rejects: list[Reject],
+) -> list[tuple[Sample, Probed]]:
+    """Each sample with its group; a sample without one is a ``no_group`` reject."""
+    pattern = re.compile(group_by.pattern) if group_by.pattern is not None else None
+    column = planned.index(group_by.field) if group_by.field is not None else -1
+    out = []
+    for sample, outcome in annotated:
+        if pattern is not None:
+            found = pattern.search(sample.relpaths[0].replace(os.sep, "/"))
+            group = (found.group(1) if pattern.groups else found.group(0)) if found else None
+            why = f"{sample.relpaths[0]!r} does not match splits.group_by {group_by.pattern!r}"
+        else:
+            value = sample.extras[column]
+            group = None if value is None else str(value)
+            why = f"no value of {group_by.field!r} to group by"
+        if not group:
+            rejects.extend(_reject_sample(sample, "no_group", why))
+            continue
+        out.append((dataclasses.replace(sample, group=group), outcome))
+    return out

@@ -30,6 +30,7 @@ __all__ = [
     "SAMPLE_GROUP",
     "SAMPLE_KEY",
     "SAMPLE_RECORD",
+    "SPLIT_POLICY_ATTR",
     "STAT_ATTRS",
     "TEMPLATES",
     "FieldRecord",
@@ -62,6 +63,10 @@ REQUIRED_ATTRS = (
     FINGERPRINT_ATTR,
 )
 TOOL_VERSION_ATTR = "h5etl_version"
+# Root attribute, JSON: how the splits were assigned (h5etl.assign): rule (exact | sticky |
+# grouped), fractions, seed, stratify, group_by, parent (version or null), kept, assigned,
+# dropped, moved, counts per split
+SPLIT_POLICY_ATTR = "split_policy"
 # On the DIAGNOSTICS group: reject counts by reason (rejects_<reason>, rejects_total)
 REJECTS_PREFIX = "rejects_"
 REJECTS_TOTAL = "rejects_total"

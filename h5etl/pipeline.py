@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -12,7 +13,18 @@ from typing import Any
 
 import h5py
 
-from h5etl import __version__, clean, decode, discover, fileformat, resume, schedule, tasks, workers
+from h5etl import (
+    __version__,
+    clean,
+    decode,
+    discover,
+    fileformat,
+    parent,
+    resume,
+    schedule,
+    tasks,
+    workers,
+)
 from h5etl.chunkcodec import ChunkLayout
 from h5etl.errors import BuildFailed, ResumeMismatch
 from h5etl.kinds.base import ArrayColumn, TextColumn
@@ -238,6 +250,7 @@ def _plan_only(
     """Discover and plan. Header probes run only where nothing is decoded after them (a
     dry run): decoding makes every check they make, and they read every file twice."""
     watch = _Stopwatch()
+    previous, warnings = _parent_of(spec)
     hook("discover", 0, None)
     found = discover.find_samples(spec, lambda n: hook("discover", n, None))
     watch.lap("discover")
@@ -255,13 +268,27 @@ def _plan_only(
             else (lambda fn, batches: schedule.map_in_threads(fn, batches))
         ),
         headers=headers,
+        previous=None if previous is None else previous.split_of(),
     )
+    plan.policy["parent"] = None if previous is None else previous.version
+    plan.warnings.extend(warnings)
     watch.lap("clean")
     samples = _planned(plan)
     report = BuildReport(
         spec.name, found.files_seen, samples, [*found.rejects, *plan.rejects], dict(watch.seconds)
     )
     return report, plan, watch
+
+
+def _parent_of(spec: Spec) -> tuple[parent.Parent | None, list[str]]:
+    """The release the link points at, whose record keeps the splits sticky (None: none)."""
+    found = OutputFolder(spec.output, spec.name).current_release()
+    if found is None:
+        return None, []
+    try:
+        return parent.read_parent(found[1], found[0]), []
+    except parent.NoRecord as exc:
+        return None, [f"{exc}: splits are assigned afresh, not kept from v{found[0]:04d}"]
 
 
 def _write(
@@ -332,6 +359,7 @@ def _write(
             require_samples(spec, report.samples, report)
             attrs = _file_attrs(spec, version, fingerprint)
             attrs[fileformat.LAYOUT_ATTR] = record.to_json()
+            attrs[fileformat.SPLIT_POLICY_ATTR] = json.dumps(plan.policy)
             diagnostics = _diagnostics(report, watch, worker_seconds, sink.seconds, plan)
             diagnostics.update(tallies.diagnostics(record))
             report.conversions = tallies.conversions

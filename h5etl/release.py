@@ -144,6 +144,15 @@ class OutputFolder:
                 except OSError as exc:
                     logger.warning("%s: cannot remove this temp file: %s", leftover, exc)
 
+    def current_release(self) -> tuple[int, Path] | None:
+        """The release the link points at (version, path): a new build's parent; None when
+        there is no link, or it points at no release of this name."""
+        version = current_version(self.link)
+        if version is None:
+            return None
+        path = self.folder / release_filename(self.name, version)
+        return (version, path) if path.is_file() and not path.is_symlink() else None
+
     def next_version(self) -> int:
         existing = versions(self.folder, self.name)
         return max(existing, default=0) + 1

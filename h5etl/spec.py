@@ -26,6 +26,7 @@ from h5etl.fieldspecs import ArrayField, FieldSpec
 from h5etl.spec_rules import NAME_PATTERN, check_name, source_for, unknown_source
 from h5etl.specparts import (
     Compression,
+    GroupBy,
     PadSpec,
     Problem,
     SourceSpec,
@@ -63,6 +64,7 @@ RESERVED_ATTRS = frozenset(
         "hdf5_version",
         "source_fingerprint",
         fileformat.LAYOUT_ATTR,
+        fileformat.SPLIT_POLICY_ATTR,
     }
 )  # file attributes every build writes (pipeline._file_attrs)
 
@@ -88,6 +90,7 @@ class Spec(Strict):
         default_factory=lambda: {"train": 1.0}
     )
     seed: int = 0
+    group_by: GroupBy | None = None  # written as splits.group_by (see _group_by_in_splits)
     fields: Annotated[dict[str, FieldSpec], Field(min_length=1)]
     layout: str = fileformat.DEFAULT_TEMPLATE
     stratify: str | None = None  # a label field: each class split in the split fractions
@@ -143,6 +146,22 @@ class Spec(Strict):
         ):
             return written
         return str(value)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _group_by_in_splits(cls, data: Any) -> Any:
+        """``splits.group_by`` is no split: it moves to ``group_by`` (``spec_text`` puts it
+        back), so ``splits`` stays a mapping of fractions."""
+        if not isinstance(data, dict):
+            return data
+        if "group_by" in data:
+            raise ValueError("group_by belongs under splits: splits: {..., group_by: ...}")
+        splits = data.get("splits")
+        if isinstance(splits, dict) and "group_by" in splits:
+            data = dict(data)
+            data["splits"] = {k: v for k, v in splits.items() if k != "group_by"}
+            data["group_by"] = splits["group_by"]
+        return data
 
     @field_validator("attrs")
     @classmethod
@@ -247,6 +266,9 @@ def spec_text(spec: Spec) -> str:
     data["fields"] = {
         name: {"kind": field.pop("kind"), **field} for name, field in data["fields"].items()
     }
+    group_by = data.pop("group_by")
+    if group_by is not None:
+        data["splits"]["group_by"] = {k: v for k, v in group_by.items() if v is not None}
     data["output"] = spec.stored_path(("output",), spec.output)
     for name, source in spec.sources.items():
         data["sources"][name]["dir"] = spec.stored_path(("sources", name, "dir"), source.dir)

@@ -11,13 +11,13 @@ import difflib
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
 from h5etl import fileformat
 from h5etl.fieldspecs import ArrayField, FieldSpec, ImageField, LabelField, MaskField
-from h5etl.specparts import PadSpec, Problem, SourceSpec
+from h5etl.specparts import GroupBy, PadSpec, Problem, SourceSpec
 
 __all__ = [
     "MAX_BATCH_SAMPLES",
@@ -52,6 +52,8 @@ class SpecView(Protocol):
     def pad(self) -> PadSpec: ...
     @property
     def stratify(self) -> str | None: ...
+    @property
+    def group_by(self) -> GroupBy | None: ...
     @property
     def layout(self) -> str: ...
     @property
@@ -127,6 +129,7 @@ def spec_problems(spec: SpecView) -> list[Problem]:
     if not spec.image_fields:
         problems.append(Problem((("fields",),), "at least one image or mask field is needed"))
     problems.extend(_stratify_problems(spec))
+    problems.extend(_group_by_problems(spec))
     problems.extend(_pair_problems(spec))
     problems.extend(_mask_shape_problems(spec))
     problems.extend(_path_problems(spec))
@@ -299,6 +302,32 @@ def _stratify_problems(spec: SpecView) -> list[Problem]:
             f"(label fields: {', '.join(labels) or 'none'}){hint}",
         )
     ]
+
+
+def _group_by_problems(spec: SpecView) -> list[Problem]:
+    """A group field must be known when splits are assigned: a label or a table column."""
+    group_by = spec.group_by
+    if group_by is None or group_by.field is None:
+        return []
+    name = group_by.field
+    field = spec.fields.get(name)
+    planned = [n for n, f in spec.fields.items() if _known_at_plan_time(f)]
+    if field is not None and _known_at_plan_time(field):
+        return []
+    why = "is not a field" if field is None else "is not known before decoding"
+    return [
+        Problem(
+            (("splits", "group_by", "field"),),
+            f"{name!r} {why}: splits are assigned before decoding, so a group comes from a "
+            f"label, a table column (fields with from: {{table: ...}}: "
+            f"{', '.join(planned) or 'none'}) or a pattern on the path",
+        )
+    ]
+
+
+def _known_at_plan_time(field: Any) -> bool:
+    origin = getattr(field, "from_", None)
+    return isinstance(field, LabelField) or getattr(origin, "table", None) is not None
 
 
 def _chunk_problems(spec: SpecView, field_name: str) -> list[Problem]:

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 __all__ = [
     "Compression",
+    "GroupBy",
     "PadSpec",
     "Problem",
     "SourceSpec",
@@ -110,3 +112,32 @@ class PadSpec(Strict):
     fill: Annotated[int, Field(ge=-32768, le=65535)] = 0
     mask_fill: Annotated[int, Field(ge=0, le=65535)] = 0
     oversize: Literal["reject", "crop", "resize"] = "reject"
+
+
+class GroupBy(Strict):
+    """What makes samples one group (``splits.group_by``): a regex on the relative path of
+    the sample's first file (its first capture group, or the whole match), or the value of a
+    field known at plan time (a label, a table column). Written as the regex alone or as
+    ``{pattern: ...}`` / ``{field: ...}``."""
+
+    pattern: str | None = None
+    field: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_shorthand(cls, data: Any) -> Any:
+        return {"pattern": data} if isinstance(data, str) else data
+
+    @model_validator(mode="after")
+    def _one_rule(self) -> GroupBy:
+        if (self.pattern is None) == (self.field is None):
+            raise ValueError("give either pattern (a regex on the path) or field, not both")
+        if self.pattern is not None:
+            try:
+                re.compile(self.pattern)
+            except re.error as exc:
+                raise ValueError(f"pattern {self.pattern!r} is not a regex: {exc}") from exc
+        return self
+
+    def describe(self) -> str:
+        return f"pattern {self.pattern}" if self.pattern is not None else f"field {self.field}"

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
+import math
 import os
 import signal
 import subprocess
@@ -22,6 +23,7 @@ import sys
 import textwrap
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from fractions import Fraction
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -94,6 +96,21 @@ class MakeRaw(Protocol):
 
 
 WriteConfig = Callable[..., Path]
+
+
+def exact_splits(names: Iterable[str], fractions: Mapping[str, float], seed: int) -> dict[str, str]:
+    """The first release's documented split rule, written out: names sorted by
+    SHA-256(f"{seed}\\x00{name}"), the first k splits taking round-half-up(F_k x N)."""
+    ordered = sorted(names, key=lambda n: hashlib.sha256(f"{seed}\x00{n}".encode()).digest())
+    shares = {split: Fraction(repr(float(f))) for split, f in fractions.items()}
+    total = sum(shares.values())
+    out, start, cumulative = {}, 0, Fraction(0)
+    for split, share in shares.items():
+        cumulative += share / total
+        stop = math.floor(cumulative * len(ordered) + Fraction(1, 2))
+        out.update(dict.fromkeys(ordered[start:stop], split))
+        start = stop
+    return out
 
 
 def sha256_file(path: Path) -> str:

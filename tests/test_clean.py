@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -13,7 +12,7 @@ from conftest import MakeRaw, WriteConfig
 from hypothesis import given
 from hypothesis import strategies as st
 
-from h5etl import clean, discover, schedule
+from h5etl import assign, clean, discover, schedule
 from h5etl.config import load_spec
 from h5etl.records import Sample, SourceFile
 
@@ -24,27 +23,19 @@ fractions = st.sampled_from(
 
 
 @given(st.lists(keys, max_size=30, unique=True), fractions, st.integers(0, 2**32))
-def test_split_is_stable_and_independent_of_other_keys(
+def test_split_is_independent_of_the_order_of_the_names(
     names: list[str], splits: dict[str, float], seed: int
 ) -> None:
-    alone = {key: clean.split_of(key, splits, seed) for key in names}
-    together = {key: clean.split_of(key, splits, seed) for key in reversed(names)}
-    assert alone == together
-    assert set(alone.values()) <= set(splits)
-
-
-def test_split_fractions_are_approximately_kept() -> None:
-    splits = {"train": 0.7, "valid": 0.2, "test": 0.1}
-    counts = Counter(clean.split_of(f"sample-{i}", splits, 0) for i in range(20000))
-    for name, fraction in splits.items():
-        assert abs(counts[name] / 20000 - fraction) < 0.015
+    forward = assign.assign(names, splits, seed).splits
+    backward = assign.assign(names[::-1], splits, seed).splits
+    assert dict(zip(names, forward, strict=True)) == dict(zip(names[::-1], backward, strict=True))
+    assert set(forward) <= set(splits)
 
 
 def test_seed_changes_the_assignment() -> None:
     splits = {"train": 0.5, "valid": 0.5}
-    first = [clean.split_of(str(i), splits, 0) for i in range(200)]
-    second = [clean.split_of(str(i), splits, 1) for i in range(200)]
-    assert first != second
+    names = [str(i) for i in range(200)]
+    assert assign.assign(names, splits, 0).splits != assign.assign(names, splits, 1).splits
 
 
 def test_plan_keeps_splits_when_the_folder_grows(
@@ -53,10 +44,10 @@ def test_plan_keeps_splits_when_the_folder_grows(
     make_raw(tmp_path, n=30)
     spec = load_spec(write_config(tmp_path))
     samples = discover.find_samples(spec).samples
-    full = clean.plan(spec, samples)
     half = clean.plan(spec, samples[::2])
-    where_full = {s.key: split for split, members in full.splits.items() for s in members}
     where_half = {s.key: split for split, members in half.splits.items() for s in members}
+    full = clean.plan(spec, samples, previous=where_half)  # the half is the previous release
+    where_full = {s.key: split for split, members in full.splits.items() for s in members}
     assert len(where_full) == 30
     assert all(where_full[key] == split for key, split in where_half.items())
 

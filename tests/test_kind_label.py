@@ -4,7 +4,6 @@ computed here (Pillow decodes, our own sort, our own split hash)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import signal
@@ -16,7 +15,7 @@ import h5py
 import numpy as np
 import pytest
 import yaml
-from conftest import dataset_digests, run_killed_build, save
+from conftest import dataset_digests, exact_splits, run_killed_build, save
 from PIL import Image
 from typer.testing import CliRunner
 
@@ -102,18 +101,6 @@ def expected_row(path: Path) -> np.ndarray:
     top, left = (SIZE - rgb.shape[1]) // 2, (SIZE - rgb.shape[2]) // 2
     out[:, top : top + rgb.shape[1], left : left + rgb.shape[2]] = rgb
     return out
-
-
-def our_split(name: str, splits: dict[str, float], seed: int) -> str:
-    """clean.split_of's documented rule, written out here."""
-    digest = hashlib.sha256(f"{seed}\x00{name}".encode()).digest()
-    position = int.from_bytes(digest[:8], "big") / 2**64
-    cumulative = 0.0
-    for split, fraction in splits.items():
-        cumulative += fraction
-        if position < cumulative:
-            return split
-    return list(splits)[-1]
 
 
 # --- class folders ---------------------------------------------------------------------------
@@ -422,7 +409,7 @@ def test_stratified_splits_hold_each_class_in_the_fractions(tmp_path: Path) -> N
     assert report.ok, report.problems
 
 
-def test_without_stratify_the_split_is_the_seeded_hash_as_before(tmp_path: Path) -> None:
+def test_without_stratify_the_split_is_the_exact_seeded_rule(tmp_path: Path) -> None:
     make_pets(tmp_path, STRATA, extras=False)
     config = pets_config(tmp_path, splits=FRACTIONS)
 
@@ -430,7 +417,8 @@ def test_without_stratify_the_split_is_the_seeded_hash_as_before(tmp_path: Path)
 
     assert report.path is not None
     assignment = _assignment(report.path)
-    assert assignment == {f: our_split(f.removesuffix(".png"), FRACTIONS, 3) for f in assignment}
+    expected = exact_splits([f.removesuffix(".png") for f in assignment], FRACTIONS, 3)
+    assert assignment == {f: expected[f.removesuffix(".png")] for f in assignment}
 
 
 # --- determinism, check, resume, readers -----------------------------------------------------

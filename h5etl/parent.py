@@ -1,0 +1,92 @@
+"""parent: what a new build reads of the release before it (the link's target), read-only.
+
+Its identity (version, source fingerprint, stored config, layout record) and its per-sample
+record: each split's sample keys and groups, row-aligned with its fields and lineage. Splits
+keep every recorded sample where it is (``h5etl.assign``); an incremental build carries the
+chunks of unchanged samples (``h5etl.carry``). Plain data out; no handle leaves this module.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from h5etl import fileformat
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ParentSplit:
+    """One split of the parent: per row, the sample's key, group and source digests."""
+
+    keys: list[str]
+    groups: list[str]
+    lineage: np.ndarray  # (N, sources) S64
+
+
+@dataclass(frozen=True, slots=True)
+class Parent:
+    """The previous release, as far as a new build needs it."""
+
+    path: Path
+    version: int
+    fingerprint: str
+    config: str
+    layout: fileformat.LayoutRecord
+    splits: dict[str, ParentSplit] = field(default_factory=dict)
+
+    def split_of(self) -> dict[str, str]:
+        """Sample key -> the split the parent stored it in."""
+        return {key: name for name, split in self.splits.items() for key in split.keys}
+
+    @property
+    def total(self) -> int:
+        return sum(len(split.keys) for split in self.splits.values())
+
+
+class NoRecord(Exception):
+    """The parent cannot serve as one: no per-sample record, or unreadable (the message says)."""
+
+
+def _texts(dataset: h5py.Dataset) -> list[str]:
+    return [str(text) for text in dataset.asstr()[...]] if len(dataset) else []
+
+
+def read_parent(path: Path, version: int) -> Parent:
+    """Read the parent release at ``path``.
+
+    Raises:
+        NoRecord: it is not readable as HDF5, its layout record is damaged, or it is of a
+            version of h5etl that stored no per-sample record.
+    """
+    try:
+        with h5py.File(path, "r") as handle:
+            layout = fileformat.read_layout(handle)
+            if set(fileformat.SAMPLE_RECORD) - set(layout.samples):
+                raise NoRecord(f"{path.name} stores no per-sample record (an older h5etl)")
+            splits = {}
+            for split in layout.splits:
+                record = layout.sample_paths(split)
+                splits[split] = ParentSplit(
+                    _texts(handle[record[fileformat.SAMPLE_KEY]]),
+                    _texts(handle[record[fileformat.SAMPLE_GROUP]]),
+                    np.asarray(handle[layout.lineage_path(split)][...]),
+                )
+            attrs = handle.attrs
+            return Parent(
+                path,
+                version,
+                str(attrs.get(fileformat.FINGERPRINT_ATTR, "")),
+                str(attrs.get(fileformat.CONFIG_ATTR, "")),
+                layout,
+                splits,
+            )
+    except NoRecord:
+        raise
+    except (OSError, KeyError, ValueError, TypeError) as exc:
+        raise NoRecord(f"{path.name} cannot be read ({type(exc).__name__}: {exc})") from exc

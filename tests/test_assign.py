@@ -1,0 +1,150 @@
+"""assign: exact first splits, sticky later ones, whole groups (property tests of the rules)."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+from conftest import exact_splits
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from h5etl.assign import assign
+
+FRACTIONS = [
+    {"train": 1.0},
+    {"train": 0.8, "valid": 0.2},
+    {"train": 0.7, "valid": 0.2, "test": 0.1},
+    {"a": 1 / 3, "b": 1 / 3, "c": 1 / 3},
+    {"a": 0.5, "b": 0.25, "c": 0.125, "d": 0.125},
+]
+fractions = st.sampled_from(FRACTIONS)
+names = st.lists(st.text(min_size=1, max_size=6), unique=True, max_size=120)
+
+
+def assert_exact(counts: Counter[str], splits: dict[str, float], n: int) -> None:
+    for split, fraction in splits.items():
+        assert abs(counts[split] - fraction * n) < 1, (split, counts, n)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(0, 2000), fractions, st.integers(0, 2**32))
+@example(290, {"train": 0.8, "valid": 0.2}, 0)  # the issue's 216/74
+def test_a_first_release_is_exact(n: int, splits: dict[str, float], seed: int) -> None:
+    keys = [f"pt{i:05d}_img.png" for i in range(n)]
+    placed = assign(keys, splits, seed)
+    assert placed.policy["rule"] == "exact"
+    assert_exact(Counter(placed.splits), splits, n)
+    # the documented rule, written out independently
+    expected = exact_splits(keys, splits, seed)
+    assert placed.splits == [expected[k] for k in keys]
+
+
+@settings(max_examples=150, deadline=None)
+@given(names, names, fractions, st.integers(0, 99), st.randoms())
+def test_sticky_keeps_every_previous_sample_and_drops_removed_ones(
+    before: list[str], after: list[str], splits: dict[str, float], seed: int, rnd: random.Random
+) -> None:
+    # the previous split may be anything, even far from the fractions: it is read, not redone
+    previous = {name: rnd.choice(list(splits)) for name in before}
+    placed = assign(after, splits, seed, previous=previous)
+    assert len(placed.splits) == len(after)
+    for name, split in zip(after, placed.splits, strict=True):
+        if name in previous:
+            assert split == previous[name]
+    kept = sum(1 for name in after if name in previous)
+    assert placed.policy["kept"] == kept
+    assert placed.policy["assigned"] == len(after) - kept
+    assert placed.policy["dropped"] == len(set(before) - set(after))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(0, 60), min_size=1, max_size=5), fractions, st.integers(0, 99))
+def test_releases_that_only_grow_stay_exact(
+    steps: list[int], splits: dict[str, float], seed: int
+) -> None:
+    keys: list[str] = []
+    previous: dict[str, str] | None = None
+    for step, added in enumerate(steps):
+        keys = keys + [f"s{step}-{i}" for i in range(added)]
+        placed = assign(keys, splits, seed, previous=previous)
+        counts = Counter(placed.splits)
+        for split, fraction in splits.items():
+            # a split never goes over by a whole sample; it can stay under only while a
+            # kept sample holds another one over (the kept never move)
+            assert counts[split] - fraction * len(keys) < 1
+        previous = dict(zip(keys, placed.splits, strict=True))
+
+
+def test_rebuilding_the_same_names_gives_the_first_releases_split() -> None:
+    keys = [f"k{i}" for i in range(500)]
+    splits = {"train": 0.7, "valid": 0.2, "test": 0.1}
+    first = assign(keys, splits, 4).splits
+    # rejected samples are not in the previous record: placed again where they were
+    previous = {k: s for i, (k, s) in enumerate(zip(keys, first, strict=True)) if i % 9}
+    assert assign(keys, splits, 4, previous=previous).splits == first
+
+
+def test_new_samples_go_where_the_split_is_short() -> None:
+    splits = {"train": 0.5, "valid": 0.5}
+    previous = {f"old{i}": "train" for i in range(10)}  # a lopsided previous release
+    keys = [*previous, *(f"new{i}" for i in range(10))]
+    placed = assign(keys, splits, 0, previous=previous)
+    assert Counter(placed.splits) == {"train": 10, "valid": 10}
+
+
+groups_st = st.lists(st.integers(1, 12), min_size=1, max_size=40)
+
+
+@settings(max_examples=150, deadline=None)
+@given(groups_st, fractions, st.integers(0, 99))
+def test_groups_never_straddle_splits_and_totals_are_near(
+    sizes: list[int], splits: dict[str, float], seed: int
+) -> None:
+    keys = [f"pt{g}_{i}" for g, size in enumerate(sizes) for i in range(size)]
+    groups = [f"pt{g}" for g, size in enumerate(sizes) for _ in range(size)]
+    placed = assign(keys, splits, seed, groups=groups)
+    where: dict[str, set[str]] = {}
+    for group, split in zip(groups, placed.splits, strict=True):
+        where.setdefault(group, set()).add(split)
+    assert all(len(s) == 1 for s in where.values())
+    counts = Counter(placed.splits)
+    for split, fraction in splits.items():
+        assert abs(counts[split] - fraction * len(keys)) <= max(sizes)
+
+
+def test_equal_groups_meet_the_fractions_exactly_when_they_can() -> None:
+    keys = [f"pt{g:02d}_{i}" for g in range(20) for i in range(3)]
+    groups = [k.split("_")[0] for k in keys]
+    placed = assign(keys, {"train": 0.8, "valid": 0.2}, 1, groups=groups)
+    assert Counter(placed.splits) == {"train": 48, "valid": 12}
+    assert placed.policy["rule"] == "grouped"
+
+
+def test_a_new_sample_of_a_known_group_joins_its_split() -> None:
+    keys = [f"pt{g}_{i}" for g in range(10) for i in range(2)]
+    groups = [k.split("_")[0] for k in keys]
+    first = assign(keys, {"train": 0.5, "valid": 0.5}, 0, groups=groups).splits
+    previous = dict(zip(keys, first, strict=True))
+    later = [*keys, "pt3_new", "pt7_new"]
+    placed = assign(
+        later, {"train": 0.5, "valid": 0.5}, 0, groups=[*groups, "pt3", "pt7"], previous=previous
+    )
+    assert placed.splits[-2] == previous["pt3_0"]
+    assert placed.splits[-1] == previous["pt7_0"]
+    assert placed.splits[: len(keys)] == first
+
+
+@settings(max_examples=60, deadline=None)
+@given(groups_st, st.integers(0, 99), st.randoms())
+def test_stratified_groups_are_whole_and_balance_classes(
+    sizes: list[int], seed: int, rnd: random.Random
+) -> None:
+    keys = [f"pt{g}_{i}" for g, size in enumerate(sizes) for i in range(size)]
+    groups = [f"pt{g}" for g, size in enumerate(sizes) for _ in range(size)]
+    strata = [rnd.choice(["cat", "dog"]) for _ in keys]
+    placed = assign(keys, {"train": 0.5, "valid": 0.5}, seed, groups=groups, strata=strata)
+    where: dict[str, set[str]] = {}
+    for group, split in zip(groups, placed.splits, strict=True):
+        where.setdefault(group, set()).add(split)
+    assert all(len(s) == 1 for s in where.values())
