@@ -143,6 +143,8 @@ def stored(path: Path) -> dict[str, dict[str, np.ndarray]]:
 def histogram(path: Path, split: str) -> dict[int, int]:
     with h5py.File(path, "r") as handle:
         attrs = handle[f"{split}/mask"].attrs
+        if not len(handle[f"{split}/mask"]):
+            return {}  # an empty split stores no statistics
         values = np.asarray(attrs["histogram_values"]).tolist()
         counts = np.asarray(attrs["histogram_counts"]).tolist()
     return dict(zip(values, counts, strict=True))

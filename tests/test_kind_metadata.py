@@ -253,10 +253,12 @@ def _outcomes(report: h5etl.BuildReport) -> dict[str, Any]:
     out: dict[str, Any] = {Path(r.path).stem: r.reason for r in report.rejects}
     assert report.path is not None
     with h5py.File(report.path, "r") as handle:
-        for name, value in zip(handle["train/filename"][...], handle["train/v"][...], strict=True):
-            out[name.decode().removesuffix(".png")] = (
-                value.decode() if isinstance(value, bytes) else value.item()
-            )
+        for split in (s for s in handle if s != "diagnostics"):  # wherever the split put it
+            names, values = handle[f"{split}/filename"][...], handle[f"{split}/v"][...]
+            for name, value in zip(names, values, strict=True):
+                out[name.decode().removesuffix(".png")] = (
+                    value.decode() if isinstance(value, bytes) else value.item()
+                )
     return out
 
 

@@ -36,7 +36,7 @@ def remove_pairs(root: Path, keys: list[str]) -> None:
 
 def where(path: Path) -> dict[str, str]:
     """sample_key -> split, read straight from the file."""
-    out = {}
+    out: dict[str, str] = {}
     with h5py.File(path, "r") as handle:
         for split in handle:
             if split != "diagnostics":
@@ -47,7 +47,7 @@ def where(path: Path) -> dict[str, str]:
 
 
 def groups_of(path: Path) -> dict[str, str]:
-    out = {}
+    out: dict[str, str] = {}
     with h5py.File(path, "r") as handle:
         for split in handle:
             if split != "diagnostics":
