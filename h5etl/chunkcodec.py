@@ -20,6 +20,7 @@ import hdf5plugin
 import imagecodecs
 import numpy as np
 
+from h5etl import digest
 from h5etl.records import EncodedChunk
 
 _BLOSC_SHUFFLE = {"none": 0, "byte": 1, "bit": 2}
@@ -159,6 +160,24 @@ def encode_block(layout: ChunkLayout, rows: np.ndarray) -> list[EncodedChunk]:
             stored = bytes(data)
             out.append(EncodedChunk(offset, int(mask), stored, hashlib.sha256(stored).hexdigest()))
         return out
+
+
+def encode_rows(
+    layout: ChunkLayout, rows: np.ndarray
+) -> tuple[list[list[EncodedChunk]], list[bytes]]:
+    """Compress and hash ``rows`` block by block: each block's chunks and the digest of its
+    rows. A last partial block is zero-padded to a whole chunk, as HDF5 stores an edge chunk."""
+    step = layout.rows
+    blocks, digests = [], []
+    for start in range(0, len(rows), step):
+        block = rows[start : start + step]
+        digests.append(digest.block_digest(block))
+        if len(block) < step:
+            padded = np.zeros((step, *layout.shape), dtype=layout.dtype)
+            padded[: len(block)] = block
+            block = padded
+        blocks.append(encode_block(layout, block))
+    return blocks, digests
 
 
 def decode_block(layout: ChunkLayout, chunks: list[EncodedChunk]) -> np.ndarray:

@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from h5etl import digest, fileformat, inputs, stats
-from h5etl.chunkcodec import encode_block
+from h5etl import fileformat, inputs, stats
+from h5etl.chunkcodec import encode_rows
 from h5etl.errors import RejectError
 from h5etl.kinds.base import ArrayColumn, Kind, SampleContext, ScalarColumn
 from h5etl.records import BatchResult, DecodeTask, EncodedRows, Sample, sample_rejects
@@ -230,20 +230,8 @@ def join_results(into: BatchResult, recipe: DecodeRecipe, parts: Sequence[BatchR
 
 
 def _encoded(rows: np.ndarray, column: ArrayColumn) -> EncodedRows:
-    """Compress and hash the rows block by block; the last block of a final task is
-    zero-padded to a whole chunk, as HDF5 stores an edge chunk."""
-    layout = column.layout
-    step = layout.rows
-    blocks, digests = [], []
-    for start in range(0, len(rows), step):
-        block = rows[start : start + step]
-        digests.append(digest.block_digest(block))
-        if len(block) < step:
-            padded = np.zeros((step, *layout.shape), dtype=layout.dtype)
-            padded[: len(block)] = block
-            block = padded
-        blocks.append(encode_block(layout, block))
-    return EncodedRows(blocks, digests)
+    """Compress and hash the rows block by block (``chunkcodec.encode_rows``)."""
+    return EncodedRows(*encode_rows(column.layout, rows))
 
 
 # Per-process batch buffers, reused while tasks end as encoded bytes: a fresh multi-megabyte

@@ -7,19 +7,18 @@ import json
 import logging
 import time
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import h5py
-
 from h5etl import (
-    __version__,
     clean,
     decode,
     discover,
     fileformat,
     parent,
+    provenance,
+    reproducible,
     resume,
     schedule,
     tasks,
@@ -29,7 +28,7 @@ from h5etl.chunkcodec import ChunkLayout
 from h5etl.errors import BuildFailed, ResumeMismatch
 from h5etl.kinds.base import ArrayColumn, TextColumn
 from h5etl.kinds.registry import decode_order, layout_of, layout_records
-from h5etl.records import BatchResult, valid_text
+from h5etl.records import BatchResult
 from h5etl.release import OutputFolder
 from h5etl.report import (
     DECODE_CHECKS,
@@ -40,7 +39,7 @@ from h5etl.report import (
     require_samples,
 )
 from h5etl.sink import Sink, SinkLayout
-from h5etl.spec import Spec, spec_sha256, spec_text
+from h5etl.spec import Spec
 from h5etl.tallies import Tallies
 
 logger = logging.getLogger(__name__)
@@ -109,6 +108,7 @@ def build(
         SinkError, ReleaseError: the file could not be written or published.
     """
     hook = progress or (lambda stage, advance, total: None)
+    epoch = reproducible.source_date_epoch()  # a malformed one fails now, not after the work
     if dry_run:
         return _dry_run(spec, hook, jobs, decoding=decode)
     output = OutputFolder(spec.output, spec.name)
@@ -119,7 +119,7 @@ def build(
         report, plan, watch = _plan_only(spec, hook, jobs)
         try:
             info = _build_planned(
-                spec, plan, report, watch, output, previous, jobs, hook, checkpoint_seconds
+                spec, plan, report, watch, output, previous, jobs, hook, checkpoint_seconds, epoch
             )
         except BuildFailed as exc:
             path = output.write_failed_rejects(report.rejects)
@@ -131,7 +131,7 @@ def build(
             ) from exc
         output.remove_stale_partials()
         watch.lap("publish")
-    report.seconds = {**watch.seconds, "total": watch.total()}
+    report.seconds = {**report.seconds, **watch.seconds, "total": watch.total()}
     report.version, report.path, report.link = info.version, info.path, output.link
     report.rejects_path = info.rejects
     report.warnings = [*plan.warnings, *empty_split_warnings(spec, report.samples, _planned(plan))]
@@ -154,6 +154,7 @@ def _build_planned(
     jobs: int,
     hook: ProgressHook,
     checkpoint_seconds: float,
+    epoch: datetime | None,
 ) -> Any:
     enforce_limit(spec, report.rejects, report.inputs)
     require_samples(spec, report.samples, report)
@@ -176,8 +177,10 @@ def _build_planned(
                     earlier=earlier,
                     checkpoint_seconds=checkpoint_seconds,
                     output=output,
+                    epoch=epoch,
                 )
-                return output.publish(temp, report.rejects, version=version)
+                facts = provenance.build_facts(report, jobs)
+                return output.publish(temp, report.rejects, version=version, facts=facts)
         except ResumeMismatch as exc:
             if earlier is None:
                 raise
@@ -304,6 +307,7 @@ def _write(
     earlier: resume.Resume | None,
     checkpoint_seconds: float,
     output: OutputFolder,
+    epoch: datetime | None,
 ) -> None:
     sink_layout = SinkLayout(
         tuple(spec.splits),
@@ -357,10 +361,11 @@ def _write(
             watch.lap("decode_and_write")
             report.samples = dict(sink.counts)
             require_samples(spec, report.samples, report)
-            attrs = _file_attrs(spec, version, fingerprint)
+            report.created_at = reproducible.created_at(epoch)
+            attrs = provenance.file_attrs(spec, version, fingerprint, report.created_at)
             attrs[fileformat.LAYOUT_ATTR] = record.to_json()
             attrs[fileformat.SPLIT_POLICY_ATTR] = json.dumps(plan.policy)
-            diagnostics = _diagnostics(report, watch, worker_seconds, sink.seconds, plan)
+            diagnostics = provenance.diagnostics(report, plan)
             diagnostics.update(tallies.diagnostics(record))
             report.conversions = tallies.conversions
             report.class_counts = tallies.class_counts(record)
@@ -373,6 +378,12 @@ def _write(
     finally:
         checkpoints.close()
     watch.lap("finish")
+    # How long things took is a build fact (build.json), not part of the reproducible file.
+    report.seconds = {
+        **watch.seconds,
+        "workers_decode": round(worker_seconds, 4),
+        "writer": round(sink.seconds, 4),
+    }
     report.raw_bytes = sum(d["raw_bytes"] for d in report.datasets.values())
     report.stored_bytes = sum(d["stored_bytes"] for d in report.datasets.values())
 
@@ -383,40 +394,3 @@ def _fingerprint_lines(result: BatchResult) -> list[str]:
         f"{key}\t{','.join(hashes)}\n"
         for key, hashes in zip(result.keys, result.lineage, strict=True)
     ]
-
-
-def _file_attrs(spec: Spec, version: int, fingerprint: hashlib._Hash) -> dict[str, Any]:
-    source_fingerprint = fingerprint.hexdigest()
-    return {
-        **spec.attrs,
-        "name": spec.name,
-        "version": version,
-        "description": spec.description,
-        "created_at": datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
-        "config": spec_text(spec),
-        "config_sha256": spec_sha256(spec),
-        "h5etl_version": __version__,
-        "h5py_version": h5py.version.version,
-        "hdf5_version": h5py.version.hdf5_version,
-        "source_fingerprint": source_fingerprint,
-    }
-
-
-def _diagnostics(
-    report: BuildReport,
-    watch: _Stopwatch,
-    worker_seconds: float,
-    write_seconds: float,
-    plan: clean.Plan,
-) -> dict[str, Any]:
-    out: dict[str, Any] = {f"seconds_{stage}": value for stage, value in watch.seconds.items()}
-    out["seconds_workers_decode"] = round(worker_seconds, 4)
-    out["seconds_writer"] = round(write_seconds, 4)
-    out["inputs"] = report.inputs
-    out["rejects_total"] = len(report.rejects)
-    for reason, count in report.reject_counts.items():
-        out[f"rejects_{reason}"] = count
-    for split, count in report.samples.items():
-        out[f"samples_{split}"] = count
-    out["renamed_keys"] = [f"{valid_text(old)} -> {new}" for old, new in plan.renamed]
-    return out

@@ -14,10 +14,11 @@ import logging
 import os
 import re
 import secrets
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from h5etl.buildlock import BuildLock
 from h5etl.errors import ReleaseError, ReleaseUsageError, io_problem
@@ -48,6 +49,11 @@ def rejects_filename(name: str, version: int) -> str:
     return f"{name}-v{version:04d}.rejects.jsonl"
 
 
+def facts_filename(name: str, version: int) -> str:
+    """The build facts beside a release: timings, workers, host (``reproducible``)."""
+    return f"{name}-v{version:04d}.build.json"
+
+
 def _fsync_dir(folder: Path) -> None:
     fd = os.open(folder, os.O_RDONLY)
     try:
@@ -58,6 +64,14 @@ def _fsync_dir(folder: Path) -> None:
 
 def _fsync_file(path: Path) -> None:
     with open(path, "rb") as handle:
+        os.fsync(handle.fileno())
+
+
+def _write_json(path: Path, data: Mapping[str, Any]) -> None:
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(data, handle, indent=2, ensure_ascii=False)
+        handle.write("\n")
+        handle.flush()
         os.fsync(handle.fileno())
 
 
@@ -157,20 +171,33 @@ class OutputFolder:
         existing = versions(self.folder, self.name)
         return max(existing, default=0) + 1
 
-    def publish(self, staged: Path, rejects: Iterable[Reject], *, version: int) -> ReleaseInfo:
-        """Name ``staged`` as release ``version``, then its rejects report, then move the link."""
+    def publish(
+        self,
+        staged: Path,
+        rejects: Iterable[Reject],
+        *,
+        version: int,
+        facts: Mapping[str, Any] | None = None,
+    ) -> ReleaseInfo:
+        """Name ``staged`` as release ``version``, then its rejects report and build facts,
+        then move the link."""
         final = self.folder / release_filename(self.name, version)
         report = self.folder / rejects_filename(self.name, version)
+        facts_path = self.folder / facts_filename(self.name, version)
         report_temp = self.folder / f".{report.name}.tmp-{os.getpid()}"
+        facts_temp = self.folder / f".{facts_path.name}.tmp-{os.getpid()}"
         before = os.readlink(self.link) if self.link.is_symlink() else None
         named: list[Path] = []  # the release names this call gave, taken back on a failure
         try:
             _fsync_file(staged)
             self._write_report(report_temp, rejects)
+            _write_json(facts_temp, facts or {})
             os.link(staged, final)  # unlike rename, refuses to replace an existing release
             named.append(final)
             os.replace(report_temp, report)
             named.append(report)
+            os.replace(facts_temp, facts_path)
+            named.append(facts_path)
             os.unlink(staged)
             _fsync_dir(self.folder)
             self.point_link(version)
@@ -182,8 +209,9 @@ class OutputFolder:
             self._unpublish(named, before, final.name)
             raise ReleaseError(f"publishing failed: {io_problem(exc)}", path=self.folder) from exc
         finally:
-            with contextlib.suppress(FileNotFoundError):
-                report_temp.unlink()
+            for temp in (report_temp, facts_temp):
+                with contextlib.suppress(FileNotFoundError):
+                    temp.unlink()
         return self.info(version)
 
     def _unpublish(self, named: list[Path], before: str | None, target: str) -> None:

@@ -42,6 +42,7 @@ class BuildReport:
     path: Path | None = None
     link: Path | None = None
     rejects_path: Path | None = None
+    created_at: str = ""  # the release's created_at attribute
     raw_bytes: int = 0
     stored_bytes: int = 0
     datasets: dict[str, dict[str, Any]] = field(default_factory=dict)

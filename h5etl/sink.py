@@ -65,8 +65,15 @@ class Sink:
             # Image chunks bypass the chunk cache (write_direct_chunk); the small datasets are
             # written once, in order, so a small cache suffices. HDF5 2.0's default (8 MiB per
             # dataset) would keep every row of them in memory: RSS grew with the dataset.
+            # No object timestamps (track_times): the same inputs make the same bytes. h5py
+            # before 3.15 stored them on every track_order group, the root one included.
             self.file = h5py.File(
-                self.path, "x", libver=LIBVER, track_order=True, rdcc_nbytes=WRITE_CACHE_BYTES
+                self.path,
+                "x",
+                libver=LIBVER,
+                track_order=True,
+                track_times=False,
+                rdcc_nbytes=WRITE_CACHE_BYTES,
             )
             self._created = True
             for split in self.layout.splits:
@@ -160,8 +167,8 @@ class Sink:
     def _create(self, file: h5py.File, path: str, **kwargs: Any) -> h5py.Dataset:
         parent = path.rsplit("/", 1)[0]
         if parent and parent not in file:
-            file.create_group(parent, track_order=True)
-        return file.create_dataset(path, **kwargs)
+            file.create_group(parent, track_order=True, track_times=False)
+        return file.create_dataset(path, track_times=False, **kwargs)
 
     def _create_split(self, file: h5py.File, split: str) -> None:
         rows = self.layout.rows_per_chunk
@@ -215,7 +222,7 @@ class Sink:
                     writer.add_encoded(rows.blocks, rows.digests, count)
                 else:
                     assert isinstance(rows, np.ndarray)
-                    writer.add_raw(rows)
+                    writer.add_raw(rows, final=result.task.final)
                 if result.task.final:
                     # nothing follows a split's final task: store its last chunk now, or rows
                     # left in the carry would hold off every later checkpoint of the build
@@ -238,18 +245,18 @@ class Sink:
         return all(not writer.carry_rows for writer in self.images.values())
 
     def checkpoint(self) -> dict[str, Any]:
-        """Flush the file to the OS; return what was stored since the last checkpoint.
+        """Return what was stored since the last checkpoint, for the resume journal.
 
-        The delta is durable only after ``sync()``, which may run in another thread.
+        The delta is durable only after ``sync()``, which may run in another thread. Nothing
+        is written here: the chunks went to the OS as they were stored (direct chunk writes
+        bypass HDF5's caches) and the small rows' values travel in the journal. A resume
+        trusts no HDF5 metadata of a killed file, so none is flushed; and a flush at clock
+        times would make the file's layout depend on the clock (HDF5 gives up its space
+        aggregators at every flush), where a release must be reproducible byte for byte.
         """
         assert self.file is not None
         assert self.consistent
-        self._ensure_room(self._small.pending_bytes(), "flushing")
-        try:
-            self._small.flush()
-            self.file.flush()
-        except (OSError, RuntimeError) as exc:
-            raise self._failed("flushing", exc) from exc
+        self._ensure_room(0, "flushing")  # a disk about to fill fails here, before HDF5 does
         chunks: list[dict[str, Any]] = []
         blocks: dict[str, list[str]] = {}
         for writer in self.images.values():
@@ -309,7 +316,7 @@ class Sink:
             }
             lineage = state.lineage.get(split, [])
             if lineage:
-                self._small.append(split, small, lineage)  # and they stay unjournaled
+                self._small.restore(split, small, lineage)
                 self.counts[split] = len(lineage)
 
     def finish(
@@ -330,15 +337,20 @@ class Sink:
             for path, values in (dataset_attrs or {}).items():
                 self.file[path].attrs.update(values)
             report = self._dataset_report()
-            group = self.file.create_group(fileformat.DIAGNOSTICS, track_order=True)
+            group = self.file.create_group(
+                fileformat.DIAGNOSTICS, track_order=True, track_times=False
+            )
             for key, value in diagnostics.items():
                 group.attrs[key] = value
-            datasets = group.create_group(fileformat.DATASETS_GROUP, track_order=True)
+            datasets = group.create_group(
+                fileformat.DATASETS_GROUP, track_order=True, track_times=False
+            )
             for path, info in report.items():
-                node = datasets.create_group(fileformat.diagnostics_node(path))
+                node = datasets.create_group(fileformat.diagnostics_node(path), track_times=False)
                 node.attrs.update({k: v for k, v in info.items() if k != fileformat.BLOCK_DIGESTS})
                 node.create_dataset(
                     fileformat.BLOCK_DIGESTS,
+                    track_times=False,
                     data=np.array(info[fileformat.BLOCK_DIGESTS], dtype="S64"),
                 )
             self.file.flush()

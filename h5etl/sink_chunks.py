@@ -16,7 +16,7 @@ import h5py
 import numpy as np
 
 from h5etl import digest
-from h5etl.chunkcodec import ChunkLayout, decode_block, encode_block
+from h5etl.chunkcodec import ChunkLayout, decode_block, encode_block, encode_rows
 from h5etl.records import EncodedChunk
 
 
@@ -54,6 +54,11 @@ class ImageWriter:
         if self.carry_rows or self.rows % self.layout.rows:
             self.add_raw(np.concatenate([decode_block(self.layout, b) for b in blocks])[:count])
             return
+        self._store_blocks(blocks, sha, count)
+        self.direct_blocks += len(blocks)
+
+    def _store_blocks(self, blocks: list[list[EncodedChunk]], sha: list[bytes], count: int) -> None:
+        """Store whole encoded blocks from a chunk boundary: one resize, then their chunks."""
         self.dataset.resize(self.rows + count, axis=0)
         for index, block in enumerate(blocks):
             self._store(self.rows + index * self.layout.rows, block)
@@ -61,10 +66,19 @@ class ImageWriter:
         self.stats.blocks.extend(sha)
         self.unjournaled_blocks.extend(sha)
         self.stats.raw_bytes += count * self.layout.block_nbytes // self.layout.rows
-        self.direct_blocks += len(blocks)
 
-    def add_raw(self, rows: np.ndarray) -> None:
+    def add_raw(self, rows: np.ndarray, *, final: bool = False) -> None:
+        """Store raw rows. Whole blocks at a chunk boundary (or a final task's rows) are
+        compressed here and stored as a worker's would be, with the same writes in the same
+        order, so a task a crash isolation joined leaves the very bytes an uneventful build
+        does; anything else is re-cut in the carry buffer."""
         if len(rows) == 0:
+            return
+        aligned = not self.carry_rows and not self.rows % self.layout.rows
+        if aligned and (final or not len(rows) % self.layout.rows):
+            blocks, digests = encode_rows(self.layout, rows)
+            self._store_blocks(blocks, digests, len(rows))
+            self.rechunked_blocks += len(blocks)  # compressed by the writer all the same
             return
         self.carry.append(rows)
         self.carry_rows += len(rows)

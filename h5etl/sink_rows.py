@@ -1,8 +1,9 @@
 """sink_rows: the sink's writer of the small columns: texts, scalars and the lineage.
 
 Part of the sink (the only code that writes HDF5). Their rows are buffered per split and
-appended a thousand at a time, hashed as one stream per dataset, and handed to the resume
-journal as plain values.
+appended in runs of a thousand (cut by row count alone, so the file's bytes do not depend on
+batch sizes or checkpoint times), hashed as one stream per dataset, and handed to the resume
+journal as plain values as soon as they are buffered.
 """
 
 from __future__ import annotations
@@ -56,30 +57,63 @@ class SmallRows:
         self._pending_lineage: dict[str, list[list[str]]] = {}
 
     def add(self, split: str, result: BatchResult) -> None:
-        """Buffer a result's rows; append them once a thousand are waiting."""
+        """Buffer a result's rows (journaled from now on); append whole runs of a thousand."""
         small = self._pending_rows.setdefault(split, {name: [] for name in self.layout.small})
         for name in self.layout.small:
             rows = result.columns[name]
             if isinstance(rows, np.ndarray):
-                small[name].extend(rows.tolist())
+                values = rows.tolist()
             else:
                 assert isinstance(rows, list)
-                small[name].extend(valid_text(text) for text in rows)
-        lineage = self._pending_lineage.setdefault(split, [])
-        lineage.extend(list(row) for row in result.lineage)
-        if len(lineage) >= SMALL_ROWS_PER_WRITE:
-            self.flush()
+                values = [valid_text(text) for text in rows]
+            small[name].extend(values)
+            self._unjournaled_rows.setdefault(self.layout.path(split, name), []).extend(values)
+        lineage = [list(row) for row in result.lineage]
+        self._pending_lineage.setdefault(split, []).extend(lineage)
+        self._unjournaled_lineage.setdefault(split, []).extend(lineage)
+        if len(self._pending_lineage[split]) >= SMALL_ROWS_PER_WRITE:
+            self._flush_split(split, whole_runs=True)
 
     def flush(self) -> None:
-        for split, lineage in self._pending_lineage.items():
-            if lineage:
-                self.append(split, self._pending_rows[split], lineage)
-        self._pending_rows, self._pending_lineage = {}, {}
+        """Append every buffered row (at the end of the build)."""
+        for split in list(self._pending_lineage):
+            self._flush_split(split, whole_runs=False)
+
+    def _flush_split(self, split: str, *, whole_runs: bool) -> None:
+        """Append the buffered rows of ``split``; with ``whole_runs`` only whole runs of
+        ``SMALL_ROWS_PER_WRITE`` rows, the rest staying buffered.
+
+        The runs depend on the row count alone, never on batch sizes or checkpoint times:
+        the same writes in the same order make the same bytes (reproducible files).
+        """
+        lineage = self._pending_lineage.get(split, [])
+        count = len(lineage)
+        if whole_runs:
+            count -= count % SMALL_ROWS_PER_WRITE
+        small = self._pending_rows[split]
+        for start in range(0, count, SMALL_ROWS_PER_WRITE):
+            stop = min(start + SMALL_ROWS_PER_WRITE, count)
+            rows = {name: values[start:stop] for name, values in small.items()}
+            self.append(split, rows, lineage[start:stop])
+        self._pending_lineage[split] = lineage[count:]
+        self._pending_rows[split] = {name: values[count:] for name, values in small.items()}
+
+    def restore(self, split: str, small: dict[str, list[Any]], lineage: list[list[str]]) -> None:
+        """Buffer rows a resume copies from a killed build's journal, as ``add`` does; they
+        stay unjournaled, so that this build's journal holds them too."""
+        pending = self._pending_rows.setdefault(split, {name: [] for name in self.layout.small})
+        for name in self.layout.small:
+            pending[name].extend(small[name])
+        self._pending_lineage.setdefault(split, []).extend(lineage)
+        self._flush_split(split, whole_runs=True)
+        for name, rows in small.items():
+            self._unjournaled_rows.setdefault(self.layout.path(split, name), []).extend(rows)
+        self._unjournaled_lineage.setdefault(split, []).extend(lineage)
 
     def append(
         self, split: str, small: dict[str, list[Any]], lineage_rows: list[list[str]]
     ) -> None:
-        """Append rows to the split's small datasets (a flush, or rows a resume copies)."""
+        """Append rows to the split's small datasets."""
         lineage_path = self.layout.path(split, fileformat.LINEAGE)
         start, count = len(self.file[lineage_path]), len(lineage_rows)  # rows stored so far
         for name in self.layout.small:
@@ -97,7 +131,6 @@ class SmallRows:
                 dataset[start : start + count] = rows
                 stats.stream.update(digest.text_rows_bytes(rows))
                 stats.raw_bytes += sum(len(r.encode()) for r in rows)
-            self._unjournaled_rows.setdefault(dataset.name, []).extend(rows)
         lineage = np.array(lineage_rows, dtype="S64").reshape(count, len(self.layout.sources))
         dataset = self.file[lineage_path]
         dataset.resize(start + count, axis=0)
@@ -105,10 +138,10 @@ class SmallRows:
         stats = self.stats[dataset.name]
         stats.stream.update(lineage.tobytes())
         stats.raw_bytes += lineage.nbytes
-        self._unjournaled_lineage.setdefault(split, []).extend(lineage_rows)
 
     def journal_delta(self) -> tuple[dict[str, list[Any]], dict[str, list[list[str]]]]:
-        """The rows appended since the last call: by dataset path, and lineage by split."""
+        """The rows given since the last call, appended or still buffered (the journal holds
+        their values: a resume appends them from there): by dataset path, lineage by split."""
         delta = self._unjournaled_rows, self._unjournaled_lineage
         self._unjournaled_rows, self._unjournaled_lineage = {}, {}
         return delta

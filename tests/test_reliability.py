@@ -33,7 +33,12 @@ from h5etl.errors import BuildFailed, LockHeld, SinkError
 from h5etl.records import BatchResult, DecodeTask
 
 CELLS = "cells"
-PUBLISHED_V1 = ["cells-v0001.h5", "cells-v0001.rejects.jsonl", "cells.h5"]
+PUBLISHED_V1 = [
+    "cells-v0001.build.json",
+    "cells-v0001.h5",
+    "cells-v0001.rejects.jsonl",
+    "cells.h5",
+]
 
 
 def file_sha(path: Path) -> str:
@@ -159,7 +164,11 @@ def test_sigkill_leaves_previous_release_and_link(
     state = folder_state(folder)
     assert state["link"] == "cells-v0001.h5"
     assert file_sha(folder / "cells-v0001.h5") == before
-    assert release_named(folder) == ["cells-v0001.h5", "cells-v0001.rejects.jsonl"]
+    assert release_named(folder) == [
+        "cells-v0001.build.json",
+        "cells-v0001.h5",
+        "cells-v0001.rejects.jsonl",
+    ]
     leftovers = [f for f in state["files"] if f.startswith(".cells.partial-")]
     assert leftovers, "a killed build leaves a recognisable temp file"
 
@@ -396,11 +405,7 @@ def test_sigint_stops_cleanly_with_exit_130(project: Path) -> None:
     assert started, "the build never started writing"
     assert returncode == 130
     assert stderr.strip().splitlines() == ["h5etl: interrupted; nothing was published"]
-    assert folder_state(folder)["files"] == [
-        "cells-v0001.h5",
-        "cells-v0001.rejects.jsonl",
-        "cells.h5",
-    ]
+    assert folder_state(folder)["files"] == PUBLISHED_V1
     assert file_sha(folder / "cells-v0001.h5") == before
 
 
@@ -540,11 +545,7 @@ def test_write_error_fails_cleanly_and_keeps_previous(
         build(project)
 
     folder = first.path.parent
-    assert folder_state(folder)["files"] == [
-        "cells-v0001.h5",
-        "cells-v0001.rejects.jsonl",
-        "cells.h5",
-    ]
+    assert folder_state(folder)["files"] == PUBLISHED_V1
     assert file_sha(first.path) == before
 
 

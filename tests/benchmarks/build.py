@@ -352,8 +352,6 @@ def _cpu(usage: resource.struct_rusage) -> float:
 
 def run_api(config: Path, jobs: int) -> dict[str, Any]:
     """The build in this process, so RUSAGE_SELF is the writer's (parent's) own CPU time."""
-    import h5py
-
     from h5etl import build, load_spec
 
     marks: dict[str, tuple[float, float]] = {}
@@ -371,10 +369,7 @@ def run_api(config: Path, jobs: int) -> dict[str, Any]:
     write_wall0, write_cpu0 = marks.get("write", (wall0, cpu0))
     assert report.path is not None
     pairs = {(r.key, r.reason) for r in report.rejects}  # reason per rejected sample
-    with h5py.File(report.path, "r") as f:
-        diagnostics = {
-            k: float(v) for k, v in f["diagnostics"].attrs.items() if k.startswith("seconds_")
-        }
+    diagnostics = _build_seconds(report.path)
     return {
         "samples": sum(report.samples.values()),
         "rejects": len(report.rejects),  # one per file: both files of a rejected pair
@@ -441,6 +436,20 @@ class Contender:
     variant: Callable[[Variant], Callable[[], Run]] | None = None
 
 
+def _build_seconds(release: Path) -> dict[str, float]:
+    """The stage timings of a build (``seconds_<stage>``): from the build facts beside it,
+    or (a release of an h5etl before them, a variant) from its ``/diagnostics``."""
+    import h5py
+
+    facts = release.with_suffix(".build.json")
+    if facts.is_file():
+        seconds = json.loads(facts.read_text("utf-8"))["seconds"]
+        return {f"seconds_{k}": float(v) for k, v in seconds.items() if k != "total"}
+    with h5py.File(release, "r") as f:
+        attrs = f["diagnostics"].attrs
+        return {k: float(v) for k, v in attrs.items() if k.startswith("seconds_")}
+
+
 def _release_file(folder: Path) -> Path:
     files = sorted(p for p in folder.glob("*.h5") if not p.is_symlink())
     return files[-1]
@@ -473,7 +482,7 @@ def _h5etl_cli(
     with h5py.File(release, "r") as f:
         attrs = f["diagnostics"].attrs
         run.samples = int(sum(v for k, v in attrs.items() if k.startswith("samples_")))
-        run.extra = {k: float(v) for k, v in attrs.items() if k.startswith("seconds_")}
+        run.extra = _build_seconds(release)
         run.extra["rejects"] = float(attrs.get("rejects_total", 0))
     if reads is not None:
         read, out = measure(_child("read", "--file", str(release), "--dataset", "/train/image"))

@@ -1,0 +1,67 @@
+"""provenance: what a release says about how it was made, and what its build's run was like.
+
+The file holds what the inputs and config determine (root attributes, ``/diagnostics``), so
+the same inputs make the same bytes; the run's own facts (timings, ``--jobs``, host) go to
+``<name>-vNNNN.build.json`` beside it (``h5etl.reproducible``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import socket
+from typing import Any
+
+import h5py
+
+from h5etl import __version__, clean, reproducible
+from h5etl.records import valid_text
+from h5etl.report import BuildReport
+from h5etl.spec import Spec, spec_sha256, spec_text
+
+
+def file_attrs(
+    spec: Spec, version: int, fingerprint: hashlib._Hash, created_at: str
+) -> dict[str, Any]:
+    """The root attributes: the config, its digest, the tools, the source fingerprint."""
+    source_fingerprint = fingerprint.hexdigest()
+    return {
+        **spec.attrs,
+        "name": spec.name,
+        "version": version,
+        "description": spec.description,
+        "created_at": created_at,
+        "config": spec_text(spec),
+        "config_sha256": spec_sha256(spec),
+        "h5etl_version": __version__,
+        "h5py_version": h5py.version.version,
+        "hdf5_version": h5py.version.hdf5_version,
+        "source_fingerprint": source_fingerprint,
+    }
+
+
+def diagnostics(report: BuildReport, plan: clean.Plan) -> dict[str, Any]:
+    """``/diagnostics``: what was stored and left out. Nothing of the clock or the machine
+    (those are build facts), so that the same inputs make the same bytes."""
+    out: dict[str, Any] = {"inputs": report.inputs}
+    out["rejects_total"] = len(report.rejects)
+    for reason, count in report.reject_counts.items():
+        out[f"rejects_{reason}"] = count
+    for split, count in report.samples.items():
+        out[f"samples_{split}"] = count
+    out["renamed_keys"] = [f"{valid_text(old)} -> {new}" for old, new in plan.renamed]
+    return out
+
+
+def build_facts(report: BuildReport, jobs: int) -> dict[str, Any]:
+    """What this build's run was like (``<name>-vNNNN.build.json``): the stage timings, the
+    workers, the machine; facts two builds of the same file need not share."""
+    return {
+        "created_at": report.created_at,
+        "built_at": reproducible.created_at(None),
+        "host": socket.gethostname(),
+        "jobs": jobs,
+        "seconds": dict(report.seconds),
+        "chunk_paths": dict(report.chunk_paths),
+        "resumed_samples": report.resumed,
+        "h5etl_version": __version__,
+    }
