@@ -1,10 +1,9 @@
 """Reproducible bytes: two builds of the same inputs and config are the same file but for
 ``created_at``; with SOURCE_DATE_EPOCH set, the same file byte for byte, whatever the folder,
-the input files' times, ``--jobs``, the checkpoint times or a kill and ``--resume``."""
+the input files' times, ``--jobs`` or the checkpoint times."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from datetime import UTC, datetime
@@ -14,7 +13,7 @@ from typing import Any
 import h5py
 import numpy as np
 import pytest
-from conftest import MakeRaw, WriteConfig, run_killed_build
+from conftest import MakeRaw, WriteConfig
 from hypothesis import given
 from hypothesis import strategies as st
 from typer.testing import CliRunner
@@ -146,23 +145,6 @@ def test_timings_are_build_facts_beside_the_release(
         facts["seconds"]
     )
     assert all(value >= 0 for value in facts["seconds"].values())
-
-
-def test_a_resumed_build_is_the_same_file(
-    tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(h5etl.tasks, "TASK_SAMPLES", 2)  # as the killed build cuts its tasks
-    monkeypatch.setenv(reproducible.ENV, EPOCH)  # the killed build inherits it
-    reference = _build(_project(tmp_path / "ref", make_raw, write_config), monkeypatch, EPOCH)
-    config = _project(tmp_path / "killed", make_raw, write_config)
-    assert run_killed_build(config, after=12) == -9
-    resumed = h5etl.build(h5etl.load_spec(config), resume=True)
-    assert resumed.path is not None
-    assert resumed.resumed > 0
-    assert (
-        hashlib.sha256(resumed.path.read_bytes()).digest()
-        == hashlib.sha256(reference.read_bytes()).digest()
-    )
 
 
 def test_a_malformed_source_date_epoch_is_refused_before_any_work(
