@@ -267,6 +267,30 @@ def releases(
 
 
 @app.command()
+def status(
+    output: Annotated[
+        Path,
+        typer.Argument(metavar="OUTPUT", help="An output folder (or a release link in one)."),
+    ],
+    as_json: Annotated[bool, typer.Option("--json", help="The status files as JSON.")] = False,
+) -> None:
+    """Show the running or the last build of each release in OUTPUT; exit 1 if one failed."""
+    import json
+
+    from h5etl.status import describe, read_statuses
+
+    views = _run(lambda: read_statuses(output))
+    if as_json:
+        _say(json.dumps([{**view.data, "state": view.state} for view in views], indent=2))
+    else:
+        for view in views:
+            for line in describe(view):
+                _say(line)
+    if any(view.state not in ("running", "succeeded") for view in views):
+        raise typer.Exit(1)
+
+
+@app.command()
 def rollback(
     link: Annotated[
         Path, typer.Argument(metavar="LINK", help="The release link, e.g. releases/cells.h5.")

@@ -7,6 +7,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,7 @@ from h5etl.report import (
 )
 from h5etl.sink import Sink, SinkLayout
 from h5etl.spec import Spec
+from h5etl.status import BuildStatus
 from h5etl.tallies import Tallies
 
 logger = logging.getLogger(__name__)
@@ -112,25 +114,52 @@ def build(
     if dry_run:
         return _dry_run(spec, hook, jobs, decoding=decode)
     output = OutputFolder(spec.output, spec.name)
-    with output.locked():
-        workers.warm_up(jobs)
-        previous = output.resumables() if resume else []
-        discarded = [] if previous else output.remove_stale_partials()
-        report, plan, watch = _plan_only(spec, hook, jobs)
+    with output.locked(), BuildStatus(output, config=spec.config_file, jobs=jobs) as status:
+
+        def both(stage: str, advance: int, total: int | None) -> None:
+            status(stage, advance, total)
+            hook(stage, advance, total)
+
+        run = _Run(spec, output, jobs, both, status, checkpoint_seconds, epoch)
         try:
-            info = _build_planned(
-                spec, plan, report, watch, output, previous, jobs, hook, checkpoint_seconds, epoch
-            )
-        except BuildFailed as exc:
-            path = output.write_failed_rejects(report.rejects)
-            raise BuildFailed(
-                f"{exc.message}; per-file reasons in {path}",
-                path=exc.path,
-                rejects=report.rejects,
-                report=path,
-            ) from exc
-        output.remove_stale_partials()
-        watch.lap("publish")
+            return _build_locked(run, resume=resume)
+        except BaseException as exc:
+            status.failed(exc)  # under the lock: the next build's status cannot be overwritten
+            raise
+
+
+@dataclass(frozen=True, slots=True)
+class _Run:
+    """What every step of one build needs beside the plan: where, how, who listens."""
+
+    spec: Spec
+    output: OutputFolder
+    jobs: int
+    hook: ProgressHook  # the status file's, then the caller's
+    status: BuildStatus
+    checkpoint_seconds: float
+    epoch: datetime | None  # SOURCE_DATE_EPOCH
+
+
+def _build_locked(run: _Run, *, resume: bool) -> BuildReport:
+    spec, output, jobs, hook, status = run.spec, run.output, run.jobs, run.hook, run.status
+    workers.warm_up(jobs)
+    previous = output.resumables() if resume else []
+    discarded = [] if previous else output.remove_stale_partials()
+    report, plan, watch = _plan_only(spec, hook, jobs)
+    status.planned(_planned(plan), report.rejects)
+    try:
+        info = _build_planned(run, plan, report, watch, previous)
+    except BuildFailed as exc:
+        path = output.write_failed_rejects(report.rejects)
+        raise BuildFailed(
+            f"{exc.message}; per-file reasons in {path}",
+            path=exc.path,
+            rejects=report.rejects,
+            report=path,
+        ) from exc
+    output.remove_stale_partials()
+    watch.lap("publish")
     report.seconds = {**report.seconds, **watch.seconds, "total": watch.total()}
     report.version, report.path, report.link = info.version, info.path, output.link
     report.rejects_path = info.rejects
@@ -141,21 +170,20 @@ def build(
             f"the temp file of a killed build ({killed[0].name}) was removed and its work "
             f"redone: --resume continues a killed build instead"
         )
+    status.succeeded(
+        version=info.version, path=info.path, samples=report.samples, seconds=watch.total()
+    )
     return report
 
 
 def _build_planned(
-    spec: Spec,
+    run: _Run,
     plan: clean.Plan,
     report: BuildReport,
     watch: _Stopwatch,
-    output: OutputFolder,
     previous: list[tuple[Path, Path]],
-    jobs: int,
-    hook: ProgressHook,
-    checkpoint_seconds: float,
-    epoch: datetime | None,
 ) -> Any:
+    spec, output = run.spec, run.output
     enforce_limit(spec, report.rejects, report.inputs)
     require_samples(spec, report.samples, report)
     version = output.next_version()
@@ -165,21 +193,8 @@ def _build_planned(
         report.rejects = list(planned_rejects)
         try:
             with output.staged() as temp:
-                _write(
-                    spec,
-                    plan,
-                    report,
-                    temp,
-                    jobs=jobs,
-                    hook=hook,
-                    version=version,
-                    watch=watch,
-                    earlier=earlier,
-                    checkpoint_seconds=checkpoint_seconds,
-                    output=output,
-                    epoch=epoch,
-                )
-                facts = provenance.build_facts(report, jobs)
+                _write(run, plan, report, temp, version=version, watch=watch, earlier=earlier)
+                facts = provenance.build_facts(report, run.jobs)
                 return output.publish(temp, report.rejects, version=version, facts=facts)
         except ResumeMismatch as exc:
             if earlier is None:
@@ -295,20 +310,16 @@ def _parent_of(spec: Spec) -> tuple[parent.Parent | None, list[str]]:
 
 
 def _write(
-    spec: Spec,
+    run: _Run,
     plan: clean.Plan,
     report: BuildReport,
     temp: Path,
     *,
-    jobs: int,
-    hook: ProgressHook,
     version: int,
     watch: _Stopwatch,
     earlier: resume.Resume | None,
-    checkpoint_seconds: float,
-    output: OutputFolder,
-    epoch: datetime | None,
 ) -> None:
+    spec, jobs, hook, status = run.spec, run.jobs, run.hook, run.status
     sink_layout = SinkLayout(
         tuple(spec.splits),
         {
@@ -328,7 +339,7 @@ def _write(
     except ValueError as exc:  # a journal of another h5etl: its tasks were cut otherwise
         raise ResumeMismatch(str(exc), path=temp) from exc
     checkpoints = resume.Checkpoints(
-        OutputFolder.journal_of(temp), spec, plan, cutter, checkpoint_seconds, tallies
+        OutputFolder.journal_of(temp), spec, plan, cutter, run.checkpoint_seconds, tallies
     )
     fingerprint = hashlib.sha256()  # over key and file digests in write order: no list kept
     worker_seconds = 0.0
@@ -337,10 +348,11 @@ def _write(
             if earlier is not None:
                 restored = earlier.restore(sink, checkpoints)
                 # This build's journal now holds everything the killed builds' files did.
-                output.remove_stale_partials(keep={temp, OutputFolder.journal_of(temp)})
+                run.output.remove_stale_partials(keep={temp, OutputFolder.journal_of(temp)})
                 fingerprint.update(restored.fingerprint.encode())
                 report.rejects.extend(restored.rejects)
                 report.resumed = restored.samples
+                status.resumed(dict(sink.counts))
                 watch.lap("resume_copy")
             hook("decode+write", 0, plan.total)  # in order: a decoded batch is written at once
             if earlier is not None:
@@ -349,6 +361,7 @@ def _write(
                 report.rejects.extend(result.rejects)
                 enforce_limit(spec, report.rejects, report.inputs)
                 sink.write(result)
+                status.stored(result)
                 tallies.add(result)
                 lines = _fingerprint_lines(result)
                 fingerprint.update("".join(lines).encode())
@@ -361,7 +374,7 @@ def _write(
             watch.lap("decode_and_write")
             report.samples = dict(sink.counts)
             require_samples(spec, report.samples, report)
-            report.created_at = reproducible.created_at(epoch)
+            report.created_at = reproducible.created_at(run.epoch)
             attrs = provenance.file_attrs(spec, version, fingerprint, report.created_at)
             attrs[fileformat.LAYOUT_ATTR] = record.to_json()
             attrs[fileformat.SPLIT_POLICY_ATTR] = json.dumps(plan.policy)

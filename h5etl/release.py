@@ -96,11 +96,30 @@ def current_version(link: Path) -> int | None:
 class OutputFolder:
     """One release name in one output folder: lock, staging, publishing, the link."""
 
+    STATUS_SUFFIX = ".status.json"
+
     def __init__(self, folder: Path, name: str):
         self.folder = folder
         self.name = name
         self.link = folder / f"{name}.h5"
         self.lock_path = folder / f".{name}.lock"
+        self.status_path = folder / f"{name}{self.STATUS_SUFFIX}"
+
+    def write_status(self, data: Mapping[str, Any]) -> None:
+        """Replace the build status file atomically (``h5etl.status``); no fsync: it is
+        rewritten a few times a second, and a reader only needs never to see half of it.
+
+        Raises:
+            OSError: it could not be written (the temp file is removed).
+        """
+        temp = self.folder / f".{self.status_path.name}.tmp-{os.getpid()}"
+        try:
+            # ASCII JSON: a file name's undecodable bytes (lone surrogates) become escapes
+            temp.write_text(json.dumps(data) + "\n", encoding="ascii")
+            os.replace(temp, self.status_path)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                temp.unlink()
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:

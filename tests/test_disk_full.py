@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import json
 import os
 import resource
 import shutil
@@ -246,6 +247,8 @@ def _snapshot(folder: Path) -> dict[str, str]:
     """Every name in ``folder``: a link's target, a file's SHA-256."""
     out = {}
     for entry in sorted(folder.iterdir()):
+        if entry.name.endswith(".status.json"):
+            continue  # the build status: it records each build's outcome (see _fail_build)
         if entry.is_symlink():
             out[entry.name] = "-> " + os.readlink(entry)
         else:
@@ -259,6 +262,7 @@ def _fail_build(
     """Build the 22 MiB release onto ``disk`` beside the previous one; it must fail cleanly."""
     shutil.copytree(previous, disk.releases, symlinks=True)
     before = _snapshot(disk.releases)
+    earlier = (disk.releases / "cells.status.json").read_text("utf-8")
     done = _cli(_config(tmp_path, raw, disk.releases), fill_at=fill_at, disk=disk)
 
     assert done.returncode == 1, done.stderr
@@ -269,6 +273,13 @@ def _fail_build(
     assert line.startswith(f"h5etl: error: {disk.releases}"), line  # names the file
     assert NO_ROOM[disk.medium] in line, line
     assert _snapshot(disk.releases) == before  # no temp file or journal left, link unmoved
+    # the build status says how it ended, is gone if even that could not be written, or is
+    # the previous build's if this one stopped before its lock (its first write)
+    status = disk.releases / "cells.status.json"
+    if status.exists() and status.read_text("utf-8") != earlier:
+        ended = json.loads(status.read_text("utf-8"))
+        assert ended["state"] == "failed"
+        assert ended["result"]["error"] == line.removeprefix("h5etl: error: ")
 
 
 def test_a_disk_that_fills_while_writing(
