@@ -7,6 +7,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
@@ -23,6 +24,7 @@ from h5etl.units import human_size
 if TYPE_CHECKING:
     from h5etl.records import Reject
     from h5etl.report import BuildReport
+    from h5etl.spec import Spec
 
 
 app = typer.Typer(
@@ -154,9 +156,27 @@ def _reject_lines(rejects: Sequence[Reject]) -> None:
 ConfigArgument = Annotated[Path, typer.Argument(metavar="CONFIG", help="The build config (YAML).")]
 
 
+ConfigsArgument = Annotated[
+    list[Path],
+    typer.Argument(
+        metavar="CONFIG...",
+        help="Build configs (YAML), or folders of them: each builds in turn, then a summary.",
+    ),
+]
+
+
+@dataclass(frozen=True, slots=True)
+class _BuildOptions:
+    jobs: int
+    dry_run: bool
+    decode: bool
+    resume: bool
+    quiet: bool
+
+
 @app.command()
 def build(
-    config: ConfigArgument,
+    configs: ConfigsArgument,
     jobs: JobsOption = ALL_CORES,
     dry_run: Annotated[
         bool,
@@ -175,29 +195,68 @@ def build(
     ] = False,
     quiet: QuietOption = False,
 ) -> None:
-    """Build a new release from CONFIG."""
+    """Build a new release from each CONFIG (a folder: each config in it)."""
     if decode and not dry_run:
         raise _fail(UsageError("--decode needs --dry-run (a build decodes everything anyway)"))
     workers.warm_up(jobs)
+    options = _BuildOptions(jobs, dry_run, decode, resume, quiet)
+    if len(configs) == 1 and not configs[0].is_dir():
+        from h5etl.config import load_spec
+
+        spec = _run(lambda: load_spec(configs[0]))
+        with _progress(quiet) as bars:
+            report = _run(lambda: _build_spec(spec, options, bars), bars)
+        _render_build(report, dry_run=dry_run)
+        return
+    _build_many(configs, options)
+
+
+def _build_spec(spec: Spec, options: _BuildOptions, bars: _Bars) -> BuildReport:
     from h5etl import pipeline, records
+
+    try:
+        return pipeline.build(
+            spec,
+            jobs=options.jobs,
+            dry_run=options.dry_run,
+            decode=options.decode,
+            resume=options.resume,
+            progress=bars,
+        )
+    except BuildFailed as exc:
+        if options.dry_run:  # what the dry run found before it stopped, as the build would
+            bars.close()
+            _reject_lines([r for r in exc.rejects if isinstance(r, records.Reject)])
+        raise
+
+
+def _build_many(paths: list[Path], options: _BuildOptions) -> None:
+    """Each config in turn, each under its own lock; a summary table; the worst exit code."""
+    from h5etl import batch
     from h5etl.config import load_spec
 
-    spec = _run(lambda: load_spec(config))
-    with _progress(quiet) as bars:
+    configs = _run(lambda: batch.config_files(paths))
 
-        def run() -> BuildReport:
-            try:
-                return pipeline.build(
-                    spec, jobs=jobs, dry_run=dry_run, decode=decode, resume=resume, progress=bars
-                )
-            except BuildFailed as exc:
-                if dry_run:  # what the dry run found before it stopped, as the build would
-                    bars.close()
-                    _reject_lines([r for r in exc.rejects if isinstance(r, records.Reject)])
-                raise
+    def started(outcome: batch.Outcome) -> None:
+        _say(f"== {outcome.config} ({outcome.name}) ==")
 
-        report = _run(run, bars)
-    _render_build(report, dry_run=dry_run)
+    def done(outcome: batch.Outcome) -> None:
+        if outcome.report is not None:
+            _render_build(outcome.report, dry_run=options.dry_run)
+        for line in outcome.error.splitlines():
+            typer.echo(f"h5etl: error: {line}", err=True)
+
+    def one(spec: Spec) -> BuildReport:
+        with _progress(options.quiet) as bars:
+            return _build_spec(spec, options, bars)
+
+    outcomes = batch.build_all(configs, load=load_spec, build=one, started=started, done=done)
+    _say("== summary ==")
+    for line in batch.summary_lines(outcomes):
+        _say(line)
+    code = batch.exit_code(outcomes)
+    if code:
+        raise typer.Exit(code)
 
 
 def _render_build(report: BuildReport, *, dry_run: bool) -> None:
@@ -343,7 +402,7 @@ def demo_command(
     where = folder if folder is not None else examples.default_folder(example)
     config = _run(lambda: examples.prepare(where, example))
     _say(f"demo config: {config}")
-    build(config, jobs=jobs, dry_run=False, decode=False, resume=False, quiet=quiet)
+    build([config], jobs=jobs, dry_run=False, decode=False, resume=False, quiet=quiet)
 
 
 def _version_callback(value: bool) -> None:
