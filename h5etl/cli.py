@@ -159,7 +159,7 @@ ConfigArgument = Annotated[Path, typer.Argument(metavar="CONFIG", help="The buil
 ConfigsArgument = Annotated[
     list[Path],
     typer.Argument(
-        metavar="CONFIG...",
+        metavar="CONFIG",
         help="Build configs (YAML), or folders of them: each builds in turn, then a summary.",
     ),
 ]

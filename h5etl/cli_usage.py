@@ -44,7 +44,9 @@ class _PlainUsage(TyperCommand):
     """Usage lines name arguments as ``CONFIG``, not typer's ``{CONFIG}``."""
 
     def collect_usage_pieces(self, ctx: Any) -> list[str]:
-        return [re.sub(r"^\{(.+)\}$", r"\1", piece) for piece in super().collect_usage_pieces(ctx)]
+        # ``{CONFIG}`` and, for an argument taking several, ``{CONFIG}...``
+        pieces = super().collect_usage_pieces(ctx)
+        return [re.sub(r"^\{(.+)\}(\.\.\.)?$", r"\1\2", piece) for piece in pieces]
 
 
 class OneLineGroup(TyperGroup):

@@ -115,7 +115,7 @@ def test_help_is_plain_and_consistent() -> None:
         assert "╭" not in page  # no boxes
         assert "<path>" not in page  # arguments showed as ``CONFIG <path>``
     usage = {name: page.splitlines()[0] for name, page in pages.items()}
-    assert usage["build"] == "Usage: h5etl build [OPTIONS] CONFIG"
+    assert usage["build"] == "Usage: h5etl build [OPTIONS] CONFIG..."
     assert usage["validate"] == "Usage: h5etl validate [OPTIONS] CONFIG"
     assert usage["releases"] == "Usage: h5etl releases [OPTIONS] FOLDER"
     assert usage["rollback"] == "Usage: h5etl rollback [OPTIONS] LINK"
