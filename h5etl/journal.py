@@ -19,7 +19,9 @@ from typing import Any
 
 from h5etl.errors import SinkError, io_problem
 
-FORMAT = 3  # 3: statistics and conversion counts (tallies); text rows hold scalar columns too
+# 3: statistics and conversion counts (tallies); text rows hold scalar columns too
+# 4: chunks in write order across datasets, and where the small rows' runs came between them
+FORMAT = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +42,8 @@ class ResumeState:
     plan_sha256: str
     queues: dict[str, dict[str, Any]] = field(default_factory=dict)  # the task cutter's state
     rows: dict[str, int] = field(default_factory=dict)
-    chunks: list[ChunkRecord] = field(default_factory=list)
+    chunks: list[ChunkRecord] = field(default_factory=list)  # in write order
+    runs: list[tuple[str, int]] = field(default_factory=list)  # (split, chunks before it)
     blocks: dict[str, list[str]] = field(default_factory=dict)  # image dataset -> block digests
     texts: dict[str, list[str]] = field(default_factory=dict)  # text dataset -> rows
     lineage: dict[str, list[list[str]]] = field(default_factory=dict)  # split -> rows
@@ -69,6 +72,7 @@ class ResumeState:
             )
             for c in delta["chunks"]
         )
+        self.runs.extend((str(split), int(before)) for split, before in delta["runs"])
         for name, blocks in delta["blocks"].items():
             self.blocks.setdefault(name, []).extend(blocks)
         for name, rows in delta["texts"].items():

@@ -27,7 +27,7 @@ from h5etl.errors import ResumeMismatch, SinkError, io_problem
 from h5etl.journal import ResumeState
 from h5etl.kinds.base import ArrayColumn, ScalarColumn
 from h5etl.records import BatchResult, EncodedRows
-from h5etl.sink_chunks import DatasetStats, ImageWriter
+from h5etl.sink_chunks import DatasetStats, ImageWriter, StoredChunks
 from h5etl.sink_rows import SinkLayout, SmallRows
 
 __all__ = ["LIBVER", "Sink", "SinkLayout"]
@@ -59,6 +59,12 @@ class Sink:
         self.counts: dict[str, int] = dict.fromkeys(layout.splits, 0)
         self.seconds = 0.0
         self.rows: SmallRows | None = None  # the small columns, once the file exists
+        # For the resume journal, in write order: the chunks stored since the last checkpoint
+        # (all datasets), and where the small rows' runs came between them, as
+        # (split, chunks journaled before it): a resume replays both in that order.
+        self._stored: StoredChunks = []
+        self._runs: list[tuple[str, int]] = []
+        self._journaled_chunks = 0
 
     def __enter__(self) -> Sink:
         try:
@@ -78,7 +84,7 @@ class Sink:
             self._created = True
             for split in self.layout.splits:
                 self._create_split(self.file, split)
-            self.rows = SmallRows(self.file, self.layout, self.stats)
+            self.rows = SmallRows(self.file, self.layout, self.stats, on_run=self._note_run)
         except (OSError, RuntimeError) as exc:
             self._abandon()  # only if it got as far as creating the file
             self._close_quietly()
@@ -186,7 +192,7 @@ class Sink:
                     **layout.filter_kwargs(),
                 )
                 stats = DatasetStats(dataset.name, block_rows=layout.rows)
-                self.images[(split, name)] = ImageWriter(dataset, layout, stats)
+                self.images[(split, name)] = ImageWriter(dataset, layout, stats, self._stored)
             else:
                 dtype = (
                     column.dtype if isinstance(column, ScalarColumn) else h5py.string_dtype("utf-8")
@@ -257,19 +263,21 @@ class Sink:
         assert self.file is not None
         assert self.consistent
         self._ensure_room(0, "flushing")  # a disk about to fill fails here, before HDF5 does
-        chunks: list[dict[str, Any]] = []
-        blocks: dict[str, list[str]] = {}
-        for writer in self.images.values():
-            records, digests = writer.journal_delta()
-            chunks.extend(records)
-            blocks[writer.stats.path] = digests
+        chunks = [writer.chunk_record(offset, sha) for writer, offset, sha in self._stored]
+        self._stored.clear()  # (in place: the writers share the list)
+        self._journaled_chunks += len(chunks)
+        runs, self._runs = self._runs, []
         delta = {
             "rows": dict(self.counts),
             "chunks": chunks,
-            "blocks": blocks,
+            "runs": [list(run) for run in runs],
+            "blocks": {w.stats.path: w.block_delta() for w in self.images.values()},
         }
         delta["texts"], delta["lineage"] = self._small.journal_delta()
         return delta
+
+    def _note_run(self, split: str) -> None:
+        self._runs.append((split, self._journaled_chunks + len(self._stored)))
 
     def sync(self) -> None:
         """fsync the file: no HDF5 call, so it may run beside the writer in a thread."""
@@ -288,9 +296,20 @@ class Sink:
         """
         assert self.file is not None
         writers = {writer.stats.path: writer for writer in self.images.values()}
+        for split in self.layout.splits:  # buffered first: their runs come between the chunks
+            small = {
+                name: state.texts.get(self.layout.path(split, name), [])
+                for name in self.layout.small
+            }
+            lineage = state.lineage.get(split, [])
+            if lineage:
+                self._small.restore(split, small, lineage)
+                self.counts[split] = len(lineage)
+        runs = list(state.runs)
         try:
             with open(partial, "rb") as source:
-                for record in state.chunks:
+                for index, record in enumerate(state.chunks):
+                    runs = self._small.replay_runs(runs, index)
                     source.seek(record.byte_offset)
                     data = source.read(record.size)
                     writer = writers.get(record.dataset)
@@ -301,6 +320,9 @@ class Sink:
                         )
                     self._copy_chunk(writer, record.offset, data, record.filter_mask)
                     writer.note_copied(record.offset, record.sha256)
+            self._small.replay_runs(runs, len(state.chunks))
+        except ValueError as exc:  # the journal places more runs than its rows fill
+            raise ResumeMismatch(str(exc), path=partial) from exc
         except SinkError:  # (an OSError too) a mismatch, or a write that failed
             raise
         except OSError as exc:
@@ -309,15 +331,6 @@ class Sink:
             ) from exc
         for (split, _), writer in self.images.items():
             writer.restore(state.rows.get(split, 0), state.blocks.get(writer.stats.path, []))
-        for split in self.layout.splits:
-            small = {
-                name: state.texts.get(self.layout.path(split, name), [])
-                for name in self.layout.small
-            }
-            lineage = state.lineage.get(split, [])
-            if lineage:
-                self._small.restore(split, small, lineage)
-                self.counts[split] = len(lineage)
 
     def finish(
         self,

@@ -35,19 +35,30 @@ class DatasetStats:
         return digest.combine(self.blocks)
 
 
+StoredChunks = list[tuple["ImageWriter", tuple[int, ...], str]]
+"""Chunks stored since the last checkpoint, in the order they were written, across datasets:
+(writer, chunk offset, SHA-256 of the stored bytes). The sink's writers share one."""
+
+
 class ImageWriter:
     """Appends rows of one image dataset as whole chunks."""
 
-    def __init__(self, dataset: h5py.Dataset, layout: ChunkLayout, stats: DatasetStats):
+    def __init__(
+        self,
+        dataset: h5py.Dataset,
+        layout: ChunkLayout,
+        stats: DatasetStats,
+        stored: StoredChunks | None = None,
+    ):
         self.dataset = dataset
         self.layout = layout
         self.stats = stats
+        self.stored: StoredChunks = [] if stored is None else stored
         self.rows = 0
         self.carry: list[np.ndarray] = []
         self.carry_rows = 0
         self.direct_blocks = 0
         self.rechunked_blocks = 0
-        self.unjournaled: list[tuple[tuple[int, ...], str]] = []  # (offset, sha256 of bytes)
         self.unjournaled_blocks: list[bytes] = []
 
     def add_encoded(self, blocks: list[list[EncodedChunk]], sha: list[bytes], count: int) -> None:
@@ -114,7 +125,7 @@ class ImageWriter:
         self.unjournaled_blocks = list(self.stats.blocks)
 
     def note_copied(self, offset: tuple[int, ...], sha256: str) -> None:
-        self.unjournaled.append((offset, sha256))
+        self.stored.append((self, offset, sha256))
 
     def _store_rows(self, block: np.ndarray, count: int | None = None) -> None:
         count = len(block) if count is None else count
@@ -130,25 +141,24 @@ class ImageWriter:
         for chunk in chunks:
             offset = (row + chunk.offset[0], *chunk.offset[1:])
             self.dataset.id.write_direct_chunk(offset, chunk.data, chunk.filter_mask)
-            self.unjournaled.append(
-                (offset, chunk.sha256 or hashlib.sha256(chunk.data).hexdigest())
+            self.stored.append(
+                (self, offset, chunk.sha256 or hashlib.sha256(chunk.data).hexdigest())
             )
 
-    def journal_delta(self) -> tuple[list[dict[str, Any]], list[str]]:
-        """Where the chunks stored since the last call sit in the file; call after a flush."""
-        records = []
-        for offset, sha in self.unjournaled:
-            info = self.dataset.id.get_chunk_info_by_coord(offset)
-            records.append(
-                {
-                    "dataset": self.dataset.name,
-                    "offset": list(offset),
-                    "filter_mask": int(info.filter_mask),
-                    "byte_offset": int(info.byte_offset),
-                    "size": int(info.size),
-                    "sha256": sha,
-                }
-            )
+    def chunk_record(self, offset: tuple[int, ...], sha256: str) -> dict[str, Any]:
+        """Where a stored chunk sits in the file, for the resume journal (after its write)."""
+        info = self.dataset.id.get_chunk_info_by_coord(offset)
+        return {
+            "dataset": self.dataset.name,
+            "offset": list(offset),
+            "filter_mask": int(info.filter_mask),
+            "byte_offset": int(info.byte_offset),
+            "size": int(info.size),
+            "sha256": sha256,
+        }
+
+    def block_delta(self) -> list[str]:
+        """The block digests stored since the last call, for the resume journal."""
         blocks = [b.hex() for b in self.unjournaled_blocks]
-        self.unjournaled, self.unjournaled_blocks = [], []
-        return records, blocks
+        self.unjournaled_blocks = []
+        return blocks

@@ -8,6 +8,7 @@ journal as plain values as soon as they are buffered.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,10 +48,17 @@ class SinkLayout:
 class SmallRows:
     """Buffers and appends the rows of the small columns of every split, in order."""
 
-    def __init__(self, file: h5py.File, layout: SinkLayout, stats: dict[str, DatasetStats]):
+    def __init__(
+        self,
+        file: h5py.File,
+        layout: SinkLayout,
+        stats: dict[str, DatasetStats],
+        on_run: Callable[[str], None] = lambda split: None,
+    ):
         self.file = file
         self.layout = layout
         self.stats = stats
+        self.on_run = on_run  # told of each run appended, by split: the journal places it
         self._unjournaled_rows: dict[str, list[Any]] = {}  # by dataset path
         self._unjournaled_lineage: dict[str, list[list[str]]] = {}
         self._pending_rows: dict[str, dict[str, list[Any]]] = {}  # split -> field -> rows
@@ -95,17 +103,43 @@ class SmallRows:
             stop = min(start + SMALL_ROWS_PER_WRITE, count)
             rows = {name: values[start:stop] for name, values in small.items()}
             self.append(split, rows, lineage[start:stop])
+            self.on_run(split)
         self._pending_lineage[split] = lineage[count:]
         self._pending_rows[split] = {name: values[count:] for name, values in small.items()}
 
+    def replay_runs(self, runs: list[tuple[str, int]], chunks: int) -> list[tuple[str, int]]:
+        """Append the runs a killed build appended before its chunk number ``chunks``
+        (``runs`` as its journal placed them); return the runs still to come."""
+        while runs and runs[0][1] <= chunks:
+            self.flush_run(runs.pop(0)[0])
+        return runs
+
+    def flush_run(self, split: str) -> None:
+        """Append the next run of ``split``'s buffered rows: a resume replays the killed
+        build's runs where it appended them (between the same chunks), for the same bytes.
+
+        Raises:
+            ValueError: fewer than a run's rows are buffered (a journal this one did not write).
+        """
+        if len(self._pending_lineage.get(split, [])) < SMALL_ROWS_PER_WRITE:
+            raise ValueError(f"the journal places a run of {split!r} that its rows do not fill")
+        kept_lineage = self._pending_lineage[split][SMALL_ROWS_PER_WRITE:]
+        kept = {n: v[SMALL_ROWS_PER_WRITE:] for n, v in self._pending_rows[split].items()}
+        self._pending_lineage[split] = self._pending_lineage[split][:SMALL_ROWS_PER_WRITE]
+        self._pending_rows[split] = {
+            n: v[:SMALL_ROWS_PER_WRITE] for n, v in self._pending_rows[split].items()
+        }
+        self._flush_split(split, whole_runs=True)
+        self._pending_lineage[split], self._pending_rows[split] = kept_lineage, kept
+
     def restore(self, split: str, small: dict[str, list[Any]], lineage: list[list[str]]) -> None:
-        """Buffer rows a resume copies from a killed build's journal, as ``add`` does; they
-        stay unjournaled, so that this build's journal holds them too."""
+        """Buffer rows a resume copies from a killed build's journal, as ``add`` does (its
+        runs are appended by ``flush_run``); they stay unjournaled, so that this build's
+        journal holds them too."""
         pending = self._pending_rows.setdefault(split, {name: [] for name in self.layout.small})
         for name in self.layout.small:
             pending[name].extend(small[name])
         self._pending_lineage.setdefault(split, []).extend(lineage)
-        self._flush_split(split, whole_runs=True)
         for name, rows in small.items():
             self._unjournaled_rows.setdefault(self.layout.path(split, name), []).extend(rows)
         self._unjournaled_lineage.setdefault(split, []).extend(lineage)

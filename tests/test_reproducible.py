@@ -1,11 +1,15 @@
 """Reproducible bytes: two builds of the same inputs and config are the same file but for
 ``created_at``; with SOURCE_DATE_EPOCH set, the same file byte for byte, whatever the folder,
-the input files' times, ``--jobs`` or the checkpoint times."""
+the input files' times, ``--jobs``, the checkpoint times or a kill and ``--resume``."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
+import textwrap
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -272,3 +276,56 @@ def test_small_rows_are_written_in_runs_of_the_row_count_alone(tmp_path: Path) -
         names = [v.decode() for v in handle["train/filename"][...]]
     assert names == [f"s{i}.png" for i in range(rows)]
     assert one == other
+
+
+# A build that checkpoints after every 5th batch only (a checkpoint then spans batches of
+# both splits, as one every two seconds does) and SIGKILLs itself after ``after`` samples.
+KILLED_SPARSE = """
+    import os, signal, sys
+    import h5etl, h5etl.resume, h5etl.sink_rows, h5etl.tasks
+    h5etl.tasks.TASK_SAMPLES = 2
+    h5etl.sink_rows.SMALL_ROWS_PER_WRITE = int(sys.argv[3])
+    config, after = sys.argv[1], int(sys.argv[2])
+    original = h5etl.resume.Checkpoints.maybe_write
+    calls = 0
+    def sparse(self, sink):
+        global calls
+        calls += 1
+        if calls % 5 == 0:
+            original(self, sink)
+    h5etl.resume.Checkpoints.maybe_write = sparse
+    seen = 0
+    def hook(stage, advance, total):
+        global seen
+        if stage == "decode+write" and total is None:
+            seen += advance
+            if seen >= after:
+                os.kill(os.getpid(), signal.SIGKILL)
+    h5etl.build(h5etl.load_spec(config), jobs=1, progress=hook, checkpoint_seconds=0)
+"""
+
+
+@pytest.mark.parametrize("after", [17, 21])
+def test_a_resumed_build_is_the_same_file(
+    tmp_path: Path,
+    make_raw: MakeRaw,
+    write_config: WriteConfig,
+    monkeypatch: pytest.MonkeyPatch,
+    after: int,
+) -> None:
+    # Small-row runs of 4 rows, so that several come before the kill and must be replayed
+    # between the same chunks; the journal lists chunks in write order across datasets.
+    monkeypatch.setattr(h5etl.tasks, "TASK_SAMPLES", 2)  # as the killed build cuts its tasks
+    monkeypatch.setattr(sink_rows, "SMALL_ROWS_PER_WRITE", 4)
+    monkeypatch.setenv(reproducible.ENV, EPOCH)  # the killed build inherits it
+    reference = _build(_project(tmp_path / "ref", make_raw, write_config), monkeypatch, EPOCH)
+    config = _project(tmp_path / "killed", make_raw, write_config)
+    script = textwrap.dedent(KILLED_SPARSE)
+    killed = subprocess.run(
+        [sys.executable, "-c", script, str(config), str(after), "4"], check=False
+    )
+    assert killed.returncode == -signal.SIGKILL
+    resumed = h5etl.build(h5etl.load_spec(config), resume=True)
+    assert resumed.path is not None
+    assert resumed.resumed > 0
+    assert resumed.path.read_bytes() == reference.read_bytes()
