@@ -286,3 +286,17 @@ def test_kinds_bench_photos_are_deterministic(tmp_path: Path) -> None:
         "airplane/000000.jpg",
         "airplane/000002.jpg",
     ]
+
+
+def test_reproducible_bench_builds_identical_files(bench_dir: Path) -> None:
+    # two builds (--jobs 2, then 1) from other folders, against a variant tree that is the same
+    same = str(Path(h5etl.__file__).resolve().parent.parent)
+    text = _run(
+        "reproducible.py", "--dir", str(bench_dir), "--samples", SAMPLES, "--builds", "2",
+        "--variant", f"same={same}",
+    )  # fmt: skip
+    assert "### Reproducible bytes: 40 pairs, lzf, SOURCE_DATE_EPOCH=1700000000" in text
+    assert "as is: 2 builds, sizes equal, byte-identical: yes" in text
+    assert "same: 2 builds, sizes equal, byte-identical: yes" in text
+    rows = [line for line in text.splitlines() if line.startswith("| as is |")]
+    assert [row.split("|")[3].strip() for row in rows] == ["2", "1"]  # --jobs of each build
