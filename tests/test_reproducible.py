@@ -329,3 +329,27 @@ def test_a_resumed_build_is_the_same_file(
     assert resumed.path is not None
     assert resumed.resumed > 0
     assert resumed.path.read_bytes() == reference.read_bytes()
+
+
+@pytest.mark.parametrize("example", ["classification", "metadata"])
+def test_examples_build_the_same_bytes_in_other_processes(
+    tmp_path: Path, example: str
+) -> None:
+    # Two CLI processes of other hash seeds (set and dict orders), --jobs 1 and 2, folders:
+    # labels and class names, tables and sidecars (every example does: README).
+    files = []
+    for seed, jobs in (("1", "1"), ("2", "2")):
+        env = {**os.environ, reproducible.ENV: EPOCH, "PYTHONHASHSEED": seed}
+        folder = tmp_path / f"{example}-{seed}"
+        command = ["demo", "--example", example, "--dir", str(folder), "--jobs", jobs, "--quiet"]
+        done = subprocess.run(
+            [sys.executable, "-m", "h5etl", *command],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        (release,) = (folder / "releases").glob("*-v0001.h5")
+        files.append(release.read_bytes())
+    assert files[0] == files[1]
