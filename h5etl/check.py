@@ -19,7 +19,7 @@ import h5py
 import hdf5plugin  # noqa: F401  (registers the Blosc/Zstd filters for reading)
 import numpy as np
 
-from h5etl import digest, fileformat, hdf5info
+from h5etl import check_ragged, digest, fileformat, hdf5info
 from h5etl.check_fields import field_lines, group_lines
 from h5etl.fileformat import (
     BLOCK_DIGESTS,
@@ -267,6 +267,7 @@ def _splits_section(
     for split in record.splits:
         paths = {
             **record.paths(split),
+            **check_ragged.offsets_paths(record, split),
             LINEAGE: record.lineage_path(split),
             **record.sample_paths(split),
         }
@@ -344,17 +345,22 @@ def _split_section(
             listed = "(other splits have it)" if record.inferred else "is in the layout record"
             report.problem(f"{path}: field {name!r} of split {split!r} {listed}, {what}")
             report.missing.add(path)
-    count = max((_rows(ds) for ds in datasets.values()), default=0)
+    count, rows = check_ragged.expected_rows(record, datasets)
     report.lines.append(
         f"{fileformat.split_group(record.template, split) or split}: {count} samples"
     )
     for name, dataset in datasets.items():
         with _section(report, dataset.name):
-            _dataset_section(name, dataset, count, expected, report, deep=deep)
+            _dataset_section(name, dataset, rows[name], expected, report, deep=deep)
+    columns = record.storage
     for name, dataset in datasets.items():
-        if name in record.fields:
-            with _section(report, dataset.name):
-                report.lines.extend(field_lines(name, record.fields[name], dataset, report.problem))
+        if name not in columns:
+            continue
+        with _section(report, dataset.name):
+            offsets = datasets.get(name + fileformat.OFFSETS_SUFFIX)
+            if columns[name].column == "ragged" and offsets is not None:
+                check_ragged.check_offsets(dataset, offsets, report.problem)
+            report.lines.extend(field_lines(name, columns[name], dataset, report.problem))
     return count
 
 
@@ -386,7 +392,7 @@ def _dataset_section(
     if not dataset.shape:
         report.problem(f"{dataset.name}: a scalar, not rows of samples")
     elif _rows(dataset) != count:
-        report.problem(f"{dataset.name}: {_rows(dataset)} rows, the split has {count}")
+        report.problem(f"{dataset.name}: {_rows(dataset)} rows, {count} expected")
     if info is None:
         report.problem(f"{dataset.name}: no digest in /{DIAGNOSTICS}")
     elif deep:

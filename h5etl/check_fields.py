@@ -105,7 +105,7 @@ def _label_lines(name: str, record: FieldRecord, dataset: h5py.Dataset, problem:
 
 
 def _mask_values_line(
-    name: str, dataset: h5py.Dataset, declared: list[int], problem: Problem
+    name: str, dataset: h5py.Dataset, declared: list[int], problem: Problem, unit: str
 ) -> str | None:
     try:
         counts, empty = value_histogram(dataset)
@@ -117,7 +117,7 @@ def _mask_values_line(
     stray = sorted(set(counts) - set(declared))
     if stray:
         problem(f"{dataset.name}: values {stray} outside the declared {declared}")
-    return f"  {name} values: {shown or 'none'}; {empty} of {len(dataset)} samples all 0"
+    return f"  {name} values: {shown or 'none'}; {empty} of {len(dataset)} {unit} all 0"
 
 
 def field_lines(
@@ -125,7 +125,7 @@ def field_lines(
 ) -> list[str]:
     """The report lines of one field's values; ``problem`` is told what is wrong in them."""
     lines: list[str | None] = []
-    numeric = dataset.dtype.kind in "uibf" and record.column == "fixed"
+    numeric = dataset.dtype.kind in "uibf" and record.column in ("fixed", "ragged")
     if numeric:
         lines.append(stats_line(name, dataset))
     if record.kind == "label" and dataset.dtype.kind in "ui" and dataset.ndim == 1:
@@ -134,7 +134,9 @@ def field_lines(
         lines.append(histogram_line(name, dataset))
     declared = fileformat.declared_values(record)
     if declared is not None and dataset.dtype.kind in "uib" and dataset.ndim >= 1:
-        lines.append(_mask_values_line(name, dataset, declared, problem))
+        # a ragged column's rows are rows of values (slices of a volume), not samples
+        unit = "rows" if record.column == "ragged" else "samples"
+        lines.append(_mask_values_line(name, dataset, declared, problem, unit))
     return [line for line in lines if line is not None]
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import math
+import os
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
@@ -24,6 +25,7 @@ from h5etl import digest
 from h5etl.records import EncodedChunk
 
 _BLOSC_SHUFFLE = {"none": 0, "byte": 1, "bit": 2}
+_SCRATCH_NAMES = itertools.count()
 
 
 class CompressionLike(Protocol):
@@ -112,7 +114,9 @@ class ChunkLayout:
 
 
 def _scratch(layout: ChunkLayout) -> tuple[h5py.File, h5py.Dataset]:
-    scratch = h5py.File(f"h5etl-scratch-{id(layout)}", "w", driver="core", backing_store=False)
+    # a name of its own: HDF5 refuses to create a core file under the name of an open one
+    name = f"h5etl-scratch-{os.getpid()}-{next(_SCRATCH_NAMES)}"
+    scratch = h5py.File(name, "w", driver="core", backing_store=False)
     dataset = scratch.create_dataset(
         "block",
         shape=(layout.rows, *layout.shape),
@@ -146,13 +150,37 @@ def _lzf_direct(layout: ChunkLayout, rows: np.ndarray) -> list[EncodedChunk] | N
 
 def encode_block(layout: ChunkLayout, rows: np.ndarray) -> list[EncodedChunk]:
     """Compress one block of exactly ``layout.rows`` samples into its stored chunks."""
-    if rows.shape != (layout.rows, *layout.shape):
-        raise ValueError(f"block shape {rows.shape} does not match layout {layout}")
-    direct = _lzf_direct(layout, rows)
-    if direct is not None:
-        return direct
-    scratch, dataset = _scratch(layout)
-    with scratch:
+    with BlockEncoder(layout) as encoder:
+        return encoder.encode(rows)
+
+
+class BlockEncoder:
+    """Compresses many blocks of one layout through a single in-memory scratch dataset (a
+    ragged column of one value row per chunk encodes each row: a scratch file per row would
+    cost more than the row)."""
+
+    def __init__(self, layout: ChunkLayout):
+        self.layout = layout
+        self._scratch: tuple[h5py.File, h5py.Dataset] | None = None
+
+    def __enter__(self) -> BlockEncoder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._scratch is not None:
+            self._scratch[0].close()
+            self._scratch = None
+
+    def encode(self, rows: np.ndarray) -> list[EncodedChunk]:
+        layout = self.layout
+        if rows.shape != (layout.rows, *layout.shape):
+            raise ValueError(f"block shape {rows.shape} does not match layout {layout}")
+        direct = _lzf_direct(layout, rows)
+        if direct is not None:
+            return direct
+        if self._scratch is None:
+            self._scratch = _scratch(layout)
+        dataset = self._scratch[1]
         dataset.write_direct(np.ascontiguousarray(rows, dtype=layout.dtype))
         out = []
         for offset in layout.chunk_offsets():

@@ -18,11 +18,26 @@ from typing import Any
 
 import numpy as np
 
-from h5etl import fileformat, inputs, stats
-from h5etl.chunkcodec import encode_rows
+from h5etl import digest, fileformat, inputs, stats
+from h5etl.chunkcodec import BlockEncoder, encode_rows
 from h5etl.errors import RejectError
-from h5etl.kinds.base import ArrayColumn, Kind, SampleContext, ScalarColumn
-from h5etl.records import BatchResult, DecodeTask, EncodedRows, Sample, sample_rejects
+from h5etl.kinds.base import (
+    ArrayColumn,
+    Column,
+    Kind,
+    RaggedColumn,
+    SampleContext,
+    ScalarColumn,
+    TextColumn,
+)
+from h5etl.records import (
+    BatchResult,
+    DecodeTask,
+    EncodedRows,
+    RaggedRows,
+    Sample,
+    sample_rejects,
+)
 
 STAGE = "decode"
 
@@ -34,15 +49,24 @@ class DecodeRecipe:
     kinds: tuple[Kind, ...]
     order: tuple[int, ...]  # positions in ``kinds``: each field after those it depends on
     plan_fields: tuple[str, ...] = ()  # fields whose values travel in ``Sample.extras``
-    arrays: tuple[tuple[Kind, ArrayColumn], ...] = ()  # the array fields and their columns
+    # every storage column: (its kind, its dataset name, the column), in field order
+    columns: tuple[tuple[Kind, str, Column], ...] = ()
+    arrays: tuple[tuple[Kind, str, ArrayColumn], ...] = ()  # the fixed array columns
+    multi: frozenset[str] = frozenset()  # kinds whose decode returns a dict by column
 
     @classmethod
     def of(cls, kinds: Sequence[Kind], order: Sequence[int]) -> DecodeRecipe:
         planned = tuple(kind.name for kind in kinds if kind.plan_side)
-        arrays = tuple(
-            (kind, column) for kind in kinds if isinstance(column := kind.column, ArrayColumn)
+        columns = tuple(
+            (kind, name, column) for kind in kinds for name, column in kind.columns.items()
         )
-        return cls(tuple(kinds), tuple(order), planned, arrays)
+        arrays = tuple(
+            (kind, name, column)
+            for kind, name, column in columns
+            if isinstance(column, ArrayColumn)
+        )
+        multi = frozenset(kind.name for kind in kinds if kind.multi_column)
+        return cls(tuple(kinds), tuple(order), planned, columns, arrays, multi)
 
 
 @dataclass(slots=True)
@@ -64,10 +88,13 @@ def _decode_sample(sample: Sample, recipe: DecodeRecipe, position: int) -> _Deco
     contents = [inputs.read_file(path) for path in files]
     extras = dict(zip(recipe.plan_fields, sample.extras, strict=True))
     context = SampleContext(sample, contents, extras, files)
-    values = {}
+    values: dict[str, Any] = {}
     for index in recipe.order:
         kind = recipe.kinds[index]
-        values[kind.name] = kind.decode(context)
+        if kind.name in recipe.multi:
+            values.update(_column_values(kind, kind.decode(context)))
+        else:
+            values[kind.name] = kind.decode(context)
     decoded = _Decoded(
         position,
         sample,
@@ -76,6 +103,17 @@ def _decode_sample(sample: Sample, recipe: DecodeRecipe, position: int) -> _Deco
         context.conversions,
     )
     return decoded
+
+
+def _column_values(kind: Kind, found: Any) -> dict[str, Any]:
+    """A multi-column kind's value per column (its contract: a dict of exactly them)."""
+    if not isinstance(found, dict) or set(found) != set(kind.columns):
+        got = sorted(found) if isinstance(found, dict) else type(found).__name__
+        raise TypeError(
+            f"{kind.kind} field {kind.name}: decode must return a dict of its "
+            f"columns {sorted(kind.columns)}, got {got}"
+        )
+    return found
 
 
 def capacity_of(task: DecodeTask) -> int:
@@ -114,7 +152,7 @@ def decode_batch(task: DecodeTask, recipe: DecodeRecipe) -> BatchResult:
     """
     started = time.perf_counter()
     capacity = capacity_of(task)
-    out = {kind.name: _batch_buffer(kind.name, column, capacity) for kind, column in recipe.arrays}
+    out = {name: _batch_buffer(name, column, capacity) for _, name, column in recipe.arrays}
     result = BatchResult(task, 0)
     kept: list[_Decoded] = []
     for position, sample in enumerate(task.samples):
@@ -135,9 +173,14 @@ def decode_batch(task: DecodeTask, recipe: DecodeRecipe) -> BatchResult:
             continue
         # Only a sample that passed every check touches its row: a rejected one must not
         # leave pixels in the padding of the sample that takes the row next.
-        for kind, _ in recipe.arrays:
-            window = kind.place(decoded.values[kind.name], out[kind.name][len(kept)])
-            decoded.windows[kind.name] = window  # statistics once per task, over these
+        for kind, name, _ in recipe.arrays:
+            row = out[name][len(kept)]
+            window = (
+                kind.place(decoded.values[name], row)
+                if name == kind.name
+                else _copy_into(kind, name, decoded.values[name], row)
+            )
+            decoded.windows[name] = window  # statistics once per task, over these
         kept.append(decoded)
     keep = keep_whole_blocks(task, len(kept))
     result.deferred = sorted([*result.deferred, *(d.position for d in kept[keep:])])
@@ -161,17 +204,20 @@ def gather(
     result.lineage = [d.hashes for d in kept]
     result.columns[fileformat.SAMPLE_KEY] = [d.sample.split_name for d in kept]
     result.columns[fileformat.SAMPLE_GROUP] = [d.sample.group for d in kept]
-    for kind in recipe.kinds:
-        column = kind.column
-        values = [d.values[kind.name] for d in kept]
+    for kind, name, column in recipe.columns:
+        values = [d.values[name] for d in kept]
         if isinstance(column, ArrayColumn):
-            rows = arrays[kind.name]
-            result.columns[kind.name] = rows if result.task.raw else _encoded(rows, column)
+            rows = arrays[name]
+            result.columns[name] = rows if result.task.raw else _encoded(rows, column)
         elif isinstance(column, ScalarColumn):
-            result.columns[kind.name] = np.array(values, dtype=column.dtype)
+            result.columns[name] = _scalar_rows(values, column)
+        elif isinstance(column, RaggedColumn):
+            result.columns[name] = _ragged_rows(kind, name, values, column, raw=result.task.raw)
         else:
-            result.columns[kind.name] = [str(v) for v in values]
-        result.stats.update(_task_stats(kind, kept, result.columns[kind.name]))
+            result.columns[name] = [str(v) for v in values]
+        found = _task_stats(kind, name, column, kept, result.columns[name])
+        if found is not None:
+            result.stats[name] = found
     counts: dict[str, Counter[str]] = {}
     for d in kept:
         for name, code in d.conversions:
@@ -179,18 +225,90 @@ def gather(
     result.conversions = {name: dict(count) for name, count in counts.items()}
 
 
-def _task_stats(kind: Kind, kept: Sequence[_Decoded], rows: Any) -> dict[str, Any]:
-    if kind.stats is None:
-        return {}
+def _scalar_rows(values: Sequence[Any], column: ScalarColumn) -> np.ndarray:
+    return np.array(values, dtype=column.dtype).reshape(len(values), *column.shape)
+
+
+def _ragged_rows(
+    kind: Kind, name: str, values: Sequence[Any], column: RaggedColumn, *, raw: bool
+) -> RaggedRows:
+    """A task's values of one ragged column and each sample's length.
+
+    With one value row per chunk every sample starts on a chunk boundary, so the worker
+    compresses its chunks (and hashes each block) and only compressed bytes travel; else the
+    values' place in the chunk grid depends on the samples of earlier tasks, so they travel
+    raw, end to end, and the writer cuts them into chunks.
+    """
+    arrays = [np.asarray(v) for v in values]
+    for array in arrays:
+        if array.shape[1:] != column.trailing or array.dtype != np.dtype(column.dtype):
+            raise TypeError(
+                f"{kind.kind} field {kind.name}: column {name} takes (length, "
+                f"*{column.trailing}) {column.dtype} values, got {array.shape} {array.dtype}"
+            )
+    lengths = np.array([len(a) for a in arrays], dtype=np.int64)
+    if column.layout.rows == 1 and not raw:
+        return RaggedRows(_encoded_rows(arrays, column), lengths)
+    empty = np.empty((0, *column.trailing), dtype=column.dtype)
+    return RaggedRows(np.concatenate([empty, *arrays]), lengths)
+
+
+def _encoded_rows(arrays: Sequence[np.ndarray], column: RaggedColumn) -> EncodedRows:
+    """Every value row of ``arrays`` as its own block of compressed chunks (chunk rows 1)."""
+    blocks, digests = [], []
+    with BlockEncoder(column.layout) as encoder:
+        for array in arrays:
+            for index in range(len(array)):
+                row = array[index : index + 1]
+                digests.append(digest.block_digest(row))
+                blocks.append(encoder.encode(row))
+    return EncodedRows(blocks, digests)
+
+
+def _copy_into(kind: Kind, name: str, value: Any, row: np.ndarray) -> np.ndarray:
+    """A fixed column other than a kind's main one takes its value as is, or shorter along
+    its first axis (a recording padded to a fixed duration): copied to the start of the
+    row, whose rest keeps the column's fill. Returns the window it fills (its statistics)."""
+    array = np.asarray(value)
+    if array.shape[1:] != row.shape[1:] or not 0 <= len(array) <= len(row):
+        raise TypeError(
+            f"{kind.kind} field {kind.name}: column {name} takes {row.shape} values (or "
+            f"fewer rows), got {array.shape}"
+        )
+    window = row[: len(array)]
+    window[...] = array
+    return window
+
+
+def _column_stats(column: Column, values: np.ndarray, *, batched: bool = False) -> Any:
+    """A column's own statistics (``stats``/``channel_axis``) of one sample's values, or of
+    a task's rows (``batched``: a sample axis first)."""
+    assert not isinstance(column, TextColumn)
+    if column.stats == "histogram":
+        return stats.Histogram.of(values)
+    axis = column.channel_axis
+    if axis is not None and batched and axis >= 0:
+        axis += 1  # counted in one sample's value, behind the task's sample axis
+    return stats.ChannelStats.of(values, channel_axis=axis)
+
+
+def _task_stats(kind: Kind, name: str, column: Column, kept: Sequence[_Decoded], rows: Any) -> Any:
     if not kept:
-        return {}
-    if isinstance(kind.column, ArrayColumn):
-        found = kind.task_stats([d.windows[kind.name] for d in kept])
-        return {} if found is None else {kind.name: found}
-    column = np.asarray(rows)
+        return None
+    if not isinstance(column, TextColumn) and column.stats is not None:
+        if isinstance(column, RaggedColumn):
+            return merge_all([_column_stats(column, np.asarray(d.values[name])) for d in kept])
+        if isinstance(column, ArrayColumn):
+            return merge_all([_column_stats(column, d.windows[name]) for d in kept])
+        return _column_stats(column, np.asarray(rows), batched=True)
+    if name != kind.name or kind.stats is None:
+        return None
+    if isinstance(column, ArrayColumn):
+        return kind.task_stats([d.windows[name] for d in kept])
+    values = np.asarray(rows)
     if kind.stats == "histogram":
-        return {kind.name: stats.Histogram.of(column)}
-    return {kind.name: stats.ChannelStats.of(column, channel_axis=None)}
+        return stats.Histogram.of(values)
+    return stats.ChannelStats.of(values, channel_axis=None)
 
 
 def merge_all(parts: Sequence[Any]) -> Any:
@@ -213,20 +331,33 @@ def join_results(into: BatchResult, recipe: DecodeRecipe, parts: Sequence[BatchR
                 known[code] = known.get(code, 0) + count
     for name in fileformat.SAMPLE_RECORD:
         into.columns[name] = [text for part in parts for text in part.columns[name]]  # type: ignore[union-attr]
-    for kind in recipe.kinds:
-        column = kind.column
-        pieces = [part.columns[kind.name] for part in parts]
-        if isinstance(column, ArrayColumn):
-            empty = np.empty((0, *column.layout.shape), column.layout.dtype)
-            into.columns[kind.name] = np.concatenate([empty, *pieces])
-        elif isinstance(column, ScalarColumn):
-            empty = np.empty((0,), column.dtype)
-            into.columns[kind.name] = np.concatenate([empty, *pieces])
-        else:
-            into.columns[kind.name] = [text for piece in pieces for text in piece]  # type: ignore[union-attr]
-        found = [part.stats[kind.name] for part in parts if kind.name in part.stats]
+    for _, name, column in recipe.columns:
+        pieces = [part.columns[name] for part in parts]
+        into.columns[name] = _joined(column, pieces)
+        found = [part.stats[name] for part in parts if name in part.stats]
         if found:
-            into.stats[kind.name] = merge_all(found)
+            into.stats[name] = merge_all(found)
+
+
+def _joined(column: Column, pieces: Sequence[Any]) -> Any:
+    """One column's rows of several raw results, end to end."""
+    if isinstance(column, ArrayColumn):
+        empty = np.empty((0, *column.layout.shape), column.layout.dtype)
+        return np.concatenate([empty, *pieces])
+    if isinstance(column, ScalarColumn):
+        return np.concatenate([np.empty((0, *column.shape), column.dtype), *pieces])
+    if isinstance(column, RaggedColumn):
+        values = np.empty((0, *column.trailing), column.dtype)
+        return RaggedRows(
+            np.concatenate([values, *(_raw(p) for p in pieces)]),
+            np.concatenate([np.empty(0, np.int64), *(p.lengths for p in pieces)]),
+        )
+    return [text for piece in pieces for text in piece]
+
+
+def _raw(rows: RaggedRows) -> np.ndarray:
+    assert isinstance(rows.values, np.ndarray), "a task isolated after a crash comes back raw"
+    return rows.values
 
 
 def _encoded(rows: np.ndarray, column: ArrayColumn) -> EncodedRows:

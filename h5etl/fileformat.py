@@ -39,7 +39,9 @@ __all__ = [
     "read_layout",
 ]
 
-FORMAT = 1  # version of the layout record; a reader refuses records newer than it knows
+# version of the layout record; a reader refuses records newer than it knows.
+# 2: fields of several storage columns ("columns"), ragged columns, column "none".
+FORMAT = 2
 LAYOUT_ATTR = "layout"  # root attribute: the layout record, JSON
 DIAGNOSTICS = "diagnostics"  # root group: build facts as attributes
 DATASETS_GROUP = "datasets"  # in /diagnostics: one group per dataset, digests and sizes
@@ -86,9 +88,17 @@ FILTER_DEFLATE, FILTER_SHUFFLE, FILTER_FLETCHER32 = 1, 2, 3
 FILTER_LZF, FILTER_BLOSC, FILTER_ZSTD = 32000, 32001, 32015
 DEFAULT_TEMPLATE = "{split}/{field}"
 TEMPLATES = ("{split}/{field}", "{field}_{split}")
-ColumnType = Literal["fixed", "text", "ragged"]
-COLUMN_TYPES: tuple[ColumnType, ...] = ("fixed", "text", "ragged")
+# "none": a field with no dataset of its own name, only its ``columns`` (a recording's channels)
+ColumnType = Literal["fixed", "text", "ragged", "none"]
+COLUMN_TYPES: tuple[ColumnType, ...] = ("fixed", "text", "ragged", "none")
 OFFSETS_SUFFIX = "_offsets"  # a ragged column: values at its path, (N+1,) int64 offsets here
+FIELD_KEY = "field"  # in a column's record (``LayoutRecord.storage``): the field it belongs to
+COLUMNS_KEY = "columns"  # in a field's JSON record: its other storage columns, by dataset name
+
+
+def offsets_path(path: str) -> str:
+    """Where a ragged column at ``path`` keeps its (N+1,) int64 offsets."""
+    return path + OFFSETS_SUFFIX
 
 
 def dataset_path(template: str, split: str, field_name: str) -> str:
@@ -108,27 +118,41 @@ class FieldRecord:
     kind: str
     column: ColumnType
     dtype: str
-    shape: tuple[int, ...]  # per sample; () for a scalar or a text
+    shape: tuple[int, ...]  # per sample (per row of values, ragged); () for a scalar or text
     extra: Mapping[str, Any] = field(default_factory=dict)  # e.g. classes, values, source
+    # the field's other storage columns by dataset name (``<field>_<suffix>``), each described
+    # like a field (its own column, dtype, shape; its dataset attributes in ``extra``)
+    columns: Mapping[str, FieldRecord] = field(default_factory=dict)
 
     def as_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "kind": self.kind,
             "column": self.column,
             "dtype": self.dtype,
             "shape": list(self.shape),
             **self.extra,
         }
+        if self.columns:
+            out[COLUMNS_KEY] = {
+                name: {k: v for k, v in record.as_json().items() if k != "kind"}
+                for name, record in self.columns.items()
+            }
+        return out
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> FieldRecord:
-        known = {"kind", "column", "dtype", "shape"}
+    def from_json(cls, data: Mapping[str, Any], kind: str | None = None) -> FieldRecord:
+        known = {"kind", "column", "dtype", "shape", COLUMNS_KEY}
+        own = str(data["kind"]) if kind is None else kind
         return cls(
-            str(data["kind"]),
+            own,
             data["column"],
             str(data["dtype"]),
             tuple(int(n) for n in data["shape"]),
             {k: v for k, v in data.items() if k not in known},
+            {
+                str(name): cls.from_json(column, own)
+                for name, column in (data.get(COLUMNS_KEY) or {}).items()
+            },
         )
 
 
@@ -153,13 +177,42 @@ class LayoutRecord:
         return {name: dataset_path(self.template, split, name) for name in self.samples}
 
     def paths(self, split: str) -> dict[str, str]:
-        """Every field's dataset path in ``split``, in field order."""
-        return {name: self.path(split, name) for name in self.fields}
+        """Every storage column's dataset path in ``split`` (``storage`` order): a field of
+        one column is one dataset named like it. A ragged column's offsets sit beside its
+        path (``offsets_path``)."""
+        return {name: self.path(split, name) for name in self.storage}
+
+    @property
+    def storage(self) -> dict[str, FieldRecord]:
+        """Every storage column by dataset name, in field order, each described as a field:
+        a field's main column is its record (without ``columns``), its other columns carry
+        the field's name under ``FIELD_KEY``. A field of column "none" has no main one."""
+        out: dict[str, FieldRecord] = {}
+        for name, record in self.fields.items():
+            if record.column != "none":
+                out[name] = FieldRecord(
+                    record.kind, record.column, record.dtype, record.shape, record.extra
+                )
+            for column, part in record.columns.items():
+                extra = {**part.extra, FIELD_KEY: name}
+                out[column] = FieldRecord(part.kind, part.column, part.dtype, part.shape, extra)
+        return out
+
+    def field_of(self, column: str) -> str:
+        """The field a storage column belongs to."""
+        return str(self.storage[column].extra.get(FIELD_KEY, column))
+
+    @property
+    def format(self) -> int:
+        """The oldest record format that holds this layout: a release of fixed and text
+        columns only stays readable by the versions before ragged columns."""
+        plain = all(r.column in ("fixed", "text") and not r.columns for r in self.fields.values())
+        return 1 if plain else FORMAT
 
     def to_json(self) -> str:
         return json.dumps(
             {
-                "format": FORMAT,
+                "format": self.format,
                 "template": self.template,
                 "splits": list(self.splits),
                 "lineage": LINEAGE,
@@ -197,7 +250,7 @@ class LayoutRecord:
             record.path("split", "field")  # a template of other placeholders fails here
         except (KeyError, IndexError, TypeError, AttributeError, ValueError) as exc:
             raise ValueError(f"the layout record is damaged ({type(exc).__name__}: {exc})") from exc
-        bad = [n for n, r in record.fields.items() if r.column not in COLUMN_TYPES]
+        bad = [n for n, r in record.storage.items() if r.column not in COLUMN_TYPES]
         if bad:
             raise ValueError(f"the layout record is damaged (unknown column of {bad[0]!r})")
         return record

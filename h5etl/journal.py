@@ -50,6 +50,8 @@ class ResumeState:
     fingerprint: list[str] = field(default_factory=list)
     rejects: list[dict[str, str]] = field(default_factory=list)
     tallies: dict[str, Any] = field(default_factory=dict)  # the latest snapshot (not a delta)
+    # ragged values dataset -> rows in whole chunks and the carry (latest snapshot)
+    ragged: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def samples(self) -> int:
@@ -82,6 +84,7 @@ class ResumeState:
         self.fingerprint.extend(delta["fingerprint"])
         self.rejects.extend(delta["rejects"])
         self.tallies = delta.get("tallies", self.tallies)
+        self.ragged.update(delta.get("ragged", {}))
 
 
 class JournalWriter:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -245,12 +246,21 @@ def _processed(result: BatchResult) -> int:
 def _cutter(
     spec: Spec, plan: clean.Plan, state: dict[str, dict[str, Any]] | None
 ) -> tasks.TaskCutter:
-    sample_bytes = sum(
-        kind.column.layout.block_nbytes // kind.column.layout.rows
-        for kind in plan.kinds
-        if isinstance(kind.column, ArrayColumn)
+    sample_bytes = sum(kind.sample_nbytes for kind in plan.kinds)
+    return tasks.TaskCutter(plan, block_of(plan), sample_bytes=sample_bytes, state=state)
+
+
+def block_of(plan: clean.Plan) -> int:
+    """Samples per block: a whole chunk of every fixed array column, of every kind (their
+    lcm), so a task's rows are whole chunks of each and the workers compress them all."""
+    return math.lcm(
+        *(
+            column.layout.rows
+            for kind in plan.kinds
+            for column in kind.columns.values()
+            if isinstance(column, ArrayColumn)
+        )
     )
-    return tasks.TaskCutter(plan, spec.batch_samples, sample_bytes=sample_bytes, state=state)
 
 
 def _decoded(
@@ -323,7 +333,7 @@ def _write(
     sink_layout = SinkLayout(
         tuple(spec.splits),
         {
-            **{kind.name: kind.column for kind in plan.kinds},
+            **{name: column for kind in plan.kinds for name, column in kind.columns.items()},
             **{name: TextColumn() for name in fileformat.SAMPLE_RECORD},  # the sample record
         },
         tuple(spec.sources),
@@ -383,9 +393,7 @@ def _write(
             report.conversions = tallies.conversions
             report.class_counts = tallies.class_counts(record)
             schedule.release_free_memory()
-            report.datasets = sink.finish(
-                attrs, diagnostics, tallies.dataset_attrs(record, plan.kinds)
-            )
+            report.datasets = sink.finish(attrs, diagnostics, tallies.dataset_attrs(record))
             report.chunk_paths = sink.chunk_paths
             checkpoints.drain()
     finally:

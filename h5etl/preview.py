@@ -22,6 +22,7 @@ from PIL import Image, ImageDraw, ImageFont
 
 from h5etl import fileformat, hdf5info
 from h5etl.fileformat import FieldRecord, LayoutRecord
+from h5etl.preview_drawn import draw_tiles, drawn_field
 from h5etl.readers import ReaderError, Release
 
 # Mask colours by value (1, 2, ...): bright hues that stand out on stained tissue and on grey.
@@ -70,10 +71,16 @@ def roles(layout: LayoutRecord) -> Roles:
     images.sort(
         key=lambda n: (fields[n].shape[0] != 3, fits is not None and fields[n].shape[1:] != fits)
     )
-    labels = [n for n, f in fields.items() if f.kind == LABEL and not f.shape]
-    texts = [n for n, f in fields.items() if f.column == "text"]
+    return Roles(image=images[0], mask=mask, captions=caption_fields(layout))
+
+
+def caption_fields(layout: LayoutRecord) -> tuple[str, ...]:
+    """A label (shown by class name), then a text column (``filename`` first)."""
+    columns = layout.storage
+    labels = [n for n, f in columns.items() if f.kind == LABEL and not f.shape]
+    texts = [n for n, f in columns.items() if f.column == "text"]
     texts.sort(key=lambda n: n != "filename")
-    return Roles(image=images[0], mask=mask, captions=(*labels[:1], *texts[:1]))
+    return (*labels[:1], *texts[:1])
 
 
 def captions(
@@ -193,31 +200,62 @@ def render_preview(
                     f"no split {chosen!r}; the release has: {', '.join(layout.splits)}",
                     path=os.fspath(path),
                 )
-            try:
-                parts = roles(layout)
-            except ReaderError as exc:
-                raise ReaderError(f"split {chosen!r}: {exc.message}", path=os.fspath(path)) from exc
+            parts, drawn = _roles_or_drawn(layout, chosen, path)
             attrs = handle.attrs
             title = f"{attrs.get(fileformat.NAME_ATTR, Path(path).stem)}"
             if fileformat.VERSION_ATTR in attrs:
                 title += f" v{int(attrs[fileformat.VERSION_ATTR]):04d}"
+            if drawn:  # the kind draws its tiles, reading only what it shows
+                total = len(handle[layout.lineage_path(chosen)])
+                shown = min(n, total)
+                tiles = [_fitted(t) for t in draw_tiles(handle, layout, chosen, drawn, shown)]
     except OSError as exc:
         raise ReaderError(f"cannot open as HDF5: {exc}", path=os.fspath(path)) from exc
-    names = [f for f in (parts.image, parts.mask, *parts.captions) if f is not None]
-    with Release(path, chosen, fields=names, batch_size=n) as release:
-        shown = min(n, len(release))
-        batch = release.read_slice(0, shown)
-        total = len(release)
-        classes = release.classes
-    tiles = [
-        _tile(batch[parts.image][i], batch[parts.mask][i] if parts.mask else None)
-        for i in range(shown)
-    ]
+    names = [f for f in (parts.image, parts.mask, *parts.captions) if f is not None and f != drawn]
+    batch: dict[str, np.ndarray] = {}
+    classes: dict[str, tuple[str, ...]] = {}
+    if names:
+        with Release(path, chosen, fields=names, batch_size=n) as release:
+            total = len(release)
+            shown = min(n, total)
+            batch = release.read_slice(0, shown)
+            classes = release.classes
+    if not drawn:
+        tiles = [
+            _tile(batch[parts.image][i], batch[parts.mask][i] if parts.mask else None)
+            for i in range(shown)
+        ]
     labels = captions(batch, parts, classes, shown)
     what = f"mask '{parts.mask}' over '{parts.image}'" if parts.mask else f"'{parts.image}'"
     heading = f"{title} · {chosen} · first {shown} of {total} · {what}"
     values = sorted(int(v) for v in np.unique(batch[parts.mask]) if v > 0) if parts.mask else []
     return _grid(tiles, labels, heading, values)
+
+
+def _roles_or_drawn(
+    layout: LayoutRecord, split: str, path: str | os.PathLike[str]
+) -> tuple[Roles, str | None]:
+    """The image, mask and captions to show, or a field whose kind draws its own tiles."""
+    try:
+        return roles(layout), None
+    except ReaderError as exc:
+        drawn = drawn_field(layout)
+        if drawn is None:
+            raise ReaderError(
+                f"split {split!r}: {exc.message}, nor a field of a kind that draws its own "
+                "tiles (h5etl.kinds.registry.PREVIEW_DRAWERS)",
+                path=os.fspath(path),
+            ) from exc
+        return Roles(image=drawn, mask=None, captions=caption_fields(layout)), drawn
+
+
+def _fitted(tile: Image.Image) -> Image.Image:
+    """A drawn tile at display size (small ones grow by whole pixels, big ones shrink)."""
+    height, width = display_size(tile.height, tile.width)
+    if (height, width) == (tile.height, tile.width):
+        return tile
+    method = Image.Resampling.NEAREST if height > tile.height else Image.Resampling.LANCZOS
+    return tile.resize((width, height), method)
 
 
 def _grid(

@@ -180,9 +180,20 @@ class EncodedRows:
     digests: list[bytes]
 
 
-ColumnRows = EncodedRows | np.ndarray | list[str]
-"""One column's rows in a result: compressed chunks, plain rows (scalars, or arrays a crash
-isolation joined) or strings."""
+@dataclass(slots=True)
+class RaggedRows:
+    """A ragged column's rows in a result: the values of its samples end to end, and each
+    sample's length (rows of values). Where they land in the values dataset depends on every
+    sample before them, so the sink cuts them into chunks through a carry; with one value
+    row per chunk each sample starts a chunk, and they come compressed, a block per row."""
+
+    values: np.ndarray | EncodedRows  # (sum of lengths, *trailing), or compressed
+    lengths: np.ndarray  # (samples,) int64
+
+
+ColumnRows = EncodedRows | RaggedRows | np.ndarray | list[str]
+"""One column's rows in a result: compressed chunks, ragged values, plain rows (scalars, or
+arrays a crash isolation joined) or strings."""
 
 
 @dataclass(slots=True)

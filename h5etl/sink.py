@@ -25,9 +25,10 @@ import numpy as np
 from h5etl import fileformat
 from h5etl.errors import ResumeMismatch, SinkError, io_problem
 from h5etl.journal import ResumeState
-from h5etl.kinds.base import ArrayColumn, ScalarColumn
-from h5etl.records import BatchResult, EncodedRows
+from h5etl.records import BatchResult, EncodedRows, RaggedRows
 from h5etl.sink_chunks import DatasetStats, ImageWriter, StoredChunks
+from h5etl.sink_datasets import create_split
+from h5etl.sink_ragged import EMPTY, restore_ragged, snapshot
 from h5etl.sink_rows import SinkLayout, SmallRows
 
 __all__ = ["LIBVER", "Sink", "SinkLayout"]
@@ -38,6 +39,21 @@ WRITE_CACHE_BYTES = 256 * 1024
 # leaves HDF5 unable to close the file at all, so the sink stops before the disk is full.
 HEADROOM_BYTES = 1 << 20
 logger = logging.getLogger(__name__)
+
+
+def _batch_nbytes(result: BatchResult) -> int:
+    """An upper bound of the bytes a result adds to the file (its chunks as they come, its
+    raw rows uncompressed, texts at 4 bytes a character)."""
+    total = 0
+    for rows in result.columns.values():
+        values = rows.values if isinstance(rows, RaggedRows) else rows
+        if isinstance(values, EncodedRows):
+            total += sum(len(chunk.data) for block in values.blocks for chunk in block)
+        elif isinstance(values, np.ndarray):
+            total += values.nbytes
+        else:
+            total += sum(4 * len(text) + 16 for text in values)
+    return total + sum(64 * len(row) for row in result.lineage)
 
 
 def _mib(nbytes: int) -> str:
@@ -54,7 +70,8 @@ class Sink:
         self.path = path
         self.layout = layout
         self.file: h5py.File | None = None
-        self.images: dict[tuple[str, str], ImageWriter] = {}
+        self.images: dict[tuple[str, str], ImageWriter] = {}  # arrays and ragged values
+        self.ragged = frozenset((s, n) for s in layout.splits for n in layout.ragged)
         self.stats: dict[str, DatasetStats] = {}
         self.counts: dict[str, int] = dict.fromkeys(layout.splits, 0)
         self.seconds = 0.0
@@ -113,8 +130,11 @@ class Sink:
             file.close()
         except (OSError, RuntimeError) as exc:
             # HDF5 has released the file though its id still looks valid: never touch it
-            # again, not even to free it (``locked`` keeps h5py from doing so).
+            # again, not even to free it (``locked`` keeps h5py from doing so); nor the
+            # datasets the writers hold, whose freeing at exit would crash the interpreter.
             file.id.locked = True
+            for writer in self.images.values():
+                writer.dataset.id.locked = True
             raise self._failed("closing the file", exc) from exc
 
     def _close_quietly(self) -> None:
@@ -170,60 +190,27 @@ class Sink:
             return
         raise self._failed(action, OSError(code, os.strerror(code)), detail)
 
-    def _create(self, file: h5py.File, path: str, **kwargs: Any) -> h5py.Dataset:
-        parent = path.rsplit("/", 1)[0]
-        if parent and parent not in file:
-            file.create_group(parent, track_order=True, track_times=False)
-        return file.create_dataset(path, track_times=False, **kwargs)
-
     def _create_split(self, file: h5py.File, split: str) -> None:
-        rows = self.layout.rows_per_chunk
-        for name, column in self.layout.columns.items():
-            path = self.layout.path(split, name)
-            if isinstance(column, ArrayColumn):
-                layout = column.layout
-                dataset = self._create(
-                    file,
-                    path,
-                    shape=(0, *layout.shape),
-                    maxshape=(None, *layout.shape),
-                    dtype=layout.dtype,
-                    chunks=layout.chunks,
-                    **layout.filter_kwargs(),
-                )
-                stats = DatasetStats(dataset.name, block_rows=layout.rows)
-                self.images[(split, name)] = ImageWriter(dataset, layout, stats, self._stored)
-            else:
-                dtype = (
-                    column.dtype if isinstance(column, ScalarColumn) else h5py.string_dtype("utf-8")
-                )
-                dataset = self._create(
-                    file, path, shape=(0,), maxshape=(None,), chunks=(rows,), dtype=dtype
-                )
-                stats = DatasetStats(dataset.name, stream=hashlib.sha256())
-            self.stats[dataset.name] = stats
-        width = len(self.layout.sources)
-        lineage = self._create(
-            file,
-            self.layout.path(split, fileformat.LINEAGE),
-            shape=(0, width),
-            maxshape=(None, width),
-            chunks=(rows, width),
-            dtype="S64",
-        )
-        lineage.attrs[fileformat.LINEAGE_COLUMNS_ATTR] = list(self.layout.sources)
-        self.stats[lineage.name] = DatasetStats(lineage.name, stream=hashlib.sha256())
+        created = create_split(file, self.layout, split, self._stored)
+        self.images.update(created.writers)
+        self.stats.update(created.stats)
 
     def write(self, result: BatchResult) -> None:
         """Append one batch to its split, in the order batches are given."""
         assert self.file is not None, "Sink used outside its with-block"
         started = time.perf_counter()
         split, count = result.task.split, result.accepted
+        # A write HDF5 cannot finish leaves metadata it must still write at the close: stop
+        # before that, while there is room for it (two system calls per batch).
+        self._ensure_room(_batch_nbytes(result), "writing")
         try:
             for (target, name), writer in self.images.items():
                 if target != split:
                     continue
                 rows = result.columns[name]
+                if isinstance(rows, RaggedRows):  # its offsets go with the small rows
+                    count = int(rows.lengths.sum())
+                    rows = rows.values
                 if isinstance(rows, EncodedRows):
                     writer.add_encoded(rows.blocks, rows.digests, count)
                 else:
@@ -233,6 +220,7 @@ class Sink:
                     # nothing follows a split's final task: store its last chunk now, or rows
                     # left in the carry would hold off every later checkpoint of the build
                     writer.finish()
+                count = result.accepted
             if count:
                 self._small.add(split, result)
         except (OSError, RuntimeError) as exc:
@@ -247,8 +235,14 @@ class Sink:
 
     @property
     def consistent(self) -> bool:
-        """True when every stored row is in whole chunks: a point a resume can start from."""
-        return all(not writer.carry_rows for writer in self.images.values())
+        """True when every stored row is in whole chunks: a point a resume can start from.
+
+        A ragged column's carry (the values after its last whole chunk) does not count: the
+        checkpoint records it (``sink_ragged.snapshot``), as it almost never empties.
+        """
+        return all(
+            not writer.carry_rows for key, writer in self.images.items() if key not in self.ragged
+        )
 
     def checkpoint(self) -> dict[str, Any]:
         """Return what was stored since the last checkpoint, for the resume journal.
@@ -274,6 +268,10 @@ class Sink:
             "blocks": {w.stats.path: w.block_delta() for w in self.images.values()},
         }
         delta["texts"], delta["lineage"] = self._small.journal_delta()
+        if self.ragged:
+            delta["ragged"] = {
+                self.images[key].stats.path: snapshot(self.images[key]) for key in self.ragged
+            }
         return delta
 
     def _note_run(self, split: str) -> None:
@@ -298,8 +296,8 @@ class Sink:
         writers = {writer.stats.path: writer for writer in self.images.values()}
         for split in self.layout.splits:  # buffered first: their runs come between the chunks
             small = {
-                name: state.texts.get(self.layout.path(split, name), [])
-                for name in self.layout.small
+                name: state.texts.get(path, [])
+                for name, path in self.layout.buffered(split).items()
             }
             lineage = state.lineage.get(split, [])
             if lineage:
@@ -329,8 +327,14 @@ class Sink:
             raise ResumeMismatch(
                 f"cannot read the earlier temp file: {io_problem(exc)}", path=partial
             ) from exc
-        for (split, _), writer in self.images.items():
-            writer.restore(state.rows.get(split, 0), state.blocks.get(writer.stats.path, []))
+        for key, writer in self.images.items():
+            blocks = state.blocks.get(writer.stats.path, [])
+            if key in self.ragged:
+                ends = state.texts.get(self.layout.offsets_path(*key), [])
+                found = state.ragged.get(writer.stats.path, EMPTY)
+                restore_ragged(writer, found, blocks, int(ends[-1]) if ends else 0)
+            else:
+                writer.restore(state.rows.get(key[0], 0), blocks)
 
     def finish(
         self,

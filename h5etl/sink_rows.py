@@ -16,8 +16,8 @@ import h5py
 import numpy as np
 
 from h5etl import digest, fileformat
-from h5etl.kinds.base import ArrayColumn, Column, ScalarColumn
-from h5etl.records import BatchResult, valid_text
+from h5etl.kinds.base import ArrayColumn, Column, RaggedColumn, ScalarColumn
+from h5etl.records import BatchResult, RaggedRows, valid_text
 from h5etl.sink_chunks import DatasetStats
 
 # Small rows are buffered and appended this many at a time: one resize and write per field
@@ -42,7 +42,27 @@ class SinkLayout:
     @property
     def small(self) -> tuple[str, ...]:
         """The columns the sink buffers and appends in runs: texts and scalars."""
-        return tuple(n for n, c in self.columns.items() if not isinstance(c, ArrayColumn))
+        return tuple(
+            n for n, c in self.columns.items() if not isinstance(c, ArrayColumn | RaggedColumn)
+        )
+
+    @property
+    def ragged(self) -> tuple[str, ...]:
+        """The ragged columns: their offsets are appended with the small rows' runs."""
+        return tuple(n for n, c in self.columns.items() if isinstance(c, RaggedColumn))
+
+    def offsets_path(self, split: str, name: str) -> str:
+        return fileformat.offsets_path(self.path(split, name))
+
+    def buffered(self, split: str) -> dict[str, str]:
+        """Every run-appended column of ``split`` -> its dataset path: the small columns,
+        then each ragged column's offsets under ``<column>_offsets``."""
+        out = {name: self.path(split, name) for name in self.small}
+        out.update(
+            (name + fileformat.OFFSETS_SUFFIX, self.offsets_path(split, name))
+            for name in self.ragged
+        )
+        return out
 
 
 class SmallRows:
@@ -63,10 +83,14 @@ class SmallRows:
         self._unjournaled_lineage: dict[str, list[list[str]]] = {}
         self._pending_rows: dict[str, dict[str, list[Any]]] = {}  # split -> field -> rows
         self._pending_lineage: dict[str, list[list[str]]] = {}
+        # a ragged column's offsets are these running ends (one row per sample, after the 0
+        # written at creation): (split, offsets key) -> the values rows given so far
+        self._ends: dict[tuple[str, str], int] = {}
 
     def add(self, split: str, result: BatchResult) -> None:
         """Buffer a result's rows (journaled from now on); append whole runs of a thousand."""
-        small = self._pending_rows.setdefault(split, {name: [] for name in self.layout.small})
+        buffered = self.layout.buffered(split)
+        small = self._pending_rows.setdefault(split, {name: [] for name in buffered})
         for name in self.layout.small:
             rows = result.columns[name]
             if isinstance(rows, np.ndarray):
@@ -75,7 +99,16 @@ class SmallRows:
                 assert isinstance(rows, list)
                 values = [valid_text(text) for text in rows]
             small[name].extend(values)
-            self._unjournaled_rows.setdefault(self.layout.path(split, name), []).extend(values)
+            self._unjournaled_rows.setdefault(buffered[name], []).extend(values)
+        for name in self.layout.ragged:
+            ragged = result.columns[name]
+            assert isinstance(ragged, RaggedRows)
+            key = name + fileformat.OFFSETS_SUFFIX
+            ends = self._ends.get((split, key), 0) + np.cumsum(ragged.lengths, dtype=np.int64)
+            if len(ends):
+                self._ends[(split, key)] = int(ends[-1])
+            small[key].extend(ends.tolist())
+            self._unjournaled_rows.setdefault(buffered[key], []).extend(ends.tolist())
         lineage = [list(row) for row in result.lineage]
         self._pending_lineage.setdefault(split, []).extend(lineage)
         self._unjournaled_lineage.setdefault(split, []).extend(lineage)
@@ -136,12 +169,16 @@ class SmallRows:
         """Buffer rows a resume copies from a killed build's journal, as ``add`` does (its
         runs are appended by ``flush_run``); they stay unjournaled, so that this build's
         journal holds them too."""
-        pending = self._pending_rows.setdefault(split, {name: [] for name in self.layout.small})
-        for name in self.layout.small:
+        buffered = self.layout.buffered(split)
+        pending = self._pending_rows.setdefault(split, {name: [] for name in buffered})
+        for name in buffered:
             pending[name].extend(small[name])
+        for name in self.layout.ragged:  # the next sample starts where these end
+            ends = small[name + fileformat.OFFSETS_SUFFIX]
+            self._ends[(split, name + fileformat.OFFSETS_SUFFIX)] = int(ends[-1]) if ends else 0
         self._pending_lineage.setdefault(split, []).extend(lineage)
         for name, rows in small.items():
-            self._unjournaled_rows.setdefault(self.layout.path(split, name), []).extend(rows)
+            self._unjournaled_rows.setdefault(buffered[name], []).extend(rows)
         self._unjournaled_lineage.setdefault(split, []).extend(lineage)
 
     def append(
@@ -157,7 +194,7 @@ class SmallRows:
             stats = self.stats[dataset.name]
             column = self.layout.columns[name]
             if isinstance(column, ScalarColumn):
-                values = np.array(rows, dtype=column.dtype)
+                values = np.array(rows, dtype=column.dtype).reshape(count, *column.shape)
                 dataset[start : start + count] = values
                 stats.stream.update(values.tobytes())
                 stats.raw_bytes += values.nbytes
@@ -165,6 +202,14 @@ class SmallRows:
                 dataset[start : start + count] = rows
                 stats.stream.update(digest.text_rows_bytes(rows))
                 stats.raw_bytes += sum(len(r.encode()) for r in rows)
+        for name in self.layout.ragged:  # offsets: row i + 1 is sample i's end (row 0 is 0)
+            ends = np.array(small[name + fileformat.OFFSETS_SUFFIX], dtype=np.int64)
+            dataset = self.file[self.layout.offsets_path(split, name)]
+            dataset.resize(start + count + 1, axis=0)
+            dataset[start + 1 : start + 1 + count] = ends
+            stats = self.stats[dataset.name]
+            stats.stream.update(ends.tobytes())
+            stats.raw_bytes += ends.nbytes
         lineage = np.array(lineage_rows, dtype="S64").reshape(count, len(self.layout.sources))
         dataset = self.file[lineage_path]
         dataset.resize(start + count, axis=0)
@@ -190,4 +235,5 @@ class SmallRows:
             for text in column
         )
         # 64 bytes per lineage digest; up to 4 bytes per UTF-8 character and 16 per heap entry
-        return rows * (64 * len(self.layout.sources) + 16 * len(self.layout.small)) + 4 * chars
+        columns = 16 * len(self.layout.small) + 8 * len(self.layout.ragged)
+        return rows * (64 * len(self.layout.sources) + columns) + 4 * chars

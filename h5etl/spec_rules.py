@@ -226,13 +226,18 @@ def _path_problems(spec: SpecView) -> list[Problem]:
     """Every dataset of the file, and its /diagnostics entry, must have a path of its own."""
     seen: dict[str, tuple[str, str]] = {}
     nodes: dict[str, str] = {}
+    names = [(n, d) for n, f in spec.fields.items() for d in f.dataset_names(n)]
     for split in spec.splits:
-        for name in [*spec.fields, fileformat.LINEAGE, *fileformat.SAMPLE_RECORD]:
+        for field_name, name in [
+            *names,
+            *((n, n) for n in (fileformat.LINEAGE, *fileformat.SAMPLE_RECORD)),
+        ]:
             path = fileformat.dataset_path(spec.layout, split, name)
             node = fileformat.diagnostics_node(path)
+            label = name if name == field_name else f"{field_name}'s column {name}"
             clash = seen.get(path)
             if clash is not None:
-                return [_clash(spec, path, clash, (split, name))]
+                return [_clash(spec, path, clash, (split, label))]
             if node in nodes and nodes[node] != path:
                 return [
                     Problem(
@@ -241,7 +246,7 @@ def _path_problems(spec: SpecView) -> list[Problem]:
                         f"entry {node!r} ('/' is written '.'): rename a field or split",
                     )
                 ]
-            seen[path], nodes[node] = (split, name), path
+            seen[path], nodes[node] = (split, label), path
     return []
 
 

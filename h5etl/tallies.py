@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Sequence
 from typing import Any
 
 from h5etl import fileformat
-from h5etl.kinds.base import Kind
 from h5etl.records import BatchResult
 from h5etl.stats import ChannelStats, Histogram
 
@@ -60,22 +58,20 @@ class Tallies:
         tallies.conversions = {n: dict(c) for n, c in snapshot.get("conversions", {}).items()}
         return tallies
 
-    def dataset_attrs(
-        self, record: fileformat.LayoutRecord, kinds: Sequence[Kind]
-    ) -> dict[str, dict[str, Any]]:
+    def dataset_attrs(self, record: fileformat.LayoutRecord) -> dict[str, dict[str, Any]]:
         """Attributes per dataset path: the field's kind, class names, statistics."""
         out: dict[str, dict[str, Any]] = {}
         for split in record.splits:
-            for kind in kinds:
-                attrs: dict[str, Any] = {"kind": kind.kind}
-                classes = record.fields[kind.name].extra.get(fileformat.CLASSES_ATTR)
+            for name, column in record.storage.items():
+                attrs: dict[str, Any] = {"kind": column.kind}
+                classes = column.extra.get(fileformat.CLASSES_ATTR)
                 if classes is not None:
                     attrs[fileformat.CLASSES_ATTR] = list(classes)
-                stat = self.stats.get(split, {}).get(kind.name)
+                stat = self.stats.get(split, {}).get(name)
                 found = stat.attrs() if stat is not None else None
                 if found:
                     attrs.update(found)
-                out[record.path(split, kind.name)] = attrs
+                out[record.path(split, name)] = attrs
         return out
 
     def class_counts(self, record: fileformat.LayoutRecord) -> dict[str, dict[str, dict[str, int]]]:

@@ -347,12 +347,13 @@ KILLED_BUILD = """
 """
 
 
-def run_killed_build(config: Path, after: int, jobs: int = 1) -> int:
+def run_killed_build(config: Path, after: int, jobs: int = 1, prelude: str = "") -> int:
     """Run ``KILLED_BUILD`` in a fresh session; its return code (``-SIGKILL`` if it got there).
 
     Resuming it must cut tasks the same way: set ``h5etl.tasks.TASK_SAMPLES`` to 2 too.
+    ``prelude`` is Python run first (a test-only kind put in place, say).
     """
-    script = textwrap.dedent(KILLED_BUILD)
+    script = textwrap.dedent(prelude) + textwrap.dedent(KILLED_BUILD)
     with open(os.devnull, "w") as sink:
         proc = subprocess.Popen(
             [sys.executable, "-c", script, str(config), str(after), str(jobs)],

@@ -70,3 +70,9 @@ class FieldModel(Strict):
     def problems(self, field_name: str, pad: PadSpec) -> list[Problem]:
         """Rules between this field and the rest of the config."""
         return []
+
+    def dataset_names(self, field_name: str) -> tuple[str, ...]:
+        """The names of the datasets it stores per split: its storage columns (the kind's
+        ``columns``), a ragged column's offsets (``<column>_offsets``) too. The spec rules
+        refuse two datasets at one path; a kind of several columns overrides this."""
+        return (field_name,)

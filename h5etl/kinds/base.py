@@ -9,13 +9,13 @@ file's bytes happens in ``decode``, in a worker. Both reject a sample with ``Rej
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 
-from h5etl.chunkcodec import ChunkLayout
+from h5etl.chunkcodec import ChunkLayout, CompressionLike
 from h5etl.fileformat import FieldRecord
 from h5etl.records import Sample
 
@@ -27,6 +27,7 @@ __all__ = [
     "Column",
     "Kind",
     "ProbeTarget",
+    "RaggedColumn",
     "SampleContext",
     "ScalarColumn",
     "TextColumn",
@@ -35,27 +36,104 @@ __all__ = [
 StatsKind = Literal["channels", "histogram"] | None
 
 
+Attrs = Mapping[str, Any]
+"""Attributes a column writes on its dataset (and records in the layout): ``rate_hz``, ``units``."""
+
+
 @dataclass(frozen=True, slots=True)
 class ArrayColumn:
-    """A fixed-shape (N, *shape) array: workers compress whole chunks, the sink stores them."""
+    """A fixed-shape (N, *shape) array: workers compress whole chunks, the sink stores them.
+
+    ``stats``/``channel_axis``: statistics of this column computed from each sample's value
+    (axis of its value holding the channels; None: one channel). Unset, the main column
+    (named like its field) takes the kind's ``stats`` over its unpadded window, as ever.
+    """
 
     layout: ChunkLayout
     fill: float  # the value around a smaller input (pad.fill, or pad.mask_fill for a mask)
+    attrs: Attrs = field(default_factory=dict)
+    stats: StatsKind = None
+    channel_axis: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class ScalarColumn:
-    """One number per sample, (N,): small, so the sink buffers and appends its rows."""
+    """One number (or a small fixed-shape array, ``shape``) per sample, (N, *shape): small,
+    so the sink buffers and appends its rows."""
 
     dtype: str
+    shape: tuple[int, ...] = ()
+    attrs: Attrs = field(default_factory=dict)
+    stats: StatsKind = None
+    channel_axis: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class TextColumn:
     """One UTF-8 string per sample, (N,)."""
 
+    attrs: Attrs = field(default_factory=dict)
 
-Column = ArrayColumn | ScalarColumn | TextColumn
+
+@dataclass(frozen=True, slots=True)
+class RaggedColumn:
+    """A (length, *trailing) array per sample, lengths differing: stored as one flat values
+    dataset (sum of lengths, *trailing) chunked ``layout.chunks`` (rows of values first, then
+    tiles of the trailing axes) plus (N+1,) int64 offsets beside it (``OFFSETS_SUFFIX``).
+    Sample i is ``values[offsets[i]:offsets[i + 1]]``; a length of 0 is allowed.
+
+    ``layout.shape`` is the trailing shape (``()`` for a 1-D series); ``layout.rows`` the
+    value rows per chunk. ``stats``: "channels" (``channel_axis`` -1: per last axis; None:
+    one channel over every value) or "histogram", over the values of every sample.
+    """
+
+    layout: ChunkLayout
+    attrs: Attrs = field(default_factory=dict)
+    stats: StatsKind = None
+    channel_axis: int | None = None
+
+    @property
+    def trailing(self) -> tuple[int, ...]:
+        return self.layout.shape
+
+    @property
+    def dtype(self) -> str:
+        return self.layout.dtype
+
+    @classmethod
+    def of(
+        cls,
+        dtype: str,
+        trailing: tuple[int, ...],
+        chunk_rows: int,
+        *,
+        compression: CompressionLike,
+        shuffle: bool = True,
+        tile: tuple[int, ...] | None = None,
+        attrs: Attrs | None = None,
+        stats: StatsKind = None,
+        channel_axis: int | None = None,
+    ) -> RaggedColumn:
+        """A ragged column of ``chunk_rows`` value rows per chunk, each chunk ``tile`` of the
+        trailing axes (default: all of them)."""
+        chunks = (chunk_rows, *(tile if tile is not None else trailing))
+        layout = ChunkLayout(tuple(trailing), dtype, chunks, compression, shuffle)
+        return cls(layout, dict(attrs or {}), stats, channel_axis)
+
+
+Column = ArrayColumn | ScalarColumn | TextColumn | RaggedColumn
+
+
+def column_record(kind: str, column: Column) -> FieldRecord:
+    """How the layout record describes one storage column of a field of ``kind``."""
+    extra = dict(column.attrs)
+    if isinstance(column, ArrayColumn):
+        return FieldRecord(kind, "fixed", column.layout.dtype, column.layout.shape, extra)
+    if isinstance(column, ScalarColumn):
+        return FieldRecord(kind, "fixed", column.dtype, column.shape, extra)
+    if isinstance(column, RaggedColumn):
+        return FieldRecord(kind, "ragged", column.layout.dtype, column.layout.shape, extra)
+    return FieldRecord(kind, "text", "str", (), extra)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +178,32 @@ class Kind:
 
     @property
     def column(self) -> Column:
+        """The column of a single-column kind (named like the field)."""
         raise NotImplementedError
+
+    @property
+    def columns(self) -> Mapping[str, Column]:
+        """Every storage column, by dataset name: the main one named like the field (if the
+        kind has one), extra row-aligned ones ``<field>_<suffix>``. A kind of several
+        columns overrides this and ``decode`` returns a dict by column name."""
+        return {self.name: self.column}
+
+    @property
+    def multi_column(self) -> bool:
+        """Whether ``decode`` returns a dict by column name (not the one column's value)."""
+        columns = self.columns
+        return len(columns) != 1 or self.name not in columns
+
+    @property
+    def sample_nbytes(self) -> int:
+        """About how many bytes one decoded sample of this field holds, to size decode tasks
+        (``tasks.task_rows``): its fixed arrays'; a kind of ragged columns adds an estimate
+        of its values (a volume: a whole case) so that a task holds few of them."""
+        return sum(
+            column.layout.block_nbytes // column.layout.rows
+            for column in self.columns.values()
+            if isinstance(column, ArrayColumn)
+        )
 
     @property
     def plan_side(self) -> bool:
@@ -122,7 +225,9 @@ class Kind:
 
     def decode(self, context: SampleContext) -> Any:
         """The sample's value: an (h, w[, c]) array for an array column (fitted, unpadded),
-        a number or a string. Plan-side kinds return their annotation."""
+        a number or a string, a (length, *trailing) array for a ragged column; a kind of
+        several columns returns ``{column name: value}``. Plan-side kinds return their
+        annotation."""
         return context.extras[self.name]
 
     def place(self, value: np.ndarray, row: np.ndarray) -> np.ndarray:
@@ -152,10 +257,18 @@ class Kind:
         return None
 
     def record(self) -> FieldRecord:
-        """How the release's layout record describes this field."""
-        column = self.column
-        if isinstance(column, ArrayColumn):
-            return FieldRecord(self.kind, "fixed", column.layout.dtype, column.layout.shape)
-        if isinstance(column, ScalarColumn):
-            return FieldRecord(self.kind, "fixed", column.dtype, ())
-        return FieldRecord(self.kind, "text", "str", ())
+        """How the release's layout record describes this field: its main column (or
+        ``"none"`` when it has none) and, for a kind of several columns, every other one."""
+        columns = dict(self.columns)
+        main = columns.pop(self.name, None)
+        record = (
+            column_record(self.kind, main)
+            if main is not None
+            else FieldRecord(self.kind, "none", "", ())
+        )
+        if not columns:
+            return record
+        others = {name: column_record(self.kind, column) for name, column in columns.items()}
+        return FieldRecord(
+            record.kind, record.column, record.dtype, record.shape, record.extra, others
+        )

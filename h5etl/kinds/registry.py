@@ -18,6 +18,11 @@ from h5etl.spec import Spec
 
 Builder = Callable[[Spec, str], Kind]
 
+# kind -> "module:function" that draws one stored sample as a preview tile (a volume's middle
+# slice, a series' channels; see h5etl.preview_drawn), imported only when a preview draws it.
+# Image and mask fields need none: the preview draws them itself.
+PREVIEW_DRAWERS: dict[str, str] = {}
+
 
 def layout_of(spec: Spec, name: str) -> ChunkLayout:
     """How an array field is stored: shape, dtype, chunks and filters."""

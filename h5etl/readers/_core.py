@@ -44,12 +44,15 @@ from h5etl.readers._layout import (
     runs,
     widened,
 )
+from h5etl.readers._ragged import ragged_gather, ragged_slice
 from h5etl.readers._sampler import ChunkSampler
 
 logger = logging.getLogger(__name__)
 
 CacheBytes = SupportsIndex | Literal["split"] | None  # numpy integers count as bytes too
-_PER_PROCESS = frozenset({"_file", "_datasets", "_maps", "_stores", "_decoded", "_finalizer"})
+_PER_PROCESS = frozenset(
+    {"_file", "_datasets", "_maps", "_stores", "_decoded", "_finalizer", "_offsets"}
+)
 # Handles inherited through fork: never used nor closed in the child (closing would drop the
 # parent's file lock on the shared descriptor), only kept alive so no destructor runs here.
 _INHERITED: list[Any] = []
@@ -192,6 +195,7 @@ class Release:
         self.classes = found.classes
         self.stats = found.stats
         self._widen = found.widen
+        self.ragged = found.ragged  # ragged column -> its offsets' path
         self.fields = tuple(found.paths)
         self.caches = {
             n: cache_size(
@@ -202,7 +206,7 @@ class Release:
                 filtered=i.filtered,
             )
             for n, i in self.info.items()
-            if not i.text
+            if not i.text and n not in self.ragged  # ragged values: HDF5's own cache
         }
         self._decoded: tuple[int, ChunkCache] | None = None  # (pid, cache): kept over a fork
         self._pid: int | None = None
@@ -210,6 +214,7 @@ class Release:
         # Closes _file at process exit; at most one per Release, cancelled when _file closes.
         self._finalizer: multiprocessing.util.Finalize | None = None
         self._datasets: dict[str, h5py.Dataset] = {}
+        self._offsets: dict[str, np.ndarray] = {}  # ragged column -> its (N+1,) offsets
         self._maps: dict[str, MappedChunks] = {}
         self._stores: dict[str, ChunkStore] = {}
         self.use_mmap = True  # unfiltered chunks through mmap
@@ -273,7 +278,11 @@ class Release:
     @property
     def chunk_rows(self) -> int:
         """The largest rows-per-chunk of the array fields: the unit the sampler keeps together."""
-        rows = [i.chunks[0] for i in self.info.values() if i.chunks and not i.text]
+        rows = [
+            i.chunks[0]
+            for n, i in self.info.items()
+            if i.chunks and not i.text and n not in self.ragged  # (those are rows of values)
+        ]
         return max(rows, default=1)
 
     def __len__(self) -> int:
@@ -287,7 +296,7 @@ class Release:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._file, self._datasets, self._maps, self._stores = None, {}, {}, {}
-        self._decoded, self._finalizer = None, None
+        self._decoded, self._finalizer, self._offsets = None, None, {}
 
     def datasets(self) -> dict[str, h5py.Dataset]:
         """The open datasets of this process, opening the file on first use after a fork."""
@@ -308,18 +317,21 @@ class Release:
         caches = self.process_caches()
         try:
             datasets = {n: open_dataset(handle, self.paths[n], caches.get(n)) for n in self.fields}
+            offsets = {n: np.asarray(handle[p][...], np.int64) for n, p in self.ragged.items()}
             memory: list[np.memmap[Any, Any]] = []
             maps = {
                 n: m
                 for n, d in datasets.items()
-                if self.use_mmap and (m := map_chunks(d, self.path, self.info[n], memory))
+                if self.use_mmap
+                and n not in self.ragged
+                and (m := map_chunks(d, self.path, self.info[n], memory))
             }
             stores = self._open_stores(datasets, maps, caches)
         except BaseException:
             handle.close()
             raise
         self._file, self._datasets, self._maps, self._pid = handle, datasets, maps, pid
-        self._stores = stores
+        self._stores, self._offsets = stores, offsets
         _OPEN.add(self)
         # Worker processes end through os._exit, which skips atexit; multiprocessing's own
         # finalizers still run there, so teardown closes the file in every process. Closing
@@ -335,7 +347,9 @@ class Release:
         maps: dict[str, MappedChunks],
         caches: dict[str, CacheSize],
     ) -> dict[str, ChunkStore]:
-        names = [n for n in datasets if n not in maps and not self.info[n].text]
+        names = [
+            n for n in datasets if n not in maps and not self.info[n].text and n not in self.ragged
+        ]
         if not self.use_decoder or not names:
             return {}
         pid = os.getpid()
@@ -381,6 +395,7 @@ class Release:
         for store in self._stores.values():
             store.closed = True
         self._file, self._datasets, self._maps, self._stores = None, {}, {}, {}
+        self._offsets = {}
         self._pid = None
         _OPEN.discard(self)
 
@@ -424,6 +439,9 @@ class Release:
             if info.text:
                 out[name] = dataset.asstr()[start:stop]
                 continue
+            if name in self.ragged:
+                out[name] = ragged_slice(dataset, self._offsets[name], start, stop)
+                continue
             block = np.empty((stop - start, *info.shape), dtype=info.dtype)
             reader = maps.get(name) or stores.get(name)
             if reader is not None:
@@ -446,6 +464,7 @@ class Release:
         datasets, maps, stores = self._handles()
         out = {n: m.gather(wanted, self.info[n]) for n, m in maps.items()}
         out.update((n, s.gather(wanted)) for n, s in stores.items())
+        out.update((n, ragged_gather(datasets[n], self._offsets[n], wanted)) for n in self.ragged)
         rest = [n for n in self.fields if n not in out]
         if not rest:
             return as_int64(out, self._widen)

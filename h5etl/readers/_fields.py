@@ -35,6 +35,7 @@ class Fields:
     classes: dict[str, tuple[str, ...]]  # label field -> class names its values index
     stats: dict[str, dict[str, Any]]  # field -> statistics attributes (empty when none)
     widen: frozenset[str]  # label fields stored narrower than int64: widened when read
+    ragged: dict[str, str]  # ragged column -> its offsets' dataset path (values at ``paths``)
 
 
 def read_record(handle: h5py.File, path: Path) -> LayoutRecord:
@@ -64,41 +65,62 @@ def resolve(
         raise ReaderError(
             f"no split {split!r}; the release has: {', '.join(record.splits)}", path=path
         )
-    names = list(fields) if fields is not None else list(record.fields)
+    names = _wanted(record, fields)
+    columns = record.storage
     beside = {fileformat.LINEAGE: record.lineage_path(split), **record.sample_paths(split)}
-    unknown = [n for n in names if n not in record.fields and n not in beside]
+    unknown = [n for n in names if n not in columns and n not in beside]
     if unknown or not names:
         raise ReaderError(
             f"split {split!r} has no field {', '.join(unknown) or '(none asked)'}; "
-            f"it has: {', '.join(record.fields)}",
+            f"it has: {', '.join(columns)}",
             path=path,
         )
     paths = {n: beside.get(n) or record.path(split, n) for n in names}
-    datasets = {n: handle.get(p) for n, p in paths.items()}
-    missing = [p for n, p in paths.items() if not isinstance(datasets[n], h5py.Dataset)]
+    ragged = {
+        n: fileformat.offsets_path(p)
+        for n, p in paths.items()
+        if n in columns and columns[n].column == "ragged"
+    }
+    wanted = [*paths.values(), *ragged.values()]
+    missing = [p for p in wanted if not isinstance(handle.get(p), h5py.Dataset)]
     if missing:
         raise ReaderError(
             f"{', '.join(missing)}: in the layout record of split {split!r}, missing from "
             "the file; read the other fields with fields=[...]",
             path=path,
         )
-    found = {n: d for n, d in datasets.items() if isinstance(d, h5py.Dataset)}
-    lengths = {n: len(d) for n, d in found.items()}
+    found = {n: handle[p] for n, p in paths.items()}
+    lengths = {n: len(d) for n, d in found.items() if n not in ragged}
+    lengths.update((n, len(handle[p]) - 1) for n, p in ragged.items())
     if len(set(lengths.values())) > 1:
         raise ReaderError(f"fields of split {split!r} differ in length: {lengths}", path=path)
     info = {n: field_info(d, n) for n, d in found.items()}
-    labels = {n for n in found if n in record.fields and record.fields[n].kind == LABEL}
+    labels = {n for n in found if n in columns and columns[n].kind == LABEL}
     return Fields(
         layout=record,
         paths=paths,
         info=info,
         length=next(iter(lengths.values())),
-        classes={
-            n: fileformat.class_names(record.fields[n], d) for n, d in found.items() if n in labels
-        },
+        classes={n: fileformat.class_names(columns[n], d) for n, d in found.items() if n in labels},
         stats={n: fileformat.dataset_stats(d) for n, d in found.items()},
         widen=frozenset(n for n in labels if info[n].dtype != INT64),
+        ragged=ragged,
     )
+
+
+def _wanted(record: LayoutRecord, fields: Sequence[str] | None) -> list[str]:
+    """The storage columns asked for (default: all); a field without a column of its own
+    name (a recording of channels) stands for all its columns."""
+    if fields is None:
+        return list(record.storage)
+    out: list[str] = []
+    for name in fields:
+        field = record.fields.get(name)
+        if field is not None and field.column == "none":
+            out.extend(field.columns)
+        else:
+            out.append(name)
+    return list(dict.fromkeys(out))
 
 
 def as_int64(batch: dict[str, np.ndarray], names: frozenset[str]) -> dict[str, np.ndarray]:

@@ -127,6 +127,14 @@ class KerasDataset(keras.utils.PyDataset):  # type: ignore[misc]
         batch = self.release.read(rows)  # one block of rows, gathered in the order yielded
         if self.transform is not None:
             batch = self.transform(batch)
+        ragged = [n for n in self.release.ragged if _per_sample(batch.get(n))]
+        if ragged:
+            raise ReaderError(
+                f"{', '.join(ragged)}: a ragged column (one array per sample, lengths differ) "
+                "cannot be one Keras tensor; pass transform= that pads or crops it to one "
+                "shape, or read fields of one shape",
+                path=self.release.path,
+            )
         inputs = _pick(batch, self.x)
         return inputs if self.y is None else (inputs, _pick(batch, self.y))
 
@@ -141,6 +149,11 @@ class KerasDataset(keras.utils.PyDataset):  # type: ignore[misc]
     def close(self) -> None:
         """Close this process's file handle (the next read reopens it)."""
         self.release.close()
+
+
+def _per_sample(value: Any) -> bool:
+    """Whether a batch entry is still one array per sample (a ragged column's object array)."""
+    return isinstance(value, np.ndarray) and value.dtype.kind == "O"
 
 
 def _names(fields: Fields) -> list[str]:

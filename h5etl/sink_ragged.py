@@ -1,0 +1,64 @@
+"""sink_ragged: what the resume journal keeps of a ragged column beyond its chunks (sink part).
+
+A ragged column's values are stored like an array dataset's rows (``sink_chunks.ImageWriter``:
+whole chunks of value rows cut from a carry, compressed, written with ``write_direct_chunk``,
+a digest per block of chunk rows); its offsets are appended with the small rows' runs
+(``sink_rows``). Its carry, the values after the last whole chunk, almost never empties, so a
+checkpoint records it (``snapshot``) and a resume takes it back (``restore_ragged``).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import zlib
+from typing import Any
+
+import numpy as np
+
+from h5etl.errors import ResumeMismatch
+from h5etl.sink_chunks import ImageWriter
+
+EMPTY = {"rows": 0, "carry_rows": 0, "carry": "", "carry_sha256": ""}
+
+
+def snapshot(writer: ImageWriter) -> dict[str, Any]:
+    """The rows stored in whole chunks, and the carry (fewer than a chunk of rows, not yet
+    written) as zlib-compressed base64 with its SHA-256, so a resume continues mid-chunk."""
+    carry = (
+        np.concatenate(writer.carry)
+        if writer.carry
+        else np.empty((0, *writer.layout.shape), writer.layout.dtype)
+    )
+    data = np.ascontiguousarray(carry).tobytes()
+    return {
+        "rows": writer.rows,
+        "carry_rows": len(carry),
+        "carry": base64.b64encode(zlib.compress(data, 1)).decode("ascii"),
+        "carry_sha256": hashlib.sha256(data).hexdigest(),
+    }
+
+
+def restore_ragged(writer: ImageWriter, found: dict[str, Any], blocks: list[str], end: int) -> None:
+    """Adopt a killed build's ragged values (their chunks copied already): rows, digests and
+    the carry, verified against the journal; ``end`` is where its offsets end.
+
+    Raises:
+        ResumeMismatch: the carry is damaged, or rows and carry do not reach ``end``.
+    """
+    path = writer.stats.path
+    rows, count = int(found["rows"]), int(found["carry_rows"])
+    try:
+        data = zlib.decompress(base64.b64decode(found["carry"])) if count else b""
+    except (ValueError, zlib.error) as exc:
+        raise ResumeMismatch(f"the journal's carry of {path} is damaged: {exc}") from exc
+    if count and hashlib.sha256(data).hexdigest() != found["carry_sha256"]:
+        raise ResumeMismatch(f"the journal's carry of {path} does not match its SHA-256")
+    if rows + count != end:
+        raise ResumeMismatch(
+            f"the journal's offsets of {path} end at {end}, not at its {rows} stored and "
+            f"{count} carried rows"
+        )
+    writer.restore(rows, blocks)
+    carry = np.frombuffer(data, dtype=writer.layout.dtype).reshape(count, *writer.layout.shape)
+    writer.carry, writer.carry_rows = ([carry.copy()] if count else []), count
