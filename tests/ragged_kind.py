@@ -129,7 +129,7 @@ def use_npy_recording(monkeypatch: Any, field: str = "rec", **options: Any) -> N
 __all__ = ["NpyRecording", "install", "use_npy_recording"]
 
 
-def decode_or_die(task: Any, recipe: Any) -> Any:
+def decode_or_die(task: Any, recipe: Any, *, parent: int) -> Any:
     """``decode.decode_batch``, but a worker process given the sample ``r03`` dies (SIGKILL,
     as an OOM kill): its task is isolated, decoded sample by sample, raw, and joined."""
     import os
@@ -137,8 +137,6 @@ def decode_or_die(task: Any, recipe: Any) -> Any:
 
     from h5etl import decode
 
-    if any(s.key == "r03" for s in task.samples) and os.getpid() != int(
-        os.environ["H5ETL_TEST_PARENT"]
-    ):
+    if any(s.key == "r03" for s in task.samples) and os.getpid() != parent:
         os.kill(os.getpid(), signal.SIGKILL)
     return decode.decode_batch(task, recipe)

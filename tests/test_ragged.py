@@ -193,6 +193,7 @@ def test_a_field_without_a_main_column(tmp_path: Path, monkeypatch: pytest.Monke
 
 def test_same_file_for_any_jobs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     use_npy_recording(monkeypatch, "rec")
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
     files = []
     for jobs in (1, 2):
         root = tmp_path / f"j{jobs}"
@@ -200,6 +201,7 @@ def test_same_file_for_any_jobs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
         h5etl.build(h5etl.load_spec(root / "config.yaml"), jobs=jobs)
         files.append(root / "releases" / "rec.h5")
     assert dataset_digests(files[0]) == dataset_digests(files[1])
+    assert files[0].read_bytes() == files[1].read_bytes()
     first, second = read_release(files[0]), read_release(files[1])
     assert first.keys() == second.keys()
     for name in first:
@@ -226,12 +228,14 @@ def test_resume_after_a_kill_ends_identical(
     from h5etl import tasks
 
     monkeypatch.setattr(tasks, "TASK_SAMPLES", 2)
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")  # then the very same bytes
     use_npy_recording(monkeypatch, "rec", chunk_rows=chunk_rows)
     truth = make_recordings(tmp_path)
     config = h5etl.load_spec(tmp_path / "config.yaml")
     reference = h5etl.build(config, jobs=1)
     assert reference.path is not None
     expected = dataset_digests(reference.path)
+    reference_bytes = reference.path.read_bytes()
     reference.path.unlink()
     (reference.path.parent / "rec.h5").unlink()
 
@@ -247,6 +251,7 @@ def test_resume_after_a_kill_ends_identical(
     assert resumed.path is not None
     assert 0 < resumed.resumed < sum(resumed.samples.values())
     assert dataset_digests(resumed.path) == expected
+    assert resumed.path.read_bytes() == reference_bytes
     found = {**samples_of(resumed.path, "train"), **samples_of(resumed.path, "valid")}
     for name, array in truth.items():
         np.testing.assert_array_equal(found[name], array)
@@ -475,12 +480,8 @@ def test_a_worker_crash_costs_only_its_sample(
 
     truth = make_recordings(tmp_path)
     use_npy_recording(monkeypatch, "rec", chunk_rows=3)
-    monkeypatch.setenv("H5ETL_TEST_PARENT", str(os.getpid()))
-    monkeypatch.setattr(
-        schedule,
-        "run_tasks",
-        functools.partial(schedule.run_tasks, worker=ragged_kind.decode_or_die),
-    )
+    worker = functools.partial(ragged_kind.decode_or_die, parent=os.getpid())
+    monkeypatch.setattr(schedule, "run_tasks", functools.partial(schedule.run_tasks, worker=worker))
     report = h5etl.build(h5etl.load_spec(tmp_path / "config.yaml"), jobs=2)
     assert report.path is not None
     crashed = {Path(r.path).name for r in report.rejects if r.reason == "worker_crashed"}
