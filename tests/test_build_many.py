@@ -266,4 +266,7 @@ def test_ctrl_c_stops_the_builds_and_still_prints_the_summary(
     assert "0 of 2 configs built" in out
     assert err.strip().endswith("a.yaml: interrupted; nothing was published")
     assert not (tmp_path / "releases" / "cells.h5").exists()
+    ended = json.loads(status.read_text("utf-8"))
+    assert ended["state"] == "interrupted"
+    assert ended["result"]["exit_code"] == 130
     assert not (tmp_path / "releases" / "later.status.json").exists()  # never started
