@@ -228,7 +228,14 @@ class StatusView:
         return "killed" if state == RUNNING and self.alive is False else state
 
 
-def _alive(data: dict[str, Any]) -> bool | None:
+def _alive(data: dict[str, Any], lock: Path) -> bool | None:
+    """Whether the build a status names still runs; None: another host's, which may.
+
+    A running build holds its lock file from before its first status to after its last, so
+    no lock file means no build (on any host); a killed one leaves it, and its pid tells.
+    """
+    if not lock.exists():
+        return False
     if data.get("host") != socket.gethostname():
         return None
     pid = data.get("pid")
@@ -265,7 +272,9 @@ def read_statuses(target: Path) -> list[StatusView]:
         except (OSError, ValueError) as exc:
             raise UsageError(f"cannot read this build status: {exc}", path=path) from exc
         if isinstance(data, dict) and data.get("format") == FORMAT:
-            views.append(StatusView(path, data, _alive(data)))
+            name = path.name.removesuffix(OutputFolder.STATUS_SUFFIX)
+            lock = OutputFolder(path.parent, name).lock_path
+            views.append(StatusView(path, data, _alive(data, lock)))
     if not views:
         raise UsageError("no build status here: no build has run in this folder yet", path=target)
     return views
@@ -307,11 +316,8 @@ def describe(view: StatusView) -> list[str]:
     who = f"pid {data.get('pid')} on {data.get('host')}"
     head = f"{data.get('name')}: {state}"
     if state == RUNNING:
-        seen = (
-            ""
-            if view.alive
-            else f"; this host cannot see it, last update {_ago(data.get('updated_at'))}"
-        )
+        updated = _ago(data.get("updated_at"))
+        seen = "" if view.alive else f"; on another host: last update {updated}"
         lines = [f"{head} ({who}, started {data.get('started_at')}{seen})"]
         done, total = data.get("done"), data.get("total")
         share = f" ({100 * done // total}%)" if isinstance(done, int) and total else ""

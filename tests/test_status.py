@@ -279,3 +279,25 @@ def test_writes_are_throttled_and_atomic(tmp_path: Path) -> None:
     assert writes <= 3 + status.WRITES_PER_SECOND * (elapsed + 0.25)
     assert read_status(tmp_path)["done"] == 100_000  # the last progress was written
     assert not list(tmp_path.glob(".*tmp*")), "no temp file is left"
+
+
+@pytest.mark.parametrize(
+    ("lock", "state", "shown"),
+    [
+        pytest.param(False, "killed", "cells: killed (pid 7 on elsewhere is gone;", id="no-lock"),
+        pytest.param(True, "running", "cells: running (pid 7 on elsewhere, started ", id="locked"),
+    ],
+)
+def test_another_hosts_build_is_judged_by_its_lock_file(
+    tmp_path: Path, lock: bool, state: str, shown: str
+) -> None:
+    output = OutputFolder(tmp_path, "cells")
+    data = {**status.BuildStatus(output, config=None, jobs=1).data, "pid": 7, "host": "elsewhere"}
+    output.write_status(data)
+    if lock:
+        output.lock_path.write_text(json.dumps({"pid": 7, "host": "elsewhere", "flock": True}))
+    (view,) = status.read_statuses(tmp_path)
+    assert view.state == state
+    assert status.describe(view)[0].startswith(shown)
+    if lock:
+        assert "on another host: last update " in status.describe(view)[0]
