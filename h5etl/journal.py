@@ -74,7 +74,8 @@ class ResumeState:
             )
             for c in delta["chunks"]
         )
-        self.runs.extend((str(split), int(before)) for split, before in delta["runs"])
+        # no runs: the small rows all wait in the buffer, as in a delta before any run
+        self.runs.extend((str(split), int(before)) for split, before in delta.get("runs", ()))
         for name, blocks in delta["blocks"].items():
             self.blocks.setdefault(name, []).extend(blocks)
         for name, rows in delta["texts"].items():
