@@ -96,6 +96,7 @@ class Plan:
     kinds: tuple[Kind, ...] = ()  # the fields' kinds, bound to the inputs (class names found)
     warnings: list[str] = field(default_factory=list)
     policy: dict[str, Any] = field(default_factory=dict)  # how splits were assigned (JSON)
+    stamps: dict[str, str] = field(default_factory=dict)  # key -> its files' sizes and mtimes
 
     @property
     def total(self) -> int:
@@ -301,7 +302,10 @@ def plan(
     for name, placed in by_split.items():
         members = sorted((sample for sample, _ in placed), key=lambda s: s.key)
         ordered[name] = [members[i] for i in rng.permutation(len(members))]
-    return Plan(ordered, rejects, renamed, digest.hexdigest(), tuple(bound), warnings, policy)
+    stamps = {sample.key: outcome.stamp for pairs in by_split.values() for sample, outcome in pairs}
+    return Plan(
+        ordered, rejects, renamed, digest.hexdigest(), tuple(bound), warnings, policy, stamps
+    )
 
 
 def _annotated(

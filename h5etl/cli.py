@@ -172,6 +172,7 @@ class _BuildOptions:
     decode: bool
     resume: bool
     quiet: bool
+    full: bool = False
 
 
 @app.command()
@@ -193,13 +194,21 @@ def build(
     resume: Annotated[
         bool, typer.Option("--resume", help="Continue a build that was killed part-way.")
     ] = False,
+    full: Annotated[
+        bool,
+        typer.Option(
+            "--full",
+            help="Decode every sample and write a fresh permutation, even when the current "
+            "release could be carried from.",
+        ),
+    ] = False,
     quiet: QuietOption = False,
 ) -> None:
     """Build a new release from each CONFIG (a folder: each config in it)."""
     if decode and not dry_run:
         raise _fail(UsageError("--decode needs --dry-run (a build decodes everything anyway)"))
     workers.warm_up(jobs)
-    options = _BuildOptions(jobs, dry_run, decode, resume, quiet)
+    options = _BuildOptions(jobs, dry_run, decode, resume, quiet, full)
     if len(configs) == 1 and not configs[0].is_dir():
         from h5etl.config import load_spec
 
@@ -221,6 +230,7 @@ def _build_spec(spec: Spec, options: _BuildOptions, bars: _Bars) -> BuildReport:
             dry_run=options.dry_run,
             decode=options.decode,
             resume=options.resume,
+            full=options.full,
             progress=bars,
         )
     except BuildFailed as exc:
@@ -265,6 +275,9 @@ def _render_build(report: BuildReport, *, dry_run: bool) -> None:
         _say(f"dry run: checked {', '.join(report.checks)}; nothing written")
     if report.resumed:
         _say(f"resumed: {report.resumed} samples copied from the killed build")
+    if report.reused:
+        mib = report.reused_bytes / 2**20
+        _say(f"carried: {report.reused} samples ({mib:.1f} MiB of chunks) from the parent release")
     _summary(report)
     for warning in report.warnings:
         _say(f"warning: {warning}")

@@ -32,6 +32,7 @@ from h5etl.kinds.base import (
 )
 from h5etl.records import (
     BatchResult,
+    BlockTally,
     DecodeTask,
     EncodedRows,
     RaggedRows,
@@ -204,6 +205,9 @@ def gather(
     result.lineage = [d.hashes for d in kept]
     result.columns[fileformat.SAMPLE_KEY] = [d.sample.split_name for d in kept]
     result.columns[fileformat.SAMPLE_GROUP] = [d.sample.group for d in kept]
+    step = result.task.block or 1
+    cuts = range(0, len(kept), step)
+    result.blocks = [BlockTally() for _ in cuts]
     for kind, name, column in recipe.columns:
         values = [d.values[name] for d in kept]
         if isinstance(column, ArrayColumn):
@@ -215,14 +219,28 @@ def gather(
             result.columns[name] = _ragged_rows(kind, name, values, column, raw=result.task.raw)
         else:
             result.columns[name] = [str(v) for v in values]
-        found = _task_stats(kind, name, column, kept, result.columns[name])
-        if found is not None:
-            result.stats[name] = found
+        stored = result.columns[name]
+        for tally, start in zip(result.blocks, cuts, strict=True):
+            # per block, so an incremental build can carry a block with its statistics;
+            # the sums are exact, so the task's total is the same as over the task at once
+            part = stored[start : start + step] if isinstance(stored, np.ndarray | list) else None
+            found = _task_stats(kind, name, column, kept[start : start + step], part)
+            if found is not None:
+                tally.stats[name] = found
+        parts = [t.stats[name] for t in result.blocks if name in t.stats]
+        if parts:
+            result.stats[name] = merge_all(parts)
+    for tally, start in zip(result.blocks, cuts, strict=True):
+        tally.conversions = _conversions(kept[start : start + step])
+    result.conversions = _conversions(kept)
+
+
+def _conversions(kept: Sequence[_Decoded]) -> dict[str, dict[str, int]]:
     counts: dict[str, Counter[str]] = {}
     for d in kept:
         for name, code in d.conversions:
             counts.setdefault(name, Counter())[code] += 1
-    result.conversions = {name: dict(count) for name, count in counts.items()}
+    return {name: dict(count) for name, count in counts.items()}
 
 
 def _scalar_rows(values: Sequence[Any], column: ScalarColumn) -> np.ndarray:
@@ -322,6 +340,8 @@ def merge_all(parts: Sequence[Any]) -> Any:
 def join_results(into: BatchResult, recipe: DecodeRecipe, parts: Sequence[BatchResult]) -> None:
     """Append the raw results of samples decoded one by one (crash isolation) to ``into``."""
     into.accepted = sum(part.accepted for part in parts)
+    step = into.task.block or 1
+    into.blocks = [_joined_tally(parts[i : i + step]) for i in range(0, len(parts), step)]
     for part in parts:
         into.keys.extend(part.keys)
         into.lineage.extend(part.lineage)
@@ -358,6 +378,21 @@ def _joined(column: Column, pieces: Sequence[Any]) -> Any:
 def _raw(rows: RaggedRows) -> np.ndarray:
     assert isinstance(rows.values, np.ndarray), "a task isolated after a crash comes back raw"
     return rows.values
+
+
+def _joined_tally(parts: Sequence[BatchResult]) -> BlockTally:
+    """One block's tally from the one-sample results crash isolation joins."""
+    tally = BlockTally()
+    for part in parts:
+        for block in part.blocks:
+            for name, stat in block.stats.items():
+                known = tally.stats.get(name)
+                tally.stats[name] = stat if known is None else known.merge(stat)
+            for name, codes in block.conversions.items():
+                counts = tally.conversions.setdefault(name, {})
+                for code, count in codes.items():
+                    counts[code] = counts.get(code, 0) + count
+    return tally
 
 
 def _encoded(rows: np.ndarray, column: ArrayColumn) -> EncodedRows:

@@ -26,6 +26,7 @@ __all__ = [
     "FORMAT",
     "LAYOUT_ATTR",
     "LINEAGE",
+    "PARENT_ATTR",
     "REQUIRED_ATTRS",
     "SAMPLE_GROUP",
     "SAMPLE_KEY",
@@ -69,6 +70,10 @@ TOOL_VERSION_ATTR = "h5etl_version"
 # grouped), fractions, seed, stratify, group_by, parent (version or null), kept, assigned,
 # dropped, moved, counts per split
 SPLIT_POLICY_ATTR = "split_policy"
+# Root attribute, JSON: the release an incremental build started from and what it reused:
+# version, source_fingerprint, samples_reused, bytes_reused (stored chunk bytes copied),
+# samples_decoded; absent when the build decoded everything
+PARENT_ATTR = "parent"
 # On the DIAGNOSTICS group: reject counts by reason (rejects_<reason>, rejects_total)
 REJECTS_PREFIX = "rejects_"
 REJECTS_TOTAL = "rejects_total"

@@ -16,6 +16,7 @@ import h5py
 import numpy as np
 
 from h5etl import fileformat
+from h5etl.release import OutputFolder
 
 logger = logging.getLogger(__name__)
 
@@ -90,3 +91,15 @@ def read_parent(path: Path, version: int) -> Parent:
         raise
     except (OSError, KeyError, ValueError, TypeError) as exc:
         raise NoRecord(f"{path.name} cannot be read ({type(exc).__name__}: {exc})") from exc
+
+
+def parent_of(output: OutputFolder) -> tuple[Parent | None, list[str]]:
+    """The release ``output``'s link points at, and warnings (one that cannot be read)."""
+    found = output.current_release()
+    if found is None:
+        return None, []
+    version, path = found
+    try:
+        return read_parent(path, version), []
+    except NoRecord as exc:
+        return None, [f"{exc}: splits are assigned afresh, not kept from v{version:04d}"]

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from h5etl import (
+    carry,
     clean,
     decode,
     discover,
@@ -41,9 +42,9 @@ from h5etl.report import (
     require_samples,
 )
 from h5etl.sink import Sink, SinkLayout
-from h5etl.spec import Spec
+from h5etl.spec import Spec, spec_text
 from h5etl.status import BuildStatus
-from h5etl.tallies import Tallies
+from h5etl.tallies import Tallies, block_json
 
 logger = logging.getLogger(__name__)
 
@@ -93,6 +94,7 @@ def build(
     dry_run: bool = False,
     decode: bool = False,
     resume: bool = False,
+    full: bool = False,
     progress: ProgressHook | None = None,
     checkpoint_seconds: float = 2.0,
 ) -> BuildReport:
@@ -103,6 +105,8 @@ def build(
     ``max_rejects`` as a build does. With ``resume``, a build that was killed part-way is
     continued from its journal: the chunks it stored are copied (verified) and only the rest
     is decoded. Without it, leftovers of dead builds are removed and the build starts clean.
+    When the link points at a release built with the same layout, its unchanged samples'
+    chunks are copied, not decoded (``h5etl.carry``); ``full`` decodes everything.
 
     Raises:
         BuildFailed: rejects under ``on_error: fail`` or past ``max_rejects``, or nothing to
@@ -123,7 +127,7 @@ def build(
 
         run = _Run(spec, output, jobs, both, status, checkpoint_seconds, epoch)
         try:
-            return _build_locked(run, resume=resume)
+            return _build_locked(run, resume=resume, full=full)
         except BaseException as exc:
             status.failed(exc)  # under the lock: the next build's status cannot be overwritten
             raise
@@ -142,15 +146,15 @@ class _Run:
     epoch: datetime | None  # SOURCE_DATE_EPOCH
 
 
-def _build_locked(run: _Run, *, resume: bool) -> BuildReport:
+def _build_locked(run: _Run, *, resume: bool, full: bool) -> BuildReport:
     spec, output, jobs, hook, status = run.spec, run.output, run.jobs, run.hook, run.status
     workers.warm_up(jobs)
     previous = output.resumables() if resume else []
     discarded = [] if previous else output.remove_stale_partials()
-    report, plan, watch = _plan_only(spec, hook, jobs)
+    report, plan, watch, origin = _plan_only(spec, hook, jobs)
     status.planned(_planned(plan), report.rejects)
     try:
-        info = _build_planned(run, plan, report, watch, previous)
+        info = _build_planned(run, plan, report, watch, previous, None if full else origin)
     except BuildFailed as exc:
         path = output.write_failed_rejects(report.rejects)
         raise BuildFailed(
@@ -164,7 +168,11 @@ def _build_locked(run: _Run, *, resume: bool) -> BuildReport:
     report.seconds = {**report.seconds, **watch.seconds, "total": watch.total()}
     report.version, report.path, report.link = info.version, info.path, output.link
     report.rejects_path = info.rejects
-    report.warnings = [*plan.warnings, *empty_split_warnings(spec, report.samples, _planned(plan))]
+    report.warnings = [
+        *plan.warnings,
+        *report.warnings,  # the build's own (why nothing was carried)
+        *empty_split_warnings(spec, report.samples, _planned(plan)),
+    ]
     killed = [p for p in discarded if p.suffix == ".h5"]
     if killed and not resume:
         report.warnings.append(
@@ -183,20 +191,39 @@ def _build_planned(
     report: BuildReport,
     watch: _Stopwatch,
     previous: list[tuple[Path, Path]],
+    origin: parent.Parent | None,
 ) -> Any:
     spec, output = run.spec, run.output
     enforce_limit(spec, report.rejects, report.inputs)
     require_samples(spec, report.samples, report)
     version = output.next_version()
     earlier = resume.usable_resume(previous, spec, plan)
+    carried = None
+    if earlier is None and origin is not None:
+        layout = layout_record(spec, plan)
+        carried, why = carry.decide(plan, origin, output, spec_text(spec), layout)
+        if why is not None:
+            report.warnings.append(f"every sample decoded: {why}")
     planned_rejects = list(report.rejects)
     while True:
         report.rejects = list(planned_rejects)
         try:
             with output.staged() as temp:
-                _write(run, plan, report, temp, version=version, watch=watch, earlier=earlier)
+                written = _write(
+                    run,
+                    plan,
+                    report,
+                    temp,
+                    version=version,
+                    watch=watch,
+                    earlier=earlier,
+                    carried=carried,
+                )
                 facts = provenance.build_facts(report, run.jobs)
-                return output.publish(temp, report.rejects, version=version, facts=facts)
+                info = output.publish(temp, report.rejects, version=version, facts=facts)
+            if written is not None:  # a record only of builds that saw every block's tally
+                carry.leave_record(output, plan, version, *written)
+            return info
         except ResumeMismatch as exc:
             if earlier is None:
                 raise
@@ -207,7 +234,7 @@ def _build_planned(
 
 def _dry_run(spec: Spec, hook: ProgressHook, jobs: int, *, decoding: bool) -> BuildReport:
     workers.warm_up(jobs)
-    report, plan, watch = _plan_only(spec, hook, jobs, headers=not decoding)
+    report, plan, watch, _ = _plan_only(spec, hook, jobs, headers=not decoding)
     report.checks = list(PLAN_CHECKS if not decoding else (PLAN_CHECKS[0], *DECODE_CHECKS))
     enforce_limit(spec, report.rejects, report.inputs)
     if decoding:
@@ -274,7 +301,7 @@ def _decoded(
 
 def _plan_only(
     spec: Spec, hook: ProgressHook, jobs: int, *, headers: bool = False
-) -> tuple[BuildReport, clean.Plan, _Stopwatch]:
+) -> tuple[BuildReport, clean.Plan, _Stopwatch, parent.Parent | None]:
     """Discover and plan. Header probes run only where nothing is decoded after them (a
     dry run): decoding makes every check they make, and they read every file twice."""
     watch = _Stopwatch()
@@ -305,18 +332,12 @@ def _plan_only(
     report = BuildReport(
         spec.name, found.files_seen, samples, [*found.rejects, *plan.rejects], dict(watch.seconds)
     )
-    return report, plan, watch
+    return report, plan, watch, previous
 
 
 def _parent_of(spec: Spec) -> tuple[parent.Parent | None, list[str]]:
     """The release the link points at, whose record keeps the splits sticky (None: none)."""
-    found = OutputFolder(spec.output, spec.name).current_release()
-    if found is None:
-        return None, []
-    try:
-        return parent.read_parent(found[1], found[0]), []
-    except parent.NoRecord as exc:
-        return None, [f"{exc}: splits are assigned afresh, not kept from v{found[0]:04d}"]
+    return parent.parent_of(OutputFolder(spec.output, spec.name))
 
 
 def _write(
@@ -328,7 +349,10 @@ def _write(
     version: int,
     watch: _Stopwatch,
     earlier: resume.Resume | None,
-) -> None:
+    carried: carry.CarryPlan | None = None,
+) -> tuple[str, carry.BlockLog] | None:
+    """Write the release to ``temp``; return its fingerprint and block tallies (for its carry
+    record), or None after a resume (the killed build's tallies are not per block)."""
     spec, jobs, hook, status = run.spec, run.jobs, run.hook, run.status
     sink_layout = SinkLayout(
         tuple(spec.splits),
@@ -344,13 +368,15 @@ def _write(
     record = layout_record(spec, plan)
     state = earlier.queues if earlier is not None else None
     tallies = earlier.tallies() if earlier is not None else Tallies()
+    todo = carried.decode if carried is not None and carried.decode is not None else plan
     try:
-        cutter = _cutter(spec, plan, state)
+        cutter = _cutter(spec, todo, state)
     except ValueError as exc:  # a journal of another h5etl: its tasks were cut otherwise
         raise ResumeMismatch(str(exc), path=temp) from exc
     checkpoints = resume.Checkpoints(
-        OutputFolder.journal_of(temp), spec, plan, cutter, run.checkpoint_seconds, tallies
+        OutputFolder.journal_of(temp), spec, todo, cutter, run.checkpoint_seconds, tallies
     )
+    log = carry.BlockLog() if earlier is None else None
     fingerprint = hashlib.sha256()  # over key and file digests in write order: no list kept
     worker_seconds = 0.0
     try:
@@ -364,7 +390,12 @@ def _write(
                 report.resumed = restored.samples
                 status.resumed(dict(sink.counts))
                 watch.lap("resume_copy")
-            hook("decode+write", 0, plan.total)  # in order: a decoded batch is written at once
+            if carried is not None and log is not None:
+                carried_lines, copied = carry.copy_into(sink, carried, tallies, log)
+                fingerprint.update(carried_lines.encode())
+                report.reused, report.reused_bytes = carried.samples, copied
+                watch.lap("carry")
+            hook("decode+write", 0, todo.total)  # in order: a decoded batch is written at once
             if earlier is not None:
                 hook("decode+write", report.resumed, None)
             for result in _decoded(cutter, recipe, jobs):
@@ -373,6 +404,8 @@ def _write(
                 sink.write(result)
                 status.stored(result)
                 tallies.add(result)
+                if log is not None:
+                    log.add(result.task.split, [block_json(b) for b in result.blocks])
                 lines = _fingerprint_lines(result)
                 fingerprint.update("".join(lines).encode())
                 checkpoints.note(result, lines)
@@ -388,6 +421,9 @@ def _write(
             attrs = provenance.file_attrs(spec, version, fingerprint, report.created_at)
             attrs[fileformat.LAYOUT_ATTR] = record.to_json()
             attrs[fileformat.SPLIT_POLICY_ATTR] = json.dumps(plan.policy)
+            if carried is not None:
+                facts = carry.facts(carried, report.reused_bytes, sum(report.samples.values()))
+                attrs[fileformat.PARENT_ATTR] = json.dumps(facts)
             diagnostics = provenance.diagnostics(report, plan)
             diagnostics.update(tallies.diagnostics(record))
             report.conversions = tallies.conversions
@@ -407,6 +443,7 @@ def _write(
     }
     report.raw_bytes = sum(d["raw_bytes"] for d in report.datasets.values())
     report.stored_bytes = sum(d["stored_bytes"] for d in report.datasets.values())
+    return None if log is None else (attrs[fileformat.FINGERPRINT_ATTR], log)
 
 
 def _fingerprint_lines(result: BatchResult) -> list[str]:

@@ -181,6 +181,15 @@ class EncodedRows:
 
 
 @dataclass(slots=True)
+class BlockTally:
+    """The statistics and conversion counts of one block of rows (``DecodeTask.block``):
+    what an incremental build needs to carry the block without decoding it."""
+
+    stats: dict[str, Any] = field(default_factory=dict)
+    conversions: dict[str, dict[str, int]] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
 class RaggedRows:
     """A ragged column's rows in a result: the values of its samples end to end, and each
     sample's length (rows of values). Where they land in the values dataset depends on every
@@ -213,6 +222,7 @@ class BatchResult:
     lineage: list[tuple[str, ...]] = field(default_factory=list)  # hex SHA-256 per source
     stats: dict[str, Any] = field(default_factory=dict)
     conversions: dict[str, dict[str, int]] = field(default_factory=dict)
+    blocks: list[BlockTally] = field(default_factory=list)  # per block of ``task.block`` rows
     rejects: list[Reject] = field(default_factory=list)
     deferred: list[int] = field(default_factory=list)
     seconds: float = 0.0

@@ -186,6 +186,36 @@ class OutputFolder:
         path = self.folder / release_filename(self.name, version)
         return (version, path) if path.is_file() and not path.is_symlink() else None
 
+    def carry_path(self, version: int) -> Path:
+        """The carry record a build leaves beside its release (``h5etl.carry``): hidden, a
+        cache only (without it the next build decodes everything)."""
+        return self.folder / f".{release_filename(self.name, version)}.carry.json"
+
+    def write_carry(self, version: int, record: dict[str, object]) -> None:
+        """Write a release's carry record atomically; a failure only costs the next build."""
+        path = self.carry_path(version)
+        temp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+        try:
+            with open(temp, "w", encoding="utf-8", errors="backslashreplace") as handle:
+                json.dump(record, handle, ensure_ascii=False, separators=(",", ":"))
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(temp, path)
+        except OSError as exc:
+            logger.warning("%s: cannot write the carry record: %s", path, exc)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                temp.unlink()
+
+    def read_carry(self, version: int) -> dict[str, object] | None:
+        """A release's carry record, or None when it is missing or unreadable."""
+        try:
+            with open(self.carry_path(version), encoding="utf-8") as handle:
+                record = json.load(handle)
+        except (OSError, ValueError):
+            return None
+        return record if isinstance(record, dict) else None
+
     def next_version(self) -> int:
         existing = versions(self.folder, self.name)
         return max(existing, default=0) + 1

@@ -48,6 +48,8 @@ class BuildReport:
     datasets: dict[str, dict[str, Any]] = field(default_factory=dict)
     chunk_paths: dict[str, int] = field(default_factory=dict)
     resumed: int = 0  # samples copied from a killed build instead of decoded again
+    reused: int = 0  # samples carried from the parent release (incremental build)
+    reused_bytes: int = 0  # their stored chunk bytes, copied as they were
     checks: list[str] = field(default_factory=list)  # what a dry run verified
     warnings: list[str] = field(default_factory=list)
     conversions: dict[str, dict[str, int]] = field(default_factory=dict)  # field -> code -> n

@@ -59,6 +59,7 @@ class ImageWriter:
         self.carry_rows = 0
         self.direct_blocks = 0
         self.rechunked_blocks = 0
+        self.copied_blocks = 0  # carried from a parent release, bytes as they were
         self.unjournaled_blocks: list[bytes] = []
 
     def add_encoded(self, blocks: list[list[EncodedChunk]], sha: list[bytes], count: int) -> None:
@@ -77,6 +78,30 @@ class ImageWriter:
         self.stats.blocks.extend(sha)
         self.unjournaled_blocks.extend(sha)
         self.stats.raw_bytes += count * self.layout.block_nbytes // self.layout.rows
+
+    def add_copied(self, source: h5py.Dataset, start: int, count: int, digests: list[bytes]) -> int:
+        """Append ``count`` rows (whole chunks) of ``source`` from row ``start``, chunk bytes
+        and filter masks as they are stored (``read_direct_chunk`` -> ``write_direct_chunk``:
+        nothing is decoded or re-encoded); ``digests`` are their blocks'. Returns the bytes.
+
+        The copied chunks are not journaled: an incremental build's journal names its parent
+        in its plan digest, so no resume adopts it (a killed one starts again from the
+        parent), and hashing every copied byte would cost as much as the copy."""
+        assert not self.carry_rows, "copied rows follow whole chunks only"
+        assert not self.rows % self.layout.rows, "copied rows follow whole chunks only"
+        self.dataset.resize(self.rows + count, axis=0)
+        copied = 0
+        for row in range(0, count, self.layout.rows):
+            for inner in self.layout.chunk_offsets():
+                mask, data = source.id.read_direct_chunk((start + row, *inner[1:]))
+                offset = (self.rows + row, *inner[1:])
+                self.dataset.id.write_direct_chunk(offset, data, mask)
+                copied += len(data)
+        self.rows += count
+        self.stats.blocks.extend(digests)
+        self.stats.raw_bytes += count * self.layout.block_nbytes // self.layout.rows
+        self.copied_blocks += count // self.layout.rows
+        return copied
 
     def add_raw(self, rows: np.ndarray, *, final: bool = False) -> None:
         """Store raw rows. Whole blocks at a chunk boundary (or a final task's rows) are

@@ -65,6 +65,7 @@ RESERVED_ATTRS = frozenset(
         "source_fingerprint",
         fileformat.LAYOUT_ATTR,
         fileformat.SPLIT_POLICY_ATTR,
+        fileformat.PARENT_ATTR,
     }
 )  # file attributes every build writes (pipeline._file_attrs)
 

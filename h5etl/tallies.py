@@ -12,7 +12,7 @@ import json
 from typing import Any
 
 from h5etl import fileformat
-from h5etl.records import BatchResult
+from h5etl.records import BatchResult, BlockTally
 from h5etl.stats import ChannelStats, Histogram
 
 Stat = ChannelStats | Histogram
@@ -35,14 +35,22 @@ class Tallies:
             for code, count in codes.items():
                 counts[code] = counts.get(code, 0) + count
 
+    def add_block(self, split: str, tally: dict[str, Any]) -> None:
+        """Merge a carried block's tally (``block_json``'s form) into ``split``'s."""
+        known = self.stats.setdefault(split, {})
+        for name, data in tally.get("stats", {}).items():
+            stat = _stat(data)
+            known[name] = stat if name not in known else known[name].merge(stat)  # type: ignore[arg-type]
+        for name, codes in tally.get("conversions", {}).items():
+            counts = self.conversions.setdefault(name, {})
+            for code, count in codes.items():
+                counts[code] = counts.get(code, 0) + int(count)
+
     def snapshot(self) -> dict[str, Any]:
         """Plain data for the journal (exact: integers, and floats only for min and max)."""
         return {
             "stats": {
-                split: {
-                    name: {"type": type(stat).__name__, **_plain(dataclasses.asdict(stat))}
-                    for name, stat in fields.items()
-                }
+                split: {name: stat_json(stat) for name, stat in fields.items()}
                 for split, fields in self.stats.items()
             },
             "conversions": self.conversions,
@@ -94,6 +102,19 @@ class Tallies:
             "conversions": json.dumps(self.conversions, sort_keys=True),
             "class_counts": json.dumps(self.class_counts(record)),
         }
+
+
+def stat_json(stat: Stat) -> dict[str, Any]:
+    """A statistic as plain JSON data (exact: integers, and floats only for min and max)."""
+    return {"type": type(stat).__name__, **_plain(dataclasses.asdict(stat))}
+
+
+def block_json(tally: BlockTally) -> dict[str, Any]:
+    """A block's tally as plain JSON data, for the carry record."""
+    return {
+        "stats": {name: stat_json(stat) for name, stat in tally.stats.items()},
+        "conversions": tally.conversions,
+    }
 
 
 def _plain(data: dict[str, Any]) -> dict[str, Any]:

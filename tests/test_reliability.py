@@ -50,8 +50,11 @@ def folder_state(folder: Path) -> dict[str, Any]:
     link = folder / f"{CELLS}.h5"
     return {
         "link": os.readlink(link) if link.is_symlink() else None,
-        # the build status records each build's outcome by design (tests/test_status.py)
-        "files": sorted(p.name for p in folder.iterdir() if not p.name.endswith(".status.json")),
+        # the build status and each release's carry record stay by design (test_status.py,
+        # test_incremental.py): no leftovers
+        "files": sorted(
+            p.name for p in folder.iterdir() if not p.name.endswith((".status.json", ".carry.json"))
+        ),
     }
 
 
@@ -126,7 +129,10 @@ KILLED_BUILD = f"""
         original(self, row, chunks)
     h5etl.sink_chunks.ImageWriter._store = store
     resume = sys.argv[5:] == ["resume"]
-    h5etl.build(load_spec(config), jobs=jobs, progress=hook, checkpoint_seconds=0, resume=resume)
+    # full: decode everything, as a build without a release to carry from does
+    h5etl.build(
+        load_spec(config), jobs=jobs, progress=hook, checkpoint_seconds=0, resume=resume, full=True
+    )
 """
 
 
@@ -140,7 +146,7 @@ SLOW_CLI_BUILD = """
         return original(*args, **kwargs)
     h5etl.images.decode_field = slow
     from h5etl.cli import main
-    sys.argv = ["h5etl", "build", sys.argv[1], "--jobs", "1", "--quiet"]
+    sys.argv = ["h5etl", "build", sys.argv[1], "--jobs", "1", "--quiet", "--full"]
     main()
 """
 
@@ -543,7 +549,7 @@ def test_write_error_fails_cleanly_and_keeps_previous(
 
     monkeypatch.setattr(h5etl.sink_chunks.ImageWriter, "_store", failing_store)
     with pytest.raises(SinkError, match="no space left on device"):
-        build(project)
+        build(project, full=True)  # decoded and written again, not carried from v1
 
     folder = first.path.parent
     assert folder_state(folder)["files"] == PUBLISHED_V1

@@ -1,0 +1,275 @@
+"""carry: which samples an incremental build takes from its parent without decoding them.
+
+Input: the plan, the parent release (``h5etl.parent``) and the carry record its build left
+beside it (files' stamps, per-block statistics). Output: per split, the parent's blocks to
+copy byte for byte (whole chunk rows of every field, untouched by any changed or removed
+sample), and the plan to decode: the parent's other samples in its row order, then the new
+ones in the plan's seeded order. Pure planning, plus hashing the files whose size or mtime
+changed (the fast pre-check failed; equal bytes still carry).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+from h5etl import inputs
+from h5etl.clean import Plan
+from h5etl.fileformat import LayoutRecord
+from h5etl.parent import Parent, ParentSplit
+from h5etl.records import Sample, text_bytes, valid_text
+from h5etl.release import OutputFolder
+from h5etl.tallies import Tallies
+
+if TYPE_CHECKING:
+    from h5etl.sink import Sink
+
+logger = logging.getLogger(__name__)
+
+FORMAT = 1  # of the carry record
+# Config keys that change no stored byte of a sample already in the parent: a parent built
+# with other values still carries (fractions and seed place only new samples).
+VOLATILE_KEYS = ("description", "attrs", "output", "max_rejects", "on_error", "splits", "seed")
+
+
+@dataclass(frozen=True, slots=True)
+class CarriedBlock:
+    """One block (``rows`` rows from ``start``) of a parent split, copied into the new one."""
+
+    start: int
+    rows: int
+    samples: tuple[Sample, ...]  # this build's samples for those rows, in row order
+    tally: dict[str, Any]  # the block's statistics and conversions (tallies JSON)
+
+
+@dataclass(slots=True)
+class CarryPlan:
+    """What an incremental build copies and what it decodes."""
+
+    parent: Parent
+    blocks: dict[str, list[CarriedBlock]] = field(default_factory=dict)
+    decode: Plan | None = None
+
+    @property
+    def samples(self) -> int:
+        return sum(b.rows for blocks in self.blocks.values() for b in blocks)
+
+
+def sample_state(sample: Sample, stamp: str) -> list[Any]:
+    """What the carry record keeps of a sample: its files, their stamps, its plan values."""
+    extras = hashlib.sha256(text_bytes(repr(sample.extras))).hexdigest()
+    return [list(sample.relpaths), stamp, extras]
+
+
+def config_core(text: str) -> dict[str, Any]:
+    """A stored config without the keys that change no stored byte (``VOLATILE_KEYS``)."""
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError:
+        return {"unreadable": text}
+    if not isinstance(data, dict):
+        return {"unreadable": text}
+    return {k: v for k, v in data.items() if k not in VOLATILE_KEYS}
+
+
+def why_not(
+    parent: Parent, record: Mapping[str, Any] | None, config: str, layout: LayoutRecord, block: int
+) -> str | None:
+    """Why the parent cannot be carried from (None: it can)."""
+    if record is None:
+        return f"v{parent.version:04d} has no carry record beside it"
+    if record.get("format") != FORMAT or record.get("fingerprint") != parent.fingerprint:
+        return f"the carry record beside v{parent.version:04d} is not that release's"
+    if record.get("block") != block:
+        return "the chunk rows changed"
+    if config_core(parent.config) != config_core(config):
+        return f"the config differs from v{parent.version:04d}'s in more than {VOLATILE_KEYS}"
+    theirs = {n: r.as_json() for n, r in parent.layout.fields.items()}
+    ours = {n: r.as_json() for n, r in layout.fields.items()}
+    if theirs != ours or parent.layout.template != layout.template:
+        return f"the fields are stored otherwise than in v{parent.version:04d}"
+    return None
+
+
+def _unchanged(
+    sample: Sample, stamp: str, known: list[Any] | None, lineage: tuple[bytes, ...]
+) -> bool:
+    """Whether a sample's stored rows are what decoding its files now would give."""
+    state = sample_state(sample, stamp)
+    if known is None or state[0] != known[0] or state[2] != known[2]:
+        return False  # other files, or other plan values (a label, a table cell)
+    if state[1] == known[1]:
+        return True  # same sizes and mtimes: the fast pre-check
+    try:
+        digests = [hashlib.sha256(inputs.read_file(path)).hexdigest() for path in sample.paths]
+    except OSError:
+        return False  # decoding will say what is wrong with it
+    return [d.encode() for d in digests] == [bytes(h) for h in lineage]
+
+
+def _carried_blocks(
+    old: ParentSplit,
+    by_name: Mapping[str, Sample],
+    block: int,
+    known: Mapping[str, list[Any]],
+    tallies: Sequence[dict[str, Any]],
+    stamps: Mapping[str, str],
+) -> tuple[list[CarriedBlock], list[Sample]]:
+    """The parent split's blocks whose every row is unchanged, and its other samples still
+    in the inputs (to decode again), in its row order."""
+    blocks: list[CarriedBlock] = []
+    waiting: list[Sample] = []
+    for b in range(min(-(-len(old.keys) // block), len(tallies))):
+        rows = range(b * block, min((b + 1) * block, len(old.keys)))
+        here = [by_name.get(old.keys[r]) for r in rows]
+        if all(
+            s is not None
+            and _unchanged(s, stamps[s.key], known.get(old.keys[r]), tuple(old.lineage[r]))
+            for r, s in zip(rows, here, strict=True)
+        ):
+            chosen = tuple(s for s in here if s is not None)
+            blocks.append(CarriedBlock(b * block, len(rows), chosen, tallies[b]))
+        else:
+            waiting.extend(s for s in here if s is not None)
+    return blocks, waiting
+
+
+def plan_carry(
+    plan: Plan, parent: Parent, record: Mapping[str, Any], stamps: Mapping[str, str], block: int
+) -> CarryPlan:
+    """Split the plan into the parent blocks to copy and the plan of samples to decode."""
+    carry = CarryPlan(parent)
+    decode: dict[str, list[Sample]] = {}
+    known: Mapping[str, list[Any]] = record.get("samples", {})
+    tallies: Mapping[str, list[Any]] = record.get("blocks", {})
+    for split, members in plan.splits.items():
+        by_name = {valid_text(s.split_name): s for s in members}
+        old = parent.splits.get(split)
+        blocks, waiting = (
+            ([], [])
+            if old is None
+            else _carried_blocks(old, by_name, block, known, tallies.get(split, []), stamps)
+        )
+        taken = {s.key for b in blocks for s in b.samples} | {s.key for s in waiting}
+        fresh = [s for s in members if s.key not in taken]  # in the plan's seeded order
+        if blocks and blocks[-1].rows < block and (waiting or fresh):
+            # a partial block (the parent split's last) must stay last: decoded again
+            waiting.extend(blocks.pop().samples)
+        carry.blocks[split] = blocks
+        decode[split] = [*waiting, *fresh]
+    digest = f"{plan.digest}+carry:{parent.version}:{parent.fingerprint}"
+    carry.decode = dataclasses.replace(plan, splits=decode, digest=digest)
+    logger.info("carrying %d samples from v%04d", carry.samples, parent.version)
+    return carry
+
+
+def decide(
+    plan: Plan, parent: Parent, output: OutputFolder, config: str, layout: LayoutRecord
+) -> tuple[CarryPlan | None, str | None]:
+    """The carry plan from ``parent``, or None and why it cannot be carried from."""
+    from h5etl.kinds.base import RaggedColumn
+
+    if any(isinstance(c, RaggedColumn) for k in plan.kinds for c in k.columns.values()):
+        return None, "ragged columns (series, volumes) are not carried yet"
+    record = output.read_carry(parent.version)
+    block = plan_block(plan)
+    reason = why_not(parent, record, config, layout, block)
+    if reason is not None or record is None:
+        return None, reason
+    return plan_carry(plan, parent, record, plan.stamps, block), None
+
+
+def plan_block(plan: Plan) -> int:
+    """Rows of one block: a whole chunk of every array field (``Spec.batch_samples``)."""
+    from h5etl.kinds.base import ArrayColumn
+
+    rows = [
+        c.layout.rows for k in plan.kinds for c in k.columns.values() if isinstance(c, ArrayColumn)
+    ]
+    return math.lcm(*rows) if rows else 1
+
+
+def leave_record(
+    output: OutputFolder, plan: Plan, version: int, fingerprint: str, log: BlockLog
+) -> None:
+    """Write the carry record of release ``version`` beside it, for the build after it."""
+    record = record_of(
+        plan, version=version, fingerprint=fingerprint, block=plan_block(plan), log=log
+    )
+    output.write_carry(version, record)
+
+
+def facts(carried: CarryPlan, copied: int, stored: int) -> dict[str, Any]:
+    """What the release records of its parent (``fileformat.PARENT_ATTR``)."""
+    return {
+        "version": carried.parent.version,
+        "source_fingerprint": carried.parent.fingerprint,
+        "samples_reused": carried.samples,
+        "bytes_reused": copied,
+        "samples_decoded": stored - carried.samples,
+    }
+
+
+@dataclass(slots=True)
+class BlockLog:
+    """Each split's block tallies in row order, for the carry record of the new release."""
+
+    blocks: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+
+    def add(self, split: str, tallies: list[dict[str, Any]]) -> None:
+        self.blocks.setdefault(split, []).extend(tallies)
+
+
+def record_of(
+    plan: Plan, *, version: int, fingerprint: str, block: int, log: BlockLog
+) -> dict[str, Any]:
+    """The carry record a release leaves for the build after it (see ``why_not``)."""
+    samples = {
+        valid_text(sample.split_name): sample_state(sample, plan.stamps[sample.key])
+        for members in plan.splits.values()
+        for sample in members
+    }
+    return {
+        "format": FORMAT,
+        "version": version,
+        "fingerprint": fingerprint,
+        "block": block,
+        "samples": samples,
+        "blocks": log.blocks,
+    }
+
+
+def record_rows(samples: tuple[Sample, ...]) -> dict[str, list[str]]:
+    """This build's per-sample record of carried rows (its own keys and groups)."""
+    from h5etl import fileformat
+
+    return {
+        fileformat.SAMPLE_KEY: [s.split_name for s in samples],
+        fileformat.SAMPLE_GROUP: [s.group for s in samples],
+    }
+
+
+def copy_into(sink: Sink, carried: CarryPlan, tallies: Tallies, log: BlockLog) -> tuple[str, int]:
+    """Copy every carried block into the new release (the sink writes); return the source
+    fingerprint lines of the carried rows, in write order, and the stored bytes copied."""
+    lines: list[str] = []
+    copied = 0
+    for split, blocks in carried.blocks.items():
+        samples = tuple(s for b in blocks for s in b.samples)
+        spans = [(b.start, b.rows) for b in blocks]
+        copied += sink.carry(carried.parent.path, split, spans, record_rows(samples))
+        lineage = carried.parent.splits[split].lineage
+        for b in blocks:
+            tallies.add_block(split, b.tally)
+            log.add(split, [b.tally])
+            for row, sample in zip(range(b.start, b.start + b.rows), b.samples, strict=True):
+                hashes = ",".join(bytes(h).decode() for h in lineage[row])
+                lines.append(f"{sample.key}\t{hashes}\n")
+    return "".join(lines), copied

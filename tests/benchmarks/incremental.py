@@ -1,0 +1,169 @@
+"""Incremental build benchmark: a full build, an unchanged rebuild and 5% more pairs, side by side.
+
+On the 3,000-pair corpus (``corpus.py``), in a work folder of hard links (the files' sizes and
+mtimes are the corpus's, as a real folder that did not change). Each repeat runs, each build
+in a child process, one after another (each needs the release before it):
+
+    full       a fresh output folder, every sample decoded             (v1, 3,000 pairs)
+    unchanged  the same inputs again: every block carried               (v2)
+    add 5%     150 more pairs linked in: carried + the new ones decoded (v3, 3,150 pairs)
+    full 5%    the same 3,150 pairs with --full: every sample decoded   (v4)
+
+and the table gives the medians over the repeats and the ratios the issue sets targets for
+(unchanged / full <= 10%, add 5% / full 5% <= 15%), for the build call alone and for the whole
+process (interpreter start, imports and worker start-up included).
+
+    python tests/benchmarks/incremental.py [--repeats 5] [--jobs 2] [--dir /tmp/h5etl-bench]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from corpus import DEFAULT_DIR, CorpusParams, ensure_corpus
+
+HERE = Path(__file__).resolve()
+BASE = 3000
+CHILD = """
+import json, sys, time
+started = time.perf_counter()
+import h5etl
+spec = h5etl.load_spec(sys.argv[1])
+begun = time.perf_counter()
+report = h5etl.build(spec, jobs=int(sys.argv[2]), full=sys.argv[3] == "full")
+print(json.dumps({"build": time.perf_counter() - begun, "reused": report.reused,
+                  "samples": sum(report.samples.values()), "version": report.version}))
+"""
+CONFIG = """\
+name: bench
+output: releases
+sources:
+  image: {dir: images, glob: "*.png"}
+  mask: {dir: masks, glob: "*.png"}
+splits: {train: 0.8, valid: 0.2}
+seed: 0
+fields:
+  image: {shape: [3, 224, 224], dtype: uint8, mode: RGB}
+  mask: {shape: [1, 224, 224], dtype: uint8, mode: L, values: [0, 1]}
+  filename: {dtype: str}
+storage: {chunk_samples: 32, compression: lzf, shuffle: true}
+"""
+STEPS = ("full", "unchanged", "add 5%", "full 5%")
+
+
+def _link(source: Path, target: Path) -> None:
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)  # another file system: copy2 keeps the mtime
+
+
+def _cached(base: Path, total: int) -> Path | None:
+    """A finished corpus of at least ``total`` pairs (sample i is the same in every size)."""
+    for samples in sorted({total, 30000}):
+        root = base / CorpusParams(samples=samples).folder_name
+        if (root / "corpus.json").is_file():
+            return root
+    return None
+
+
+def prepare(base: Path, samples: int) -> tuple[Path, list[tuple[Path, Path]]]:
+    """The work folder (``samples`` pairs linked) and 5% more pairs (source, target)."""
+    extra_n = max(2, samples // 20)
+    total = samples + extra_n
+    root = _cached(base, total) or ensure_corpus(base, CorpusParams(samples=total)).root
+    work = base / "work" / "incremental"
+    shutil.rmtree(work, ignore_errors=True)
+    extra = []
+    for kind in ("images", "masks"):
+        (work / kind).mkdir(parents=True)
+        for i in range(total):
+            name = f"s{i:06d}.png"
+            source, target = root / kind / name, work / kind / name
+            if i < samples:
+                _link(source, target)
+            else:
+                extra.append((source, target))
+    (work / "bench.yaml").write_text(CONFIG)
+    return work, extra
+
+
+def run(work: Path, jobs: int, mode: str) -> dict[str, Any]:
+    started = time.perf_counter()
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, str(work / "bench.yaml"), str(jobs), mode],
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=work,
+    )
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    result["process"] = time.perf_counter() - started
+    return result
+
+
+def repeat(work: Path, extra: list[tuple[Path, Path]], jobs: int) -> dict[str, dict[str, Any]]:
+    shutil.rmtree(work / "releases", ignore_errors=True)
+    for _, target in extra:
+        target.unlink(missing_ok=True)
+    runs = {"full": run(work, jobs, "full"), "unchanged": run(work, jobs, "incremental")}
+    for source, target in extra:
+        _link(source, target)
+    runs["add 5%"] = run(work, jobs, "incremental")
+    runs["full 5%"] = run(work, jobs, "full")
+    return runs
+
+
+def table(results: list[dict[str, dict[str, Any]]]) -> str:
+    def median(step: str, key: str) -> float:
+        return float(statistics.median(r[step][key] for r in results))
+
+    lines = [
+        f"{len(results)} repeats, medians; build = the build() call, process = the whole child",
+        "",
+        "| build | samples | carried | build s | process s |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for step in STEPS:
+        last = results[-1][step]
+        lines.append(
+            f"| {step} | {last['samples']:,} | {last['reused']:,} | "
+            f"{median(step, 'build'):.2f} | {median(step, 'process'):.2f} |"
+        )
+    lines += ["", "| ratio (target) | build | process |", "|---|---:|---:|"]
+    for name, step, over, target in (
+        ("unchanged / full", "unchanged", "full", "<= 10%"),
+        ("add 5% / full 5%", "add 5%", "full 5%", "<= 15%"),
+    ):
+        ratios = [
+            100 * statistics.median(r[step][key] / r[over][key] for r in results)
+            for key in ("build", "process")
+        ]
+        lines.append(f"| {name} ({target}) | {ratios[0]:.1f}% | {ratios[1]:.1f}% |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dir", type=Path, default=DEFAULT_DIR)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--samples", type=int, default=BASE)
+    args = parser.parse_args(argv)
+    work, extra = prepare(args.dir, args.samples)
+    results = [repeat(work, extra, args.jobs) for _ in range(args.repeats)]
+    print(table(results))
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(HERE.parent))
+    main()

@@ -1,0 +1,39 @@
+"""The incremental benchmark runs end to end on a tiny corpus, so it cannot rot; no timings."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).parent / "benchmarks"
+
+
+def test_incremental_bench_prints_every_build_and_both_ratios(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH / "incremental.py"),
+            "--dir",
+            str(tmp_path),
+            "--samples",
+            "20",
+            "--repeats",
+            "1",
+            "--jobs",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in lines if line.startswith("| ")}
+    assert rows["full"].split(" | ")[1:3] == ["20", "0"]
+    assert rows["unchanged"].split(" | ")[1:3] == ["20", "20"]  # every sample carried
+    assert rows["add 5%"].split(" | ")[1] == "22"
+    assert rows["full 5%"].split(" | ")[1:3] == ["22", "0"]
+    assert any(line.startswith("| unchanged / full (<= 10%)") for line in lines)
+    assert any(line.startswith("| add 5% / full 5% (<= 15%)") for line in lines)
