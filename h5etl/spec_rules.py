@@ -232,7 +232,7 @@ def _path_problems(spec: SpecView) -> list[Problem]:
             *names,
             *((n, n) for n in (fileformat.LINEAGE, *fileformat.SAMPLE_RECORD)),
         ]:
-            path = fileformat.dataset_path(spec.layout, split, name)
+            path = _dataset_path(spec, split, field_name, name)
             node = fileformat.diagnostics_node(path)
             label = name if name == field_name else f"{field_name}'s column {name}"
             clash = seen.get(path)
@@ -248,6 +248,16 @@ def _path_problems(spec: SpecView) -> list[Problem]:
                 ]
             seen[path], nodes[node] = (split, label), path
     return []
+
+
+def _dataset_path(spec: SpecView, split: str, field_name: str, name: str) -> str:
+    """Where a dataset a field lists goes: ``<column>_offsets`` beside a ragged ``<column>``
+    the same field lists (``fileformat.offsets_path``), anything else by the template."""
+    column = name.removesuffix(fileformat.OFFSETS_SUFFIX)
+    field = spec.fields.get(field_name)
+    if column != name and field is not None and column in field.dataset_names(field_name):
+        return fileformat.offsets_path(fileformat.dataset_path(spec.layout, split, column))
+    return fileformat.dataset_path(spec.layout, split, name)
 
 
 def _clash(spec: SpecView, path: str, first: tuple[str, str], second: tuple[str, str]) -> Problem:

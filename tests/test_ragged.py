@@ -491,3 +491,38 @@ def test_a_worker_crash_costs_only_its_sample(
     for name, array in found.items():
         np.testing.assert_array_equal(array, truth[name])
     assert check_release(report.path, deep=True).ok
+
+
+class _Columns:
+    """A field model's one method the path rule reads: the datasets the field stores."""
+
+    def __init__(self, *names: str):
+        self.names = names
+
+    def dataset_names(self, field_name: str) -> tuple[str, ...]:
+        return self.names
+
+
+@pytest.mark.parametrize(
+    ("layout", "clash"),
+    [("{split}/{field}", "/train/ct_offsets"), ("{field}_{split}", None)],
+)
+def test_the_path_rule_places_offsets_where_the_sink_does(layout: str, clash: str | None) -> None:
+    from types import SimpleNamespace
+
+    from h5etl.spec_rules import _path_problems
+
+    # ct's offsets are ct's path + "_offsets": /train/ct_offsets, or /ct_train_offsets beside
+    # /ct_train; a field named ct_offsets takes /train/ct_offsets, or /ct_offsets_train
+    spec = SimpleNamespace(
+        fields={"ct": _Columns("ct", "ct_offsets"), "ct_offsets": _Columns("ct_offsets")},
+        splits={"train": 1.0},
+        layout=layout,
+    )
+    problems = _path_problems(spec)
+    if clash is None:
+        assert problems == []
+    else:
+        assert len(problems) == 1
+        assert f"both at {clash}" in problems[0].message
+        assert "field ct's column ct_offsets of split train" in problems[0].message
