@@ -25,8 +25,8 @@ import numpy as np
 from h5etl import fileformat
 from h5etl.errors import ResumeMismatch, SinkError, io_problem
 from h5etl.journal import ResumeState
-from h5etl.kinds.base import ScalarColumn
 from h5etl.records import BatchResult, EncodedRows, RaggedRows
+from h5etl.sink_carry import copy_chunks, parent_rows
 from h5etl.sink_chunks import DatasetStats, ImageWriter, StoredChunks
 from h5etl.sink_datasets import create_split
 from h5etl.sink_ragged import EMPTY, restore_ragged, snapshot
@@ -247,21 +247,10 @@ class Sink:
         assert not self.layout.ragged, "ragged columns are not carried"
         if not blocks:
             return 0
-        copied = 0
         try:
             with h5py.File(parent, "r") as source:
-                nodes = source[fileformat.DIAGNOSTICS_DATASETS]
-                for (target, name), writer in self.images.items():
-                    if target != split:
-                        continue
-                    path = self.layout.path(split, name)
-                    digests = nodes[fileformat.diagnostics_node(path)][fileformat.BLOCK_DIGESTS]
-                    step = writer.layout.rows
-                    for start, rows in blocks:
-                        found = digests[start // step : -(-(start + rows) // step)]
-                        sha = [bytes.fromhex(d.decode()) for d in found]
-                        copied += writer.add_copied(source[path], start, rows, sha)
-                small, lineage = self._parent_rows(source, split, blocks)
+                copied = copy_chunks(source, self.layout, self.images, split, blocks)
+                small, lineage = parent_rows(source, self.layout, split, blocks)
             small.update(record)
             self._ensure_room(self._small.pending_bytes(), "copying the parent's rows")
             self._small.append(split, small, lineage)
@@ -269,26 +258,6 @@ class Sink:
             raise self._failed("copying the parent's chunks", exc) from exc
         self.counts[split] += len(lineage)
         return copied
-
-    def _parent_rows(
-        self, source: h5py.File, split: str, blocks: list[tuple[int, int]]
-    ) -> tuple[dict[str, list[Any]], list[list[str]]]:
-        """The small columns' and the lineage's rows of ``blocks`` in the parent."""
-        small: dict[str, list[Any]] = {}
-        for name in self.layout.small:
-            if name in fileformat.SAMPLE_RECORD:
-                continue  # this build's own record of the samples, given by the caller
-            dataset = source[self.layout.path(split, name)]
-            column = self.layout.columns[name]
-            view = dataset if isinstance(column, ScalarColumn) else dataset.asstr()
-            small[name] = [v for start, rows in blocks for v in view[start : start + rows].tolist()]
-        lineage_set = source[self.layout.path(split, fileformat.LINEAGE)]
-        lineage = [
-            [h.decode() for h in row]
-            for start, rows in blocks
-            for row in lineage_set[start : start + rows]
-        ]
-        return small, lineage
 
     @property
     def _small(self) -> SmallRows:
