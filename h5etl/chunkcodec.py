@@ -167,6 +167,10 @@ class BlockEncoder:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Free the scratch file; the encoder makes a new one if used again."""
         if self._scratch is not None:
             self._scratch[0].close()
             self._scratch = None

@@ -124,6 +124,8 @@ class Sink:
         self._close_quietly()
 
     def _close(self) -> None:
+        for writer in self.images.values():
+            writer.close()
         file, self.file = self.file, None
         if file is None or not file.id.valid:
             return

@@ -16,7 +16,7 @@ import h5py
 import numpy as np
 
 from h5etl import digest
-from h5etl.chunkcodec import ChunkLayout, decode_block, encode_block, encode_rows
+from h5etl.chunkcodec import BlockEncoder, ChunkLayout, decode_block, encode_rows
 from h5etl.records import EncodedChunk
 
 
@@ -61,6 +61,9 @@ class ImageWriter:
         self.rechunked_blocks = 0
         self.copied_blocks = 0  # carried from a parent release, bytes as they were
         self.unjournaled_blocks: list[bytes] = []
+        # One scratch dataset for every block this writer re-cuts (a ragged column re-cuts
+        # nearly all of its blocks): a new in-memory HDF5 file per block cost 5x the encode.
+        self._encoder: BlockEncoder | None = None
 
     def add_encoded(self, blocks: list[list[EncodedChunk]], sha: list[bytes], count: int) -> None:
         if self.carry_rows or self.rows % self.layout.rows:
@@ -155,7 +158,9 @@ class ImageWriter:
     def _store_rows(self, block: np.ndarray, count: int | None = None) -> None:
         count = len(block) if count is None else count
         self.dataset.resize(self.rows + count, axis=0)
-        self._store(self.rows, encode_block(self.layout, block))
+        if self._encoder is None:
+            self._encoder = BlockEncoder(self.layout)
+        self._store(self.rows, self._encoder.encode(block))
         self.stats.blocks.append(digest.block_digest(block[:count]))
         self.unjournaled_blocks.append(self.stats.blocks[-1])
         self.stats.raw_bytes += block[:count].nbytes
@@ -169,6 +174,12 @@ class ImageWriter:
             self.stored.append(
                 (self, offset, chunk.sha256 or hashlib.sha256(chunk.data).hexdigest())
             )
+
+    def close(self) -> None:
+        """Free the scratch dataset of the re-cut blocks (the file itself is the sink's)."""
+        if self._encoder is not None:
+            self._encoder.close()
+            self._encoder = None
 
     def chunk_record(self, offset: tuple[int, ...], sha256: str) -> dict[str, Any]:
         """Where a stored chunk sits in the file, for the resume journal (after its write)."""
