@@ -1,0 +1,124 @@
+"""CT-like volumes in every form a case comes in: DICOM series (pydicom), NIfTI (nibabel),
+folders of 16-bit PNG or ``.npy`` slices with a spacing sidecar; and the ``ct-volumes``
+example built from them. The writers are public: the tests make their cases with them and
+compare what a build stores with the arrays they wrote."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from h5etl.examples import draw
+
+AIR, TISSUE, BONE = -1000, 40, 1200  # Hounsfield units
+Spacing = tuple[float, float, float]  # (z, y, x) mm
+
+
+def ct_case(
+    rng: np.random.Generator, shape: tuple[int, int, int] = (8, 16, 16)
+) -> tuple[np.ndarray, np.ndarray]:
+    """An int16 (z, y, x) volume in HU (air, soft tissue, a bone) and its 0/1/2 labels."""
+    z, y, x = shape
+    zz, yy, xx = np.meshgrid(
+        np.linspace(-1, 1, z), np.linspace(-1, 1, y), np.linspace(-1, 1, x), indexing="ij"
+    )
+    centre = rng.uniform(-0.15, 0.15, size=3)
+    body = (zz / 1.1) ** 2 + ((yy - centre[1]) / 0.8) ** 2 + ((xx - centre[2]) / 0.7) ** 2 < 1
+    bone = (zz - centre[0]) ** 2 + ((yy - centre[1]) / 0.3) ** 2 + (xx / 0.25) ** 2 < 0.3
+    labels = body.astype(np.uint8) + (bone & body).astype(np.uint8)
+    hu = np.choose(labels, [AIR, TISSUE, BONE]).astype(np.float64)
+    hu += np.where(body, rng.normal(0, 20, size=shape), rng.normal(0, 5, size=shape))
+    return np.rint(hu).astype(np.int16), labels
+
+
+def write_dicom_series(
+    folder: Path,
+    volume: np.ndarray,
+    *,
+    spacing: Spacing = (2.5, 0.8, 0.8),
+    positions: Sequence[float] | None = None,
+    origin: tuple[float, float] = (-100.0, -120.0),
+    intercept: float = -1024.0,
+    slope: float = 1.0,
+    series: str = "1",
+    names: Sequence[str] | None = None,
+) -> str:
+    """One CT slice file per z of ``volume`` (HU), stored as ``(hu - intercept) / slope``
+    unsigned; ``positions`` (mm along z) default to ``spacing[0]`` apart. Returns the
+    SeriesInstanceUID."""
+    from pydicom.dataset import Dataset, FileMetaDataset
+    from pydicom.uid import CTImageStorage, ExplicitVRLittleEndian, generate_uid
+
+    folder.mkdir(parents=True, exist_ok=True)
+    series_uid = generate_uid(entropy_srcs=["h5etl", series])
+    where = positions if positions is not None else [k * spacing[0] for k in range(len(volume))]
+    for k, plane in enumerate(volume):
+        meta = FileMetaDataset()
+        meta.MediaStorageSOPClassUID = CTImageStorage
+        meta.MediaStorageSOPInstanceUID = generate_uid(entropy_srcs=[series_uid, str(k)])
+        meta.TransferSyntaxUID = ExplicitVRLittleEndian
+        ds = Dataset()
+        ds.file_meta = meta
+        ds.SOPClassUID = CTImageStorage
+        ds.SOPInstanceUID = meta.MediaStorageSOPInstanceUID
+        ds.SeriesInstanceUID = series_uid
+        ds.StudyInstanceUID = generate_uid(entropy_srcs=["h5etl-study", series])
+        ds.Modality = "CT"
+        ds.InstanceNumber = k + 1
+        ds.Rows, ds.Columns = plane.shape
+        ds.PixelSpacing = [spacing[1], spacing[2]]
+        ds.SliceThickness = spacing[0]
+        ds.ImageOrientationPatient = [1, 0, 0, 0, 1, 0]
+        ds.ImagePositionPatient = [origin[0], origin[1], float(where[k])]
+        ds.SamplesPerPixel = 1
+        ds.PhotometricInterpretation = "MONOCHROME2"
+        ds.BitsAllocated = ds.BitsStored = 16
+        ds.HighBit = 15
+        ds.PixelRepresentation = 0
+        ds.RescaleSlope = slope
+        ds.RescaleIntercept = intercept
+        raw = np.rint((plane.astype(np.float64) - intercept) / slope).astype("<u2")
+        ds.PixelData = raw.tobytes()
+        name = names[k] if names is not None else f"IM{k:04d}.dcm"
+        ds.save_as(folder / name, enforce_file_format=True)
+    return str(series_uid)
+
+
+def write_nifti(path: Path, volume: np.ndarray, *, spacing: Spacing = (2.5, 0.8, 0.8)) -> None:
+    """``volume`` (z, y, x) as a NIfTI file of (x, y, z) voxels, affine diag(spacing)."""
+    import nibabel
+
+    affine = np.diag([spacing[2], spacing[1], spacing[0], 1.0])
+    voxels = np.ascontiguousarray(volume.transpose(2, 1, 0))
+    image = nibabel.Nifti1Image(voxels, affine)
+    image.header.set_xyzt_units("mm")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nibabel.save(image, str(path))
+
+
+def write_slices(
+    folder: Path,
+    volume: np.ndarray,
+    *,
+    spacing: Spacing | None = (2.5, 0.8, 0.8),
+    suffix: str = ".png",
+    offset: int = 0,
+) -> None:
+    """One file per z slice (16-bit PNG or ``.npy``), ``slice_000`` on, plus ``spacing.json``
+    (``offset`` is added to the values and taken off again by the sidecar's intercept)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for k, plane in enumerate(volume):
+        stored = plane.astype(np.int64) + offset
+        target = folder / f"slice_{k:03d}{suffix}"
+        if suffix == ".npy":
+            np.save(target, stored.astype(plane.dtype if offset == 0 else np.int32))
+        else:
+            draw.save(target, stored.astype(np.uint16 if stored.max() > 255 else np.uint8))
+    if spacing is not None:
+        sidecar: dict[str, object] = {"spacing": list(spacing)}
+        if offset:
+            sidecar["intercept"] = -offset
+        (folder / "spacing.json").write_text(json.dumps(sidecar), encoding="utf-8")
