@@ -45,17 +45,20 @@ def write_dicom_series(
     slope: float = 1.0,
     series: str = "1",
     names: Sequence[str] | None = None,
+    first: int = 0,
 ) -> str:
     """One CT slice file per z of ``volume`` (HU), stored as ``(hu - intercept) / slope``
-    unsigned; ``positions`` (mm along z) default to ``spacing[0]`` apart. Returns the
+    unsigned; ``positions`` (mm along z) default to ``spacing[0]`` apart. ``first``: the
+    slice number of ``volume[0]`` (to write a series a slice at a time). Returns the
     SeriesInstanceUID."""
     from pydicom.dataset import Dataset, FileMetaDataset
     from pydicom.uid import CTImageStorage, ExplicitVRLittleEndian, generate_uid
 
     folder.mkdir(parents=True, exist_ok=True)
     series_uid = generate_uid(entropy_srcs=["h5etl", series])
-    where = positions if positions is not None else [k * spacing[0] for k in range(len(volume))]
-    for k, plane in enumerate(volume):
+    where = positions or [(first + k) * spacing[0] for k in range(len(volume))]
+    for index, plane in enumerate(volume):
+        k = first + index
         meta = FileMetaDataset()
         meta.MediaStorageSOPClassUID = CTImageStorage
         meta.MediaStorageSOPInstanceUID = generate_uid(entropy_srcs=[series_uid, str(k)])
@@ -72,7 +75,7 @@ def write_dicom_series(
         ds.PixelSpacing = [spacing[1], spacing[2]]
         ds.SliceThickness = spacing[0]
         ds.ImageOrientationPatient = [1, 0, 0, 0, 1, 0]
-        ds.ImagePositionPatient = [origin[0], origin[1], float(where[k])]
+        ds.ImagePositionPatient = [origin[0], origin[1], float(where[index])]
         ds.SamplesPerPixel = 1
         ds.PhotometricInterpretation = "MONOCHROME2"
         ds.BitsAllocated = ds.BitsStored = 16
@@ -82,7 +85,7 @@ def write_dicom_series(
         ds.RescaleIntercept = intercept
         raw = np.rint((plane.astype(np.float64) - intercept) / slope).astype("<u2")
         ds.PixelData = raw.tobytes()
-        name = names[k] if names is not None else f"IM{k:04d}.dcm"
+        name = names[index] if names is not None else f"IM{k:04d}.dcm"
         ds.save_as(folder / name, enforce_file_format=True)
     return str(series_uid)
 
