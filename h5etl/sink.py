@@ -27,7 +27,7 @@ from h5etl.errors import ResumeMismatch, SinkError, io_problem
 from h5etl.journal import ResumeState
 from h5etl.records import BatchResult, EncodedRows, RaggedRows
 from h5etl.sink_carry import copy_chunks, parent_rows
-from h5etl.sink_chunks import DatasetStats, ImageWriter, StoredChunks
+from h5etl.sink_chunks import DatasetStats, ImageWriter, StoredChunks, chunk_places
 from h5etl.sink_datasets import create_split
 from h5etl.sink_ragged import EMPTY, restore_ragged, snapshot
 from h5etl.sink_rows import SinkLayout, SmallRows
@@ -290,7 +290,17 @@ class Sink:
         assert self.file is not None
         assert self.consistent
         self._ensure_room(0, "flushing")  # a disk about to fill fails here, before HDF5 does
-        chunks = [writer.chunk_record(offset, sha) for writer, offset, sha in self._stored]
+        wanted: dict[int, set[tuple[int, ...]]] = {}
+        for writer, offset, _ in self._stored:
+            wanted.setdefault(id(writer), set()).add(offset)
+        places = {  # one pass over each dataset's chunk index, not a lookup per chunk
+            id(writer): chunk_places(writer.dataset, wanted[id(writer)])
+            for writer in {id(w): w for w, _, _ in self._stored}.values()
+        }
+        chunks = [
+            writer.chunk_record(offset, sha, places[id(writer)][offset])
+            for writer, offset, sha in self._stored
+        ]
         self._stored.clear()  # (in place: the writers share the list)
         self._journaled_chunks += len(chunks)
         runs, self._runs = self._runs, []
