@@ -294,7 +294,8 @@ def _decoded(
     cutter: tasks.TaskCutter, recipe: decode.DecodeRecipe, jobs: int
 ) -> Iterator[BatchResult]:
     """Every task's result in order; the cutter learns each result before the next is cut."""
-    for result in schedule.run_tasks(cutter, recipe, jobs=jobs):
+    window = schedule.window_for(jobs, cutter.rows * cutter.sample_bytes)
+    for result in schedule.run_tasks(cutter, recipe, jobs=jobs, window=window):
         cutter.note(result)
         yield result
 

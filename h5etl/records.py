@@ -205,7 +205,7 @@ ColumnRows = EncodedRows | RaggedRows | np.ndarray | list[str]
 arrays a crash isolation joined) or strings."""
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, weakref_slot=True)
 class BatchResult:
     """What a worker returns for a task: each field's column rows, and the rejects.
 

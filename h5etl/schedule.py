@@ -46,6 +46,23 @@ def release_free_memory() -> None:
             ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
+# Decoded bytes that the tasks in flight may hold together: the bound that matters when a
+# sample is a CT case of a few hundred MB (README "Volumes": peak RSS below 3x the largest
+# case at any --jobs: two cases of 512 x 512 x 512 in flight); for images (tasks of at most
+# 64 MiB) it allows 8 tasks in flight, 2 * jobs + 1 up to --jobs 3.
+WINDOW_BYTES = 512 * 2**20
+
+
+def window_for(jobs: int, task_bytes: int) -> int:
+    """Tasks in flight: ``2 * jobs + 1`` (every worker busy and a result waiting for each),
+    fewer when so many would hold more than ``WINDOW_BYTES`` of decoded samples, never
+    fewer than 2 (one decoding while the writer stores the other)."""
+    full = 2 * jobs + 1
+    if task_bytes <= 0:
+        return full
+    return max(min(2, full), min(full, WINDOW_BYTES // task_bytes))
+
+
 def run_tasks(
     tasks: Iterable[DecodeTask | Barrier],
     recipe: decode.DecodeRecipe,

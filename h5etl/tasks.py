@@ -34,7 +34,11 @@ def task_rows(block: int, sample_bytes: int = 0) -> int:
 
 
 def task_reserve(rows: int) -> int:
-    """Reserve samples a task carries beyond its rows, to replace its rejects."""
+    """Reserve samples a task carries beyond its rows, to replace its rejects; none for a
+    task of one sample (a CT case bigger than ``TASK_BYTES``): it is a whole block however
+    many are rejected, and a final task would decode and hold its reserves too."""
+    if rows == 1:
+        return 0
     return max(2, math.ceil(rows * RESERVE_FRACTION))
 
 
@@ -90,6 +94,7 @@ class TaskCutter:
     ):
         self._plan = plan
         self.block = block
+        self.sample_bytes = sample_bytes  # decoded bytes of one sample, estimated
         self.rows = rows if rows is not None else task_rows(block, sample_bytes)
         if self.rows % block:
             raise ValueError(f"task rows {self.rows} must be a multiple of the block {block}")
