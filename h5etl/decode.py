@@ -10,7 +10,9 @@ statistics, so the single writer only writes. Scheduling the tasks is ``h5etl.sc
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
+import weakref
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -24,6 +26,7 @@ from h5etl.errors import RejectError
 from h5etl.kinds.base import (
     ArrayColumn,
     Column,
+    EncodedValue,
     Kind,
     RaggedColumn,
     SampleContext,
@@ -54,6 +57,7 @@ class DecodeRecipe:
     columns: tuple[tuple[Kind, str, Column], ...] = ()
     arrays: tuple[tuple[Kind, str, ArrayColumn], ...] = ()  # the fixed array columns
     multi: frozenset[str] = frozenset()  # kinds whose decode returns a dict by column
+    self_read: frozenset[int] = frozenset()  # sources their kinds read themselves
 
     @classmethod
     def of(cls, kinds: Sequence[Kind], order: Sequence[int]) -> DecodeRecipe:
@@ -67,7 +71,12 @@ class DecodeRecipe:
             if isinstance(column, ArrayColumn)
         )
         multi = frozenset(kind.name for kind in kinds if kind.multi_column)
-        return cls(tuple(kinds), tuple(order), planned, columns, arrays, multi)
+        self_read = frozenset(
+            kind.source_index
+            for kind in kinds
+            if kind.reads_own_files and kind.source_index is not None
+        )
+        return cls(tuple(kinds), tuple(order), planned, columns, arrays, multi, self_read)
 
 
 @dataclass(slots=True)
@@ -82,13 +91,19 @@ class _Decoded:
     windows: dict[str, np.ndarray] = field(default_factory=dict)  # unpadded, as stored
 
 
-def _decode_sample(sample: Sample, recipe: DecodeRecipe, position: int) -> _Decoded:
+def _decode_sample(
+    sample: Sample, recipe: DecodeRecipe, position: int, *, raw: bool = False
+) -> _Decoded:
     """Decode one sample through every field's kind; rejects raise ``RejectError``."""
     files = sample.paths
-    # never a plain open(): a file swapped for a FIFO since it was listed would block it
-    contents = [inputs.read_file(path) for path in files]
+    # never a plain open(): a file swapped for a FIFO since it was listed would block it;
+    # a source its kind reads itself (a case folder, a volume streamed) is not read here
+    contents = [
+        b"" if index in recipe.self_read else inputs.read_file(path)
+        for index, path in enumerate(files)
+    ]
     extras = dict(zip(recipe.plan_fields, sample.extras, strict=True))
-    context = SampleContext(sample, contents, extras, files)
+    context = SampleContext(sample, contents, extras, files, raw=raw)
     values: dict[str, Any] = {}
     for index in recipe.order:
         kind = recipe.kinds[index]
@@ -100,7 +115,10 @@ def _decode_sample(sample: Sample, recipe: DecodeRecipe, position: int) -> _Deco
         position,
         sample,
         values,
-        tuple(hashlib.sha256(data).hexdigest() for data in contents),
+        tuple(
+            context.digests.get(index) or hashlib.sha256(data).hexdigest()
+            for index, data in enumerate(contents)
+        ),
         context.conversions,
     )
     return decoded
@@ -161,7 +179,7 @@ def decode_batch(task: DecodeTask, recipe: DecodeRecipe) -> BatchResult:
             result.deferred.extend(range(position, len(task.samples)))
             break
         try:
-            decoded = _decode_sample(sample, recipe, position)
+            decoded = _decode_sample(sample, recipe, position, raw=task.raw)
         except RejectError as exc:
             result.rejects.extend(
                 sample_rejects(sample, STAGE, exc.reason, exc.message, str(exc.path or ""))
@@ -189,8 +207,38 @@ def decode_batch(task: DecodeTask, recipe: DecodeRecipe) -> BatchResult:
     gather(result, recipe, kept, {name: rows[:keep] for name, rows in out.items()})
     if task.raw:  # the rows leave with the result: the next task needs new buffers
         drop_buffers()
+    if _encoded_nbytes(result) > BIG_RESULT:
+        # A CT case's thousands of compressed chunks are small heap blocks: freed once the
+        # result is sent, the heap would keep them and an idle worker its peak (4 workers
+        # held 4 cases' worth at a window of 2). Trim when the result is gone.
+        weakref.finalize(result, _give_back_memory)
     result.seconds = time.perf_counter() - started
     return result
+
+
+BIG_RESULT = 32 * 2**20  # compressed bytes of a result past which its worker trims its heap
+
+
+def _encoded_nbytes(result: BatchResult) -> int:
+    total = 0
+    for rows in result.columns.values():
+        encoded = rows.values if isinstance(rows, RaggedRows) else rows
+        if isinstance(encoded, EncodedRows):
+            total += sum(len(chunk.data) for block in encoded.blocks for chunk in block)
+    return total
+
+
+def _give_back_memory() -> None:
+    """Trim the heap once the result is gone: a finalizer runs as the result starts being
+    freed (its chunks still alive), so the trim runs on a thread, after the worker has let
+    go of the GIL (waiting for its next task)."""
+    from h5etl.schedule import release_free_memory  # schedule imports this module
+
+    def trim() -> None:
+        time.sleep(0.05)
+        release_free_memory()
+
+    threading.Thread(target=trim, name="h5etl-trim", daemon=True).start()
 
 
 def gather(
@@ -257,25 +305,37 @@ def _ragged_rows(
     values' place in the chunk grid depends on the samples of earlier tasks, so they travel
     raw, end to end, and the writer cuts them into chunks.
     """
-    arrays = [np.asarray(v) for v in values]
+    encoded = any(isinstance(v, EncodedValue) for v in values)
+    if encoded and (raw or column.layout.rows != 1):
+        raise TypeError(f"{kind.kind} field {kind.name}: an EncodedValue in a raw task")
+    arrays = [v if isinstance(v, EncodedValue) else np.asarray(v) for v in values]
     for array in arrays:
+        if isinstance(array, EncodedValue):
+            continue
         if array.shape[1:] != column.trailing or array.dtype != np.dtype(column.dtype):
             raise TypeError(
                 f"{kind.kind} field {kind.name}: column {name} takes (length, "
                 f"*{column.trailing}) {column.dtype} values, got {array.shape} {array.dtype}"
             )
-    lengths = np.array([len(a) for a in arrays], dtype=np.int64)
+    lengths = np.array(
+        [a.rows if isinstance(a, EncodedValue) else len(a) for a in arrays], dtype=np.int64
+    )
     if column.layout.rows == 1 and not raw:
         return RaggedRows(_encoded_rows(arrays, column), lengths)
     empty = np.empty((0, *column.trailing), dtype=column.dtype)
     return RaggedRows(np.concatenate([empty, *arrays]), lengths)
 
 
-def _encoded_rows(arrays: Sequence[np.ndarray], column: RaggedColumn) -> EncodedRows:
-    """Every value row of ``arrays`` as its own block of compressed chunks (chunk rows 1)."""
+def _encoded_rows(arrays: Sequence[np.ndarray | EncodedValue], column: RaggedColumn) -> EncodedRows:
+    """Every value row of ``arrays`` as its own block of compressed chunks (chunk rows 1);
+    a value its kind compressed already (``EncodedValue``) as it is."""
     blocks, digests = [], []
     with BlockEncoder(column.layout) as encoder:
         for array in arrays:
+            if isinstance(array, EncodedValue):
+                blocks.extend(array.encoded.blocks)
+                digests.extend(array.encoded.digests)
+                continue
             for index in range(len(array)):
                 row = array[index : index + 1]
                 digests.append(digest.block_digest(row))
@@ -315,7 +375,7 @@ def _task_stats(kind: Kind, name: str, column: Column, kept: Sequence[_Decoded],
         return None
     if not isinstance(column, TextColumn) and column.stats is not None:
         if isinstance(column, RaggedColumn):
-            return merge_all([_column_stats(column, np.asarray(d.values[name])) for d in kept])
+            return merge_all([_ragged_stats(column, d.values[name]) for d in kept])
         if isinstance(column, ArrayColumn):
             return merge_all([_column_stats(column, d.windows[name]) for d in kept])
         return _column_stats(column, np.asarray(rows), batched=True)
@@ -327,6 +387,12 @@ def _task_stats(kind: Kind, name: str, column: Column, kept: Sequence[_Decoded],
     if kind.stats == "histogram":
         return stats.Histogram.of(values)
     return stats.ChannelStats.of(values, channel_axis=None)
+
+
+def _ragged_stats(column: RaggedColumn, value: Any) -> Any:
+    if isinstance(value, EncodedValue):
+        return value.stats  # the kind's, slab by slab (exact sums: the same numbers)
+    return _column_stats(column, np.asarray(value))
 
 
 def merge_all(parts: Sequence[Any]) -> Any:

@@ -17,7 +17,7 @@ import numpy as np
 
 from h5etl.chunkcodec import ChunkLayout, CompressionLike
 from h5etl.fileformat import FieldRecord
-from h5etl.records import Sample
+from h5etl.records import EncodedRows, Sample
 
 if TYPE_CHECKING:
     from h5etl.kinds.tabular import Prepared
@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ArrayColumn",
     "Column",
+    "EncodedValue",
     "Kind",
     "ProbeTarget",
     "RaggedColumn",
@@ -163,9 +164,25 @@ class SampleContext:
     paths: dict[str, str] = field(default_factory=dict)  # field -> the file it was read from
     parsed: dict[int, Any] = field(default_factory=dict)  # source index -> its JSON document
     conversions: list[tuple[str, str]] = field(default_factory=list)  # (field, code)
+    # source index -> SHA-256 (hex) of what a kind that reads its own files read (lineage)
+    digests: dict[int, str] = field(default_factory=dict)
+    notes: dict[str, Any] = field(default_factory=dict)  # field -> what it learnt of its input
+    raw: bool = False  # the task keeps its values raw (crash isolation): no EncodedValue
 
     def path(self, source_index: int) -> str:
         return self.files[source_index]
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedValue:
+    """A ragged column's value its kind compressed as it decoded (one value row per chunk
+    only, and not in a raw task): ``rows`` value rows, a block of chunks and its digest per
+    row (``chunkcodec.BlockEncoder``, ``digest.block_digest``), and the column's statistics
+    of the value. A volume decoded slab by slab never holds its raw case whole."""
+
+    rows: int
+    encoded: EncodedRows
+    stats: Any = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,6 +221,13 @@ class Kind:
             for column in self.columns.values()
             if isinstance(column, ArrayColumn)
         )
+
+    @property
+    def reads_own_files(self) -> bool:
+        """Whether it reads its source itself (a folder, a file streamed a slab at a time):
+        decode then reads no bytes for it and takes the lineage digest from
+        ``context.digests[source_index]``."""
+        return False
 
     @property
     def plan_side(self) -> bool:
