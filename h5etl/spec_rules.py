@@ -17,6 +17,7 @@ import numpy as np
 
 from h5etl import fileformat
 from h5etl.fieldspecs import ArrayField, FieldSpec, ImageField, LabelField, MaskField
+from h5etl.fieldspecs.volume import volume_problems
 from h5etl.specparts import GroupBy, PadSpec, Problem, SourceSpec
 
 __all__ = [
@@ -126,13 +127,16 @@ def spec_problems(spec: SpecView) -> list[Problem]:
             problems.extend(found)
     if not chunk_problems and spec.image_fields:  # chunk rows are known and sound
         problems.extend(_batch_problems(spec))
-    if not spec.image_fields:
-        problems.append(Problem((("fields",),), "at least one image or mask field is needed"))
+    if not spec.image_fields and not any(f.kind == "volume" for f in spec.fields.values()):
+        problems.append(
+            Problem((("fields",),), "at least one image, mask or volume field is needed")
+        )
     problems.extend(_stratify_problems(spec))
     problems.extend(_group_by_problems(spec))
     problems.extend(_pair_problems(spec))
     problems.extend(_mask_shape_problems(spec))
     problems.extend(_path_problems(spec))
+    problems.extend(volume_problems(spec.fields, spec.sources, spec.source_of))
     used = {spec.source_of(name) for name in spec.fields if spec.reads_content(name)}
     problems.extend(
         Problem((("sources", name),), _unused_source(spec, name))

@@ -269,3 +269,29 @@ def test_a_fraction_into_an_integer_dtype_is_a_lossy_conversion() -> None:
         cast_exact(np.array([0.5, 1.0]), "int16", where="x")
     with pytest.raises(RejectError, match=r"use dtype int16"):
         cast_exact(np.array([-5, 300]), "uint8", where="x")
+
+
+def test_a_missing_medical_library_is_one_line_naming_the_extra(
+    tmp_path: Path, volume: np.ndarray, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib
+
+    real = importlib.import_module
+
+    def without_pydicom(name: str, *args: object) -> object:
+        if name == "pydicom":
+            raise ImportError("No module named 'pydicom'")
+        return real(name, *args)  # type: ignore[arg-type]
+
+    write_dicom_series(tmp_path / "s", volume[:2])
+    monkeypatch.setattr(importlib, "import_module", without_pydicom)
+    error = rejected(tmp_path / "s")
+    assert error.reason == "missing_dependency"
+    assert "pip install 'h5etl[medical]'" in error.message
+
+
+def test_signed_dicom_pixels_below_the_intercept(tmp_path: Path) -> None:
+    planes = np.full((2, 4, 4), -1030, dtype=np.int16)  # below -1024: stored signed
+    write_dicom_series(tmp_path / "s", planes)
+    assert pydicom.dcmread(tmp_path / "s" / "IM0000.dcm").PixelRepresentation == 1
+    assert np.array_equal(open_case(str(tmp_path / "s")).read("int16"), planes)

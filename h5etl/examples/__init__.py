@@ -18,6 +18,7 @@ from h5etl.examples import classify as classify
 from h5etl.examples import medical as medical
 from h5etl.examples import scenes as scenes
 from h5etl.examples import superres as superres
+from h5etl.examples import volumes as volumes
 from h5etl.examples.registry import EXAMPLES, Broken, Example, Maker, register
 
 __all__ = [

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from h5etl.examples import draw
+from h5etl.examples.registry import Broken, register
 
 AIR, TISSUE, BONE = -1000, 40, 1200  # Hounsfield units
 Spacing = tuple[float, float, float]  # (z, y, x) mm
@@ -80,11 +81,12 @@ def write_dicom_series(
         ds.PhotometricInterpretation = "MONOCHROME2"
         ds.BitsAllocated = ds.BitsStored = 16
         ds.HighBit = 15
-        ds.PixelRepresentation = 0
         ds.RescaleSlope = slope
         ds.RescaleIntercept = intercept
-        raw = np.rint((plane.astype(np.float64) - intercept) / slope).astype("<u2")
-        ds.PixelData = raw.tobytes()
+        stored = np.rint((plane.astype(np.float64) - intercept) / slope)
+        signed = bool(stored.min() < 0)  # below the intercept: signed pixels, as scanners do
+        ds.PixelRepresentation = int(signed)
+        ds.PixelData = stored.astype("<i2" if signed else "<u2").tobytes()
         name = names[index] if names is not None else f"IM{k:04d}.dcm"
         ds.save_as(folder / name, enforce_file_format=True)
     return str(series_uid)
@@ -125,3 +127,40 @@ def write_slices(
         if offset:
             sidecar["intercept"] = -offset
         (folder / "spacing.json").write_text(json.dumps(sidecar), encoding="utf-8")
+
+
+@register(
+    "ct-volumes",
+    config="ct-volumes.yaml",
+    summary="CT volumes as DICOM series folders (int16 HU), label masks as NIfTI files",
+)
+def ct_volumes(raw: Path, *, samples: int = 6, seed: int = 13) -> dict[str, Broken]:
+    """``raw/ct/case_NNN/`` (DICOM series, file names shuffled) and ``raw/masks/case_NNN.nii.gz``
+    (labels 0, 1, 2), and broken cases: a missing slice, uneven spacing, a mask of another
+    shape, a slice file that is no DICOM."""
+    rng = np.random.default_rng(seed)
+    for index in range(samples + 4):
+        name = f"case_{index:03d}" if index < samples else f"case_{900 + index - samples}"
+        slices = int(rng.integers(6, 11))
+        volume, labels = ct_case(rng, (slices, 24, 24))
+        positions = [2.5 * k for k in range(slices)]
+        if name == "case_900":
+            positions = positions[:3] + positions[4:]
+            volume, labels = volume[: slices - 1], labels[: slices - 1]
+        if name == "case_901":
+            positions[-1] += 1.0
+        names = [f"{n:08x}" for n in rng.permutation(1 << 20)[:slices]]
+        write_dicom_series(
+            raw / "ct" / name, volume, positions=positions, series=name, names=names[: len(volume)]
+        )
+        write_nifti(
+            raw / "masks" / f"{name}.nii.gz", labels[:, :20] if name == "case_902" else labels
+        )
+        if name == "case_903":
+            (raw / "ct" / name / names[1]).write_bytes(b"not a DICOM file\n")
+    return {
+        "ct/case_900": Broken("slice_gap", "the slice at 7.5 mm is missing"),
+        "ct/case_901": Broken("uneven_spacing", "its last slice is 3.5 mm from the one before"),
+        "masks/case_902.nii.gz": Broken("size_mismatch", "the mask is 24 wide, 20 high"),
+        "ct/case_903": Broken("unreadable", "one of its files is no DICOM file"),
+    }

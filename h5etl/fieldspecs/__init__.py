@@ -4,8 +4,8 @@ Each kind has only its own keys (``extra="forbid"`` names the right key), and ``
 the model. A field that omits ``kind`` gets the kind its keys implied before kinds existed
 (``dtype: str`` a text, ``values`` a mask, anything else an image): ``inferred_kind`` is that
 rule, and ``h5etl validate`` says where it applied. The models live in ``base`` (what every
-kind shares), ``arrays`` (image, mask) and ``values`` (label, text, value). What each kind
-*does* lives in ``h5etl.kinds``; this package only says what a config may write.
+kind shares), ``arrays`` (image, mask), ``values`` (label, text, value) and ``volume``. What
+each kind *does* lives in ``h5etl.kinds``; this package only says what a config may write.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from pydantic import Discriminator, Tag
 from h5etl.fieldspecs.arrays import ArrayField, DeriveSpec, ImageField, MaskField, ScaleSpec
 from h5etl.fieldspecs.base import FieldModel, JsonRef, TableRef, own_or_first
 from h5etl.fieldspecs.values import LabelField, TextField, ValueField
+from h5etl.fieldspecs.volume import ResampleSpec, VolumeField
 
 __all__ = [
     "FIELD_MODELS",
@@ -29,10 +30,12 @@ __all__ = [
     "JsonRef",
     "LabelField",
     "MaskField",
+    "ResampleSpec",
     "ScaleSpec",
     "TableRef",
     "TextField",
     "ValueField",
+    "VolumeField",
     "inferred_kind",
     "own_or_first",
 ]
@@ -43,6 +46,7 @@ FIELD_MODELS: dict[str, type[FieldModel]] = {
     "label": LabelField,
     "text": TextField,
     "value": ValueField,
+    "volume": VolumeField,
 }
 
 
@@ -69,7 +73,8 @@ FieldSpec = Annotated[
     | Annotated[MaskField, Tag("mask")]
     | Annotated[LabelField, Tag("label")]
     | Annotated[TextField, Tag("text")]
-    | Annotated[ValueField, Tag("value")],
+    | Annotated[ValueField, Tag("value")]
+    | Annotated[VolumeField, Tag("volume")],
     Discriminator(
         _kind_tag,
         custom_error_type="unknown_kind",

@@ -10,9 +10,16 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from h5etl.chunkcodec import ChunkLayout
-from h5etl.fieldspecs import ImageField, LabelField, MaskField, TextField, ValueField
+from h5etl.fieldspecs import (
+    ImageField,
+    LabelField,
+    MaskField,
+    TextField,
+    ValueField,
+    VolumeField,
+)
 from h5etl.fileformat import FieldRecord
-from h5etl.kinds import image, label, mask, text, value
+from h5etl.kinds import image, label, mask, text, value, volume
 from h5etl.kinds.base import Kind
 from h5etl.spec import Spec
 
@@ -21,7 +28,7 @@ Builder = Callable[[Spec, str], Kind]
 # kind -> "module:function" that draws one stored sample as a preview tile (a volume's middle
 # slice, a series' channels; see h5etl.preview_drawn), imported only when a preview draws it.
 # Image and mask fields need none: the preview draws them itself.
-PREVIEW_DRAWERS: dict[str, str] = {}
+PREVIEW_DRAWERS: dict[str, str] = {"volume": "h5etl.preview_volumes:draw_middle_slice"}
 
 
 def layout_of(spec: Spec, name: str) -> ChunkLayout:
@@ -121,12 +128,37 @@ def _value(spec: Spec, name: str) -> Kind:
     return value.from_config(name, field, source_index=index)
 
 
+def _volume(spec: Spec, name: str) -> Kind:
+    field = spec.fields[name]
+    assert isinstance(field, VolumeField)
+    images = [n for n, f in spec.fields.items() if isinstance(f, VolumeField) and not f.is_label]
+    of = (field.of or images[0]) if field.is_label else None
+    owner = spec.fields[of] if of is not None else field  # a label volume resamples as it
+    assert isinstance(owner, VolumeField)
+    layout = ChunkLayout(
+        field.plane,
+        field.stored_dtype,
+        field.chunk_shape(),
+        field.compression or spec.storage.compression,
+        spec.storage.shuffle if field.shuffle is None else field.shuffle,
+    )
+    return volume.from_config(
+        name,
+        field,
+        layout=layout,
+        source_index=_index(spec, spec.source_of(name)),
+        of=of,
+        resample=owner.resample,
+    )
+
+
 BUILDERS: dict[type[Any], Builder] = {
     ImageField: _image,
     MaskField: _mask,
     LabelField: _label,
     TextField: _text,
     ValueField: _value,
+    VolumeField: _volume,
 }
 
 

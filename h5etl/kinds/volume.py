@@ -1,0 +1,258 @@
+"""The ``volume`` kind: one 3-D case per sample, stored (z, y, x) ragged along z.
+
+Its columns: the voxels (a ragged column: values of every case end to end, chunked a slice by
+in-plane tiles, offsets beside), and row-aligned per case ``<field>_spacing`` (z, y, x) mm,
+``<field>_affine`` (4, 4) (voxel (x, y, z, 1) -> RAS+ mm, nibabel's convention) and
+``<field>_series_uid`` (DICOM SeriesInstanceUID, "" for the other forms). A label volume
+(``values``) must have the shape of its image volume (``of``), checked on the headers before
+any of its voxels is decoded. The kind reads its own files (a folder is no byte string), a
+slab at a time, and gives decode the lineage digest of what it read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+
+from h5etl.chunkcodec import ChunkLayout
+from h5etl.errors import RejectError
+from h5etl.kinds.base import (
+    Column,
+    EncodedValue,
+    Kind,
+    RaggedColumn,
+    SampleContext,
+    ScalarColumn,
+    StatsKind,
+    TextColumn,
+)
+from h5etl.records import EncodedRows
+from h5etl.volumes import Case, CaseHeader, cast_exact, open_case
+from h5etl.volumes import resample as resampling
+
+if TYPE_CHECKING:
+    from h5etl.fieldspecs.volume import ResampleSpec, VolumeField
+
+AFFINE_MEANS = "voxel (x, y, z, 1) = (column, row, slice, 1) -> RAS+ mm (nibabel)"
+TYPICAL_SLICES = 512  # for the decoded-size estimate that sizes decode tasks
+GEOMETRY_TOLERANCE = 1e-3  # relative: spacings of an image and its labels must agree
+
+
+@dataclass(frozen=True, slots=True)
+class _Geometry:
+    """What a volume field learnt of its case, for the label volume that follows it."""
+
+    shape: tuple[int, int, int]  # as read, before any resampling
+    spacing: tuple[float, float, float]
+    affine: np.ndarray
+    path: str
+
+
+@dataclass(frozen=True, slots=True)
+class VolumeKind(Kind):
+    kind: ClassVar[str] = "volume"
+    layout: ChunkLayout  # shape: the (y, x) of a slice; chunks (slices, tile y, tile x)
+    form: str = "auto"
+    values: tuple[int, ...] | None = None
+    of: str | None = None
+    resample_spacing: tuple[float, float, float] | None = None
+    resample_shape: tuple[int, int, int] | None = None
+    fill: float = 0
+    with_stats: bool = True
+
+    @property
+    def columns(self) -> Mapping[str, Column]:
+        stats: StatsKind = None
+        if self.with_stats:
+            stats = "histogram" if self.values is not None else "channels"
+        attrs: dict[str, Any] = {"axes": "zyx"}
+        if self.values is not None:
+            attrs["values"] = list(self.values)
+            attrs["of"] = self.of or ""
+        return {
+            self.name: RaggedColumn(self.layout, attrs, stats, None),
+            f"{self.name}_spacing": ScalarColumn("float64", (3,), {"axes": "zyx", "units": "mm"}),
+            f"{self.name}_affine": ScalarColumn("float64", (4, 4), {"maps": AFFINE_MEANS}),
+            f"{self.name}_series_uid": TextColumn(),
+        }
+
+    @property
+    def depends_on(self) -> tuple[str, ...]:
+        return () if self.of is None else (self.of,)
+
+    @property
+    def reads_own_files(self) -> bool:
+        return True
+
+    @property
+    def sample_nbytes(self) -> int:
+        y, x = self.layout.shape
+        return TYPICAL_SLICES * y * x * np.dtype(self.layout.dtype).itemsize
+
+    def decode(self, context: SampleContext) -> dict[str, Any]:
+        assert self.source_index is not None
+        path = context.path(self.source_index)
+        case = open_case(path, self.form)  # type: ignore[arg-type]
+        header = case.header
+        image = context.notes.get(self.of) if self.of is not None else None
+        self._check_header(header, image, path)
+        known = image if image is not None and not header.geometry_known else None
+        spacing = known.spacing if known is not None else header.spacing
+        affine = known.affine if known is not None else header.affine
+        context.notes[self.name] = _Geometry(header.shape, spacing, affine, path)
+        value: np.ndarray | EncodedValue
+        if self._streams(context):
+            value = self._encoded(case, path)
+        else:
+            voxels = case.read(self.layout.dtype)
+            if self.values is not None:
+                check_labels(voxels, self.values, path)
+            value, spacing, affine = self._fitted(voxels, spacing, affine, image, path)
+        context.digests[self.source_index] = case.digest()
+        return {
+            self.name: value,
+            f"{self.name}_spacing": np.asarray(spacing, dtype=np.float64),
+            f"{self.name}_affine": np.asarray(affine, dtype=np.float64),
+            f"{self.name}_series_uid": header.series_uid,
+        }
+
+    def _streams(self, context: SampleContext) -> bool:
+        """Whether the case is compressed as it is read, never whole in memory: one slice per
+        chunk (every case starts a chunk), no resampling (which needs the whole case) and
+        not a raw task (crash isolation joins raw values)."""
+        resampled = self.resample_spacing is not None or self.resample_shape is not None
+        return self.layout.rows == 1 and not resampled and not context.raw
+
+    def _encoded(self, case: Case, path: str) -> EncodedValue:
+        """The case's slices compressed a slab at a time, with its digests and statistics."""
+        from h5etl import digest, stats
+        from h5etl.chunkcodec import BlockEncoder
+
+        blocks, digests = [], []
+        found: Any = None
+        with BlockEncoder(self.layout) as encoder:
+            for start, values, source in case.raw_slabs():
+                slab = cast_exact(values, self.layout.dtype, where=source)
+                if self.values is not None:
+                    check_labels(slab, self.values, path, first=start)
+                if self.with_stats:
+                    part: Any = (
+                        stats.Histogram.of(slab)
+                        if self.values is not None
+                        else stats.ChannelStats.of(slab, channel_axis=None)
+                    )
+                    found = part if found is None else found.merge(part)
+                for row in range(len(slab)):
+                    block = slab[row : row + 1]
+                    digests.append(digest.block_digest(block))
+                    blocks.append(encoder.encode(block))
+        return EncodedValue(case.header.shape[0], EncodedRows(blocks, digests), found)
+
+    def _check_header(self, header: CaseHeader, image: _Geometry | None, path: str) -> None:
+        if image is not None:
+            if header.shape != image.shape:
+                raise RejectError(
+                    "size_mismatch",
+                    f"the label volume is {_zyx(header.shape)} (z, y, x), its image "
+                    f"{self.of} {_zyx(image.shape)} ({image.path})",
+                    path=path,
+                )
+            if header.geometry_known and not np.allclose(
+                header.spacing, image.spacing, rtol=GEOMETRY_TOLERANCE
+            ):
+                raise RejectError(
+                    "geometry_mismatch",
+                    f"spacing {_zyx(header.spacing)} mm, its image {self.of} has "
+                    f"{_zyx(image.spacing)} mm ({image.path})",
+                    path=path,
+                )
+            return
+        if not header.geometry_known:
+            raise RejectError(
+                "no_geometry",
+                'a slice folder of an image volume needs spacing.json ({"spacing": [z, y, x]})',
+                path=path,
+            )
+        plane = tuple(self.layout.shape)
+        resampled = self.resample_spacing is not None or self.resample_shape is not None
+        if header.shape[1:] != plane and not resampled:
+            raise RejectError(
+                "size_mismatch",
+                f"slices are {header.shape[1]}x{header.shape[2]} (y x), fields.{self.name}."
+                f"slice_shape is {plane[0]}x{plane[1]}; resample (resample: {{spacing: ...}}) "
+                "to keep cases of other sizes",
+                path=path,
+            )
+
+    def _fitted(
+        self,
+        voxels: np.ndarray,
+        spacing: tuple[float, float, float],
+        affine: np.ndarray,
+        image: _Geometry | None,
+        path: str,
+    ) -> tuple[np.ndarray, tuple[float, float, float], np.ndarray]:
+        """The voxels resampled as asked (a label volume as its image is), else as read."""
+        if self.resample_spacing is None and self.resample_shape is None:
+            return voxels, spacing, affine
+        shape = resampling.target_shape(
+            voxels.shape,
+            image.spacing if image is not None else spacing,
+            to_spacing=self.resample_spacing,
+            to_shape=self.resample_shape,
+        )
+        voxels, spacing, affine = resampling.resample(
+            voxels, spacing, affine, shape=shape, labels=self.values is not None, path=path
+        )
+        plane = (self.layout.shape[0], self.layout.shape[1])
+        fill = self.fill if self.values is None else 0
+        voxels, affine = resampling.centre_plane(voxels, affine, plane, fill)
+        return voxels, spacing, affine
+
+
+def _zyx(values: tuple[float, ...]) -> str:
+    return "x".join(f"{v:g}" for v in values)
+
+
+def check_labels(voxels: np.ndarray, values: tuple[int, ...], path: str, *, first: int = 0) -> None:
+    """Every voxel holds one of ``values``, else a ``mask_values`` reject naming where
+    (``first``: the slice number of ``voxels[0]``)."""
+    counts = np.bincount(voxels.ravel(), minlength=1)
+    present = np.flatnonzero(counts)
+    stray = sorted(set(present.tolist()) - set(values))
+    if stray:
+        z, y, x = (int(v) for v in np.argwhere(voxels == stray[0])[0])
+        z += first
+        raise RejectError(
+            "mask_values",
+            f"labels {stray} are not among values {list(values)} (first {stray[0]} at "
+            f"z={z}, y={y}, x={x})",
+            path=path,
+        )
+
+
+def from_config(
+    name: str,
+    field: VolumeField,
+    *,
+    layout: ChunkLayout,
+    source_index: int | None,
+    of: str | None,
+    resample: ResampleSpec | None,
+) -> VolumeKind:
+    """``resample``: the field's own, or for a label volume its image volume's."""
+    return VolumeKind(
+        name,
+        source_index,
+        layout,
+        field.form,
+        field.values,
+        of,
+        resample.spacing if resample is not None else None,
+        resample.shape if resample is not None else None,
+        field.fill,
+        field.stats,
+    )

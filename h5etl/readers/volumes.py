@@ -1,0 +1,223 @@
+"""Reading volume fields: whole cases, random 2-D slices, random 3-D patches, torch Datasets.
+
+A volume field of a split is a ragged column: the slices of every case end to end, offsets
+beside, plus row-aligned ``<field>_spacing``, ``<field>_affine`` and ``<field>_series_uid``.
+``Volumes`` opens them (with an optional label volume, ``mask``); ``SliceSampler`` draws
+slices chunk by chunk (each chunk of slices decompressed once per epoch); ``PatchSampler``
+draws (z, y, x) patches, a ``foreground`` fraction of them centred on a voxel of a random
+label present in the case, the rest anywhere (nnU-Net's rule); a patch reads only the chunks
+it covers. ``Window`` is window/level as a read-time transform: the file keeps HU.
+Samplers and datasets open the file themselves, so each loader worker has its own handle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+
+from h5etl import fileformat
+from h5etl.errors import ReaderError
+from h5etl.readers._sampler import ChunkSampler
+
+Transform = Callable[[np.ndarray], np.ndarray]
+LOCATIONS_PER_LABEL = 10_000  # sampled voxels kept per label and case (nnU-Net keeps 10,000)
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """Window/level: HU ``level - width/2 .. level + width/2`` mapped to 0..1 (float32)."""
+
+    level: float
+    width: float
+
+    def __call__(self, values: np.ndarray) -> np.ndarray:
+        low = self.level - self.width / 2
+        scaled = (values.astype(np.float32) - np.float32(low)) / np.float32(self.width)
+        return np.clip(scaled, 0.0, 1.0, out=scaled)
+
+
+def column_paths(handle: h5py.File, split: str, field: str) -> dict[str, str]:
+    """The datasets of volume ``field`` in ``split``: values, offsets, spacing, affine, uid."""
+    try:
+        layout = fileformat.read_layout(handle)
+    except ValueError as exc:
+        raise ReaderError(str(exc), path=handle.filename) from exc
+    record = layout.fields.get(field)
+    if record is None or record.kind != "volume":
+        volumes = [n for n, r in layout.fields.items() if r.kind == "volume"]
+        raise ReaderError(
+            f"no volume field {field!r} (volume fields: {', '.join(volumes) or 'none'})",
+            path=handle.filename,
+        )
+    if split not in layout.splits:
+        raise ReaderError(
+            f"no split {split!r} (splits: {', '.join(layout.splits)})", path=handle.filename
+        )
+    values = layout.path(split, field)
+    return {
+        "values": values,
+        "offsets": fileformat.offsets_path(values),
+        **{suffix: layout.path(split, f"{field}_{suffix}") for suffix in ("spacing", "affine")},
+        "series_uid": layout.path(split, f"{field}_series_uid"),
+    }
+
+
+class Volumes:
+    """The cases of one volume field (and its label volume) in one split of a release."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        split: str = "train",
+        field: str = "ct",
+        *,
+        mask: str | None = None,
+        cache_bytes: int = 64 * 2**20,
+    ):
+        self.path, self.split, self.field, self.mask = Path(path), split, field, mask
+        try:
+            self._file = h5py.File(self.path, "r", rdcc_nbytes=cache_bytes, rdcc_nslots=100_003)
+        except OSError as exc:
+            raise ReaderError(f"cannot open as HDF5: {exc}", path=str(path)) from exc
+        paths = column_paths(self._file, split, field)
+        self.values: h5py.Dataset = self._file[paths["values"]]
+        self.offsets = np.asarray(self._file[paths["offsets"]][...], dtype=np.int64)
+        self.spacing = np.asarray(self._file[paths["spacing"]][...])
+        self.affine = np.asarray(self._file[paths["affine"]][...])
+        self.series_uid = [
+            v.decode() if isinstance(v, bytes) else str(v) for v in self._file[paths["series_uid"]]
+        ]
+        self.labels: h5py.Dataset | None = None
+        self.label_values: list[int] = []
+        if mask is not None:
+            mask_paths = column_paths(self._file, split, mask)
+            self.labels = self._file[mask_paths["values"]]
+            mask_offsets = np.asarray(self._file[mask_paths["offsets"]][...])
+            if not np.array_equal(mask_offsets, self.offsets):
+                raise ReaderError(f"{mask} and {field} have different slice counts", path=str(path))
+            self.label_values = [int(v) for v in self.labels.attrs.get("values", [])]
+
+    def __enter__(self) -> Volumes:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._file.id.valid:
+            self._file.close()
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    @property
+    def chunks(self) -> tuple[int, ...]:
+        return tuple(self.values.chunks or self.values.shape)
+
+    def shape_of(self, case: int) -> tuple[int, int, int]:
+        z = int(self.offsets[case + 1] - self.offsets[case])
+        return (z, int(self.values.shape[1]), int(self.values.shape[2]))
+
+    def case(self, case: int) -> dict[str, Any]:
+        """One whole case: ``image`` (z, y, x), ``mask`` if asked, and its geometry."""
+        start, stop = int(self.offsets[case]), int(self.offsets[case + 1])
+        out: dict[str, Any] = {
+            "case": case,
+            "image": self.values[start:stop],
+            "spacing": self.spacing[case],
+            "affine": self.affine[case],
+            "series_uid": self.series_uid[case],
+        }
+        if self.labels is not None:
+            out["mask"] = self.labels[start:stop]
+        return out
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        for case in range(len(self)):
+            yield self.case(case)
+
+    def patch(
+        self, case: int, start: tuple[int, int, int], size: tuple[int, int, int], *, fill: float = 0
+    ) -> dict[str, Any]:
+        """The (z, y, x) box at ``start`` of ``size`` (parts outside the case: ``fill``, 0 for
+        the mask): one h5py read of only the chunks it covers."""
+        shape = self.shape_of(case)
+        low = [max(0, s) for s in start]
+        high = [min(n, s + p) for n, s, p in zip(shape, start, size, strict=True)]
+        inner = tuple(slice(lo - s, hi - s) for lo, hi, s in zip(low, high, start, strict=True))
+        base = int(self.offsets[case])
+        box = (slice(base + low[0], base + high[0]), slice(low[1], high[1]), slice(low[2], high[2]))
+        out: dict[str, Any] = {"case": case, "start": start}
+        image = np.full(size, fill, dtype=self.values.dtype)
+        if all(h > lo for lo, h in zip(low, high, strict=True)):
+            image[inner] = self.values[box]
+        out["image"] = image
+        if self.labels is not None:
+            labels = np.zeros(size, dtype=self.labels.dtype)
+            if all(h > lo for lo, h in zip(low, high, strict=True)):
+                labels[inner] = self.labels[box]
+            out["mask"] = labels
+        return out
+
+
+class SliceSampler:
+    """Random 2-D slices of every case, a chunk of slices at a time (``ChunkSampler``'s epoch
+    orders over the split's slices: each chunk is decompressed once per epoch)."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        split: str = "train",
+        field: str = "ct",
+        *,
+        mask: str | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        transform: Transform | None = None,
+        rank: int = 0,
+        world_size: int = 1,
+        part: tuple[int, int] = (0, 1),
+    ):
+        """``rank``/``world_size``: distributed ranks (equal shares, padded by wrapping);
+        ``part`` (i, n): this loader worker's every n-th slice of its rank's share."""
+        self.path, self.split, self.field, self.mask = path, split, field, mask
+        self.transform = transform
+        self.part = part
+        with Volumes(path, split, field, mask=mask) as volumes:
+            self.offsets = volumes.offsets
+            rows = volumes.chunks[0]
+        self.sampler = ChunkSampler(
+            int(self.offsets[-1]),
+            rows,
+            shuffle=shuffle,
+            seed=seed,
+            rank=rank,
+            world_size=world_size,
+        )
+
+    def set_epoch(self, epoch: int) -> None:
+        self.sampler.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return len(self.sampler.indices()[self.part[0] :: self.part[1]])
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        rows = self.sampler.indices()[self.part[0] :: self.part[1]].tolist()
+        with Volumes(self.path, self.split, self.field, mask=self.mask) as volumes:
+            for row in rows:
+                case = int(np.searchsorted(self.offsets, row, side="right") - 1)
+                image = volumes.values[row]
+                out: dict[str, Any] = {
+                    "case": case,
+                    "z": int(row - self.offsets[case]),
+                    "image": self.transform(image) if self.transform else image,
+                    "spacing": volumes.spacing[case],
+                }
+                if volumes.labels is not None:
+                    out["mask"] = volumes.labels[row]
+                yield out

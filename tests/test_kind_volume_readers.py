@@ -1,0 +1,169 @@
+"""Reading volume releases: whole cases, slices, patches, torch Datasets, preview; compared
+with the arrays the cases were written from."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from test_kind_volume import build, ct_config, make_ct
+
+from h5etl.errors import ReaderError
+from h5etl.preview import render_preview
+from h5etl.readers.volume_patches import PatchSampler
+from h5etl.readers.volumes import SliceSampler, Volumes, Window
+
+
+@pytest.fixture(scope="module")
+def release(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, dict[str, Any]]]:
+    root = tmp_path_factory.mktemp("volumes")
+    truth = make_ct(root, cases=5, seed=2)
+    report = build(ct_config(root, splits={"train": 1.0}), jobs=1)
+    assert report.path is not None
+    return report.path, truth
+
+
+def by_uid(truth: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {case["uid"]: case for case in truth.values()}
+
+
+def test_whole_cases_come_back_as_written(release: tuple[Path, dict[str, Any]]) -> None:
+    path, truth = release
+    expected = by_uid(truth)
+    with Volumes(path, "train", "ct", mask="mask") as cases:
+        assert len(cases) == 5
+        seen = set()
+        for case in cases:
+            want = expected[case["series_uid"]]
+            assert np.array_equal(case["image"], want["ct"])
+            assert np.array_equal(case["mask"], want["mask"])
+            assert case["spacing"].tolist() == [2.5, 0.8, 0.7]
+            seen.add(case["series_uid"])
+    assert seen == set(expected)
+
+
+def test_every_slice_once_per_epoch_in_another_order_each_epoch(
+    release: tuple[Path, dict[str, Any]],
+) -> None:
+    path, truth = release
+    expected = by_uid(truth)
+    sampler = SliceSampler(path, "train", "ct", mask="mask", seed=3)
+    with Volumes(path, "train", "ct") as cases:
+        uids = cases.series_uid
+    orders = []
+    for epoch in (0, 1):
+        sampler.set_epoch(epoch)
+        got = [(item["case"], item["z"]) for item in sampler]
+        orders.append(got)
+        assert sorted(got) == sorted(
+            (c, z) for c in range(5) for z in range(len(expected[uids[c]]["ct"]))
+        )
+    assert orders[0] != orders[1]
+    for item in SliceSampler(path, "train", "ct", mask="mask"):
+        want = expected[uids[item["case"]]]
+        assert np.array_equal(item["image"], want["ct"][item["z"]])
+        assert np.array_equal(item["mask"], want["mask"][item["z"]])
+
+
+def test_patches_hold_the_voxels_of_the_case_padded_outside(
+    release: tuple[Path, dict[str, Any]],
+) -> None:
+    path, truth = release
+    expected = by_uid(truth)
+    with Volumes(path, "train", "ct") as cases:
+        uids = cases.series_uid
+    size = (4, 10, 12)
+    sampler = PatchSampler(path, "train", "ct", patch_size=size, foreground=0, length=30, fill=-7)
+    for patch in sampler:
+        volume = expected[uids[patch["case"]]]["ct"]
+        padded = np.full(np.add(volume.shape, 2 * np.array(size)), -7, dtype=np.int16)
+        padded[size[0] : size[0] + volume.shape[0], size[1] : size[1] + volume.shape[1], size[2] :][
+            :, :, : volume.shape[2]
+        ] = volume
+        z, y, x = (s + p for s, p in zip(patch["start"], size, strict=True))
+        assert np.array_equal(
+            patch["image"], padded[z : z + size[0], y : y + size[1], x : x + size[2]]
+        )
+
+
+def test_foreground_patches_are_centred_on_a_label(release: tuple[Path, dict[str, Any]]) -> None:
+    path, _ = release
+    size = (2, 4, 4)
+    sampler = PatchSampler(
+        path, "train", "ct", mask="mask", patch_size=size, foreground=1.0, length=40, seed=5
+    )
+    labels_seen = set()
+    for patch in sampler:
+        assert patch["foreground"]
+        centre = patch["mask"][size[0] // 2, size[1] // 2, size[2] // 2]
+        assert centre > 0  # nnU-Net's rule: the patch is centred on a labelled voxel
+        labels_seen.add(int(centre))
+    assert labels_seen == {1, 2}  # labels drawn uniformly, not by their voxel counts
+
+
+def test_no_foreground_without_a_mask_is_refused(release: tuple[Path, dict[str, Any]]) -> None:
+    with pytest.raises(ValueError, match="mask="):
+        PatchSampler(release[0], "train", "ct", foreground=0.5)
+
+
+def test_window_is_a_read_time_transform(release: tuple[Path, dict[str, Any]]) -> None:
+    path, truth = release
+    expected = by_uid(truth)
+    window = Window(level=40, width=400)
+    with Volumes(path, "train", "ct") as cases:
+        uids = cases.series_uid
+    for item in SliceSampler(path, "train", "ct", transform=window, shuffle=False):
+        raw = expected[uids[item["case"]]]["ct"][item["z"]].astype(np.float32)
+        assert np.allclose(item["image"], np.clip((raw + 160) / 400, 0, 1))
+        break
+
+
+def test_torch_datasets_collate_and_share_out_between_workers(
+    release: tuple[Path, dict[str, Any]],
+) -> None:
+    import torch
+
+    from h5etl.readers.volume_torch import (
+        VolumeCaseDataset,
+        VolumePatchDataset,
+        VolumeSliceDataset,
+    )
+
+    path, truth = release
+    total_slices = sum(len(c["ct"]) for c in truth.values())
+    slices = VolumeSliceDataset(path, "train", "ct", mask="mask")
+    loader: Any = torch.utils.data.DataLoader(slices, batch_size=4, num_workers=2)
+    count = 0
+    for batch in loader:
+        assert batch["image"].dtype == torch.float32
+        assert batch["image"].shape[1:] == (1, 16, 16)
+        assert batch["mask"].dtype == torch.int64
+        count += len(batch["image"])
+    assert count == total_slices  # each slice once, whatever the workers
+    patches = VolumePatchDataset(
+        path, "train", "ct", mask="mask", patch_size=(2, 8, 8), length=10, transform=Window(40, 400)
+    )
+    batches = list(torch.utils.data.DataLoader(patches, batch_size=5, num_workers=2))
+    assert sum(len(b["image"]) for b in batches) == 10
+    assert batches[0]["image"].shape == (5, 1, 2, 8, 8)
+    assert float(batches[0]["image"].max()) <= 1.0
+    cases = VolumeCaseDataset(path, "train", "ct", mask="mask")
+    item = cases[0]
+    assert item["image"].shape[0] == 1
+    assert item["affine"].shape == (4, 4)
+
+
+def test_a_field_that_is_no_volume_is_a_reader_error(release: tuple[Path, dict[str, Any]]) -> None:
+    with pytest.raises(ReaderError, match="volume fields: ct, mask"):
+        Volumes(release[0], "train", "case")
+    with pytest.raises(ReaderError, match="no split"):
+        Volumes(release[0], "test", "ct")
+
+
+def test_preview_shows_the_middle_slice_of_each_case(release: tuple[Path, dict[str, Any]]) -> None:
+    picture = render_preview(release[0], n=4)
+    assert picture.width > 0
+    pixels = np.asarray(picture)
+    assert (pixels != 255).any()  # drawn, not blank
