@@ -18,7 +18,8 @@ interleaved:
   cases (the baseline: interpreter, imports, worker pool), against 3x the largest case.
 
     python tests/benchmarks/volume_bench.py --cases 8 --slices 200 --size 512 --repeats 3
-    python tests/benchmarks/volume_bench.py --memory --cases 20 --slices 500 --size 512
+    python tests/benchmarks/volume_bench.py --memory --cases 20 --slices 500 --size 512 \
+        --memory-jobs 2 4 --repeats 1
 
 Child modes (``--run limit|patches``) are what the runner launches.
 """
@@ -320,7 +321,7 @@ def memory(root: Path, tiny: Path, args: argparse.Namespace) -> list[str]:
         "| limit 3x |",
         "|---|---|---|---|---|---|",
     ]
-    for jobs in (1, 2, 4):
+    for jobs in args.memory_jobs:
         peaks = [build(root, jobs)[1] for _ in range(args.repeats)]
         bases = [build(tiny, jobs)[1] for _ in range(args.repeats)]
         peak, base = statistics.median(peaks), statistics.median(bases)
@@ -344,6 +345,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--patches", type=int, default=200)
     parser.add_argument("--patch", type=int, nargs=3, default=[64, 128, 128])
     parser.add_argument("--memory", action="store_true")
+    parser.add_argument("--memory-jobs", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--output", type=Path)
     parser.add_argument("--corpus-only", action="store_true", help="write the corpus, no runs")
     parser.add_argument("--run", choices=["limit", "patches"])
