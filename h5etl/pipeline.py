@@ -395,6 +395,7 @@ def _write(
                 carried_lines, copied = carry.copy_into(sink, carried, tallies, log)
                 fingerprint.update(carried_lines.encode())
                 report.reused, report.reused_bytes = carried.samples, copied
+                status.resumed(dict(sink.counts))  # carried rows are stored rows for status
                 watch.lap("carry")
             hook("decode+write", 0, todo.total)  # in order: a decoded batch is written at once
             if earlier is not None:
