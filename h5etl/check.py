@@ -365,7 +365,10 @@ def _split_section(
 
 
 def _filters(dataset: h5py.Dataset) -> str:
-    return "+".join(hdf5info.filter_name(n) for n in hdf5info.filter_ids(dataset)) or "none"
+    names = "+".join(hdf5info.filter_name(n) for n in hdf5info.filter_ids(dataset)) or "none"
+    if dataset.is_virtual:  # a sharded release's map onto its part files
+        return f"{names}, virtual over {len(dataset.virtual_sources())} part files"
+    return names
 
 
 def _rows(dataset: h5py.Dataset) -> int:

@@ -94,7 +94,7 @@ class _Bars:
             self.bar = tqdm(
                 total=total,
                 desc=f"{stage:>12}",
-                unit=" files" if stage == "discover" else " samples",
+                unit={"discover": " files", "shards": " shards"}.get(stage, " samples"),
                 leave=True,
                 dynamic_ncols=True,
                 mininterval=0.2,
@@ -173,6 +173,9 @@ class _BuildOptions:
     resume: bool
     quiet: bool
     full: bool = False
+    scheduler: str | None = None
+    shards: int = 1
+    vds: bool = False
 
 
 @app.command()
@@ -202,13 +205,44 @@ def build(
             "release could be carried from.",
         ),
     ] = False,
+    scheduler: Annotated[
+        str | None,
+        typer.Option(
+            "--scheduler",
+            metavar="ADDRESS",
+            help="Decode on the Dask cluster of this scheduler (tcp://host:8786), or 'local'; "
+            "default: the config's decode.scheduler.",
+        ),
+    ] = None,
+    shards: Annotated[
+        int,
+        typer.Option(
+            "--shards",
+            min=1,
+            metavar="K",
+            help="Write with K shard writers side by side, then stitch one release.",
+        ),
+    ] = 1,
+    vds: Annotated[
+        bool,
+        typer.Option(
+            "--vds",
+            help="With --shards: publish a virtual-dataset release over the shard files "
+            "(no copy; the part files must travel with it).",
+        ),
+    ] = False,
     quiet: QuietOption = False,
 ) -> None:
     """Build a new release from each CONFIG (a folder: each config in it)."""
     if decode and not dry_run:
         raise _fail(UsageError("--decode needs --dry-run (a build decodes everything anyway)"))
-    workers.warm_up(jobs)
-    options = _BuildOptions(jobs, dry_run, decode, resume, quiet, full)
+    if vds and shards < 2:
+        raise _fail(UsageError("--vds needs --shards K (K >= 2): it maps the shard files"))
+    if scheduler is not None:
+        _check_scheduler(scheduler)
+    if scheduler in (None, "local"):
+        workers.warm_up(jobs)  # a config naming a cluster leaves these idle; they time out
+    options = _BuildOptions(jobs, dry_run, decode, resume, quiet, full, scheduler, shards, vds)
     if len(configs) == 1 and not configs[0].is_dir():
         from h5etl.config import load_spec
 
@@ -227,6 +261,9 @@ def _build_spec(spec: Spec, options: _BuildOptions, bars: _Bars) -> BuildReport:
         return pipeline.build(
             spec,
             jobs=options.jobs,
+            scheduler=options.scheduler,
+            shards=options.shards,
+            virtual=options.vds,
             dry_run=options.dry_run,
             decode=options.decode,
             resume=options.resume,
@@ -269,6 +306,20 @@ def _build_many(paths: list[Path], options: _BuildOptions) -> None:
         raise typer.Exit(code)
 
 
+def _check_scheduler(address: str) -> None:
+    import re
+
+    from h5etl.specparts import SCHEDULER_PATTERN
+
+    if not re.match(SCHEDULER_PATTERN, address):
+        raise _fail(
+            UsageError(
+                f"--scheduler: not a scheduler address: {address!r}; give tcp://host:8786 "
+                f"(what `dask scheduler` prints) or local"
+            )
+        )
+
+
 def _render_build(report: BuildReport, *, dry_run: bool) -> None:
     if dry_run:
         _reject_lines(report.rejects)
@@ -278,6 +329,12 @@ def _render_build(report: BuildReport, *, dry_run: bool) -> None:
     if report.reused:
         mib = report.reused_bytes / 2**20
         _say(f"carried: {report.reused} samples ({mib:.1f} MiB of chunks) from the parent release")
+    if report.shards:
+        reused = (
+            f", {report.shards_reused} reused from the killed build" if report.shards_reused else ""
+        )
+        how = "mapped by the release (virtual datasets)" if report.virtual else "stitched"
+        _say(f"shards: {report.shards} written side by side and {how}{reused}")
     _summary(report)
     for warning in report.warnings:
         _say(f"warning: {warning}")

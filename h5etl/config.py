@@ -38,7 +38,7 @@ def _deep_merge(defaults: Mapping[str, Any], override: Mapping[str, Any]) -> dic
 
 # Keys whose recipe defaults merge into the config's mapping; any other key the config sets
 # replaces the recipe's value whole: a config's splits or sources never mix with the recipe's.
-_MERGED_KEYS = frozenset({"storage", "pad"})
+_MERGED_KEYS = frozenset({"storage", "pad", "decode"})
 
 
 def _apply_recipe(defaults: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:

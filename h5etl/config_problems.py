@@ -18,6 +18,7 @@ from pydantic import BaseModel, ValidationError
 from h5etl.fieldspecs import FIELD_MODELS, JsonRef, TableRef, inferred_kind
 from h5etl.spec import (
     Compression,
+    DecodeSpec,
     PadSpec,
     SourceSpec,
     Spec,
@@ -43,6 +44,7 @@ _MODELS: list[tuple[tuple[str | None, ...], list[str]]] = [
     ((), _keys(Spec)),
     (("storage",), _keys(StorageSpec)),
     (("pad",), _keys(PadSpec)),
+    (("decode",), _keys(DecodeSpec)),
     (("sources", None), _keys(SourceSpec)),
     (("fields", None), sorted({k for m in FIELD_MODELS.values() for k in _keys(m)})),
     (("storage", "compression"), _keys(Compression)),

@@ -466,20 +466,27 @@ def _encoded(rows: np.ndarray, column: ArrayColumn) -> EncodedRows:
     return EncodedRows(*encode_rows(column.layout, rows))
 
 
-# Per-process batch buffers, reused while tasks end as encoded bytes: a fresh multi-megabyte
-# array per task costs page faults on every first touch, a reused one only the fill.
-_BUFFERS: dict[str, np.ndarray] = {}
+class _Buffers(threading.local):
+    """Per-thread batch buffers, reused while tasks end as encoded bytes: a fresh multi-megabyte
+    array per task costs page faults on every first touch, a reused one only the fill. Per
+    thread, because a Dask worker may run several tasks at once in one process."""
+
+    def __init__(self) -> None:
+        self.arrays: dict[str, np.ndarray] = {}
+
+
+_BUFFERS = _Buffers()
 
 
 def drop_buffers() -> None:
-    """Forget this process's batch buffers (their rows left with a result, or the build ended)."""
-    _BUFFERS.clear()
+    """Forget this thread's batch buffers (their rows left with a result, or the build ended)."""
+    _BUFFERS.arrays.clear()
 
 
 def _batch_buffer(name: str, column: ArrayColumn, count: int) -> np.ndarray:
     layout = column.layout
     shape = (count, *layout.shape)
-    buffer = _BUFFERS.get(name)
+    buffer = _BUFFERS.arrays.get(name)
     if (
         buffer is None
         or buffer.dtype != np.dtype(layout.dtype)
@@ -487,7 +494,7 @@ def _batch_buffer(name: str, column: ArrayColumn, count: int) -> np.ndarray:
         or buffer.shape[0] < count
     ):
         buffer = np.empty(shape, dtype=layout.dtype)
-        _BUFFERS[name] = buffer
+        _BUFFERS.arrays[name] = buffer
     rows = buffer[:count]
     rows.fill(column.fill)
     return rows

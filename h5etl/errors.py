@@ -15,6 +15,11 @@
     │   ├── LockHeld                another build holds the output folder
     │   └── ReleaseUsageError       (also UsageError) no such folder, not a link, no such
     │                               version to roll back to; exit code 2
+    ├── ClusterError                the Dask cluster cannot run the build (no scheduler at
+    │                               the address, no workers, a worker that cannot see the
+    │                               sources or run h5etl, the connection lost mid-build)
+    ├── ShardError                  a shard of a sharded build does not hold what the plan
+    │                               gave it (missing or extra rows, a chunk whose bytes changed)
     ├── CheckFailed                 ``h5etl check`` found a damaged release
     └── ReaderError                 a release cannot be read as asked (not HDF5, no such
                                     split or field); exit code 2
@@ -129,6 +134,17 @@ class ReleaseUsageError(ReleaseError, UsageError):
     """The command names a release folder, link or version that is not there."""
 
     exit_code = 2
+
+
+class ClusterError(H5EtlError):
+    """The Dask cluster cannot run the build; nothing was published.
+
+    Raised in workers too (a source a worker cannot see), so it pickles by its message alone.
+    """
+
+
+class ShardError(H5EtlError):
+    """A shard of a sharded build does not hold what the plan gave it; nothing was published."""
 
 
 class CheckFailed(H5EtlError):

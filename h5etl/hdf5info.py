@@ -32,7 +32,18 @@ PLUGIN_NAMES = {
 
 
 def filter_ids(dataset: h5py.Dataset) -> list[int]:
-    """The dataset's filter ids, in pipeline order (empty for contiguous datasets)."""
+    """The dataset's filter ids, in pipeline order (empty for contiguous datasets); a virtual
+    dataset's are those of its first part (a sharded release's parts all share them)."""
+    if dataset.is_virtual:
+        sources = dataset.virtual_sources()
+        if not sources:
+            return []
+        folder = os.path.dirname(dataset.file.filename)
+        try:
+            with h5py.File(os.path.join(folder, sources[0].file_name), "r") as part:
+                return filter_ids(part[sources[0].dset_name])
+        except (OSError, KeyError):
+            return []  # a part that is not there: check --deep reports its rows
     plist = dataset.id.get_create_plist()
     return [int(plist.get_filter(index)[0]) for index in range(plist.get_nfilters())]
 

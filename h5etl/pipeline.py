@@ -5,8 +5,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import math
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
@@ -14,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from h5etl import (
+    buildparts,
     carry,
     clean,
     decode,
@@ -27,10 +26,8 @@ from h5etl import (
     tasks,
     workers,
 )
-from h5etl.chunkcodec import ChunkLayout
+from h5etl.buildparts import Stopwatch, decoding, sink_layout, source_roots
 from h5etl.errors import BuildFailed, ResumeMismatch
-from h5etl.kinds.base import ArrayColumn, TextColumn
-from h5etl.kinds.registry import decode_order, layout_of, layout_records
 from h5etl.records import BatchResult
 from h5etl.release import OutputFolder
 from h5etl.report import (
@@ -41,56 +38,32 @@ from h5etl.report import (
     enforce_limit,
     require_samples,
 )
-from h5etl.sink import Sink, SinkLayout
+from h5etl.sharded import Sharding, Shards, start_sharded
+from h5etl.sink import Sink
 from h5etl.spec import Spec, spec_text
 from h5etl.status import BuildStatus
 from h5etl.tallies import Tallies, block_json
 
 logger = logging.getLogger(__name__)
 
+# Where they lived before buildparts: tests and benchmarks derive recipes and layouts here.
+recipe_of = buildparts.recipe_of
+layouts_of = buildparts.layouts_of
+layout_record = buildparts.layout_record
+block_of = buildparts.block_of
+
 ProgressHook = Callable[[str, int, int | None], None]
 """``hook(stage, advance, total)``: ``advance=0`` opens the next stage (``total`` steps, or None
 if unknown); stages come one after another: discover, probe, decode+write (or decode)."""
-
-
-def recipe_of(plan: clean.Plan) -> decode.DecodeRecipe:
-    """What workers decode with: the plan's kinds (bound to the inputs), in decode order."""
-    return decode.DecodeRecipe.of(plan.kinds, decode_order(plan.kinds))
-
-
-def layouts_of(spec: Spec) -> dict[str, ChunkLayout]:
-    """How each array field is stored (shape, dtype, chunks, filters)."""
-    return {name: layout_of(spec, name) for name in spec.image_fields}
-
-
-def layout_record(spec: Spec, plan: clean.Plan) -> fileformat.LayoutRecord:
-    return fileformat.LayoutRecord(
-        spec.layout,
-        tuple(spec.splits),
-        layout_records(plan.kinds),
-        samples=fileformat.SAMPLE_RECORD,
-    )
-
-
-class _Stopwatch:
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = {}
-        self._start = time.perf_counter()
-        self._mark = self._start
-
-    def lap(self, stage: str) -> None:
-        now = time.perf_counter()
-        self.seconds[stage] = round(self.seconds.get(stage, 0.0) + now - self._mark, 4)
-        self._mark = now
-
-    def total(self) -> float:
-        return round(time.perf_counter() - self._start, 4)
 
 
 def build(
     spec: Spec,
     *,
     jobs: int = 1,
+    scheduler: str | None = None,
+    shards: int = 1,
+    virtual: bool = False,
     dry_run: bool = False,
     decode: bool = False,
     resume: bool = False,
@@ -106,28 +79,50 @@ def build(
     continued from its journal: the chunks it stored are copied (verified) and only the rest
     is decoded. Without it, leftovers of dead builds are removed and the build starts clean.
     When the link points at a release built with the same layout, its unchanged samples'
-    chunks are copied, not decoded (``h5etl.carry``); ``full`` decodes everything.
+    chunks are copied, not decoded (``h5etl.carry``); ``full`` decodes everything (and so
+    does a sharded build).
+    With ``scheduler`` (or the config's ``decode.scheduler``) a Dask address, the tasks are
+    decoded on that cluster; this process plans and writes. With ``shards`` K > 1, K writer
+    processes write the first round's chunks as shard files side by side, and this process
+    stitches them into the release (``h5etl.sharded``); ``resume`` then reuses the shards a
+    killed build committed; with ``virtual`` the release maps its array datasets onto the
+    shard files (published beside it) instead of copying them.
 
     Raises:
         BuildFailed: rejects under ``on_error: fail`` or past ``max_rejects``, or nothing to
             store; a real build writes the per-file rejects first (``BuildFailed.report``).
         LockHeld: another build of the same name is writing to the same folder.
         SinkError, ReleaseError: the file could not be written or published.
+        ClusterError: the Dask cluster cannot run the build.
+        ShardError: a shard writer died twice, or a shard does not hold what it committed.
     """
     hook = progress or (lambda stage, advance, total: None)
     epoch = reproducible.source_date_epoch()  # a malformed one fails now, not after the work
+    if dry_run and not decode:
+        workers.warm_up(jobs)  # the header probes run there
+        return _dry_run(spec, hook, jobs, None)
     if dry_run:
-        return _dry_run(spec, hook, jobs, decoding=decode)
+        with decoding(spec, jobs, scheduler) as decoder:
+            return _dry_run(spec, hook, jobs, decoder)
     output = OutputFolder(spec.output, spec.name)
-    with output.locked(), BuildStatus(output, config=spec.config_file, jobs=jobs) as status:
+    sharding = None
+    if shards > 1:
+        address = scheduler or spec.decode.scheduler
+        roots = tuple(source_roots(spec))
+        sharding = Sharding(shards, jobs, address, roots, reuse=resume, virtual=virtual)
+    with (
+        output.locked(),
+        BuildStatus(output, config=spec.config_file, jobs=jobs) as status,
+        decoding(spec, jobs, scheduler) as decoder,
+    ):
 
         def both(stage: str, advance: int, total: int | None) -> None:
             status(stage, advance, total)
             hook(stage, advance, total)
 
-        run = _Run(spec, output, jobs, both, status, checkpoint_seconds, epoch)
+        run = _Run(spec, output, jobs, both, status, checkpoint_seconds, epoch, decoder, sharding)
         try:
-            return _build_locked(run, resume=resume, full=full)
+            return _build_locked(run, resume=resume, full=full or sharding is not None)
         except BaseException as exc:
             status.failed(exc)  # under the lock: the next build's status cannot be overwritten
             raise
@@ -144,13 +139,15 @@ class _Run:
     status: BuildStatus
     checkpoint_seconds: float
     epoch: datetime | None  # SOURCE_DATE_EPOCH
+    decoder: schedule.Decoder  # the local pool or the Dask cluster
+    sharding: Sharding | None = None  # K shard writers (--shards)
 
 
 def _build_locked(run: _Run, *, resume: bool, full: bool) -> BuildReport:
     spec, output, jobs, hook, status = run.spec, run.output, run.jobs, run.hook, run.status
-    workers.warm_up(jobs)
     previous = output.resumables() if resume else []
-    discarded = [] if previous else output.remove_stale_partials()
+    # --resume keeps every leftover until the release is out: shards have no journal
+    discarded = [] if resume else output.remove_stale_partials()
     report, plan, watch, origin = _plan_only(spec, hook, jobs)
     status.planned(_planned(plan), report.rejects)
     try:
@@ -189,7 +186,7 @@ def _build_planned(
     run: _Run,
     plan: clean.Plan,
     report: BuildReport,
-    watch: _Stopwatch,
+    watch: Stopwatch,
     previous: list[tuple[Path, Path]],
     origin: parent.Parent | None,
 ) -> Any:
@@ -197,11 +194,16 @@ def _build_planned(
     enforce_limit(spec, report.rejects, report.inputs)
     require_samples(spec, report.samples, report)
     version = output.next_version()
-    earlier = resume.usable_resume(previous, spec, plan)
+    earlier: resume.Start | None = resume.usable_resume(previous, spec, plan)
+    if earlier is None and run.sharding is not None:
+        run.hook("shards", 0, run.sharding.count)
+        layout, recipe = sink_layout(spec, plan), recipe_of(plan)
+        earlier = start_sharded(spec, plan, output, run.sharding, layout, recipe, version, report)
+        watch.lap("shards")
     carried = None
     if earlier is None and origin is not None:
-        layout = layout_record(spec, plan)
-        carried, why = carry.decide(plan, origin, output, spec_text(spec), layout)
+        layout_seen = layout_record(spec, plan)
+        carried, why = carry.decide(plan, origin, output, spec_text(spec), layout_seen)
         if why is not None:
             report.warnings.append(f"every sample decoded: {why}")
     planned_rejects = list(report.rejects)
@@ -210,17 +212,15 @@ def _build_planned(
         try:
             with output.staged() as temp:
                 written = _write(
-                    run,
-                    plan,
-                    report,
-                    temp,
-                    version=version,
-                    watch=watch,
-                    earlier=earlier,
+                    run, plan, report, temp, version=version, watch=watch, earlier=earlier,
                     carried=carried,
-                )
+                )  # fmt: skip
                 facts = provenance.build_facts(report, run.jobs)
-                info = output.publish(temp, report.rejects, version=version, facts=facts)
+                facts["shards"] = run.sharding.count if run.sharding else 0
+                parts = earlier.parts if isinstance(earlier, Shards) and earlier.virtual else []
+                info = output.publish(
+                    temp, report.rejects, version=version, facts=facts, parts=parts
+                )
             if written is not None:  # a record only of builds that saw every block's tally
                 carry.leave_record(output, plan, version, *written)
             return info
@@ -232,17 +232,19 @@ def _build_planned(
             report.resumed = 0
 
 
-def _dry_run(spec: Spec, hook: ProgressHook, jobs: int, *, decoding: bool) -> BuildReport:
-    workers.warm_up(jobs)
-    report, plan, watch, _ = _plan_only(spec, hook, jobs, headers=not decoding)
-    report.checks = list(PLAN_CHECKS if not decoding else (PLAN_CHECKS[0], *DECODE_CHECKS))
+def _dry_run(
+    spec: Spec, hook: ProgressHook, jobs: int, decoder: schedule.Decoder | None
+) -> BuildReport:
+    """A dry run; with a ``decoder``, every sample is decoded as a build would."""
+    report, plan, watch, _ = _plan_only(spec, hook, jobs, headers=decoder is None)
+    report.checks = list(PLAN_CHECKS if decoder is None else (PLAN_CHECKS[0], *DECODE_CHECKS))
     enforce_limit(spec, report.rejects, report.inputs)
-    if decoding:
+    if decoder is not None:
         counts = dict.fromkeys(plan.splits, 0)
         recipe = recipe_of(plan)
         hook("decode", 0, plan.total)
-        cutter = _cutter(spec, plan, None)
-        for result in _decoded(cutter, recipe, jobs):
+        cutter = buildparts.cutter(spec, plan, None)
+        for result in _decoded(cutter, recipe, decoder):
             counts[result.task.split] += result.accepted
             report.rejects.extend(result.rejects)
             enforce_limit(spec, report.rejects, report.inputs)
@@ -270,42 +272,21 @@ def _processed(result: BatchResult) -> int:
     return len(result.task.samples) - len(result.deferred)
 
 
-def _cutter(
-    spec: Spec, plan: clean.Plan, state: dict[str, dict[str, Any]] | None
-) -> tasks.TaskCutter:
-    sample_bytes = sum(kind.sample_nbytes for kind in plan.kinds)
-    return tasks.TaskCutter(plan, block_of(plan), sample_bytes=sample_bytes, state=state)
-
-
-def block_of(plan: clean.Plan) -> int:
-    """Samples per block: a whole chunk of every fixed array column, of every kind (their
-    lcm), so a task's rows are whole chunks of each and the workers compress them all."""
-    return math.lcm(
-        *(
-            column.layout.rows
-            for kind in plan.kinds
-            for column in kind.columns.values()
-            if isinstance(column, ArrayColumn)
-        )
-    )
-
-
 def _decoded(
-    cutter: tasks.TaskCutter, recipe: decode.DecodeRecipe, jobs: int
+    cutter: tasks.TaskCutter, recipe: decode.DecodeRecipe, decoder: schedule.Decoder
 ) -> Iterator[BatchResult]:
     """Every task's result in order; the cutter learns each result before the next is cut."""
-    window = schedule.window_for(jobs, cutter.rows * cutter.sample_bytes)
-    for result in schedule.run_tasks(cutter, recipe, jobs=jobs, window=window):
+    for result in decoder(cutter, recipe):
         cutter.note(result)
         yield result
 
 
 def _plan_only(
     spec: Spec, hook: ProgressHook, jobs: int, *, headers: bool = False
-) -> tuple[BuildReport, clean.Plan, _Stopwatch, parent.Parent | None]:
+) -> tuple[BuildReport, clean.Plan, Stopwatch, parent.Parent | None]:
     """Discover and plan. Header probes run only where nothing is decoded after them (a
     dry run): decoding makes every check they make, and they read every file twice."""
-    watch = _Stopwatch()
+    watch = Stopwatch()
     previous, warnings = _parent_of(spec)
     hook("discover", 0, None)
     found = discover.find_samples(spec, lambda n: hook("discover", n, None))
@@ -348,30 +329,20 @@ def _write(
     temp: Path,
     *,
     version: int,
-    watch: _Stopwatch,
-    earlier: resume.Resume | None,
+    watch: Stopwatch,
+    earlier: resume.Start | None,
     carried: carry.CarryPlan | None = None,
 ) -> tuple[str, carry.BlockLog] | None:
     """Write the release to ``temp``; return its fingerprint and block tallies (for its carry
-    record), or None after a resume (the killed build's tallies are not per block)."""
-    spec, jobs, hook, status = run.spec, run.jobs, run.hook, run.status
-    sink_layout = SinkLayout(
-        tuple(spec.splits),
-        {
-            **{name: column for kind in plan.kinds for name, column in kind.columns.items()},
-            **{name: TextColumn() for name in fileformat.SAMPLE_RECORD},  # the sample record
-        },
-        tuple(spec.sources),
-        spec.batch_samples,
-        spec.layout,
-    )
+    record), or None after a resume or a sharded build (their tallies are not per block)."""
+    spec, hook, status = run.spec, run.hook, run.status
     recipe = recipe_of(plan)
     record = layout_record(spec, plan)
     state = earlier.queues if earlier is not None else None
     tallies = earlier.tallies() if earlier is not None else Tallies()
     todo = carried.decode if carried is not None and carried.decode is not None else plan
     try:
-        cutter = _cutter(spec, todo, state)
+        cutter = buildparts.cutter(spec, todo, state)
     except ValueError as exc:  # a journal of another h5etl: its tasks were cut otherwise
         raise ResumeMismatch(str(exc), path=temp) from exc
     checkpoints = resume.Checkpoints(
@@ -379,18 +350,23 @@ def _write(
     )
     log = carry.BlockLog() if earlier is None else None
     fingerprint = hashlib.sha256()  # over key and file digests in write order: no list kept
-    worker_seconds = 0.0
+    worker_seconds = writer_seconds = 0.0  # of other processes: the shards' workers and writers
+    virtual = isinstance(earlier, Shards) and earlier.virtual
     try:
-        with Sink(temp, sink_layout) as sink:
+        with Sink(temp, sink_layout(spec, plan), virtual=virtual) as sink:
             if earlier is not None:
                 restored = earlier.restore(sink, checkpoints)
-                # This build's journal now holds everything the killed builds' files did.
-                run.output.remove_stale_partials(keep={temp, OutputFolder.journal_of(temp)})
+                # This build's journal now holds everything the killed builds' files did
+                # (a virtual release keeps its parts: they are published beside it).
+                parts = earlier.parts if isinstance(earlier, Shards) and virtual else []
+                keep = {temp, OutputFolder.journal_of(temp), *parts}
+                run.output.remove_stale_partials(keep=keep)
                 fingerprint.update(restored.fingerprint.encode())
                 report.rejects.extend(restored.rejects)
-                report.resumed = restored.samples
+                report.resumed = restored.samples if restored.resumed else 0
                 status.resumed(dict(sink.counts))
-                watch.lap("resume_copy")
+                watch.lap(restored.stage)
+                worker_seconds, writer_seconds = restored.worker_seconds, restored.writer_seconds
             if carried is not None and log is not None:
                 carried_lines, copied = carry.copy_into(sink, carried, tallies, log)
                 fingerprint.update(carried_lines.encode())
@@ -399,8 +375,8 @@ def _write(
                 watch.lap("carry")
             hook("decode+write", 0, todo.total)  # in order: a decoded batch is written at once
             if earlier is not None:
-                hook("decode+write", report.resumed, None)
-            for result in _decoded(cutter, recipe, jobs):
+                hook("decode+write", sum(sink.counts.values()), None)
+            for result in _decoded(cutter, recipe, run.decoder):
                 report.rejects.extend(result.rejects)
                 enforce_limit(spec, report.rejects, report.inputs)
                 sink.write(result)
@@ -408,7 +384,7 @@ def _write(
                 tallies.add(result)
                 if log is not None:
                     log.add(result.task.split, [block_json(b) for b in result.blocks])
-                lines = _fingerprint_lines(result)
+                lines = provenance.fingerprint_lines(result)
                 fingerprint.update("".join(lines).encode())
                 checkpoints.note(result, lines)
                 checkpoints.maybe_write(sink)
@@ -441,16 +417,8 @@ def _write(
     report.seconds = {
         **watch.seconds,
         "workers_decode": round(worker_seconds, 4),
-        "writer": round(sink.seconds, 4),
+        "writer": round(writer_seconds + sink.seconds, 4),
     }
     report.raw_bytes = sum(d["raw_bytes"] for d in report.datasets.values())
     report.stored_bytes = sum(d["stored_bytes"] for d in report.datasets.values())
     return None if log is None else (attrs[fileformat.FINGERPRINT_ATTR], log)
-
-
-def _fingerprint_lines(result: BatchResult) -> list[str]:
-    """``key<TAB>sha256,sha256<LF>`` per accepted sample."""
-    return [
-        f"{key}\t{','.join(hashes)}\n"
-        for key, hashes in zip(result.keys, result.lineage, strict=True)
-    ]

@@ -14,7 +14,7 @@ from typing import Any
 import h5py
 
 from h5etl import __version__, clean, reproducible
-from h5etl.records import valid_text
+from h5etl.records import BatchResult, valid_text
 from h5etl.report import BuildReport
 from h5etl.spec import Spec, spec_sha256, spec_text
 
@@ -65,3 +65,12 @@ def build_facts(report: BuildReport, jobs: int) -> dict[str, Any]:
         "resumed_samples": report.resumed,
         "h5etl_version": __version__,
     }
+
+
+def fingerprint_lines(result: BatchResult) -> list[str]:
+    """``key<TAB>sha256,sha256<LF>`` per accepted sample: what the source fingerprint hashes,
+    in write order (a sharded build's shards record them for the committer)."""
+    return [
+        f"{key}\t{','.join(hashes)}\n"
+        for key, hashes in zip(result.keys, result.lineage, strict=True)
+    ]

@@ -14,7 +14,7 @@ import logging
 import os
 import re
 import secrets
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -45,6 +45,11 @@ def release_filename(name: str, version: int) -> str:
     return f"{name}-v{version:04d}.h5"
 
 
+def part_filename(name: str, version: int, index: int) -> str:
+    """A part of a virtual release (its shards): the release's datasets map onto these."""
+    return f"{name}-v{version:04d}.part-{index:04d}.h5"
+
+
 def rejects_filename(name: str, version: int) -> str:
     return f"{name}-v{version:04d}.rejects.jsonl"
 
@@ -73,6 +78,26 @@ def _write_json(path: Path, data: Mapping[str, Any]) -> None:
         handle.write("\n")
         handle.flush()
         os.fsync(handle.fileno())
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` all or nothing: a temp file fsynced, renamed, the folder
+    fsynced (a shard's manifest: its commit).
+
+    Raises:
+        OSError: the write failed; nothing is left under ``path``.
+    """
+    temp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(temp, "w", encoding="utf-8", errors="backslashreplace") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temp, path)
+        _fsync_dir(path.parent)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            temp.unlink()
 
 
 def versions(folder: Path, name: str) -> dict[int, Path]:
@@ -148,6 +173,16 @@ class OutputFolder:
     @staticmethod
     def journal_of(partial: Path) -> Path:
         return partial.with_suffix(".journal")
+
+    def shard_path(self, ident: str, index: int) -> Path:
+        """Shard ``index`` of the sharded build ``ident``: a temp file until the stitch (a
+        plain build removes it with the other leftovers; ``--resume`` reuses it)."""
+        return self.folder / f".{self.name}{PARTIAL_MARK}shard-{ident}-{index:04d}.h5"
+
+    @staticmethod
+    def manifest_of(shard: Path) -> Path:
+        """Where a shard's manifest goes: its commit (it exists only for a complete shard)."""
+        return shard.with_suffix(".manifest")
 
     def resumables(self) -> list[tuple[Path, Path]]:
         """Temp files killed builds left with their journals, newest journal first; call
@@ -227,9 +262,14 @@ class OutputFolder:
         *,
         version: int,
         facts: Mapping[str, Any] | None = None,
+        parts: Sequence[Path] = (),
     ) -> ReleaseInfo:
         """Name ``staged`` as release ``version``, then its rejects report and build facts,
-        then move the link."""
+        then move the link.
+
+        ``parts`` (a virtual release's shard files) are named ``part_filename`` first, so the
+        release never names a part that is not there.
+        """
         final = self.folder / release_filename(self.name, version)
         report = self.folder / rejects_filename(self.name, version)
         facts_path = self.folder / facts_filename(self.name, version)
@@ -238,6 +278,10 @@ class OutputFolder:
         before = os.readlink(self.link) if self.link.is_symlink() else None
         named: list[Path] = []  # the release names this call gave, taken back on a failure
         try:
+            for index, part in enumerate(parts):
+                _fsync_file(part)
+                os.link(part, self.folder / part_filename(self.name, version, index))
+                named.append(self.folder / part_filename(self.name, version, index))
             _fsync_file(staged)
             self._write_report(report_temp, rejects)
             _write_json(facts_temp, facts or {})
@@ -248,11 +292,16 @@ class OutputFolder:
             os.replace(facts_temp, facts_path)
             named.append(facts_path)
             os.unlink(staged)
+            for part in parts:
+                os.unlink(part)
             _fsync_dir(self.folder)
             self.point_link(version)
         except FileExistsError as exc:
+            self._unpublish(named, before, final.name)  # only the parts this call named
             raise ReleaseError(
-                f"{final.name} appeared while building; it was left as it is", path=self.folder
+                f"{Path(exc.filename2 or exc.filename or final).name} appeared while building; "
+                f"it was left as it is",
+                path=self.folder,
             ) from exc
         except OSError as exc:
             self._unpublish(named, before, final.name)

@@ -13,7 +13,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from h5etl import journal
 from h5etl.clean import Plan
@@ -65,6 +65,22 @@ class Restored:
     samples: int
     rejects: list[Reject]
     fingerprint: str
+    resumed: bool = True  # copied from a killed build (not carried from a sharded build's shards)
+    stage: str = "resume_copy"  # its entry in the build's stage times
+    worker_seconds: float = 0.0  # decoding it cost in other processes (a sharded build's)
+    writer_seconds: float = 0.0  # writing it cost in other processes
+
+
+class Start(Protocol):
+    """Where a build starts from other than nothing: a killed build (``Resume``) or the
+    committed shards of a sharded build (``h5etl.sharded.Shards``)."""
+
+    @property
+    def queues(self) -> dict[str, dict[str, Any]]: ...
+
+    def tallies(self) -> Tallies: ...
+
+    def restore(self, sink: Sink, checkpoints: Checkpoints) -> Restored: ...
 
 
 def usable_resume(candidates: list[tuple[Path, Path]], spec: Spec, plan: Plan) -> Resume | None:
@@ -137,8 +153,13 @@ class Checkpoints:
         sink keeps the copied chunks and rows unjournaled): a build killed again and resumed
         again then finds the whole prefix here.
         """
-        self.fingerprint = list(state.fingerprint)
-        self.rejects = [Reject(**r) for r in state.rejects]
+        self.seed_with(list(state.fingerprint), [Reject(**r) for r in state.rejects], sink)
+
+    def seed_with(self, fingerprint: list[str], rejects: list[Reject], sink: Sink) -> None:
+        """Record what the sink holds before this build decoded anything (copied from a killed
+        build, or carried from shards) with its fingerprint lines and rejects, at once."""
+        self.fingerprint = fingerprint
+        self.rejects = rejects
         self.write_now(sink)
 
     def note(self, result: BatchResult, lines: list[str]) -> None:

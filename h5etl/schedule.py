@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
-from typing import TypeVar
+from typing import Any, Protocol, TypeVar
 
 from joblib.externals.loky.process_executor import BrokenProcessPool
 
@@ -31,6 +31,9 @@ Item = TypeVar("Item")
 Got = TypeVar("Got")
 
 Worker = Callable[[DecodeTask, decode.DecodeRecipe], BatchResult]
+Decoder = Callable[[Iterable[DecodeTask | Barrier], decode.DecodeRecipe], Iterator[BatchResult]]
+"""Runs a task stream, results in task order: the local pool (``local``) or a Dask cluster
+(``h5etl.cluster.Cluster.run_tasks``)."""
 
 
 def release_free_memory() -> None:
@@ -84,13 +87,36 @@ def run_tasks(
             decode.drop_buffers()  # inline, the buffers would outlive the build in this process
         return
     pool = _Pool(jobs, worker, recipe)
-    yield from _in_order(tasks, pool.submit, pool.result, window or 2 * jobs + 1)
+    yield from in_order(tasks, pool.submit, pool.result, window or 2 * jobs + 1)
 
 
-def _in_order(
+def local(jobs: int) -> Decoder:
+    """The local decoder: ``run_tasks`` on ``jobs`` loky processes."""
+
+    def run(
+        tasks: Iterable[DecodeTask | Barrier], recipe: decode.DecodeRecipe
+    ) -> Iterator[BatchResult]:
+        # a task cutter knows a task's decoded bytes: the window keeps them within budget
+        task_bytes = getattr(tasks, "rows", 0) * getattr(tasks, "sample_bytes", 0)
+        return run_tasks(tasks, recipe, jobs=jobs, window=window_for(jobs, task_bytes))
+
+    return run
+
+
+class Cancellable(Protocol):
+    """What the window needs of a future: a way to give up on it (concurrent.futures' or
+    dask.distributed's)."""
+
+    def cancel(self) -> Any: ...
+
+
+Fut = TypeVar("Fut", bound=Cancellable)
+
+
+def in_order(
     items: Iterable[In | Barrier],
-    submit: Callable[[In], Future[Got]],
-    result: Callable[[In, Future[Got]], Out],
+    submit: Callable[[In], Fut],
+    result: Callable[[In, Fut], Out],
     limit: int,
 ) -> Iterator[Out]:
     """Submit ``items`` with at most ``limit`` not yet consumed; yield their results in order.
@@ -99,7 +125,7 @@ def _in_order(
     pending when the consumer stops is cancelled. A ``Barrier`` yields pending results until
     none of its split is left; tasks of other splits stay in flight meanwhile.
     """
-    pending: deque[tuple[In, Future[Got]]] = deque()
+    pending: deque[tuple[In, Fut]] = deque()
     try:
         for item in items:
             if isinstance(item, Barrier):
@@ -190,7 +216,7 @@ def map_in_workers(
             lambda: [alone(sample) for sample in batch],
         )
 
-    yield from _in_order(batches, submit, result, window or 2 * jobs + 1)
+    yield from in_order(batches, submit, result, window or 2 * jobs + 1)
 
 
 STAT_THREADS = 8  # stat calls wait on the file system (a network one most): threads overlap them
@@ -225,7 +251,7 @@ def map_in_threads(
     else:
         return
     with ThreadPoolExecutor(threads, thread_name_prefix="h5etl-stat") as pool:
-        yield from _in_order(
+        yield from in_order(
             remaining,
             lambda batch: pool.submit(fn, batch),
             lambda batch, future: future.result(),
@@ -238,7 +264,7 @@ def map_in_threads(
 _TASK_KEPT = DecodeTask("", 0, (), 1, 1)
 
 
-def _run_remote(worker: Worker, task: DecodeTask, recipe: decode.DecodeRecipe) -> BatchResult:
+def run_remote(worker: Worker, task: DecodeTask, recipe: decode.DecodeRecipe) -> BatchResult:
     result = worker(task, recipe)
     result.task = _TASK_KEPT
     return result
@@ -253,46 +279,58 @@ class _Pool:
         self.recipe = recipe
 
     def submit(self, task: DecodeTask) -> Future[BatchResult]:
-        return _submit(self.jobs, _run_remote, self.worker, task, self.recipe)
+        return _submit(self.jobs, run_remote, self.worker, task, self.recipe)
 
     def result(self, task: DecodeTask, future: Future[BatchResult]) -> BatchResult:
-        got = rerun_after_crash(future, lambda: self.submit(task), lambda: self._isolate(task))
+        got = rerun_after_crash(
+            future,
+            lambda: self.submit(task),
+            lambda: isolate(task, self.recipe, lambda alone: self.submit(alone).result()),
+        )
         got.task = task
         return got
 
-    def _isolate(self, task: DecodeTask) -> BatchResult:
-        """Decode each sample of ``task`` alone in a fresh worker and join the results here.
 
-        A sample whose worker dies is rejected with ``worker_crashed``; every other sample
-        keeps the result of its own run, under the task's rule (``decode.keep_whole_blocks``).
-        Nothing is decoded twice in this pass, and no rerun of the survivors can crash again.
-        The rows come back raw, so the writer compresses them: a crash is rare.
-        """
-        result = BatchResult(task, 0)
-        parts: list[tuple[int, BatchResult]] = []
-        for position, sample in enumerate(task.samples):
-            if decode.done_decoding(task, len(parts), position):
-                result.deferred.extend(range(position, len(task.samples)))
-                break
-            alone = replace(
-                task,
-                start=task.start + position,
-                samples=(sample,),
-                rows=1,
-                final=True,
-                raw=True,
-                members=task.members[position : position + 1],
-            )
-            try:
-                part = self.submit(alone).result()
-            except BrokenProcessPool as exc:
-                result.rejects.extend(_crash_rejects(sample, decode.STAGE, exc))
-                continue
-            result.rejects.extend(part.rejects)
-            result.seconds += part.seconds
-            if part.accepted:
-                parts.append((position, part))
-        keep = decode.keep_whole_blocks(task, len(parts))
-        result.deferred = sorted([*result.deferred, *(p for p, _ in parts[keep:])])
-        decode.join_results(result, self.recipe, [part for _, part in parts[:keep]])
-        return result
+def isolate(
+    task: DecodeTask,
+    recipe: decode.DecodeRecipe,
+    run_alone: Callable[[DecodeTask], BatchResult],
+    crashed: type[BaseException] | tuple[type[BaseException], ...] = BrokenProcessPool,
+) -> BatchResult:
+    """Decode each sample of ``task`` alone (``run_alone``, in a fresh worker) and join the
+    results here.
+
+    A sample whose worker dies (``run_alone`` raises ``crashed``) is rejected with
+    ``worker_crashed``; every other sample keeps the result of its own run, under the task's
+    rule (``decode.keep_whole_blocks``). Nothing is decoded twice in this pass, and no rerun of
+    the survivors can crash again. The rows come back raw, so the writer compresses them: a
+    crash is rare. The local pool and the Dask cluster both isolate with it.
+    """
+    result = BatchResult(task, 0)
+    parts: list[tuple[int, BatchResult]] = []
+    for position, sample in enumerate(task.samples):
+        if decode.done_decoding(task, len(parts), position):
+            result.deferred.extend(range(position, len(task.samples)))
+            break
+        alone = replace(
+            task,
+            start=task.start + position,
+            samples=(sample,),
+            rows=1,
+            final=True,
+            raw=True,
+            members=task.members[position : position + 1],
+        )
+        try:
+            part = run_alone(alone)
+        except crashed as exc:
+            result.rejects.extend(_crash_rejects(sample, decode.STAGE, exc))
+            continue
+        result.rejects.extend(part.rejects)
+        result.seconds += part.seconds
+        if part.accepted:
+            parts.append((position, part))
+    keep = decode.keep_whole_blocks(task, len(parts))
+    result.deferred = sorted([*result.deferred, *(p for p, _ in parts[keep:])])
+    decode.join_results(result, recipe, [part for _, part in parts[:keep]])
+    return result

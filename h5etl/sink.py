@@ -31,6 +31,7 @@ from h5etl.sink_chunks import DatasetStats, ImageWriter, StoredChunks, chunk_pla
 from h5etl.sink_datasets import create_split
 from h5etl.sink_ragged import EMPTY, restore_ragged, snapshot
 from h5etl.sink_rows import SinkLayout, SmallRows
+from h5etl.sink_virtual import VirtualColumn, create_virtual, map_arrays
 
 __all__ = ["LIBVER", "Sink", "SinkLayout"]
 
@@ -67,9 +68,12 @@ class Sink:
     _created = False  # the file exists because this sink created it: its own to abandon
     _abandoned = False  # its bytes were given up after a failed write (see _abandon)
 
-    def __init__(self, path: Path, layout: SinkLayout):
+    def __init__(self, path: Path, layout: SinkLayout, *, virtual: bool = False):
+        """``virtual``: the array datasets map onto part files (``sink_virtual``) instead of
+        holding chunks; ``write`` then takes no array rows."""
         self.path = path
         self.layout = layout
+        self.virtual: dict[tuple[str, str], VirtualColumn] | None = {} if virtual else None
         self.file: h5py.File | None = None
         self.images: dict[tuple[str, str], ImageWriter] = {}  # arrays and ragged values
         self.ragged = frozenset((s, n) for s in layout.splits for n in layout.ragged)
@@ -195,6 +199,8 @@ class Sink:
 
     def _create_split(self, file: h5py.File, split: str) -> None:
         created = create_split(file, self.layout, split, self._stored)
+        if self.virtual is not None:
+            map_arrays(file, self.layout, created, self.virtual)
         self.images.update(created.writers)
         self.stats.update(created.stats)
 
@@ -260,6 +266,16 @@ class Sink:
             raise self._failed("copying the parent's chunks", exc) from exc
         self.counts[split] += len(lineage)
         return copied
+
+    def append_rows(
+        self, split: str, small: dict[str, list[Any]], lineage: list[list[str]]
+    ) -> None:
+        """Take rows of the small columns carried from another file (``sink_copy``), after
+        those given so far; their array rows are carried as chunks beside. They are buffered
+        and appended in runs as decoded rows are, and journaled with them."""
+        assert self.file is not None
+        self._small.restore(split, small, lineage)
+        self.counts[split] += len(lineage)
 
     @property
     def _small(self) -> SmallRows:
@@ -393,6 +409,8 @@ class Sink:
             self._small.flush()
             for writer in self.images.values():
                 writer.finish()
+            for (split, name), column in (self.virtual or {}).items():
+                create_virtual(self.file, self.layout.path(split, name), column)
             self.file.attrs.update(attrs)
             for path, values in (dataset_attrs or {}).items():
                 self.file[path].attrs.update(values)
@@ -429,8 +447,12 @@ class Sink:
     def _dataset_report(self) -> dict[str, dict[str, Any]]:
         assert self.file is not None
         report = {}
+        virtual = {self.layout.path(s, n): c for (s, n), c in (self.virtual or {}).items()}
         for path, stats in self.stats.items():
-            stored = int(self.file[path].id.get_storage_size())
+            if path in virtual:
+                stored = virtual[path].stored_bytes  # in its parts
+            else:
+                stored = int(self.file[path].id.get_storage_size())
             blocks = [stats.stream.digest()] if stats.stream is not None else stats.blocks
             report[path] = {
                 "dataset": path,

@@ -60,6 +60,7 @@ class ImageWriter:
         self.direct_blocks = 0
         self.rechunked_blocks = 0
         self.copied_blocks = 0  # carried from a parent release, bytes as they were
+        self.carried_blocks = 0
         self.unjournaled_blocks: list[bytes] = []
         # One scratch dataset for every block this writer re-cuts (a ragged column re-cuts
         # nearly all of its blocks): a new in-memory HDF5 file per block cost 5x the encode.
@@ -151,6 +152,20 @@ class ImageWriter:
         self.stats.blocks = [bytes.fromhex(b) for b in blocks]
         self.stats.raw_bytes = rows * self.layout.block_nbytes // self.layout.rows
         self.unjournaled_blocks = list(self.stats.blocks)
+
+    def adopt(
+        self, rows: int, blocks: list[bytes], chunks: list[tuple[tuple[int, ...], str]]
+    ) -> None:
+        """Count ``rows`` rows whose chunks were carried in after those stored so far
+        (``sink_copy.carry_chunks``), with their block digests."""
+        assert not self.carry_rows, "rows carried in behind rows still in the carry"
+        assert not self.rows % self.layout.rows, "rows carried in mid-chunk"
+        self.rows += rows
+        self.stats.blocks.extend(blocks)
+        self.unjournaled_blocks.extend(blocks)
+        self.stats.raw_bytes += rows * self.layout.block_nbytes // self.layout.rows
+        self.stored.extend((self, offset, sha) for offset, sha in chunks)
+        self.carried_blocks += len(blocks)
 
     def note_copied(self, offset: tuple[int, ...], sha256: str) -> None:
         self.stored.append((self, offset, sha256))

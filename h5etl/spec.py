@@ -26,6 +26,7 @@ from h5etl.fieldspecs import ArrayField, FieldSpec
 from h5etl.spec_rules import NAME_PATTERN, check_name, source_for, unknown_source
 from h5etl.specparts import (
     Compression,
+    DecodeSpec,
     GroupBy,
     PadSpec,
     Problem,
@@ -38,6 +39,7 @@ from h5etl.storable import AttrValue, Text, attr_name_problem
 
 __all__ = [
     "Compression",
+    "DecodeSpec",
     "FieldSpec",
     "PadSpec",
     "Problem",
@@ -67,7 +69,7 @@ RESERVED_ATTRS = frozenset(
         fileformat.SPLIT_POLICY_ATTR,
         fileformat.PARENT_ATTR,
     }
-)  # file attributes every build writes (pipeline._file_attrs)
+)  # file attributes every build writes (provenance.file_attrs)
 
 PathKey = tuple[str, ...]  # ("output",) or ("sources", <name>, "dir")
 
@@ -97,6 +99,7 @@ class Spec(Strict):
     stratify: str | None = None  # a label field: each class split in the split fractions
     storage: StorageSpec = StorageSpec()
     pad: PadSpec = PadSpec()
+    decode: DecodeSpec = DecodeSpec()
     on_error: Literal["skip", "fail"] = "skip"
     max_rejects: Annotated[int, Field(ge=0)] | Annotated[float, Field(ge=0, lt=1)] | None = None
     _config_file: Path | None = PrivateAttr(default=None)
@@ -261,9 +264,11 @@ def spec_text(spec: Spec) -> str:
     """The resolved config as YAML, as stored in every release it builds.
 
     Paths the config wrote relative to its folder stay relative, so a moved or copied project
-    stores (and hashes) the same text.
+    stores (and hashes) the same text. ``decode`` (where decoding runs) is left out: a build on
+    a cluster stores the text a local build stores, and a killed one resumes on either.
     """
     data = spec.model_dump(mode="json", by_alias=True)
+    del data["decode"]  # where decoding ran: how the release was built, not what it holds
     data["fields"] = {
         name: {"kind": field.pop("kind"), **field} for name, field in data["fields"].items()
     }

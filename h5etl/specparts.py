@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 __all__ = [
     "Compression",
+    "DecodeSpec",
     "GroupBy",
     "PadSpec",
     "Problem",
@@ -103,6 +104,17 @@ class StorageSpec(Strict):
     # the recipe's default, chosen by measurement (README "Choosing the codec")
     compression: Compression = Compression(codec="blosc", cname="lz4", level=5)
     shuffle: bool = True
+
+
+# Where decoding runs: this machine's cores, or a Dask scheduler (tcp://host:8786, host:8786)
+SCHEDULER_PATTERN = r"^(local|[a-z][a-z0-9+]*://\S+|[^\s:/]+:\d+)$"
+
+
+class DecodeSpec(Strict):
+    """Where the decode tasks run. Not part of the stored config: it changes how a release is
+    built, never what it holds (like ``--jobs``)."""
+
+    scheduler: Annotated[str, Field(pattern=SCHEDULER_PATTERN)] = "local"
 
 
 class PadSpec(Strict):

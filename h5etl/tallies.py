@@ -46,6 +46,18 @@ class Tallies:
             for code, count in codes.items():
                 counts[code] = counts.get(code, 0) + int(count)
 
+    def merge(self, other: Tallies) -> None:
+        """Add another build part's tallies (a shard's): exact, so any order gives the same."""
+        for split, fields in other.stats.items():
+            mine = self.stats.setdefault(split, {})
+            for name, stat in fields.items():
+                known = mine.get(name)
+                mine[name] = stat if known is None else known.merge(stat)  # type: ignore[arg-type]
+        for name, codes in other.conversions.items():
+            counts = self.conversions.setdefault(name, {})
+            for code, count in codes.items():
+                counts[code] = counts.get(code, 0) + count
+
     def snapshot(self) -> dict[str, Any]:
         """Plain data for the journal (exact: integers, and floats only for min and max)."""
         return {

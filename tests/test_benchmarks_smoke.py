@@ -300,3 +300,10 @@ def test_reproducible_bench_builds_identical_files(bench_dir: Path) -> None:
     assert "same: 2 builds, sizes equal, byte-identical: yes" in text
     rows = [line for line in text.splitlines() if line.startswith("| as is |")]
     assert [row.split("|")[3].strip() for row in rows] == ["2", "1"]  # --jobs of each build
+
+
+def test_dask_bench_prints_its_tables(bench_dir: Path) -> None:
+    out = _run("dask_bench.py", "--dir", str(bench_dir), "--samples", SAMPLES, "--repeats", "1")
+    for row in ("local joblib -j2", "Dask, 1 worker", "Dask, 2 workers", "--shards 2 --vds"):
+        assert f"| {row}" in out or row in out
+    assert "decode cores one writer serves" in out

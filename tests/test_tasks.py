@@ -61,7 +61,7 @@ def _run_cutter(
         return future
 
     results = []
-    for result in schedule._in_order(cutter, submit, lambda _, f: f.result(), window):
+    for result in schedule.in_order(cutter, submit, lambda _, f: f.result(), window):
         cutter.note(result)
         results.append(result)
         if stop_after is not None and len(results) == stop_after:

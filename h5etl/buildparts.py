@@ -1,0 +1,105 @@
+"""buildparts: what a build is made of, derived from its spec and plan.
+
+The decode recipe, the sink's layout, the layout record, the task cutter, the decoder (the
+local pool or a Dask cluster) and the stage stopwatch: plain derivations the pipeline, the
+sharded build and tests share.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from h5etl import clean, cluster, decode, fileformat, schedule, tasks
+from h5etl.chunkcodec import ChunkLayout
+from h5etl.kinds.base import ArrayColumn, TextColumn
+from h5etl.kinds.registry import decode_order, layout_of, layout_records
+from h5etl.sink import SinkLayout
+from h5etl.spec import Spec
+
+
+def recipe_of(plan: clean.Plan) -> decode.DecodeRecipe:
+    """What workers decode with: the plan's kinds (bound to the inputs), in decode order."""
+    return decode.DecodeRecipe.of(plan.kinds, decode_order(plan.kinds))
+
+
+def layouts_of(spec: Spec) -> dict[str, ChunkLayout]:
+    """How each array field is stored (shape, dtype, chunks, filters)."""
+    return {name: layout_of(spec, name) for name in spec.image_fields}
+
+
+def sink_layout(spec: Spec, plan: clean.Plan) -> SinkLayout:
+    """What the sink creates: every field's storage column, in the config's layout."""
+    return SinkLayout(
+        tuple(spec.splits),
+        {
+            **{name: column for kind in plan.kinds for name, column in kind.columns.items()},
+            **{name: TextColumn() for name in fileformat.SAMPLE_RECORD},  # the sample record
+        },
+        tuple(spec.sources),
+        spec.batch_samples,
+        spec.layout,
+    )
+
+
+@contextlib.contextmanager
+def decoding(spec: Spec, jobs: int, scheduler: str | None = None) -> Iterator[schedule.Decoder]:
+    """Where this build decodes: ``jobs`` local processes, or the Dask scheduler at
+    ``scheduler`` (default: the config's ``decode.scheduler``), connected and checked."""
+    with cluster.decoding(scheduler or spec.decode.scheduler, jobs, source_roots(spec)) as decoder:
+        yield decoder
+
+
+def source_roots(spec: Spec) -> list[str]:
+    """The source folders, as the workers must see them."""
+    return [str(source.dir) for source in spec.sources.values()]
+
+
+def layout_record(spec: Spec, plan: clean.Plan) -> fileformat.LayoutRecord:
+    return fileformat.LayoutRecord(
+        spec.layout,
+        tuple(spec.splits),
+        layout_records(plan.kinds),
+        samples=fileformat.SAMPLE_RECORD,
+    )
+
+
+class Stopwatch:
+    """Wall time per stage of a build (the build facts' ``seconds``)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._start = time.perf_counter()
+        self._mark = self._start
+
+    def lap(self, stage: str) -> None:
+        now = time.perf_counter()
+        self.seconds[stage] = round(self.seconds.get(stage, 0.0) + now - self._mark, 4)
+        self._mark = now
+
+    def total(self) -> float:
+        return round(time.perf_counter() - self._start, 4)
+
+
+def cutter(
+    spec: Spec, plan: clean.Plan, state: dict[str, dict[str, Any]] | None
+) -> tasks.TaskCutter:
+    """The task cutter of a plan (from ``state``: a journal's or the shards' queues)."""
+    sample_bytes = sum(kind.sample_nbytes for kind in plan.kinds)
+    return tasks.TaskCutter(plan, block_of(plan), sample_bytes=sample_bytes, state=state)
+
+
+def block_of(plan: clean.Plan) -> int:
+    """Samples per block: a whole chunk of every fixed array column, of every kind (their
+    lcm), so a task's rows are whole chunks of each and the workers compress them all."""
+    return math.lcm(
+        *(
+            column.layout.rows
+            for kind in plan.kinds
+            for column in kind.columns.values()
+            if isinstance(column, ArrayColumn)
+        )
+    )

@@ -1,0 +1,366 @@
+"""sharded: a build written by K shard writers in parallel and published by one committer.
+
+The committer (the build's process) plans, deals the first round's tasks to K shard writer
+processes (``h5etl.shards``), waits for their commits, checks each manifest against the plan
+(every sample given stored, rejected or deferred exactly once), then hands the build a
+``Shards`` start: the stitch carries every shard's compressed chunks into the release file
+in write order (``sink_copy``, no recompression, each chunk's SHA-256 checked), and the build
+goes on as after a resume: it decodes and writes the tail (what the first round deferred)
+and finishes the file. A killed build's committed shards are reused by ``--resume``.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+from typing import Any
+
+from h5etl import buildparts, errors, shards, sink_copy
+from h5etl.clean import Plan
+from h5etl.decode import DecodeRecipe
+from h5etl.errors import H5EtlError, ShardError
+from h5etl.records import DecodeTask, Reject
+from h5etl.release import OutputFolder, part_filename
+from h5etl.report import BuildReport
+from h5etl.resume import Checkpoints, Restored
+from h5etl.sink import Sink, SinkLayout
+from h5etl.spec import Spec, spec_sha256
+from h5etl.tallies import Tallies
+from h5etl.tasks import TaskCutter
+
+logger = logging.getLogger(__name__)
+SHARD_WRITER = shards.run_shard  # the shard processes' entry (a test slows one down here)
+ATTEMPTS = 2  # a shard writer that dies is started once more; dying twice fails the build
+
+
+@dataclass(frozen=True, slots=True)
+class Sharding:
+    """How to shard a build: ``count`` writers, decoding on ``scheduler`` with ``jobs`` local
+    processes each; ``reuse``: keep the committed shards of a killed build (``--resume``)."""
+
+    count: int
+    jobs: int
+    scheduler: str
+    roots: tuple[str, ...]
+    reuse: bool = False
+    virtual: bool = False  # publish a virtual-dataset release over the shard files
+
+
+@dataclass(slots=True)
+class Shards:
+    """The committed shards of a build, in write order, as a ``resume.Start``."""
+
+    files: list[tuple[Path, dict[str, Any]]]  # (shard file, manifest)
+    splits: tuple[str, ...]
+    geometry: list[int]
+    sizes: dict[str, int]  # samples per split in the plan
+    ident: str
+    reused: int = 0  # shards a killed build had committed
+    _queues: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # A virtual release: the tail as one more part, and the names the parts are published as
+    tail: tuple[Path, dict[str, Any]] | None = None
+    part_names: list[str] = field(default_factory=list)
+    tail_job: shards.ShardJob | None = None
+
+    @property
+    def virtual(self) -> bool:
+        return bool(self.part_names)
+
+    @property
+    def parts(self) -> list[Path]:
+        """The files a virtual release maps onto, in write order (the shards, the tail)."""
+        return [path for path, _ in self._parts()]
+
+    def _parts(self) -> list[tuple[Path, dict[str, Any]]]:
+        return [*self.files, *([self.tail] if self.tail is not None else [])]
+
+    def _entries(self) -> list[dict[str, Any]]:
+        """Every task decoded so far, as one writer would have consumed them: the first round
+        split by split, each split's tasks in shard order; then the tail's, in its order."""
+        first = [
+            entry
+            for split in self.splits
+            for _, manifest in self.files
+            for entry in manifest["tasks"]
+            if entry["split"] == split
+        ]
+        return first + (self.tail[1]["tasks"] if self.tail is not None else [])
+
+    @property
+    def queues(self) -> dict[str, dict[str, Any]]:
+        """The task cutter's state after the first round: the tail is cut from here."""
+        if not self._queues:
+            deferred: dict[str, list[int]] = {split: [] for split in self.splits}
+            for entry in self._entries():
+                deferred[entry["split"]].extend(entry["deferred"])
+            self._queues = {
+                split: {
+                    "consumed": self.sizes[split],
+                    "deferred": deferred[split],
+                    "rounds": [self.sizes[split]],
+                    "cut": self.geometry,
+                }
+                for split in self.splits
+            }
+        return self._queues
+
+    def tallies(self) -> Tallies:
+        total = Tallies()
+        for _, manifest in self._parts():
+            total.merge(Tallies.restored(manifest["tallies"]))
+        return total
+
+    def restore(self, sink: Sink, checkpoints: Checkpoints) -> Restored:
+        """The stitch: carry every shard into ``sink``, checked, and journal it at once.
+
+        Raises:
+            ShardError: a shard does not hold what it committed; its commit is withdrawn, so
+                the next ``--resume`` writes it again.
+        """
+        for index, (path, manifest) in enumerate(self._parts()):
+            try:
+                sink_copy.carry_shard(
+                    sink,
+                    path,
+                    manifest["rows"],
+                    shards.chunk_digests(manifest),
+                    part=self.part_names[index] if self.virtual else None,
+                )
+            except ShardError as exc:
+                OutputFolder.manifest_of(path).unlink(missing_ok=True)
+                raise ShardError(
+                    f"{exc.message}; its commit was withdrawn: build again with --resume to "
+                    f"write it anew and reuse the others",
+                    path=path,
+                ) from exc
+        entries = self._entries()
+        lines = [line for entry in entries for line in entry["fingerprint"]]
+        rejects = [Reject(**r) for entry in entries for r in entry["rejects"]]
+        if self.virtual:  # no journal: a resume could not redo the mapping; the shards stay
+            checkpoints.fingerprint, checkpoints.rejects = [], []
+        else:
+            checkpoints.seed_with(list(lines), list(rejects), sink)
+        seconds = [manifest["seconds"] for _, manifest in self._parts()]
+        return Restored(
+            len(lines),
+            rejects,
+            "".join(lines),
+            resumed=False,
+            stage="map" if self.virtual else "stitch",
+            worker_seconds=float(sum(s["workers"] for s in seconds)),
+            writer_seconds=float(sum(s["writer"] for s in seconds)),
+        )
+
+
+def write_shards(
+    spec: Spec,
+    plan: Plan,
+    output: OutputFolder,
+    *,
+    layout: SinkLayout,
+    recipe: DecodeRecipe,
+    cutter: TaskCutter,
+    sharding: Sharding,
+    planned_rejects: Sequence[Reject],
+    inputs: int,
+) -> Shards:
+    """Run the shard writers (reusing committed shards when asked); return their commits.
+
+    ``cutter`` is a fresh task cutter of the plan; it is used up dealing the tasks.
+
+    Raises:
+        ShardError: a shard writer died twice, or a shard does not account for its samples.
+        BuildFailed, ClusterError, SinkError: as the shard writer raised them.
+    """
+    geometry = cutter.geometry
+    ident = shards.identity(spec_sha256(spec), plan.fingerprint(), geometry, sharding.count)
+    dealt = shards.deal(cutter, sharding.count)
+
+    def make_job(index: int, tasks: Sequence[DecodeTask], jobs: int) -> shards.ShardJob:
+        path = output.shard_path(ident, index)
+        return shards.ShardJob(
+            index,
+            ident,
+            path,
+            OutputFolder.manifest_of(path),
+            spec,
+            layout,
+            recipe,
+            tuple(tasks),
+            sharding.scheduler,
+            jobs,
+            sharding.roots,
+            tuple(planned_rejects),
+            inputs,
+        )
+
+    jobs = [
+        make_job(i, part, max(1, sharding.jobs // sharding.count)) for i, part in enumerate(dealt)
+    ]
+    committed: dict[int, dict[str, Any]] = {}
+    if sharding.reuse:
+        for job in jobs:
+            manifest = shards.read_manifest(job.manifest, ident)
+            if manifest is not None and job.path.is_file():
+                committed[job.index] = manifest
+        logger.info("reusing %d committed shards of %d", len(committed), len(jobs))
+    manifests = {**committed, **_run([job for job in jobs if job.index not in committed])}
+    keys = {split: [sample.key for sample in members] for split, members in plan.splits.items()}
+    for job in jobs:
+        shards.check_manifest(manifests[job.index], job.tasks, keys)
+    return Shards(
+        [(job.path, manifests[job.index]) for job in jobs],
+        tuple(plan.splits),
+        geometry,
+        {split: len(members) for split, members in plan.splits.items()},
+        ident,
+        reused=len(committed),
+        tail_job=make_job(sharding.count, (), sharding.jobs) if sharding.virtual else None,
+    )
+
+
+def start_sharded(
+    spec: Spec,
+    plan: Plan,
+    output: OutputFolder,
+    sharding: Sharding,
+    layout: SinkLayout,
+    recipe: DecodeRecipe,
+    version: int,
+    report: BuildReport,
+) -> Shards:
+    """Write (or reuse) the shards of a build, and for a virtual release its tail too: where
+    the build goes on from (a ``resume.Start``)."""
+    done = write_shards(
+        spec,
+        plan,
+        output,
+        layout=layout,
+        recipe=recipe,
+        cutter=buildparts.cutter(spec, plan, None),
+        sharding=sharding,
+        planned_rejects=report.rejects,
+        inputs=report.inputs,
+    )
+    report.shards, report.shards_reused, report.virtual = (
+        sharding.count,
+        done.reused,
+        sharding.virtual,
+    )
+    if sharding.virtual:
+        write_tail(
+            done, buildparts.cutter(spec, plan, done.queues), version=version, name=spec.name
+        )
+    return done
+
+
+def write_tail(shards_done: Shards, cutter: TaskCutter, *, version: int, name: str) -> None:
+    """For a virtual release: write the tail (cut from ``shards_done.queues`` by ``cutter``)
+    as one more part in this process, and name the parts as ``version`` will publish them."""
+    job = shards_done.tail_job
+    assert job is not None, "the tail of a build that is not virtual"
+    job.path.unlink(missing_ok=True)  # a killed build's tail: written anew
+    manifest = shards.write_shard(job, cutter)
+    shards_done.tail = (job.path, manifest)
+    shards_done._queues = {
+        split: {
+            "consumed": queue.consumed,
+            "deferred": list(queue.deferred),
+            "rounds": list(queue.rounds),
+            "cut": cutter.geometry,
+        }
+        for split, queue in cutter.queues.items()
+    }
+    count = len(shards_done.parts)
+    shards_done.part_names = [part_filename(name, version, index) for index in range(count)]
+
+
+def _context() -> Any:
+    """Where shard writers start: a fork server that has imported the writer once (a fresh
+    interpreter per writer costs about a second of imports), never a fork of this process,
+    whose threads (a Dask client's, the fsync thread) a fork would copy mid-step."""
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(["h5etl.shards"])
+        return context
+    return multiprocessing.get_context("spawn")
+
+
+def _start(job: shards.ShardJob) -> tuple[BaseProcess, Connection]:
+    for leftover in (job.path, job.manifest):
+        leftover.unlink(missing_ok=True)  # a dead writer's file: the sink creates with mode x
+    context = _context()
+    receive, send = context.Pipe(duplex=False)
+    process = context.Process(
+        target=SHARD_WRITER, args=(job, send), name=f"h5etl-shard-{job.index}"
+    )
+    process.start()
+    send.close()
+    return process, receive
+
+
+def _outcome(process: BaseProcess, receive: Connection) -> tuple[str, str, str] | None:
+    """Wait for a shard writer: its outcome, or None if it died without one."""
+    got: tuple[str, str, str] | None = None
+    try:
+        got = receive.recv()
+    except EOFError:
+        got = None
+    process.join()
+    receive.close()
+    return got if process.exitcode == 0 else None
+
+
+def _run(jobs: Sequence[shards.ShardJob]) -> dict[int, dict[str, Any]]:
+    """Run shard writers side by side; restart one that dies, once; return their manifests."""
+    running = {job.index: (job, *_start(job), 1) for job in jobs}
+    manifests: dict[int, dict[str, Any]] = {}
+    try:
+        while running:
+            index = min(running)
+            job, process, receive, attempt = running.pop(index)
+            outcome = _outcome(process, receive)
+            if outcome is None:
+                if attempt >= ATTEMPTS:
+                    raise ShardError(
+                        f"shard writer {index} died {attempt} times (exit code "
+                        f"{process.exitcode}); nothing was published"
+                    )
+                logger.warning(
+                    "shard writer %d died (exit code %s); starting it again",
+                    index,
+                    process.exitcode,
+                )
+                running[index] = (job, *_start(job), attempt + 1)
+                continue
+            _raise_failed(outcome)
+            manifest = shards.read_manifest(job.manifest, job.ident)
+            if manifest is None:
+                raise ShardError(f"shard {index} has no readable manifest", path=job.manifest)
+            manifests[index] = manifest
+    finally:
+        for _, process, receive, _ in running.values():
+            process.kill()  # our own shard writers, on the way out after an error
+            process.join()
+            receive.close()
+    return manifests
+
+
+def _raise_failed(outcome: tuple[str, str, str]) -> None:
+    """Raise, in the committer, the error a shard writer stopped with."""
+    kind, message, path = outcome
+    if kind == "ok":
+        return
+    error = getattr(errors, kind, None)
+    if not (isinstance(error, type) and issubclass(error, H5EtlError)):
+        error = ShardError
+    try:
+        failed = error(message, path=path or None)
+    except TypeError:  # an error class made otherwise (none a writer raises today)
+        failed = ShardError(message, path=path or None)
+    raise failed
