@@ -255,3 +255,21 @@ def test_a_scheduler_that_is_no_address_is_a_config_error(
     make_raw(tmp_path, n=1)
     with pytest.raises(ConfigError, match=r"decode\.scheduler"):
         load_spec(write_config(tmp_path, decode={"scheduler": address}))
+
+
+def test_a_cluster_build_is_the_local_build_byte_for_byte(
+    tmp_path: Path,
+    make_raw: MakeRaw,
+    write_config: WriteConfig,
+    dask_cluster: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")  # reproducible bytes
+    files = []
+    for name, scheduler in (("local", "local"), ("cluster", dask_cluster.scheduler_address)):
+        folder = tmp_path / name
+        folder.mkdir()
+        make_raw(folder, n=12, broken=["mask_128"])
+        report = pipeline.build(load_spec(write_config(folder)), jobs=2, scheduler=scheduler)
+        files.append(_published(report))
+    assert files[0].read_bytes() == files[1].read_bytes()

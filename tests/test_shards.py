@@ -334,3 +334,20 @@ def test_vds_without_shards_is_a_usage_error(
         done.stderr.strip()
         == "h5etl: error: --vds needs --shards K (K >= 2): it maps the shard files"
     )
+
+
+def test_a_sharded_build_makes_the_same_bytes_again(
+    tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # reproducible bytes hold for sharded builds too: the same K, other folders, same file
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
+    files = []
+    for name in ("one", "two"):
+        folder = tmp_path / name
+        folder.mkdir()
+        files.append(
+            _published(
+                pipeline.build(load_spec(_corpus(folder, make_raw, write_config)), jobs=2, shards=2)
+            )
+        )
+    assert files[0].read_bytes() == files[1].read_bytes()
