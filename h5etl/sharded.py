@@ -23,7 +23,8 @@ from typing import Any
 from h5etl import buildparts, errors, shards, sink_copy
 from h5etl.clean import Plan
 from h5etl.decode import DecodeRecipe
-from h5etl.errors import H5EtlError, ShardError
+from h5etl.errors import H5EtlError, ShardError, UsageError
+from h5etl.kinds.base import ArrayColumn, ScalarColumn, TextColumn
 from h5etl.records import DecodeTask, Reject
 from h5etl.release import OutputFolder, part_filename
 from h5etl.report import BuildReport
@@ -177,6 +178,7 @@ def write_shards(
         ShardError: a shard writer died twice, or a shard does not account for its samples.
         BuildFailed, ClusterError, SinkError: as the shard writer raised them.
     """
+    _check_columns(spec, layout)
     geometry = cutter.geometry
     ident = shards.identity(spec_sha256(spec), plan.fingerprint(), geometry, sharding.count)
     dealt = shards.deal(cutter, sharding.count)
@@ -202,13 +204,7 @@ def write_shards(
     jobs = [
         make_job(i, part, max(1, sharding.jobs // sharding.count)) for i, part in enumerate(dealt)
     ]
-    committed: dict[int, dict[str, Any]] = {}
-    if sharding.reuse:
-        for job in jobs:
-            manifest = shards.read_manifest(job.manifest, ident)
-            if manifest is not None and job.path.is_file():
-                committed[job.index] = manifest
-        logger.info("reusing %d committed shards of %d", len(committed), len(jobs))
+    committed = _committed(jobs) if sharding.reuse else {}
     manifests = {**committed, **_run([job for job in jobs if job.index not in committed])}
     keys = {split: [sample.key for sample in members] for split, members in plan.splits.items()}
     for job in jobs:
@@ -222,6 +218,29 @@ def write_shards(
         reused=len(committed),
         tail_job=make_job(sharding.count, (), sharding.jobs) if sharding.virtual else None,
     )
+
+
+def _check_columns(spec: Spec, layout: SinkLayout) -> None:
+    """Refuse, up front, a column the stitch cannot carry (one kind added after it)."""
+    carried = (ArrayColumn, ScalarColumn, TextColumn)
+    for name, column in layout.columns.items():
+        if not isinstance(column, carried):
+            raise UsageError(
+                f"--shards: field {name!r} is stored as a {type(column).__name__}, which a "
+                f"sharded build does not carry; build it without --shards",
+                path=spec.config_file,
+            )
+
+
+def _committed(jobs: Sequence[shards.ShardJob]) -> dict[int, dict[str, Any]]:
+    """The manifests of the shards a killed build of the same plan committed, by index."""
+    committed = {}
+    for job in jobs:
+        manifest = shards.read_manifest(job.manifest, job.ident)
+        if manifest is not None and job.path.is_file():
+            committed[job.index] = manifest
+    logger.info("reusing %d committed shards of %d", len(committed), len(jobs))
+    return committed
 
 
 def start_sharded(
