@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from h5etl import pipeline, sharded, shards, tasks
 from h5etl.clean import Plan
 from h5etl.config import load_spec
-from h5etl.errors import ShardError
+from h5etl.errors import ShardError, UsageError
 from h5etl.records import DecodeTask, Sample
 from h5etl.report import BuildReport
 from h5etl.sink_copy import carry_chunks
@@ -351,3 +351,17 @@ def test_a_sharded_build_makes_the_same_bytes_again(
             )
         )
     assert files[0].read_bytes() == files[1].read_bytes()
+
+
+def test_a_ragged_column_is_refused_before_any_work(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the stitch carries whole chunks; a ragged column's values are cut across tasks
+    from ragged_kind import use_npy_recording
+    from test_ragged import make_recordings
+
+    make_recordings(tmp_path)
+    use_npy_recording(monkeypatch, "rec")
+    with pytest.raises(UsageError, match=r"--shards: field 'rec' is stored as a RaggedColumn"):
+        pipeline.build(load_spec(tmp_path / "config.yaml"), jobs=2, shards=2)
+    assert not list((tmp_path / "releases").glob("*.h5"))
