@@ -107,7 +107,8 @@ def test_local_cluster_and_sharded_builds_are_one_release(
     address = dask_cluster.scheduler_address
     local = pipeline.build(spec, jobs=1)
     builds = {
-        "cluster": pipeline.build(spec, scheduler=address),
+        # full: decode everything (a build with a parent would carry its unchanged samples)
+        "cluster": pipeline.build(spec, scheduler=address, full=True),
         "sharded K=2": pipeline.build(spec, jobs=2, shards=2),
         "sharded K=2 on the cluster": pipeline.build(spec, scheduler=address, shards=2),
     }
@@ -165,7 +166,9 @@ def test_a_worker_killed_mid_build_is_replaced_and_nothing_is_lost(
             killed.append(victim)
 
     try:
-        remote = pipeline.build(spec, scheduler=dask_cluster.scheduler_address, progress=kill_once)
+        remote = pipeline.build(
+            spec, scheduler=dask_cluster.scheduler_address, full=True, progress=kill_once
+        )
     finally:
         client.run(_normal_decoding)
     assert killed == [victim]
