@@ -198,7 +198,9 @@ def _build_planned(
     if earlier is None and run.sharding is not None:
         run.hook("shards", 0, run.sharding.count)
         layout, recipe = sink_layout(spec, plan), recipe_of(plan)
-        earlier = start_sharded(spec, plan, output, run.sharding, layout, recipe, version, report)
+        earlier = start_sharded(
+            spec, plan, output, run.sharding, layout, recipe, version, report, run.hook
+        )
         watch.lap("shards")
     carried = None
     if earlier is None and origin is not None:

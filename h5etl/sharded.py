@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -169,6 +169,7 @@ def write_shards(
     sharding: Sharding,
     planned_rejects: Sequence[Reject],
     inputs: int,
+    advance: Callable[[int], None] = lambda shards_done: None,
 ) -> Shards:
     """Run the shard writers (reusing committed shards when asked); return their commits.
 
@@ -205,7 +206,9 @@ def write_shards(
         make_job(i, part, max(1, sharding.jobs // sharding.count)) for i, part in enumerate(dealt)
     ]
     committed = _committed(jobs) if sharding.reuse else {}
-    manifests = {**committed, **_run([job for job in jobs if job.index not in committed])}
+    advance(len(committed))
+    left = [job for job in jobs if job.index not in committed]
+    manifests = {**committed, **_run(left, advance)}
     keys = {split: [sample.key for sample in members] for split, members in plan.splits.items()}
     for job in jobs:
         shards.check_manifest(manifests[job.index], job.tasks, keys)
@@ -252,6 +255,7 @@ def start_sharded(
     recipe: DecodeRecipe,
     version: int,
     report: BuildReport,
+    progress: Callable[[str, int, int | None], None] | None = None,
 ) -> Shards:
     """Write (or reuse) the shards of a build, and for a virtual release its tail too: where
     the build goes on from (a ``resume.Start``)."""
@@ -265,6 +269,7 @@ def start_sharded(
         sharding=sharding,
         planned_rejects=report.rejects,
         inputs=report.inputs,
+        advance=(lambda n: progress("shards", n, None)) if progress else (lambda n: None),
     )
     report.shards, report.shards_reused, report.virtual = (
         sharding.count,
@@ -335,7 +340,9 @@ def _outcome(process: BaseProcess, receive: Connection) -> tuple[str, str, str] 
     return got if process.exitcode == 0 else None
 
 
-def _run(jobs: Sequence[shards.ShardJob]) -> dict[int, dict[str, Any]]:
+def _run(
+    jobs: Sequence[shards.ShardJob], advance: Callable[[int], None]
+) -> dict[int, dict[str, Any]]:
     """Run shard writers side by side; restart one that dies, once; return their manifests."""
     running = {job.index: (job, *_start(job), 1) for job in jobs}
     manifests: dict[int, dict[str, Any]] = {}
@@ -362,6 +369,7 @@ def _run(jobs: Sequence[shards.ShardJob]) -> dict[int, dict[str, Any]]:
             if manifest is None:
                 raise ShardError(f"shard {index} has no readable manifest", path=job.manifest)
             manifests[index] = manifest
+            advance(1)  # in shard order: a later shard done first is counted when it is met
     finally:
         for _, process, receive, _ in running.values():
             process.kill()  # our own shard writers, on the way out after an error

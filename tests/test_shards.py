@@ -69,7 +69,14 @@ def test_a_sharded_build_is_the_one_writer_build(
     monkeypatch.setattr(tasks, "TASK_SAMPLES", 4)  # many tasks: each shard gets several
     spec = load_spec(_corpus(tmp_path, make_raw, write_config))
     plain = pipeline.build(spec, jobs=1)
-    sharded_report = pipeline.build(spec, jobs=2, shards=count)
+    done: list[int] = []
+
+    def progress(stage: str, advance: int, total: int | None) -> None:
+        if stage == "shards" and total is None:
+            done.append(advance)
+
+    sharded_report = pipeline.build(spec, jobs=2, shards=count, progress=progress)
+    assert sum(done) == count  # the progress bar counts the shards as they commit
     _same_release(_published(plain), _published(sharded_report))
     assert sharded_report.samples == plain.samples
     assert sorted(r.path for r in sharded_report.rejects) == sorted(r.path for r in plain.rejects)
