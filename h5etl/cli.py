@@ -5,19 +5,24 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from tqdm import tqdm
 
 from h5etl import __version__, workers
-from h5etl.cli_usage import OneLineGroup
-from h5etl.errors import BuildFailed, H5EtlError, UsageError
+from h5etl.cli_common import app
+from h5etl.cli_common import fail as _fail
+from h5etl.cli_common import run as _run
+from h5etl.cli_common import say as _say
+from h5etl.errors import BuildFailed, UsageError
 from h5etl.units import human_size
+
+__all__ = ["app", "main"]
 
 # The pipeline, pydantic and HDF5 load inside the commands: ``build`` starts its workers
 # first, so their start-up overlaps these imports.
@@ -27,15 +32,6 @@ if TYPE_CHECKING:
     from h5etl.spec import Spec
 
 
-app = typer.Typer(
-    cls=OneLineGroup,
-    add_completion=False,
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    rich_markup_mode=None,  # plain help: no boxes, no <bool> after flags that take no value
-    help="Turn folders of images and masks into versioned, checksummed HDF5 releases.",
-)
-T = TypeVar("T")
 ALL_CORES = os.cpu_count() or 1
 
 JobsOption = Annotated[
@@ -43,34 +39,6 @@ JobsOption = Annotated[
     typer.Option("--jobs", "-j", min=1, metavar="N", help="Worker processes (default: all cores)."),
 ]
 QuietOption = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")]
-
-
-def _say(text: str) -> None:
-    typer.echo(text)
-
-
-def _fail(exc: H5EtlError) -> typer.Exit:
-    for line in str(exc).splitlines():
-        typer.echo(f"h5etl: error: {line}", err=True)
-    return typer.Exit(exc.exit_code)
-
-
-def _run(action: Callable[[], T], bars: _Bars | None = None) -> T:
-    """Call into the library; our errors become lines on stderr and an exit code.
-
-    Progress bars are closed first, so none is redrawn below the error line.
-    """
-    try:
-        return action()
-    except H5EtlError as exc:
-        if bars is not None:
-            bars.close()
-        raise _fail(exc) from None
-    except KeyboardInterrupt:
-        if bars is not None:
-            bars.close()
-        typer.echo("h5etl: interrupted; nothing was published", err=True)
-        raise typer.Exit(130) from None
 
 
 class _Bars:
@@ -143,6 +111,8 @@ def _summary(report: BuildReport) -> None:
         )
         _say(f"wall: {report.seconds.get('total', 0.0):.2f} s")
         _say(f"release: {report.path} (v{report.version:04d}); {report.link} -> {report.path.name}")
+        if report.change:
+            _say(f"change: {report.change}")
         if report.rejects_path is not None:
             _say(f"rejects report: {report.rejects_path}")
 
@@ -176,6 +146,7 @@ class _BuildOptions:
     scheduler: str | None = None
     shards: int = 1
     vds: bool = False
+    notes: str | None = None  # release notes for every config built (instead of their notes:)
 
 
 @app.command()
@@ -231,6 +202,10 @@ def build(
             "(no copy; the part files must travel with it).",
         ),
     ] = False,
+    notes: Annotated[
+        str | None,
+        typer.Option("--notes", metavar="TEXT", help="Release notes (instead of the config's)."),
+    ] = None,
     quiet: QuietOption = False,
 ) -> None:
     """Build a new release from each CONFIG (a folder: each config in it)."""
@@ -242,16 +217,23 @@ def build(
         _check_scheduler(scheduler)
     if scheduler in (None, "local"):
         workers.warm_up(jobs)  # a config naming a cluster leaves these idle; they time out
-    options = _BuildOptions(jobs, dry_run, decode, resume, quiet, full, scheduler, shards, vds)
+    options = _BuildOptions(
+        jobs, dry_run, decode, resume, quiet, full, scheduler, shards, vds, notes
+    )
     if len(configs) == 1 and not configs[0].is_dir():
-        from h5etl.config import load_spec
-
-        spec = _run(lambda: load_spec(configs[0]))
+        spec = _run(lambda: _load(configs[0], options))
         with _progress(quiet) as bars:
             report = _run(lambda: _build_spec(spec, options, bars), bars)
         _render_build(report, dry_run=dry_run)
         return
     _build_many(configs, options)
+
+
+def _load(path: Path, options: _BuildOptions) -> Spec:
+    from h5etl.config import load_spec
+    from h5etl.story import with_notes
+
+    return with_notes(load_spec(path), options.notes)
 
 
 def _build_spec(spec: Spec, options: _BuildOptions, bars: _Bars) -> BuildReport:
@@ -280,7 +262,6 @@ def _build_spec(spec: Spec, options: _BuildOptions, bars: _Bars) -> BuildReport:
 def _build_many(paths: list[Path], options: _BuildOptions) -> None:
     """Each config in turn, each under its own lock; a summary table; the worst exit code."""
     from h5etl import batch
-    from h5etl.config import load_spec
 
     configs = _run(lambda: batch.config_files(paths))
 
@@ -297,7 +278,9 @@ def _build_many(paths: list[Path], options: _BuildOptions) -> None:
         with _progress(options.quiet) as bars:
             return _build_spec(spec, options, bars)
 
-    outcomes = batch.build_all(configs, load=load_spec, build=one, started=started, done=done)
+    outcomes = batch.build_all(
+        configs, load=lambda path: _load(path, options), build=one, started=started, done=done
+    )
     _say("== summary ==")
     for line in batch.summary_lines(outcomes):
         _say(line)
@@ -376,26 +359,6 @@ def check(
 
 
 @app.command()
-def releases(
-    folder: Annotated[
-        Path, typer.Argument(metavar="FOLDER", help="An output folder, e.g. releases.")
-    ],
-) -> None:
-    """List the releases in FOLDER and which one each link points at."""
-    from h5etl import release
-
-    found = _run(lambda: release.list_releases(folder))
-    if not found:
-        _say(f"{folder}: no releases")
-    from h5etl import hdf5info
-
-    for info in found:
-        mark = "*" if info.current else " "
-        held = hdf5info.contents(info.path)  # from the layout record the release carries
-        _say(f"{mark} {info.path.name}  {human_size(info.size):>10}  {info.modified}  {held}")
-
-
-@app.command()
 def status(
     output: Annotated[
         Path,
@@ -417,23 +380,6 @@ def status(
                 _say(line)
     if any(view.state not in ("running", "succeeded") for view in views):
         raise typer.Exit(1)
-
-
-@app.command()
-def rollback(
-    link: Annotated[
-        Path, typer.Argument(metavar="LINK", help="The release link, e.g. releases/cells.h5.")
-    ],
-    to: Annotated[
-        int | None,
-        typer.Option("--to", metavar="N", help="Version number (default: the previous one)."),
-    ] = None,
-) -> None:
-    """Point LINK at an earlier (or any) release."""
-    from h5etl import release
-
-    info = _run(lambda: release.rollback(link, to))
-    _say(f"{link} -> {info.path.name}")
 
 
 @app.command(name="demo")
@@ -472,7 +418,7 @@ def demo_command(
     where = folder if folder is not None else examples.default_folder(example)
     config = _run(lambda: examples.prepare(where, example))
     _say(f"demo config: {config}")
-    build([config], jobs=jobs, dry_run=False, decode=False, resume=False, quiet=quiet)
+    build([config], jobs=jobs, dry_run=False, decode=False, resume=False, notes=None, quiet=quiet)
 
 
 def _version_callback(value: bool) -> None:
@@ -519,3 +465,7 @@ def preview(
 
     written = _run(lambda: write_preview(path, out, split=split, n=n))
     _say(f"preview: {written}")
+
+
+# The commands over published releases register on the same app (kept apart for size).
+from h5etl import cli_releases  # noqa: E402, F401

@@ -27,12 +27,15 @@ __all__ = [
     "LAYOUT_ATTR",
     "LINEAGE",
     "PARENT_ATTR",
+    "REJECTS_DATASET",
+    "REJECT_COLUMNS",
     "REQUIRED_ATTRS",
     "SAMPLE_GROUP",
     "SAMPLE_KEY",
     "SAMPLE_RECORD",
     "SPLIT_POLICY_ATTR",
     "STAT_ATTRS",
+    "STORY_ATTRS",
     "TEMPLATES",
     "FieldRecord",
     "LayoutRecord",
@@ -74,6 +77,21 @@ SPLIT_POLICY_ATTR = "split_policy"
 # version, source_fingerprint, samples_reused, bytes_reused (stored chunk bytes copied),
 # samples_decoded; absent when the build decoded everything
 PARENT_ATTR = "parent"
+# The release's story (root attributes; releases before them carry none): its notes, the
+# release it was built after and the semantic label of the change from it (h5etl.diff).
+NOTES_ATTR = "notes"
+PARENT_VERSION_ATTR, PARENT_FINGERPRINT_ATTR = "parent_version", "parent_fingerprint"
+CHANGE_ATTR, CHANGE_SUMMARY_ATTR = "change", "change_summary"  # major|minor|patch|initial
+STORY_ATTRS = (
+    NOTES_ATTR,
+    PARENT_VERSION_ATTR,
+    PARENT_FINGERPRINT_ATTR,
+    CHANGE_ATTR,
+    CHANGE_SUMMARY_ATTR,
+)
+# In DIAGNOSTICS: one row per rejected input, as in the rejects report beside the release
+REJECTS_DATASET = "rejects"
+REJECT_COLUMNS = ("path", "stage", "reason", "detail", "key")
 # On the DIAGNOSTICS group: reject counts by reason (rejects_<reason>, rejects_total)
 REJECTS_PREFIX = "rejects_"
 REJECTS_TOTAL = "rejects_total"

@@ -141,22 +141,41 @@ def _why_not_hdf5(path: Path, exc: Exception) -> str:
     return "a damaged HDF5 file: HDF5 cannot open it; copy it again from where it came from"
 
 
+def sample_counts(handle: h5py.File) -> dict[str, int]:
+    """Samples per split, as the layout record says where they are: the longest field.
+
+    Raises:
+        ValueError: the layout record is damaged or newer than this version reads.
+    """
+    record = fileformat.read_layout(handle)
+    counts = {}
+    for split in record.splits:
+        rows = [0]
+        for name, column in record.storage.items():
+            ragged = column.column == "ragged"  # (N+1,) offsets beside the values
+            path = record.path(split, name)
+            path = fileformat.offsets_path(path) if ragged else path
+            node = handle.get(path)
+            if isinstance(node, h5py.Dataset) and node.shape:
+                rows.append(int(node.shape[0]) - ragged)
+        counts[split] = max(rows)
+    return counts
+
+
+def why_not_readable(path: Path, exc: Exception) -> str:
+    """Why ``path`` could not be read as a release, in one line."""
+    return _why_not_hdf5(path, exc) if isinstance(exc, OSError) else str(exc)
+
+
 def contents(path: Path) -> str:
     """What a release holds, as its layout record says: samples per split and the fields
     with their kinds (``train 34, valid 6; image (image), mask (mask)``), or why not."""
     try:
         with h5py.File(path, "r") as handle:
             record = fileformat.read_layout(handle)
-            counts = []
-            for split in record.splits:
-                rows = [
-                    int(node.shape[0])
-                    for name in record.fields
-                    if isinstance(node := handle.get(record.path(split, name)), h5py.Dataset)
-                    and node.shape
-                ]
-                counts.append(f"{split} {max(rows, default=0)}")
+            counts = sample_counts(handle)
     except (OSError, ValueError, KeyError) as exc:
-        return f"unreadable: {_why_not_hdf5(path, exc) if isinstance(exc, OSError) else exc}"
+        return f"unreadable: {why_not_readable(path, exc)}"
     fields = ", ".join(f"{name} ({field.kind})" for name, field in record.fields.items())
-    return f"{', '.join(counts)}; {fields}"
+    shown = ", ".join(f"{split} {n}" for split, n in counts.items())
+    return f"{shown}; {fields}"

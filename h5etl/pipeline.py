@@ -42,6 +42,7 @@ from h5etl.sharded import Sharding, Shards, start_sharded
 from h5etl.sink import Sink
 from h5etl.spec import Spec, spec_text
 from h5etl.status import BuildStatus
+from h5etl.story import Annotator, stored_rejects
 from h5etl.tallies import Tallies, block_json
 
 logger = logging.getLogger(__name__)
@@ -409,7 +410,16 @@ def _write(
             report.conversions = tallies.conversions
             report.class_counts = tallies.class_counts(record)
             schedule.release_free_memory()
-            report.datasets = sink.finish(attrs, diagnostics, tallies.dataset_attrs(record))
+            linked = run.output.current_release()  # the parent, as for the splits
+            annotate = Annotator(None if linked is None else linked[1])
+            report.datasets = sink.finish(
+                attrs,
+                diagnostics,
+                tallies.dataset_attrs(record),
+                rejects=stored_rejects(spec, report.rejects),
+                annotate=annotate,
+            )
+            report.change = annotate.line()
             report.chunk_paths = sink.chunk_paths
             checkpoints.drain()
     finally:

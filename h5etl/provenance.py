@@ -29,6 +29,7 @@ def file_attrs(
         "name": spec.name,
         "version": version,
         "description": spec.description,
+        "notes": spec.notes,  # fileformat.NOTES_ATTR
         "created_at": created_at,
         "config": spec_text(spec),
         "config_sha256": spec_sha256(spec),

@@ -27,6 +27,10 @@ from h5etl.records import Reject
 logger = logging.getLogger(__name__)
 
 _VERSION = re.compile(r"^(?P<name>.+)-v(?P<version>\d{4,})\.h5$")
+# The files beside a release: its rejects report, its build facts
+_BESIDE = re.compile(
+    r"^\.?(?P<name>.+)-v(?P<version>\d{4,})\.(rejects\.jsonl|build\.json|h5\.carry\.json)$"
+)
 PARTIAL_MARK = ".partial-"
 
 
@@ -109,6 +113,31 @@ def versions(folder: Path, name: str) -> dict[int, Path]:
             if match and match["name"] == name and not entry.is_symlink():
                 found[int(match["version"])] = entry
     return dict(sorted(found.items()))
+
+
+def companions(folder: Path, name: str, version: int) -> list[Path]:
+    """The files beside release ``version`` that are there: rejects report, build facts,
+    carry record."""
+    carry = f".{release_filename(name, version)}.carry.json"  # OutputFolder.carry_path
+    beside = (rejects_filename(name, version), facts_filename(name, version), carry)
+    return [folder / n for n in beside if (folder / n).is_file()]
+
+
+def orphans(folder: Path, name: str) -> dict[int, list[Path]]:
+    """Files beside a release that is gone (a prune stopped half-way), by version."""
+    found: dict[int, list[Path]] = {}
+    releases = versions(folder, name)
+    if folder.is_dir():
+        for entry in sorted(folder.iterdir()):
+            match = _BESIDE.match(entry.name)
+            if match and match["name"] == name and int(match["version"]) not in releases:
+                found.setdefault(int(match["version"]), []).append(entry)
+    return dict(sorted(found.items()))
+
+
+def release_names(folder: Path) -> list[str]:
+    """The names of the releases in ``folder``, sorted."""
+    return sorted({m["name"] for e in folder.iterdir() if (m := _VERSION.match(e.name))})
 
 
 def current_version(link: Path) -> int | None:
@@ -250,6 +279,37 @@ class OutputFolder:
         except (OSError, ValueError):
             return None
         return record if isinstance(record, dict) else None
+
+    def remove_release(self, version: int) -> list[Path]:
+        """Delete release ``version`` and the files beside it; call under the lock (prune).
+
+        Raises:
+            ReleaseUsageError: the link points at that version (exit code 2).
+            ReleaseError: a file could not be deleted.
+        """
+        if current_version(self.link) == version:
+            raise ReleaseUsageError(
+                f"v{version:04d} is the release {self.link.name} points at; it is never deleted",
+                path=self.folder,
+            )
+        removed = []
+        # the release first: a prune stopped half-way leaves a report, never a release
+        # whose report is gone
+        for path in (
+            self.folder / release_filename(self.name, version),
+            self.folder / rejects_filename(self.name, version),
+            self.folder / facts_filename(self.name, version),
+            self.carry_path(version),
+        ):
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                raise ReleaseError(f"cannot delete it: {io_problem(exc)}", path=path) from exc
+            removed.append(path)
+        _fsync_dir(self.folder)
+        return removed
 
     def next_version(self) -> int:
         existing = versions(self.folder, self.name)
@@ -407,9 +467,8 @@ def list_releases(folder: Path) -> list[ReleaseInfo]:
             f"not a folder{why}; give the output folder of a build, such as releases",
             path=folder,
         )
-    names = sorted({m["name"] for e in folder.iterdir() if (m := _VERSION.match(e.name))})
     out: list[ReleaseInfo] = []
-    for name in names:
+    for name in release_names(folder):
         output = OutputFolder(folder, name)
         out.extend(output.info(v) for v in versions(folder, name))
     return out

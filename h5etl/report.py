@@ -57,6 +57,7 @@ class BuildReport:
     warnings: list[str] = field(default_factory=list)
     conversions: dict[str, dict[str, int]] = field(default_factory=dict)  # field -> code -> n
     class_counts: dict[str, dict[str, dict[str, int]]] = field(default_factory=dict)
+    change: str = ""  # the semantic label from the parent release and why (h5etl.story)
 
     @property
     def reject_counts(self) -> dict[str, int]:

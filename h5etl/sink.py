@@ -15,6 +15,7 @@ import logging
 import os
 import resource
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -25,12 +26,12 @@ import numpy as np
 from h5etl import fileformat
 from h5etl.errors import ResumeMismatch, SinkError, io_problem
 from h5etl.journal import ResumeState
-from h5etl.records import BatchResult, EncodedRows, RaggedRows
+from h5etl.records import BatchResult, EncodedRows, RaggedRows, Reject
 from h5etl.sink_carry import copy_chunks, parent_rows
 from h5etl.sink_chunks import DatasetStats, ImageWriter, StoredChunks, chunk_places
 from h5etl.sink_datasets import create_split
 from h5etl.sink_ragged import EMPTY, restore_ragged, snapshot
-from h5etl.sink_rows import SinkLayout, SmallRows
+from h5etl.sink_rows import SinkLayout, SmallRows, store_rejects
 from h5etl.sink_virtual import VirtualColumn, create_virtual, map_arrays
 
 __all__ = ["LIBVER", "Sink", "SinkLayout"]
@@ -400,11 +401,16 @@ class Sink:
         attrs: dict[str, Any],
         diagnostics: dict[str, Any],
         dataset_attrs: dict[str, dict[str, Any]] | None = None,
+        *,
+        rejects: Sequence[Reject] = (),
+        annotate: Callable[[h5py.File], dict[str, Any]] | None = None,
     ) -> dict[str, Any]:
         """Store the last partial chunks, the attrs (the file's, and ``dataset_attrs`` by
-        dataset path: statistics, class names) and ``/diagnostics``; return dataset stats."""
+        dataset path: statistics, class names), ``/diagnostics`` and its rejects table;
+        return dataset stats. ``annotate`` reads the file once its data and attrs are in
+        and returns more file attrs (the change from the parent release, h5etl.diff)."""
         assert self.file is not None
-        self._ensure_room(self._finish_bytes(), "finishing the file")
+        self._ensure_room(self._finish_bytes(rejects), "finishing the file")
         try:
             self._small.flush()
             for writer in self.images.values():
@@ -414,12 +420,15 @@ class Sink:
             self.file.attrs.update(attrs)
             for path, values in (dataset_attrs or {}).items():
                 self.file[path].attrs.update(values)
+            if annotate is not None:
+                self.file.attrs.update(annotate(self.file))
             report = self._dataset_report()
             group = self.file.create_group(
                 fileformat.DIAGNOSTICS, track_order=True, track_times=False
             )
             for key, value in diagnostics.items():
                 group.attrs[key] = value
+            store_rejects(group, rejects)
             datasets = group.create_group(
                 fileformat.DATASETS_GROUP, track_order=True, track_times=False
             )
@@ -436,13 +445,14 @@ class Sink:
             raise self._failed("finishing the file", exc) from exc
         return report
 
-    def _finish_bytes(self) -> int:
+    def _finish_bytes(self, rejects: Sequence[Reject]) -> int:
         """An upper bound of what ``finish`` writes: the last chunks, rows, diagnostics."""
         carry = sum(
             writer.layout.block_nbytes * 2 for writer in self.images.values() if writer.carry_rows
         )
         digests = sum(len(stats.blocks) + 1 for stats in self.stats.values()) * 64
-        return carry + self._small.pending_bytes() + digests
+        table = sum(sum(map(len, r.as_json().values())) * 4 + 128 for r in rejects)
+        return carry + self._small.pending_bytes() + digests + table
 
     def _dataset_report(self) -> dict[str, dict[str, Any]]:
         assert self.file is not None

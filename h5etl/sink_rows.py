@@ -8,7 +8,7 @@ journal as plain values as soon as they are buffered.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +17,7 @@ import numpy as np
 
 from h5etl import digest, fileformat
 from h5etl.kinds.base import ArrayColumn, Column, RaggedColumn, ScalarColumn
-from h5etl.records import BatchResult, RaggedRows, valid_text
+from h5etl.records import BatchResult, RaggedRows, Reject, valid_text
 from h5etl.sink_chunks import DatasetStats
 
 # Small rows are buffered and appended this many at a time: one resize and write per field
@@ -237,3 +237,15 @@ class SmallRows:
         # 64 bytes per lineage digest; up to 4 bytes per UTF-8 character and 16 per heap entry
         columns = 16 * len(self.layout.small) + 8 * len(self.layout.ragged)
         return rows * (64 * len(self.layout.sources) + columns) + 4 * chars
+
+
+def store_rejects(group: h5py.Group, rejects: Sequence[Reject]) -> None:
+    """``/diagnostics/rejects``: the rejects report inside the file, so a release copied
+    alone still says what was left out and why (one row per file, as the JSONL beside it)."""
+    text = h5py.string_dtype("utf-8")
+    dtype = np.dtype([(name, text) for name in fileformat.REJECT_COLUMNS])
+    rows = np.empty(len(rejects), dtype=dtype)
+    for i, reject in enumerate(rejects):
+        values = reject.as_json()
+        rows[i] = tuple(valid_text(values[name]) for name in fileformat.REJECT_COLUMNS)
+    group.create_dataset(fileformat.REJECTS_DATASET, data=rows, track_times=False)

@@ -68,6 +68,7 @@ RESERVED_ATTRS = frozenset(
         fileformat.LAYOUT_ATTR,
         fileformat.SPLIT_POLICY_ATTR,
         fileformat.PARENT_ATTR,
+        *fileformat.STORY_ATTRS,
     }
 )  # file attributes every build writes (provenance.file_attrs)
 
@@ -87,6 +88,7 @@ class Spec(Strict):
     pipeline: str = "segmentation"
     output: Path = Path("releases")
     description: Text = ""
+    notes: Text = ""  # release notes: stored as the `notes` attribute, not in the config text
     attrs: dict[str, AttrValue] = Field(default_factory=dict)
     sources: Annotated[dict[str, SourceSpec], Field(min_length=1)]
     splits: dict[str, Annotated[float, Field(gt=0, le=1)]] = Field(
@@ -265,9 +267,11 @@ def spec_text(spec: Spec) -> str:
 
     Paths the config wrote relative to its folder stay relative, so a moved or copied project
     stores (and hashes) the same text. ``decode`` (where decoding runs) is left out: a build on
-    a cluster stores the text a local build stores, and a killed one resumes on either.
+    a cluster stores the text a local build stores, and a killed one resumes on either. So are
+    the notes: they are the release's own attribute, and new notes must not make a build's
+    config another (``--resume``).
     """
-    data = spec.model_dump(mode="json", by_alias=True)
+    data = spec.model_dump(mode="json", by_alias=True, exclude={"notes"})
     del data["decode"]  # where decoding ran: how the release was built, not what it holds
     data["fields"] = {
         name: {"kind": field.pop("kind"), **field} for name, field in data["fields"].items()

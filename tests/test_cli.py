@@ -154,7 +154,7 @@ def test_build_check_releases_rollback(
 
     code, output = _invoke("releases", str(tmp_path / "releases"))
     assert code == 0
-    lines = output.splitlines()
+    lines = [line for line in output.splitlines() if not line.startswith("    ")]  # no story
     assert len(lines) == 2
     assert lines[1].startswith("*")
     assert "cells-v0002.h5" in lines[1]
@@ -230,7 +230,8 @@ def test_releases_says_what_each_release_holds_from_its_layout_record(
     (tmp_path / "releases" / "cells-v0002.h5").write_bytes(b"not hdf5")  # a stray file
     code, output = _invoke("releases", str(tmp_path / "releases"))
     assert code == 0, output
-    first, stray = output.splitlines()
+    first, story, stray = output.splitlines()
+    assert story == "    initial: the first release of this name here"
     counts = re.search(r"train (\d+), valid (\d+); x \(image\), y \(mask\)$", first)
     assert counts is not None, first
     assert int(counts[1]) + int(counts[2]) == 6

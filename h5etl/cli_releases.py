@@ -1,0 +1,205 @@
+"""The commands over published releases: ``releases``, ``rollback``, ``diff``, ``prune``.
+
+Registered on the one app (``h5etl.cli_common``); each parses, calls one library function
+and renders what it returns.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from h5etl.cli_common import app, run, say
+from h5etl.units import human_size
+
+if TYPE_CHECKING:
+    from h5etl.diff import Change, ReleaseDiff
+    from h5etl.prune import PrunePlan
+
+SHOWN_SAMPLES = 20  # per kind of sample change in the text output; --json lists them all
+
+
+@app.command()
+def releases(
+    folder: Annotated[
+        Path, typer.Argument(metavar="FOLDER", help="An output folder, e.g. releases.")
+    ],
+) -> None:
+    """List the releases in FOLDER: size, creation time, samples, parent, change, notes."""
+    from h5etl import hdf5info, release
+    from h5etl.story import read_story
+
+    found = run(lambda: release.list_releases(folder))
+    if not found:
+        say(f"{folder}: no releases")
+    for info in found:
+        mark = "*" if info.current else " "
+        story = read_story(info.path)
+        held = hdf5info.contents(info.path)  # from the layout record the release carries
+        created = story.created_at or info.modified
+        say(f"{mark} {info.path.name}  {human_size(info.size):>10}  {created}  {held}")
+        told = []
+        if story.change:
+            parent = f" from v{story.parent:04d}" if story.parent is not None else ""
+            summary = story.summary.removeprefix(f"{story.change}: ")
+            told.append(f"{story.change}{parent}: {summary}" if summary else story.change)
+        if story.notes:
+            told.append(f"notes: {' '.join(story.notes.split())}")
+        if told:
+            say(f"    {'; '.join(told)}")
+
+
+@app.command()
+def rollback(
+    link: Annotated[
+        Path, typer.Argument(metavar="LINK", help="The release link, e.g. releases/cells.h5.")
+    ],
+    to: Annotated[
+        int | None,
+        typer.Option("--to", metavar="N", help="Version number (default: the previous one)."),
+    ] = None,
+) -> None:
+    """Point LINK at an earlier (or any) release."""
+    from h5etl import release
+
+    info = run(lambda: release.rollback(link, to))
+    say(f"{link} -> {info.path.name}")
+
+
+@app.command()
+def diff(
+    a: Annotated[Path, typer.Argument(metavar="A", help="A release file or link.")],
+    b: Annotated[Path, typer.Argument(metavar="B", help="Another release file or link.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the diff as JSON.")] = False,
+    exit_code: Annotated[
+        bool, typer.Option("--exit-code", help="Exit 1 when the releases differ.")
+    ] = False,
+) -> None:
+    """Show what changed from release A to release B: layout, attributes, samples, classes."""
+    from h5etl.diff import diff_paths
+
+    found = run(lambda: diff_paths(a, b))
+    if as_json:
+        say(json.dumps(found.as_json(), indent=1, ensure_ascii=False))
+    else:
+        for line in diff_lines(found):
+            say(line)
+    if exit_code and not found.empty:
+        raise typer.Exit(1)
+
+
+def _shown(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, str):
+        return repr(value) if len(value) <= 80 else repr(value[:77] + "...")
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _change_line(change: Change) -> str:
+    if change.before is None:
+        return f"  + {change.where}: {_shown(change.after)}"
+    if change.after is None:
+        return f"  - {change.where}: {_shown(change.before)}"
+    return f"  {change.where}: {_shown(change.before)} -> {_shown(change.after)}"
+
+
+def _side(snapshot: Any) -> str:
+    version = f" v{snapshot.version:04d}" if snapshot.version is not None else ""
+    notes = " ".join(str(snapshot.attrs.get("notes", "")).split())
+    told = f"; notes: {notes}" if notes else ""
+    return f"{snapshot.path} ({snapshot.name}{version}, {snapshot.created_at or 'no date'}{told})"
+
+
+def diff_lines(found: ReleaseDiff) -> list[str]:
+    """The diff as text: one section per kind of change, only those that have any."""
+    lines = [f"a: {_side(found.a)}", f"b: {_side(found.b)}"]
+    lines += [f"note: {note}" for note in found.notes]
+    if found.empty:
+        return [*lines, "no differences"]
+    for title, changes in (
+        ("layout", found.layout),
+        ("attributes", found.attrs),
+        ("config (as stored in the release)", found.config),
+    ):
+        if changes:
+            lines += [f"{title}:", *(_change_line(c) for c in changes)]
+    counts = []
+    for split, (was, now) in found.counts.items():
+        delta = f" ({now - was:+d})" if was is not None and now is not None and now != was else ""
+        counts.append(f"{split} {_count(was)} -> {_count(now)}{delta}")
+    lines.append(f"samples per split: {', '.join(counts)}")
+    lines += _sample_lines(found)
+    if found.classes:
+        lines.append("classes (samples per label class, pixels per mask value):")
+        lines += [
+            f"  {c.where}: {c.before} -> {c.after} ({c.after - c.before:+d})" for c in found.classes
+        ]
+    lines.append(f"change: {found.summary()}")
+    return lines
+
+
+def _count(value: int | None) -> str:
+    return "-" if value is None else str(value)
+
+
+def _sample_lines(found: ReleaseDiff) -> list[str]:
+    kinds = (
+        ("added", [f"{s.key} ({s.split})" for s in found.added]),
+        ("removed", [f"{s.key} ({s.split})" for s in found.removed]),
+        ("changed", [f"{s.key} ({s.split}): {', '.join(s.what)}" for s in found.changed]),
+        ("moved", [f"{m.key}: {m.before} -> {m.after}" for m in found.moved]),
+    )
+    tally = ", ".join(f"{len(items)} {kind}" for kind, items in kinds if items)
+    lines = [f"samples: {tally or 'the same'}"]
+    for kind, items in kinds:
+        lines += [f"  {kind}: {item}" for item in items[:SHOWN_SAMPLES]]
+        if len(items) > SHOWN_SAMPLES:
+            lines.append(f"  ... {len(items) - SHOWN_SAMPLES} more {kind} (--json lists all)")
+    if found.reordered:
+        lines.append(f"  write order changed in: {', '.join(found.reordered)}")
+    return lines
+
+
+@app.command()
+def prune(
+    folder: Annotated[
+        Path, typer.Argument(metavar="FOLDER", help="An output folder, e.g. releases.")
+    ],
+    keep: Annotated[
+        int, typer.Option("--keep", min=1, metavar="N", help="Newest releases to keep per name.")
+    ],
+    yes: Annotated[bool, typer.Option("--yes", help="Delete (without it: a dry run).")] = False,
+) -> None:
+    """Delete all but the N newest releases of each name; never the one the link points at."""
+    from h5etl.prune import prune as plan_prune
+
+    plan = run(lambda: plan_prune(folder, keep=keep, apply=yes))
+    for line in prune_lines(plan):
+        say(line)
+
+
+def prune_lines(plan: PrunePlan) -> list[str]:
+    lines = []
+    for entry in plan.entries:
+        name = entry.files[0].name
+        if entry.kept:
+            lines.append(f"keep    {name}  ({entry.kept})")
+        else:
+            verb = "deleted" if plan.applied else "delete"
+            extra = "".join(f" + {path.name}" for path in entry.files[1:])
+            lines.append(f"{verb:<7} {name}{extra}  {human_size(entry.size)}")
+    count, size = len(plan.removed), human_size(plan.freed)
+    if plan.applied:
+        lines.append(f"deleted {count} releases, {size} freed")
+    elif count:
+        lines.append(f"dry run: {count} releases ({size}) would be deleted; --yes deletes them")
+    else:
+        lines.append("nothing to delete")
+    return lines
+
+
+__all__ = ["diff", "diff_lines", "prune", "prune_lines", "releases", "rollback"]

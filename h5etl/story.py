@@ -1,0 +1,164 @@
+"""story: what a release says about itself: its notes, its parent, the change from it.
+
+A build's parent is the release the link pointed at when the build started (the one whose
+record also keeps the splits sticky). Before the file is published, the build diffs the
+parent against the file as written (``h5etl.diff``) and stores the semantic label and its
+reasons; a build without a parent is ``initial``. ``releases`` reads the story back
+(``read_story``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import h5py
+
+from h5etl import fileformat
+from h5etl.errors import ConfigError, H5EtlError
+from h5etl.records import Reject
+from h5etl.snapshot import plain
+from h5etl.spec import Spec
+from h5etl.storable import Text
+
+logger = logging.getLogger(__name__)
+
+INITIAL = "initial"
+
+
+def stored_rejects(spec: Spec, rejects: Sequence[Reject]) -> list[Reject]:
+    """The rejects as the release stores them: paths under a source folder as the config
+    wrote that folder (``raw/images/a.png``), others under the config's folder relative to
+    it (a table named in a detail), in ``path`` and ``detail``, so the file does not depend
+    on where the project lies (reproducible bytes); the report beside the release keeps the
+    absolute paths."""
+    roots = [
+        (str(source.dir), spec.stored_path(("sources", name, "dir"), source.dir))
+        for name, source in spec.sources.items()
+    ]
+    if spec.config_file is not None:
+        roots.append((str(spec.config_file.parent), ""))
+    # the deepest folder first: sources may nest, and all sit in the config's folder
+    shown = sorted(
+        ((root.rstrip(os.sep) + os.sep, to.rstrip("/") + "/" if to else "") for root, to in roots),
+        key=lambda pair: len(pair[0]),
+        reverse=True,
+    )
+
+    def portable(text: str) -> str:
+        for root, to in shown:
+            text = text.replace(root, to)
+        return text
+
+    return [Reject(portable(r.path), r.stage, r.reason, portable(r.detail), r.key) for r in rejects]
+
+
+def with_notes(spec: Spec, notes: str | None) -> Spec:
+    """``spec`` with the release notes of the command line (they replace the config's).
+
+    Raises:
+        ConfigError: the notes are no text HDF5 stores (a NUL character).
+    """
+    if notes is None:
+        return spec
+    from pydantic import TypeAdapter, ValidationError
+
+    try:
+        TypeAdapter(Text).validate_python(notes)
+    except ValidationError as exc:
+        reason = exc.errors()[0]["msg"].removeprefix("Value error, ")
+        raise ConfigError(reason, key="--notes") from exc
+    return spec.model_copy(update={"notes": notes})
+
+
+class Annotator:
+    """What the sink calls on the finished file: the story attributes to add to it (kept in
+    ``attrs`` for the build's summary)."""
+
+    def __init__(self, parent: Path | None):
+        self.parent = parent
+        self.attrs: dict[str, Any] = {}
+
+    def __call__(self, handle: h5py.File) -> dict[str, Any]:
+        self.attrs = self._attrs(handle)
+        return self.attrs
+
+    def line(self) -> str:
+        """``minor (from v0001): 2 samples added``, for the build's summary."""
+        label = self.attrs.get(fileformat.CHANGE_ATTR, "unknown")
+        parent = self.attrs.get(fileformat.PARENT_VERSION_ATTR)
+        summary = str(self.attrs.get(fileformat.CHANGE_SUMMARY_ATTR, ""))
+        summary = summary.split(": ", 1)[-1] if summary.startswith(f"{label}: ") else summary
+        after = f" (from v{parent:04d})" if isinstance(parent, int) else ""
+        return f"{label}{after}: {summary}" if summary else f"{label}{after}"
+
+    def _attrs(self, handle: h5py.File) -> dict[str, Any]:
+        if self.parent is None:
+            return {
+                fileformat.CHANGE_ATTR: INITIAL,
+                fileformat.CHANGE_SUMMARY_ATTR: "the first release of this name here",
+            }
+        from h5etl.diff import diff_releases
+        from h5etl.snapshot import read_snapshot, snapshot_of
+
+        try:
+            before = read_snapshot(self.parent)
+        except H5EtlError as exc:
+            # the parent stays as it is; the new release just cannot say what changed
+            logger.warning("cannot read the parent release (%s); no change label", exc)
+            return {fileformat.CHANGE_SUMMARY_ATTR: f"the parent {self.parent.name} is unreadable"}
+        change = diff_releases(before, snapshot_of(handle, Path(handle.filename)))
+        out: dict[str, Any] = {
+            fileformat.CHANGE_ATTR: change.label,
+            fileformat.CHANGE_SUMMARY_ATTR: change.summary(),
+            fileformat.PARENT_FINGERPRINT_ATTR: str(
+                before.attrs.get(fileformat.FINGERPRINT_ATTR, "")
+            ),
+        }
+        if before.version is not None:
+            out[fileformat.PARENT_VERSION_ATTR] = before.version
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Story:
+    """A release's story as ``releases`` shows it; empty strings where it says nothing."""
+
+    created_at: str
+    counts: dict[str, int]
+    parent: int | None
+    change: str
+    summary: str
+    notes: str
+    problem: str = ""  # why the file could not be read
+
+
+def read_story(path: Path) -> Story:
+    """The story the release at ``path`` tells; never raises (an unreadable file says why)."""
+    from h5etl.hdf5info import sample_counts
+
+    try:
+        with h5py.File(path, "r") as handle:
+            attrs = {
+                k: plain(handle.attrs[k])
+                for k in (fileformat.CREATED_AT_ATTR, *fileformat.STORY_ATTRS)
+                if k in handle.attrs
+            }
+            counts = sample_counts(handle)
+    except (OSError, ValueError, KeyError) as exc:
+        from h5etl.hdf5info import why_not_readable
+
+        return Story("", {}, None, "", "", "", problem=why_not_readable(path, exc))
+    parent = attrs.get(fileformat.PARENT_VERSION_ATTR)
+    return Story(
+        created_at=str(attrs.get(fileformat.CREATED_AT_ATTR, "")),
+        counts=counts,
+        parent=int(parent) if isinstance(parent, int) else None,
+        change=str(attrs.get(fileformat.CHANGE_ATTR, "")),
+        summary=str(attrs.get(fileformat.CHANGE_SUMMARY_ATTR, "")),
+        notes=str(attrs.get(fileformat.NOTES_ATTR, "")),
+    )
