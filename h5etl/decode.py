@@ -207,11 +207,10 @@ def decode_batch(task: DecodeTask, recipe: DecodeRecipe) -> BatchResult:
     gather(result, recipe, kept, {name: rows[:keep] for name, rows in out.items()})
     if task.raw:  # the rows leave with the result: the next task needs new buffers
         drop_buffers()
-    if _encoded_nbytes(result) > BIG_RESULT:
-        # A CT case's thousands of compressed chunks are small heap blocks: freed once the
-        # result is sent, the heap would keep them and an idle worker its peak (4 workers
-        # held 4 cases' worth at a window of 2). Trim when the result is gone.
-        weakref.finalize(result, _give_back_memory)
+    # A CT case's thousands of compressed chunks are small heap blocks: freed once the
+    # result is sent, the heap would keep them and an idle worker its peak (4 workers held
+    # 4 cases' worth at a window of 2). Trim when the result is gone.
+    trim_when_gone(result)
     result.seconds = time.perf_counter() - started
     return result
 
@@ -226,6 +225,12 @@ def _encoded_nbytes(result: BatchResult) -> int:
         if isinstance(encoded, EncodedRows):
             total += sum(len(chunk.data) for block in encoded.blocks for chunk in block)
     return total
+
+
+def trim_when_gone(result: BatchResult) -> None:
+    """Trim this process's heap once ``result`` is freed, if it carries a big case."""
+    if _encoded_nbytes(result) > BIG_RESULT:
+        weakref.finalize(result, _give_back_memory)
 
 
 def _give_back_memory() -> None:

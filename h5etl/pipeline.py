@@ -281,6 +281,7 @@ def _decoded(
     """Every task's result in order; the cutter learns each result before the next is cut."""
     for result in decoder(cutter, recipe):
         cutter.note(result)
+        decode.trim_when_gone(result)  # a CT case's chunks: give the heap back once written
         yield result
 
 

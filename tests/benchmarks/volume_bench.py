@@ -6,10 +6,10 @@ deterministic and cached under ``--dir``. Figures, each a median over ``--repeat
 interleaved:
 
 - build throughput: ``h5etl build --jobs J --quiet`` against its own work limit, a child that
-  does on all cores (joblib) what the release needs and nothing else: read and decode every
-  case (``h5etl.volumes``: headers, order, rescale, exact cast), compress each chunk with the
-  release's codec and tiles (``chunkcodec.encode_block``) and SHA-256 each block; nothing is
-  written. Target: build >= 0.85x the limit.
+  does on all cores (joblib) what the workers must do and nothing else: the volume kind's
+  decode of every case (read and decode each file and its SHA-256, order, rescale, exact
+  cast, statistics, each slice's chunks compressed with the release's codec and tiles and
+  hashed, the block digests); nothing is written. Target: build >= 0.85x the limit.
 - random 3-D patch reads per second (``PatchSampler``, uniform, one process) against the same
   volumes as raw ``.npy`` memmaps (same patch starts, the patch copied out);
 - bytes on disk: the release against the DICOM files and the raw voxels;
@@ -27,7 +27,6 @@ Child modes (``--run limit|patches``) are what the runner launches.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import shutil
@@ -193,23 +192,17 @@ def build(root: Path, jobs: int) -> tuple[float, int, Path]:
 # child modes
 
 
-def _limit_case(folder: str, layout: Any) -> int:
-    from h5etl import digest
-    from h5etl.chunkcodec import encode_block
-    from h5etl.volumes import open_case
+def _limit_case(folder: str, kind: Any) -> int:
+    """What a worker does for one case, nothing else: the volume kind's own decode (read
+    and decode every file, SHA-256 of each, exact cast, statistics, each slice's chunks
+    compressed and hashed, the block digests); nothing is written."""
+    from h5etl.kinds.base import SampleContext
+    from h5etl.records import Sample
 
-    volume = open_case(folder).read("int16")
-    stored = 0
-    for start in range(0, len(volume), layout.rows):
-        block = volume[start : start + layout.rows]
-        digest.block_digest(block)
-        if len(block) < layout.rows:
-            block = np.concatenate(
-                [block, np.zeros((layout.rows - len(block), *block.shape[1:]), block.dtype)]
-            )
-        stored += sum(len(c.data) for c in encode_block(layout, block))
-    hashlib.sha256(volume.tobytes()).digest()  # the values' digest in sample order
-    return stored
+    sample = Sample(Path(folder).name, (Path(folder).name,), (("ct", str(Path(folder).parent)),))
+    values = kind.decode(SampleContext(sample, [b""], {}, (folder,)))
+    encoded = values[kind.name].encoded
+    return sum(len(chunk.data) for block in encoded.blocks for chunk in block)
 
 
 def run_limit(root: Path, jobs: int) -> None:
@@ -219,10 +212,10 @@ def run_limit(root: Path, jobs: int) -> None:
     from h5etl.kinds.registry import kinds_of
 
     spec = load_spec(root / "bench.yaml")
-    layout = next(k for k in kinds_of(spec) if k.name == "ct").layout  # type: ignore[attr-defined]
+    kind = next(k for k in kinds_of(spec) if k.name == "ct")
     folders = sorted(str(p) for p in (root / "raw" / "ct").iterdir())
     started = time.perf_counter()
-    stored = Parallel(n_jobs=jobs)(delayed(_limit_case)(f, layout) for f in folders)
+    stored = Parallel(n_jobs=jobs)(delayed(_limit_case)(f, kind) for f in folders)
     print(json.dumps({"seconds": time.perf_counter() - started, "stored": sum(stored)}))
 
 
