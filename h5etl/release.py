@@ -9,6 +9,7 @@ that fails or is killed never leaves a file under a release name, and never move
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import logging
 import os
@@ -29,7 +30,8 @@ logger = logging.getLogger(__name__)
 _VERSION = re.compile(r"^(?P<name>.+)-v(?P<version>\d{4,})\.h5$")
 # The files beside a release: its rejects report, its build facts
 _BESIDE = re.compile(
-    r"^\.?(?P<name>.+)-v(?P<version>\d{4,})\.(rejects\.jsonl|build\.json|h5\.carry\.json)$"
+    r"^\.?(?P<name>.+)-v(?P<version>\d{4,})\."
+    r"(rejects\.jsonl|build\.json|h5\.carry\.json|part-\d{4,}\.h5)$"
 )
 PARTIAL_MARK = ".partial-"
 
@@ -117,10 +119,11 @@ def versions(folder: Path, name: str) -> dict[int, Path]:
 
 def companions(folder: Path, name: str, version: int) -> list[Path]:
     """The files beside release ``version`` that are there: rejects report, build facts,
-    carry record."""
+    carry record, and a virtual release's part files (its data)."""
     carry = f".{release_filename(name, version)}.carry.json"  # OutputFolder.carry_path
     beside = (rejects_filename(name, version), facts_filename(name, version), carry)
-    return [folder / n for n in beside if (folder / n).is_file()]
+    parts = sorted(folder.glob(f"{glob.escape(name)}-v{version:04d}.part-*.h5"))
+    return [folder / n for n in beside if (folder / n).is_file()] + parts
 
 
 def orphans(folder: Path, name: str) -> dict[int, list[Path]]:
