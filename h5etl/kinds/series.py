@@ -1,0 +1,262 @@
+"""The ``series`` kind: a sensor recording, each channel its own storage column.
+
+Columns of a field ``rec`` with channels ``accel`` and ``temp`` (a CSV with a time column):
+``rec_accel`` and ``rec_temp`` (ragged: (n, *trailing) per recording; fixed when cut to a
+duration or into windows), ``rec_temp_time`` (its timestamps, seconds from the start),
+``rec_start_time`` (float64: the earliest timestamp, NaN when no channel has any); cut to a
+duration, ``rec_<channel>_length`` (the real samples before padding); windows,
+``rec_recording`` (the recording's name) and ``rec_offset`` (seconds into it). Each channel's
+dataset carries ``rate_hz``, ``units`` and ``channel``. Windows are expanded at plan time
+(``prepare`` probes each recording's lengths: ``.npy`` headers, CSV line counts).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+
+from h5etl import recording
+from h5etl.chunkcodec import ChunkLayout, Codec
+from h5etl.errors import RejectError
+from h5etl.kinds.base import (
+    ArrayColumn,
+    Column,
+    Kind,
+    RaggedColumn,
+    SampleContext,
+    ScalarColumn,
+    TextColumn,
+)
+from h5etl.kinds.tabular import Prepared
+from h5etl.records import Sample
+from h5etl.recording import Recording, RecordingSpec
+from h5etl.series import ChannelSpec
+from h5etl.series_fit import FixedDuration, Windowing
+
+if TYPE_CHECKING:
+    from h5etl.fieldspecs.series import SeriesField
+
+TARGET_CHUNK_BYTES = 1 << 16  # ragged values per chunk: a short recording reads one chunk
+PROBE_THREADS = 8  # plan-time length probes wait on the disk, not the CPU
+
+
+@dataclass(frozen=True, slots=True)
+class SeriesKind(Kind):
+    kind: ClassVar[str] = "series"
+    spec: RecordingSpec | None = None
+    stored: tuple[tuple[str, Column], ...] = ()  # every column, by dataset name
+
+    @property
+    def recording_spec(self) -> RecordingSpec:
+        assert self.spec is not None
+        return self.spec
+
+    @property
+    def columns(self) -> Mapping[str, Column]:
+        return dict(self.stored)
+
+    @property
+    def multi_column(self) -> bool:
+        return True
+
+    @property
+    def plan_side(self) -> bool:
+        return self.recording_spec.window is not None
+
+    @property
+    def sample_nbytes(self) -> int:
+        fixed = sum(
+            c.layout.block_nbytes // c.layout.rows
+            for _, c in self.stored
+            if isinstance(c, ArrayColumn)
+        )
+        return fixed or 1 << 20  # a ragged recording: guess a megabyte
+
+    def prepare(self, samples: Sequence[Sample]) -> Prepared:
+        """Each recording's window count, from cheap length probes (in threads)."""
+        assert self.source_index is not None
+        index = self.source_index
+        paths = [sample.paths[index] for sample in samples]
+        with ThreadPoolExecutor(PROBE_THREADS) as pool:
+            found = dict(zip(paths, pool.map(self._windows_or_reject, paths), strict=True))
+
+        def value(sample: Sample) -> Any:
+            outcome = found[sample.paths[index]]
+            if isinstance(outcome, RejectError):
+                raise outcome
+            return outcome
+
+        return Prepared(self, value)
+
+    def _windows_or_reject(self, path: str) -> int | RejectError:
+        spec = self.recording_spec
+        try:
+            return recording.window_count(path, spec, recording.probe_lengths(path, spec))
+        except RejectError as exc:
+            return exc
+
+    def expand(self, sample: Sample, value: Any) -> list[tuple[str, Any]]:
+        """The samples one recording becomes: (key, value) per window (its index)."""
+        window = self.recording_spec.window
+        assert window is not None
+        return [(f"{sample.key}@{window.offset_s(k):g}s", k) for k in range(int(value))]
+
+    def decode(self, context: SampleContext) -> dict[str, Any]:
+        assert self.source_index is not None
+        path = context.path(self.source_index)
+        spec = self.recording_spec
+        if spec.window is not None:
+            index = int(context.extras[self.name])
+            found, _ = recording.read_window(path, spec, index)
+            out = self._values(found)
+            relpath = context.sample.relpaths[self.source_index]
+            out[f"{self.name}_recording"] = recording.recording_name(relpath, spec)
+            out[f"{self.name}_offset"] = spec.window.offset_s(index)
+            return out
+        found, _ = recording.read_recording(path, spec)
+        out = self._values(found)
+        if spec.fixed is not None:
+            for channel in spec.channels:
+                out[f"{self.name}_{channel.name}_length"] = found.lengths[channel.name]
+        return out
+
+    def _values(self, found: Recording) -> dict[str, Any]:
+        out: dict[str, Any] = {f"{self.name}_start_time": found.start_s}
+        for channel in self.recording_spec.channels:
+            out[f"{self.name}_{channel.name}"] = found.values[channel.name]
+            if channel.reads_times:
+                out[f"{self.name}_{channel.name}_time"] = found.times[channel.name]
+        return out
+
+
+def channel_spec(name: str, field: SeriesField) -> ChannelSpec:
+    model = field.channels[name]
+    return ChannelSpec(
+        name,
+        model.file,
+        model.dtype,
+        tuple(model.shape),
+        model.rate_hz,
+        model.time,
+        tuple(model.columns or ()),
+        model.time_unit,
+        model.units,
+    )
+
+
+def recording_spec(field: SeriesField) -> RecordingSpec:
+    fixed = window = None
+    if field.fixed is not None:
+        fixed = FixedDuration(field.fixed.seconds, field.fixed.shorter, field.fixed.fill)
+    if field.window is not None:
+        window = Windowing(field.window.seconds, field.window.step)
+    channels = tuple(channel_spec(name, field) for name in field.channels)
+    return RecordingSpec(field.recording, channels, field.tolerance, fixed, window)
+
+
+@dataclass(frozen=True, slots=True)
+class Storage:
+    """How the field's columns are chunked and compressed."""
+
+    compression: Codec
+    shuffle: bool
+    chunk_samples: int  # rows (recordings or windows) per chunk of a fixed column
+    chunk_rows: int | None  # values per chunk of a ragged column (None: about 64 KiB)
+
+
+def _channel_column(
+    channel: ChannelSpec, spec: RecordingSpec, storage: Storage, *, stats: bool
+) -> tuple[Column, Column | None]:
+    """A channel's values column and, if it reads timestamps, its time column."""
+    attrs: dict[str, Any] = {"role": "values", "channel": channel.name, "units": channel.units}
+    attrs["source_file"] = channel.file
+    if channel.rate_hz is not None:
+        attrs["rate_hz"] = float(channel.rate_hz)
+    axis = -1 if channel.trailing else None
+    time_attrs = {
+        "role": "time",
+        "channel": channel.name,
+        "units": "s",
+        "relative_to": "start_time",
+    }
+    count = spec.fixed_length(channel)
+    if count is None:
+        item = np.dtype(channel.dtype).itemsize * int(np.prod(channel.trailing, dtype=np.int64))
+        rows = storage.chunk_rows or _power_of_two(TARGET_CHUNK_BYTES // item)
+        values = RaggedColumn.of(
+            channel.dtype,
+            channel.trailing,
+            rows,
+            compression=storage.compression,
+            shuffle=storage.shuffle,
+            attrs=attrs,
+            stats="channels" if stats else None,
+            channel_axis=axis,
+        )
+        time_rows = storage.chunk_rows or _power_of_two(TARGET_CHUNK_BYTES // 8)
+        times = RaggedColumn.of(
+            "float64", (), time_rows, compression=storage.compression, attrs=time_attrs
+        )
+        return values, times if channel.reads_times else None
+
+    def fixed(dtype: str, shape: tuple[int, ...], fill: float, extra: Mapping[str, Any]) -> Column:
+        layout = ChunkLayout(
+            shape, dtype, (storage.chunk_samples, *shape), storage.compression, storage.shuffle
+        )
+        return ArrayColumn(layout, fill, dict(extra), "channels" if stats else None, axis)
+
+    fill = spec.fixed.fill if spec.fixed is not None else 0.0
+    values = fixed(channel.dtype, (count, *channel.trailing), fill, attrs)
+    times = ArrayColumn(
+        ChunkLayout((count,), "float64", (storage.chunk_samples, count), storage.compression, True),
+        float("nan"),
+        time_attrs,
+    )
+    return values, times if channel.reads_times else None
+
+
+def _power_of_two(rows: int) -> int:
+    return 1 << max(0, int(rows).bit_length() - 1)
+
+
+def series_columns(
+    name: str, field: SeriesField, spec: RecordingSpec, storage: Storage
+) -> tuple[tuple[str, Column], ...]:
+    """Every column of the field, by dataset name (the order the file lists them)."""
+    out: list[tuple[str, Column]] = []
+    for channel in spec.channels:
+        values, times = _channel_column(channel, spec, storage, stats=field.stats)
+        out.append((f"{name}_{channel.name}", values))
+        if times is not None:
+            out.append((f"{name}_{channel.name}_time", times))
+    start_attrs = {"role": "start_time", "units": "s (as the time columns)"}
+    out.append((f"{name}_start_time", ScalarColumn("float64", attrs=start_attrs)))
+    if spec.fixed is not None:
+        out += [
+            (
+                f"{name}_{c.name}_length",
+                ScalarColumn("int64", attrs={"role": "length", "channel": c.name}),
+            )
+            for c in spec.channels
+        ]
+    if spec.window is not None:
+        out.append((f"{name}_recording", TextColumn(attrs={"role": "recording"})))
+        offset_attrs = {
+            "role": "offset",
+            "units": "s",
+            "window_s": spec.window.seconds,
+            "stride_s": spec.window.stride,
+        }
+        out.append((f"{name}_offset", ScalarColumn("float64", attrs=offset_attrs)))
+    return tuple(out)
+
+
+def from_config(
+    name: str, field: SeriesField, *, source_index: int | None, storage: Storage
+) -> Kind:
+    spec = recording_spec(field)
+    return SeriesKind(name, source_index, spec, series_columns(name, field, spec, storage))
