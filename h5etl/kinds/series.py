@@ -32,8 +32,8 @@ from h5etl.kinds.base import (
     TextColumn,
 )
 from h5etl.kinds.tabular import Prepared
-from h5etl.records import Sample
 from h5etl.recording import Recording, RecordingSpec
+from h5etl.records import Sample
 from h5etl.series import ChannelSpec
 from h5etl.series_fit import FixedDuration, Windowing
 

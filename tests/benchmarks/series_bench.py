@@ -235,7 +235,7 @@ def run_all(folder: Path, args: argparse.Namespace) -> dict[str, list[Run]]:
         for storage, path in (("ragged", _release(folder)), ("vlen", vlen)):
             cmd = _child("read", str(path), storage, str(args.reads), str(repeat))
             reads[storage].append(float(_measured(cmd).extra["reads_per_s"]))
-    runs["reads"] = [Run(0, 0, 0, 0, extra={k: v for k, v in reads.items()})]
+    runs["reads"] = [Run(0, 0, 0, 0, extra=dict(reads))]
     return runs
 
 
