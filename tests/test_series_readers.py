@@ -1,0 +1,112 @@
+"""Reading a series release: per-sample dicts, the padding collate (numpy and torch), preview."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+from PIL import Image
+from test_kind_series import ACCEL_HZ, LENGTHS, build, make_recordings, series_config
+
+from h5etl.errors import ReaderError
+from h5etl.readers.series import SeriesReader, collate, collate_torch
+
+
+@pytest.fixture(scope="module")
+def release(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[Path, dict[str, dict[str, np.ndarray]]]:
+    root = tmp_path_factory.mktemp("series")
+    expected = make_recordings(root, LENGTHS)
+    report = build(series_config(root), jobs=1)
+    assert report.path is not None
+    return report.path, expected
+
+
+def _name(path: Path, index: int) -> str:
+    with h5py.File(path, "r") as handle:
+        return Path(handle["train/filename"][index].decode()).name
+
+
+def test_a_sample_is_a_dict_of_its_channels(
+    release: tuple[Path, dict[str, dict[str, np.ndarray]]],
+) -> None:
+    path, expected = release
+    reader = SeriesReader(path, "train")
+    assert len(reader) == len(LENGTHS)
+    assert set(reader.channels) == {"accel", "volts", "temp"}
+    assert reader.channels["accel"].rate_hz == ACCEL_HZ
+    assert reader.channels["accel"].trailing == (3,)
+    assert reader.channels["temp"].units == "degC"
+    for index in range(len(reader)):
+        want = expected[_name(path, index)]
+        sample = reader[index]
+        np.testing.assert_array_equal(sample["accel"], want["accel"])
+        np.testing.assert_array_equal(sample["volts"], want["volts"])
+        np.testing.assert_array_equal(sample["temp_time"], want["time"] - want["time"][0])
+        assert float(sample["start_time"]) == want["time"][0]
+    np.testing.assert_array_equal(reader[-1]["accel"], reader[len(reader) - 1]["accel"])
+    with pytest.raises(IndexError):
+        reader[len(reader)]
+    copy = pickle.loads(pickle.dumps(reader))  # a DataLoader worker gets a recipe, not a handle
+    np.testing.assert_array_equal(copy[0]["accel"], reader[0]["accel"])
+    reader.close()
+
+
+def test_collate_pads_each_channel_and_returns_lengths(
+    release: tuple[Path, dict[str, dict[str, np.ndarray]]],
+) -> None:
+    path, _ = release
+    with SeriesReader(path) as reader:
+        samples = [reader[i] for i in range(3)]
+    batch, lengths = collate(samples, pad_value=-7.0)
+    longest = max(len(s["accel"]) for s in samples)
+    assert batch["accel"].shape == (3, longest, 3)
+    assert batch["start_time"].shape == (3,)
+    for row, sample, n in zip(batch["accel"], samples, lengths["accel"], strict=True):
+        assert n == len(sample["accel"])
+        np.testing.assert_array_equal(row[:n], sample["accel"])
+        assert (row[n:] == -7.0).all()
+    assert lengths["temp_time"].dtype == np.int64
+    assert np.isnan(batch["temp_time"][lengths["temp_time"].argmin(), -1])  # times pad with NaN
+
+
+def test_collate_torch_gives_tensors_for_a_dataloader(
+    release: tuple[Path, dict[str, dict[str, np.ndarray]]],
+) -> None:
+    torch = pytest.importorskip("torch")
+    path, _ = release
+    loader = torch.utils.data.DataLoader(SeriesReader(path), batch_size=4, collate_fn=collate_torch)
+    batches = list(loader)
+    assert sum(len(lengths["accel"]) for _, lengths in batches) == len(LENGTHS)
+    batch, lengths = batches[0]
+    assert batch["accel"].dtype == torch.float32
+    assert batch["accel"].shape[0] == 4
+    assert lengths["accel"].dtype == torch.int64
+
+
+def test_a_release_without_that_split_or_field_is_a_reader_error(
+    release: tuple[Path, dict[str, dict[str, np.ndarray]]],
+) -> None:
+    path, _ = release
+    with pytest.raises(ReaderError, match="no split 'test'"):
+        SeriesReader(path, "test")
+    with pytest.raises(ReaderError, match="no series field 'x'"):
+        SeriesReader(path, "train", "x")
+
+
+def test_preview_draws_a_line_plot_per_channel(
+    release: tuple[Path, dict[str, dict[str, np.ndarray]]], tmp_path: Path
+) -> None:
+    from h5etl.preview import write_preview
+
+    path, _ = release
+    out = write_preview(path, tmp_path / "p.png", n=3)
+    with Image.open(out) as image:
+        pixels = np.asarray(image.convert("RGB"))
+    assert pixels.shape[1] >= 3 * 300  # three channels side by side
+    blue = (pixels == (31, 119, 180)).all(axis=2)  # the first component's line colour
+    assert blue.sum() > 100
