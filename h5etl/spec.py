@@ -22,7 +22,7 @@ from pydantic import (
 )
 
 from h5etl import fileformat, spec_rules
-from h5etl.fieldspecs import ArrayField, FieldSpec
+from h5etl.fieldspecs import ArrayField, FieldSpec, SeriesField
 from h5etl.spec_rules import NAME_PATTERN, check_name, source_for, unknown_source
 from h5etl.specparts import (
     Compression,
@@ -258,8 +258,14 @@ class Spec(Strict):
 
     @property
     def batch_samples(self) -> int:
-        """Samples per decode task: a whole chunk of every array field (their lcm)."""
-        return math.lcm(*(self.chunks_of(name)[0] for name in self.image_fields))
+        """Samples per decode task: a whole chunk of every array field (their lcm); a series
+        cut to a fixed size stores fixed arrays of ``storage.chunk_samples`` rows a chunk."""
+        rows = [self.chunks_of(name)[0] for name in self.image_fields]
+        if any(
+            isinstance(f, SeriesField) and (f.fixed or f.window) for f in self.fields.values()
+        ):
+            rows.append(self.storage.chunk_samples)
+        return math.lcm(*rows)
 
 
 def spec_text(spec: Spec) -> str:

@@ -127,9 +127,12 @@ def spec_problems(spec: SpecView) -> list[Problem]:
             problems.extend(found)
     if not chunk_problems and spec.image_fields:  # chunk rows are known and sound
         problems.extend(_batch_problems(spec))
-    if not spec.image_fields and not any(f.kind == "volume" for f in spec.fields.values()):
+    if not any(spec.reads_content(name) for name in spec.fields):
         problems.append(
-            Problem((("fields",),), "at least one image, mask or volume field is needed")
+            Problem(
+                (("fields",),),
+                "at least one field that reads its files (image, mask, volume, series) is needed",
+            )
         )
     problems.extend(_stratify_problems(spec))
     problems.extend(_group_by_problems(spec))

@@ -17,6 +17,7 @@ from pydantic import Discriminator, Tag
 
 from h5etl.fieldspecs.arrays import ArrayField, DeriveSpec, ImageField, MaskField, ScaleSpec
 from h5etl.fieldspecs.base import FieldModel, JsonRef, TableRef, own_or_first
+from h5etl.fieldspecs.series import SeriesField
 from h5etl.fieldspecs.values import LabelField, TextField, ValueField
 from h5etl.fieldspecs.volume import ResampleSpec, VolumeField
 
@@ -32,6 +33,7 @@ __all__ = [
     "MaskField",
     "ResampleSpec",
     "ScaleSpec",
+    "SeriesField",
     "TableRef",
     "TextField",
     "ValueField",
@@ -47,6 +49,7 @@ FIELD_MODELS: dict[str, type[FieldModel]] = {
     "text": TextField,
     "value": ValueField,
     "volume": VolumeField,
+    "series": SeriesField,
 }
 
 
@@ -74,7 +77,8 @@ FieldSpec = Annotated[
     | Annotated[LabelField, Tag("label")]
     | Annotated[TextField, Tag("text")]
     | Annotated[ValueField, Tag("value")]
-    | Annotated[VolumeField, Tag("volume")],
+    | Annotated[VolumeField, Tag("volume")]
+    | Annotated[SeriesField, Tag("series")],
     Discriminator(
         _kind_tag,
         custom_error_type="unknown_kind",

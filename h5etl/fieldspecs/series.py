@@ -114,6 +114,23 @@ class SeriesField(FieldModel):
     def reads_files(self) -> bool:
         return True
 
+    def dataset_names(self, field_name: str) -> tuple[str, ...]:
+        """Every dataset it stores per split (see ``h5etl.kinds.series``), offsets too."""
+        ragged = self.fixed is None and self.window is None
+        names: list[str] = []
+        for name, channel in self.channels.items():
+            columns = [f"{field_name}_{name}"]
+            if channel.time is not None:
+                columns.append(f"{field_name}_{name}_time")
+            for column in columns:
+                names += [column, f"{column}_offsets"] if ragged else [column]
+        names.append(f"{field_name}_start_time")
+        if self.fixed is not None:
+            names += [f"{field_name}_{name}_length" for name in self.channels]
+        if self.window is not None:
+            names += [f"{field_name}_recording", f"{field_name}_offset"]
+        return tuple(names)
+
     @property
     def tolerance(self) -> float:
         """The declared tolerance, else one sample of the slowest declared rate (else 0)."""

@@ -9,17 +9,18 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from h5etl.chunkcodec import ChunkLayout
+from h5etl.chunkcodec import ChunkLayout, Codec
 from h5etl.fieldspecs import (
     ImageField,
     LabelField,
     MaskField,
+    SeriesField,
     TextField,
     ValueField,
     VolumeField,
 )
 from h5etl.fileformat import FieldRecord
-from h5etl.kinds import image, label, mask, text, value, volume
+from h5etl.kinds import image, label, mask, series, text, value, volume
 from h5etl.kinds.base import Kind
 from h5etl.spec import Spec
 
@@ -152,6 +153,20 @@ def _volume(spec: Spec, name: str) -> Kind:
     )
 
 
+def _series(spec: Spec, name: str) -> Kind:
+    field = spec.fields[name]
+    assert isinstance(field, SeriesField)
+    storage = series.Storage(
+        Codec.of(field.compression or spec.storage.compression),
+        spec.storage.shuffle if field.shuffle is None else field.shuffle,
+        spec.storage.chunk_samples,
+        field.chunk_rows,
+    )
+    return series.from_config(
+        name, field, source_index=_index(spec, spec.source_of(name)), storage=storage
+    )
+
+
 BUILDERS: dict[type[Any], Builder] = {
     ImageField: _image,
     MaskField: _mask,
@@ -159,6 +174,7 @@ BUILDERS: dict[type[Any], Builder] = {
     TextField: _text,
     ValueField: _value,
     VolumeField: _volume,
+    SeriesField: _series,
 }
 
 
