@@ -17,6 +17,7 @@ from h5etl.errors import UsageError
 from h5etl.examples import classify as classify
 from h5etl.examples import medical as medical
 from h5etl.examples import scenes as scenes
+from h5etl.examples import sensors as sensors
 from h5etl.examples import superres as superres
 from h5etl.examples import volumes as volumes
 from h5etl.examples.registry import EXAMPLES, Broken, Example, Maker, register
