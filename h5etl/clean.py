@@ -399,6 +399,7 @@ def _grouped(
             rejects.extend(_reject_sample(sample, "no_group", why))
             continue
         out.append((dataclasses.replace(sample, group=group), outcome))
+    return out
 
 
 def _expanded(
