@@ -1,117 +1,107 @@
-"""preview of a series field: a small line plot per channel, one row per recording.
+"""preview of a series field: one tile per recording, a small line plot per channel.
 
-Drawn with Pillow (already a dependency; a plot library would only add weight): each channel
-of a recording is reduced to one min-max pair per pixel column, so a 10 kHz channel of an hour
-draws as fast as a short one and its peaks stay visible. A channel of shape (n, 3) draws
-three lines in three colours. The y axis is the channel's own range in that recording.
+Drawn with Pillow (already a dependency; a plotting library would only add weight). Each
+channel is reduced to one min-max pair per pixel column, so a 10 kHz channel draws as fast as
+a 1 Hz one and its peaks stay visible; a channel of shape (n, 3) draws each component in its
+own band with its own range (an accelerometer's z carries gravity: on a shared axis x and y
+would be flat lines). A preview reads at most ``MAX_ROWS`` rows of a channel (its start).
+Registered as the series kind's drawer (``h5etl.kinds.registry.PREVIEW_DRAWERS``).
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-from h5etl.readers.series import SeriesReader
-
-PLOT_W, PLOT_H = 300, 70
-GAP, LINE = 8, 14
+PLOT_W, PLOT_H, TITLE = 240, 46, 13
 BACKGROUND, INK, FRAME = (255, 255, 255), (30, 30, 30), (200, 200, 200)
 COLOURS = ((31, 119, 180), (214, 39, 40), (44, 160, 44), (148, 103, 189), (255, 127, 14))
-ROWS = 6  # recordings shown at most: each row is as wide as its channels
+MAX_ROWS = 1 << 20  # rows of a channel a preview reads at most (its first ones)
 
 
 def envelope(values: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per pixel column, the min and max of the samples it covers (NaN-free input)."""
-    n = len(values)
-    edges = np.linspace(0, n, min(width, n) + 1).astype(np.int64)
+    """Per pixel column, the min and max of the samples it covers (NaN-free, not empty)."""
+    edges = np.linspace(0, len(values), min(width, len(values)) + 1).astype(np.int64)
     starts = edges[:-1]
-    low = np.minimum.reduceat(values, starts)
-    high = np.maximum.reduceat(values, starts)
-    return low, high
+    return np.minimum.reduceat(values, starts), np.maximum.reduceat(values, starts)
 
 
-def _plot(values: np.ndarray, title: str, font: Any) -> Image.Image:
-    """One channel's plot: every component a line, the value range written on the left."""
-    image = Image.new("RGB", (PLOT_W, PLOT_H + LINE), BACKGROUND)
+def plot(values: np.ndarray, title: str, font: Any) -> Image.Image:
+    """One channel: its title, then each component in its own band."""
+    image = Image.new("RGB", (PLOT_W, PLOT_H + TITLE), BACKGROUND)
     draw = ImageDraw.Draw(image)
     draw.text((2, 0), title, fill=INK, font=font)
-    top = LINE
-    draw.rectangle((0, top, PLOT_W - 1, top + PLOT_H - 1), outline=FRAME)
+    draw.rectangle((0, TITLE, PLOT_W - 1, TITLE + PLOT_H - 1), outline=FRAME)
     flat = values.reshape(len(values), -1).astype(np.float64)
     finite = flat[np.isfinite(flat).all(axis=1)]
     if not len(finite):
-        draw.text((4, top + PLOT_H // 2 - 6), "no samples", fill=INK, font=font)
+        draw.text((4, TITLE + PLOT_H // 2 - 6), "no samples", fill=INK, font=font)
         return image
-    low, high = float(finite.min()), float(finite.max())
-    span = high - low or 1.0
+    height = (PLOT_H - 2) / finite.shape[1]
     for component in range(finite.shape[1]):
-        bottom, peak = envelope(finite[:, component], PLOT_W - 2)
-        columns = len(bottom)
-        for x in range(columns):
-            px = 1 + x * (PLOT_W - 2) / max(columns, 1)
-            y0 = top + PLOT_H - 2 - (bottom[x] - low) / span * (PLOT_H - 4)
-            y1 = top + PLOT_H - 2 - (peak[x] - low) / span * (PLOT_H - 4)
-            draw.line((px, y0, px, y1), fill=COLOURS[component % len(COLOURS)])
-        if columns > 1:  # join neighbouring columns so a slow channel reads as a line
-            points = [
-                (1 + x * (PLOT_W - 2) / columns, top + PLOT_H - 2 - (v - low) / span * (PLOT_H - 4))
-                for x, v in enumerate((bottom + peak) / 2)
-            ]
-            draw.line(points, fill=COLOURS[component % len(COLOURS)])
-    draw.text((3, top + 1), f"{high:.4g}", fill=INK, font=font)
-    draw.text((3, top + PLOT_H - LINE), f"{low:.4g}", fill=INK, font=font)
+        top = TITLE + 1 + component * height
+        colour = COLOURS[component % len(COLOURS)]
+        _band(draw, finite[:, component], top, height, colour, font)
     return image
 
 
-def render_series(path: str, split: str, field: str | None, n: int, heading: str) -> Image.Image:
-    """The first ``n`` (at most ``ROWS``) samples of ``split``: a row of channel plots each."""
-    with SeriesReader(path, split, field) as reader:
-        shown = min(n, ROWS, len(reader))
-        samples = [reader[i] for i in range(shown)]
-        channels = reader.channels
-        total = len(reader)
-    font = ImageFont.load_default(size=11)
-    rows = [_row(sample, channels, font) for sample in samples]
-    width = max([GAP + sum(p.width + GAP for p in row) for row in rows] or [PLOT_W])
-    title = f"{heading} · {split} · first {shown} of {total}"
-    width = max(width, int(font.getlength(title)) + 2 * GAP)
-    height = LINE + 2 * GAP + len(rows) * (PLOT_H + 2 * LINE + GAP)
-    sheet = Image.new("RGB", (width, height), BACKGROUND)
-    draw = ImageDraw.Draw(sheet)
-    draw.text((GAP, GAP), title, fill=INK, font=font)
-    y = LINE + 2 * GAP
-    for index, (sample, row) in enumerate(zip(samples, rows, strict=True)):
-        draw.text((GAP, y), _label(index, sample), fill=INK, font=font)
-        x = GAP
-        for plot in row:
-            sheet.paste(plot, (x, y + LINE))
-            x += plot.width + GAP
-        y += PLOT_H + 2 * LINE + GAP
-    return sheet
+def _band(draw: Any, values: np.ndarray, top: float, height: float, colour: Any, font: Any) -> None:
+    """One component: a min-max stroke per pixel column joined by its mid line."""
+    low, high = float(values.min()), float(values.max())
+    span = high - low or 1.0
+    bottom, peak = envelope(values, PLOT_W - 2)
+    columns = len(bottom)
+
+    def x(i: int) -> float:
+        return 1 + i * (PLOT_W - 3) / max(columns - 1, 1)
+
+    def y(v: float) -> float:
+        return top + height - 2 - (v - low) / span * max(height - 4, 1)
+
+    for i in range(columns):
+        draw.line((x(i), y(bottom[i]), x(i), y(peak[i])), fill=colour)
+    if columns > 1:  # a slow channel reads as a line, not as dots
+        draw.line([(x(i), y(v)) for i, v in enumerate((bottom + peak) / 2)], fill=colour)
+    text = f"{low:.4g}..{high:.4g}"
+    box = draw.textbbox((PLOT_W - 4, top), text, font=font, anchor="ra")
+    draw.rectangle((box[0] - 2, box[1] - 1, box[2] + 1, box[3] + 1), fill=BACKGROUND)
+    draw.text((PLOT_W - 4, top), text, fill=INK, font=font, anchor="ra")
 
 
-def _row(sample: dict[str, Any], channels: dict[str, Any], font: Any) -> Sequence[Image.Image]:
+def draw(sample: Any, field: str) -> Image.Image:
+    """The preview tile of one stored recording (or window): a plot per channel, stacked.
+
+    ``sample`` is an ``h5etl.preview_drawn.PreviewSample``; only the channels' values are read
+    (of a fixed-size channel, its real rows: ``<channel>_length``)."""
+    font = ImageFont.load_default(size=10)
+    columns = sample.columns_of(field)
     plots = []
-    for name, info in channels.items():
-        values = np.asarray(sample[name])
-        real = sample.get(f"{name}_length")
-        if real is not None:
-            values = values[: int(real)]  # padding is no data
-        rate = f"{info.rate_hz:g} Hz" if info.rate_hz else "timestamps"
-        units = f" [{info.units}]" if info.units else ""
-        plots.append(_plot(values, f"{name}{units} · {rate} · {len(values)} samples", font))
-    return plots
+    for column in columns:
+        record = sample.record(column)
+        if record.extra.get("role") != "values":
+            continue
+        channel = str(record.extra.get("channel", column))
+        values, total = _rows(sample, column, columns, f"{field}_{channel}_length")
+        rate = record.extra.get("rate_hz")
+        units = f" [{record.extra['units']}]" if record.extra.get("units") else ""
+        shown = f"{len(values)} of {total}" if len(values) < total else f"{total}"
+        when = f"{float(rate):g} Hz" if rate else "timestamps"
+        plots.append(plot(values, f"{channel}{units} · {when} · {shown} samples", font))
+    tile = Image.new("RGB", (PLOT_W, max(1, sum(p.height for p in plots))), BACKGROUND)
+    y = 0
+    for picture in plots:
+        tile.paste(picture, (0, y))
+        y += picture.height
+    return tile
 
 
-def _label(index: int, sample: dict[str, Any]) -> str:
-    parts = [f"#{index}"]
-    if "recording" in sample:
-        parts.append(f"{sample['recording']} @ {float(sample['offset']):g} s")
-    start = sample.get("start_time")
-    if start is not None and not math.isnan(float(start)):
-        parts.append(f"start {float(start):.3f}")
-    return "  ".join(parts)
+def _rows(sample: Any, column: str, columns: list[str], length: str) -> tuple[np.ndarray, int]:
+    """A channel's values to draw (at most ``MAX_ROWS``) and how many rows it has."""
+    if sample.record(column).column == "ragged":
+        total = sample.length(column)
+        return sample.rows(column, 0, min(total, MAX_ROWS)), total
+    values = np.asarray(sample.value(column))
+    real = int(sample.value(length)) if length in columns else len(values)
+    return values[:real], real

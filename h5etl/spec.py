@@ -261,9 +261,7 @@ class Spec(Strict):
         """Samples per decode task: a whole chunk of every array field (their lcm); a series
         cut to a fixed size stores fixed arrays of ``storage.chunk_samples`` rows a chunk."""
         rows = [self.chunks_of(name)[0] for name in self.image_fields]
-        if any(
-            isinstance(f, SeriesField) and (f.fixed or f.window) for f in self.fields.values()
-        ):
+        if any(isinstance(f, SeriesField) and (f.fixed or f.window) for f in self.fields.values()):
             rows.append(self.storage.chunk_samples)
         return math.lcm(*rows)
 

@@ -16,7 +16,14 @@ from typing import Any, Protocol
 import numpy as np
 
 from h5etl import fileformat
-from h5etl.fieldspecs import ArrayField, FieldSpec, ImageField, LabelField, MaskField
+from h5etl.fieldspecs import (
+    ArrayField,
+    FieldSpec,
+    ImageField,
+    LabelField,
+    MaskField,
+    SeriesField,
+)
 from h5etl.fieldspecs.volume import volume_problems
 from h5etl.specparts import GroupBy, PadSpec, Problem, SourceSpec
 
@@ -140,6 +147,7 @@ def spec_problems(spec: SpecView) -> list[Problem]:
     problems.extend(_mask_shape_problems(spec))
     problems.extend(_path_problems(spec))
     problems.extend(volume_problems(spec.fields, spec.sources, spec.source_of))
+    problems.extend(_window_problems(spec))
     used = {spec.source_of(name) for name in spec.fields if spec.reads_content(name)}
     problems.extend(
         Problem((("sources", name),), _unused_source(spec, name))
@@ -227,6 +235,18 @@ def _mask_shape_problems(spec: SpecView) -> list[Problem]:
                 )
             )
     return problems
+
+
+def _window_problems(spec: SpecView) -> list[Problem]:
+    """Windows make each input several samples: one field may cut them, not two."""
+    cut = [n for n, f in spec.fields.items() if isinstance(f, SeriesField) and f.window]
+    return [
+        Problem(
+            (("fields", name, "window"),),
+            f"only one field may cut windows (fields.{cut[0]} does): each window is a sample",
+        )
+        for name in cut[1:]
+    ]
 
 
 def _path_problems(spec: SpecView) -> list[Problem]:

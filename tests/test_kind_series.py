@@ -4,6 +4,7 @@ offsets[i + 1]]) and compared with what numpy wrote; every reject; --jobs; check
 
 from __future__ import annotations
 
+import hashlib
 import json
 import signal
 from pathlib import Path
@@ -124,8 +125,31 @@ def test_recordings_are_stored_per_channel_as_ragged_columns(tmp_path: Path) -> 
         columns = layout["fields"]["rec"]["columns"]
         assert columns["rec_accel"]["column"] == "ragged"
         assert columns["rec_accel"]["rate_hz"] == 50.0
+        every = np.concatenate([want["accel"] for want in expected.values()]).astype(np.float64)
+        np.testing.assert_allclose(handle["train/rec_accel"].attrs["mean"], every.mean(axis=0))
+        np.testing.assert_allclose(handle["train/rec_accel"].attrs["std"], every.std(axis=0))
     code, output = _cli("check", report.path, "--deep")
     assert code == 0, output
+
+
+def _listing_sha256(files: list[Path], root: Path) -> str:
+    listing = sorted(
+        f"{p.relative_to(root) if p.parent == root else p.name}\0"
+        f"{hashlib.sha256(p.read_bytes()).hexdigest()}\n"
+        for p in files
+    )
+    return hashlib.sha256("".join(listing).encode()).hexdigest()
+
+
+def test_lineage_covers_every_channel_file(tmp_path: Path) -> None:
+    make_recordings(tmp_path, {"a": 2, "b": 3})
+    report = build(series_config(tmp_path), jobs=1)
+    assert report.path is not None
+    with h5py.File(report.path, "r") as handle:
+        for name, row in zip(_names(handle), handle["train/source_sha256"][()], strict=True):
+            folder = tmp_path / "raw" / "rec" / name
+            files = [folder / f for f in ("accel.npy", "volts.csv", "temp.csv")]
+            assert row[0].decode() == _listing_sha256(files, folder)
 
 
 def test_a_stem_recording_builds_like_a_folder(tmp_path: Path) -> None:
@@ -145,6 +169,9 @@ def test_a_stem_recording_builds_like_a_folder(tmp_path: Path) -> None:
         names = [n.removesuffix("_accel.npy") for n in _names(handle)]
         for got, name in zip(ragged(handle, "train/rec_volts"), names, strict=True):
             np.testing.assert_array_equal(got, expected[name]["volts"])
+        for name, row in zip(names, handle["train/source_sha256"][()], strict=True):
+            files = [raw / f"{name}_{f}" for f in ("accel.npy", "volts.csv", "temp.csv")]
+            assert row[0].decode() == _listing_sha256(files, raw)  # every channel, not the first
 
 
 BROKEN = {
@@ -244,6 +271,10 @@ def test_a_fixed_duration_makes_fixed_arrays_with_lengths(tmp_path: Path) -> Non
             assert (accel[i][len(want) :] == -1).all()
             assert handle["train/rec_accel_length"][i] == len(want)
             assert handle["train/rec_temp_length"][i] == min(LENGTHS[name], 4)
+        # statistics over the real samples only, never the padding
+        real = np.concatenate([want["accel"][: 4 * ACCEL_HZ] for want in expected.values()])
+        np.testing.assert_allclose(accel.attrs["mean"], real.astype(np.float64).mean(axis=0))
+        np.testing.assert_allclose(accel.attrs["min"], real.min(axis=0))
     assert check_release(report.path, deep=True).ok
 
 

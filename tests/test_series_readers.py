@@ -107,6 +107,24 @@ def test_preview_draws_a_line_plot_per_channel(
     out = write_preview(path, tmp_path / "p.png", n=3)
     with Image.open(out) as image:
         pixels = np.asarray(image.convert("RGB"))
-    assert pixels.shape[1] >= 3 * 300  # three channels side by side
     blue = (pixels == (31, 119, 180)).all(axis=2)  # the first component's line colour
-    assert blue.sum() > 100
+    red = (pixels == (214, 39, 40)).all(axis=2)  # the second: accel's y, in its own band
+    assert blue.sum() > 300
+    assert red.sum() > 100
+    rows = np.flatnonzero(blue.any(axis=1))
+    assert rows.max() - rows.min() > 100  # three tiles of stacked channel plots, not one line
+
+
+def test_a_preview_tile_plots_each_channel(
+    release: tuple[Path, dict[str, dict[str, np.ndarray]]],
+) -> None:
+    import h5py
+
+    from h5etl import fileformat
+    from h5etl.preview_drawn import PreviewSample
+    from h5etl.preview_series import PLOT_H, TITLE, draw
+
+    path, _ = release
+    with h5py.File(path, "r") as handle:
+        tile = draw(PreviewSample(handle, fileformat.read_layout(handle), "train", 0), "rec")
+    assert tile.height == 3 * (PLOT_H + TITLE)  # accel, volts, temp

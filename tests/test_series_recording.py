@@ -204,3 +204,19 @@ def test_cutting_needs_whole_samples_of_every_channel() -> None:
                 "fixed": {"seconds": 1},
             }
         )
+
+
+def test_two_fields_cutting_windows_is_a_config_error(tmp_path: Path) -> None:
+    from h5etl.errors import ConfigError
+    from h5etl.spec import Spec
+
+    channels = {"a": {"file": "a.npy", "rate_hz": 10}}
+    field = {"kind": "series", "channels": channels, "window": {"seconds": 1}}
+    with pytest.raises((ConfigError, ValidationError), match="only one field may cut windows"):
+        Spec.model_validate(
+            {
+                "name": "x",
+                "sources": {"r": {"dir": str(tmp_path), "entries": "folders"}},
+                "fields": {"r": field, "q": {**field, "source": "r"}},
+            }
+        )

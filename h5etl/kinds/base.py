@@ -212,6 +212,16 @@ class Kind:
         return len(columns) != 1 or self.name not in columns
 
     @property
+    def expands(self) -> bool:
+        """Whether one input becomes several samples (``expand``), e.g. windows."""
+        return False
+
+    def expand(self, sample: Sample, value: Any) -> list[tuple[str, Any]]:
+        """The samples one input of a ``plan_side`` kind that ``expands`` becomes: (key,
+        value) each, from its plan-time ``value``; all go to the input's split."""
+        raise NotImplementedError(f"{type(self).__name__} does not expand")
+
+    @property
     def sample_nbytes(self) -> int:
         """About how many bytes one decoded sample of this field holds, to size decode tasks
         (``tasks.task_rows``): its fixed arrays'; a kind of ragged columns adds an estimate

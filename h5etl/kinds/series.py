@@ -12,6 +12,8 @@ dataset carries ``rate_hz``, ``units`` and ``channel``. Windows are expanded at 
 
 from __future__ import annotations
 
+import hashlib
+import os
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -40,7 +42,11 @@ from h5etl.series_fit import FixedDuration, Windowing
 if TYPE_CHECKING:
     from h5etl.fieldspecs.series import SeriesField
 
-TARGET_CHUNK_BYTES = 1 << 16  # ragged values per chunk: a short recording reads one chunk
+# Rows of a ragged chunk: about ten seconds of the channel, at least 4096 rows and at most
+# about 1 MiB. Small chunks cost a compression call each (a 48 KiB chunk compresses at a
+# fifth of the speed of a 768 KiB one); large chunks of a slow channel would make reading one
+# recording decompress thousands of others.
+CHUNK_SECONDS, MIN_CHUNK_ROWS, MAX_CHUNK_BYTES = 10, 4096, 1 << 20
 PROBE_THREADS = 8  # plan-time length probes wait on the disk, not the CPU
 
 
@@ -60,11 +66,15 @@ class SeriesKind(Kind):
         return dict(self.stored)
 
     @property
-    def multi_column(self) -> bool:
-        return True
+    def reads_own_files(self) -> bool:
+        return True  # its channel files, for any number of them
 
     @property
     def plan_side(self) -> bool:
+        return self.recording_spec.window is not None
+
+    @property
+    def expands(self) -> bool:
         return self.recording_spec.window is not None
 
     @property
@@ -74,7 +84,7 @@ class SeriesKind(Kind):
             for _, c in self.stored
             if isinstance(c, ArrayColumn)
         )
-        return fixed or 1 << 20  # a ragged recording: guess a megabyte
+        return fixed or 8 << 20  # a ragged recording: a guess (8 MiB), so tasks of a few pipeline
 
     def prepare(self, samples: Sequence[Sample]) -> Prepared:
         """Each recording's window count, from cheap length probes (in threads)."""
@@ -111,18 +121,41 @@ class SeriesKind(Kind):
         spec = self.recording_spec
         if spec.window is not None:
             index = int(context.extras[self.name])
-            found, _ = recording.read_window(path, spec, index)
+            found, read = recording.read_window(path, spec, index)
+            self._note(context, found, read)
             out = self._values(found)
             relpath = context.sample.relpaths[self.source_index]
             out[f"{self.name}_recording"] = recording.recording_name(relpath, spec)
             out[f"{self.name}_offset"] = spec.window.offset_s(index)
             return out
-        found, _ = recording.read_recording(path, spec)
+        found, read = recording.read_recording(path, spec)
+        self._note(context, found, read)
+        if spec.fixed is not None:  # the real samples: the row's rest keeps the fill
+            for channel in spec.channels:
+                real = found.lengths[channel.name]
+                found.values[channel.name] = found.values[channel.name][:real]
+                if channel.name in found.times:
+                    found.times[channel.name] = found.times[channel.name][:real]
         out = self._values(found)
         if spec.fixed is not None:
             for channel in spec.channels:
                 out[f"{self.name}_{channel.name}_length"] = found.lengths[channel.name]
         return out
+
+    def _note(self, context: SampleContext, found: Recording, read: Mapping[str, bytes]) -> None:
+        """The lineage digest of the recording: SHA-256 over each channel file's name (in
+        its folder, or its own name beside the first) and the SHA-256 of what was read of
+        it (a window: its own rows), sorted by name."""
+        assert self.source_index is not None
+        root = context.path(self.source_index)
+        parts = []
+        for channel, data in read.items():
+            path = found.files[channel]
+            name = os.path.relpath(path, root) if path.startswith(root + os.sep) else path
+            parts.append(f"{os.path.basename(name) if name == path else name}\0")
+            parts[-1] += f"{hashlib.sha256(data).hexdigest()}\n"
+        listing = "".join(sorted(parts)).encode("utf-8", "surrogatepass")
+        context.digests[self.source_index] = hashlib.sha256(listing).hexdigest()
 
     def _values(self, found: Recording) -> dict[str, Any]:
         out: dict[str, Any] = {f"{self.name}_start_time": found.start_s}
@@ -185,41 +218,68 @@ def _channel_column(
     }
     count = spec.fixed_length(channel)
     if count is None:
-        item = np.dtype(channel.dtype).itemsize * int(np.prod(channel.trailing, dtype=np.int64))
-        rows = storage.chunk_rows or _power_of_two(TARGET_CHUNK_BYTES // item)
-        values = RaggedColumn.of(
-            channel.dtype,
-            channel.trailing,
-            rows,
-            compression=storage.compression,
-            shuffle=storage.shuffle,
-            attrs=attrs,
-            stats="channels" if stats else None,
-            channel_axis=axis,
-        )
-        time_rows = storage.chunk_rows or _power_of_two(TARGET_CHUNK_BYTES // 8)
-        times = RaggedColumn.of(
-            "float64", (), time_rows, compression=storage.compression, attrs=time_attrs
-        )
-        return values, times if channel.reads_times else None
-
-    def fixed(dtype: str, shape: tuple[int, ...], fill: float, extra: Mapping[str, Any]) -> Column:
-        layout = ChunkLayout(
-            shape, dtype, (storage.chunk_samples, *shape), storage.compression, storage.shuffle
-        )
-        return ArrayColumn(layout, fill, dict(extra), "channels" if stats else None, axis)
-
-    fill = spec.fixed.fill if spec.fixed is not None else 0.0
-    values = fixed(channel.dtype, (count, *channel.trailing), fill, attrs)
-    times = ArrayColumn(
-        ChunkLayout((count,), "float64", (storage.chunk_samples, count), storage.compression, True),
-        float("nan"),
-        time_attrs,
-    )
+        values, times = _ragged(channel, storage, attrs, time_attrs, stats=stats, axis=axis)
+    else:
+        fill = spec.fixed.fill if spec.fixed is not None else 0.0
+        values, times = _fixed(channel, storage, count, fill, attrs, time_attrs, stats=stats)
     return values, times if channel.reads_times else None
 
 
-def _power_of_two(rows: int) -> int:
+def _ragged(
+    channel: ChannelSpec,
+    storage: Storage,
+    attrs: Mapping[str, Any],
+    time_attrs: Mapping[str, Any],
+    *,
+    stats: bool,
+    axis: int | None,
+) -> tuple[Column, Column]:
+    """A channel's values and timestamps as ragged columns of about 64 KiB a chunk."""
+    item = np.dtype(channel.dtype).itemsize * int(np.prod(channel.trailing, dtype=np.int64))
+    values = RaggedColumn.of(
+        channel.dtype,
+        channel.trailing,
+        storage.chunk_rows or chunk_rows(channel.rate_hz, item),
+        compression=storage.compression,
+        shuffle=storage.shuffle,
+        attrs=attrs,
+        stats="channels" if stats else None,
+        channel_axis=axis,
+    )
+    times = RaggedColumn.of(
+        "float64",
+        (),
+        storage.chunk_rows or chunk_rows(channel.rate_hz, 8),
+        compression=storage.compression,
+        attrs=time_attrs,
+    )
+    return values, times
+
+
+def _fixed(
+    channel: ChannelSpec,
+    storage: Storage,
+    count: int,
+    fill: float,
+    attrs: Mapping[str, Any],
+    time_attrs: Mapping[str, Any],
+    *,
+    stats: bool,
+) -> tuple[Column, Column]:
+    """A channel cut to ``count`` samples: fixed (N, count, *trailing) arrays."""
+    shape = (count, *channel.trailing)
+    rows = storage.chunk_samples
+    layout = ChunkLayout(shape, channel.dtype, (rows, *shape), storage.compression, storage.shuffle)
+    axis = -1 if channel.trailing else None
+    values = ArrayColumn(layout, fill, dict(attrs), "channels" if stats else None, axis)
+    time_layout = ChunkLayout((count,), "float64", (rows, count), storage.compression, True)
+    return values, ArrayColumn(time_layout, float("nan"), dict(time_attrs))
+
+
+def chunk_rows(rate_hz: float | None, row_bytes: int) -> int:
+    """Value rows per chunk of a ragged channel column (a power of two)."""
+    by_time = int(rate_hz * CHUNK_SECONDS) if rate_hz else MIN_CHUNK_ROWS
+    rows = max(MIN_CHUNK_ROWS, min(MAX_CHUNK_BYTES // row_bytes, by_time))
     return 1 << max(0, int(rows).bit_length() - 1)
 
 

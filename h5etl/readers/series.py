@@ -99,6 +99,7 @@ class SeriesReader:
         self._pid: int | None = None
         self._file: h5py.File | None = None
         self._offsets: dict[str, np.ndarray] = {}
+        self._datasets: dict[str, h5py.Dataset] = {}
 
     def _find_columns(self, record: fileformat.LayoutRecord, handle: h5py.File) -> list[_Column]:
         prefix = f"{self.field}_"
@@ -131,16 +132,17 @@ class SeriesReader:
                 for c in self._columns
                 if c.ragged
             }
+            self._datasets = {c.path: self._file[c.path] for c in self._columns}
         return self._file
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         if not -self.length <= index < self.length:
             raise IndexError(f"sample {index} of {self.length}")
         index %= self.length
-        handle = self._open()
+        self._open()
         out: dict[str, Any] = {}
         for column in self._columns:
-            dataset = handle[column.path]
+            dataset = self._datasets[column.path]
             if column.ragged:
                 offsets = self._offsets[column.path]
                 out[column.key] = dataset[offsets[index] : offsets[index + 1]]
@@ -153,6 +155,7 @@ class SeriesReader:
         if self._file is not None and self._pid == os.getpid():
             self._file.close()
         self._file = None
+        self._datasets = {}
 
     def __enter__(self) -> SeriesReader:
         return self
@@ -162,7 +165,7 @@ class SeriesReader:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state.update(_file=None, _pid=None, _offsets={})  # each process opens its own
+        state.update(_file=None, _pid=None, _offsets={}, _datasets={})  # each opens its own
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
