@@ -307,3 +307,14 @@ def test_dask_bench_prints_its_tables(bench_dir: Path) -> None:
     for row in ("local joblib -j2", "Dask, 1 worker", "Dask, 2 workers", "--shards 2 --vds"):
         assert f"| {row}" in out or row in out
     assert "decode cores one writer serves" in out
+
+
+def test_series_bench_prints_its_tables(bench_dir: Path) -> None:
+    text = _run(
+        "series_bench.py", "--dir", str(bench_dir / "series"), "--recordings", "3",
+        "--min-s", "1", "--max-s", "2", "--repeats", "1", "--reads", "3", "--jobs", "2",
+    )  # fmt: skip
+    assert "| h5etl build --jobs 2 (ragged, blosc-lz4) |" in text
+    assert "| work limit: read+hash+decode+compress+hash, all cores, no writes |" in text
+    assert "| HDF5 vlen (no filters possible) |" in text
+    assert "build / work limit (median of per-repeat ratios)" in text
