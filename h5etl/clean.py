@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from h5etl import geometry, images, inputs
+from h5etl import expansion, geometry, images, inputs
 from h5etl.errors import RejectError
 from h5etl.kinds.base import Kind, ProbeTarget
 from h5etl.kinds.tabular import Prepared
@@ -290,7 +290,7 @@ def plan(
             progress(len(batch))
     annotated, bound, warnings = _annotated(passed, kinds, rejects)
     by_split, policy = _assigned(spec, annotated, bound, renamed, previous, rejects)
-    by_split = _expanded(by_split, bound)
+    by_split = expansion.expanded(by_split, bound)
     digest = hashlib.sha256()
     for split, pairs in by_split.items():
         for sample, outcome in pairs:
@@ -399,33 +399,4 @@ def _grouped(
             rejects.extend(_reject_sample(sample, "no_group", why))
             continue
         out.append((dataclasses.replace(sample, group=group), outcome))
-    return out
-
-
-def _expanded(
-    by_split: dict[str, list[tuple[Sample, Probed]]], kinds: Sequence[Kind]
-) -> dict[str, list[tuple[Sample, Probed]]]:
-    """Inputs that become several samples (a recording cut into windows) as those samples,
-    each in the split of its input: the split is seeded by the input's name, which each
-    keeps as its ``name`` (its ``sample_key``), so no input straddles two splits."""
-    planned = [kind for kind in kinds if kind.plan_side]
-    expanding = [(column, kind) for column, kind in enumerate(planned) if kind.expands]
-    if not expanding:
-        return by_split
-    column, kind = expanding[0]  # the config allows one field that expands
-    out: dict[str, list[tuple[Sample, Probed]]] = {}
-    for split, pairs in by_split.items():
-        out[split] = [
-            (
-                dataclasses.replace(
-                    sample,
-                    key=key,
-                    name=sample.split_name,
-                    extras=(*sample.extras[:column], value, *sample.extras[column + 1 :]),
-                ),
-                outcome,
-            )
-            for sample, outcome in pairs
-            for key, value in kind.expand(sample, sample.extras[column])
-        ]
     return out
