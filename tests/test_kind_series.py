@@ -222,9 +222,17 @@ def test_every_reject_names_its_file_and_position(tmp_path: Path) -> None:
         assert str(tmp_path / "raw" / "rec" / name / file) in detail, detail
 
 
-def test_jobs_one_and_two_give_identical_releases(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "cut",
+    [
+        pytest.param({}, id="ragged"),
+        pytest.param({"fixed": {"seconds": 3}}, id="fixed"),
+        pytest.param({"window": {"seconds": 2, "stride": 1}}, id="windows"),
+    ],
+)
+def test_jobs_one_and_two_give_identical_releases(tmp_path: Path, cut: dict[str, Any]) -> None:
     make_recordings(tmp_path, LENGTHS)
-    config = series_config(tmp_path, splits={"train": 0.6, "valid": 0.4})
+    config = series_config(tmp_path, splits={"train": 0.6, "valid": 0.4}, field=cut)
     one, two = build(config, jobs=1), build(config, jobs=2)
     assert one.path is not None
     assert two.path is not None
