@@ -248,9 +248,8 @@ def table(folder: Path, runs: dict[str, list[Run]], args: argparse.Namespace) ->
     raw = raw_bytes(folder)
     seconds = {name: _median(r.wall for r in runs[name]) for name in ("build", "limit", "vlen")}
     reads = runs["reads"][0].extra
-    ratio = _median(
-        lim.wall / run.wall for lim, run in zip(runs["limit"], runs["build"], strict=True)
-    )
+    ratios = [lim.wall / run.wall for lim, run in zip(runs["limit"], runs["build"], strict=True)]
+    ratio = _median(ratios)
     ragged_disk = runs["build"][-1].disk
     vlen_disk = runs["vlen"][-1].disk
     mib = 2**20
@@ -270,7 +269,9 @@ def table(folder: Path, runs: dict[str, list[Run]], args: argparse.Namespace) ->
         f"{args.recordings / seconds['vlen']:.1f} | {vlen_disk / mib:.1f} MiB | "
         f"{vlen_disk / raw:.2f}x |",
         "",
-        f"build / work limit (median of per-repeat ratios): **{ratio:.2f}x** (target >= 0.85x)",
+        f"build / work limit (median of per-repeat ratios): **{ratio:.2f}x** (target >= 0.85x);"
+        f" per repeat {', '.join(f'{r:.2f}' for r in ratios)}; ratio of the medians "
+        f"{seconds['limit'] / seconds['build']:.2f}; load average {_load()}",
         "",
         "| storage | bytes on disk | build s | random recording reads/s (all channels) |",
         "|---|---|---|---|",
@@ -280,6 +281,10 @@ def table(folder: Path, runs: dict[str, list[Run]], args: argparse.Namespace) ->
         f"{seconds['vlen']:.2f} | {_median(reads['vlen']):.0f} |",
     ]
     return "\n".join(lines)
+
+
+def _load() -> str:
+    return " ".join(f"{v:.1f}" for v in os.getloadavg())
 
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
