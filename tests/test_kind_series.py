@@ -320,3 +320,21 @@ def test_a_dry_run_counts_windows_and_rejects_from_headers(tmp_path: Path) -> No
     assert code == 0, output
     assert "trailing_shape" in output
     assert "too_short" in output
+
+
+def test_a_nan_rejects_only_the_windows_holding_it(tmp_path: Path) -> None:
+    make_recordings(tmp_path, {"a": 4, "b": 3})
+    accel = tmp_path / "raw" / "rec" / "a" / "accel.npy"
+    values = np.load(accel)
+    values[2 * ACCEL_HZ + 5, 0] = np.inf  # 2.1 s: in the windows starting at 1 s and 2 s
+    np.save(accel, values)
+    config = series_config(tmp_path, field={"window": {"seconds": 2, "stride": 1}})
+    report = build(config, jobs=1)
+    assert report.path is not None
+    assert report.samples == {"train": 3 + 2 - 2}
+    lines = report.rejects_path.read_text().splitlines() if report.rejects_path else []
+    rejects = sorted((r["key"], r["reason"]) for r in map(json.loads, lines))
+    assert rejects == [("a@1s", "non_finite"), ("a@2s", "non_finite")]
+    detail = json.loads(lines[0])["detail"]
+    assert f"inf at sample {2 * ACCEL_HZ + 5} (2.1 s), component (0,)" in detail
+    assert str(accel) in detail

@@ -113,7 +113,7 @@ class SeriesKind(Kind):
         """The samples one recording becomes: (key, value) per window (its index)."""
         window = self.recording_spec.window
         assert window is not None
-        return [(f"{sample.key}@{window.offset_s(k):g}s", k) for k in range(int(value))]
+        return [(f"{sample.key}@{_seconds(window.offset_s(k))}s", k) for k in range(int(value))]
 
     def decode(self, context: SampleContext) -> dict[str, Any]:
         assert self.source_index is not None
@@ -164,6 +164,12 @@ class SeriesKind(Kind):
             if channel.reads_times:
                 out[f"{self.name}_{channel.name}_time"] = found.times[channel.name]
         return out
+
+
+def _seconds(value: float) -> str:
+    """A window's offset in a key: microseconds at most, never an exponent (1.2e+06 would
+    name two windows of a long recording alike)."""
+    return f"{value:.6f}".rstrip("0").rstrip(".")
 
 
 def channel_spec(name: str, field: SeriesField) -> ChannelSpec:
