@@ -331,7 +331,7 @@ def test_a_resumed_build_is_the_same_file(
     assert resumed.path.read_bytes() == reference.read_bytes()
 
 
-@pytest.mark.parametrize("example", ["classification", "metadata"])
+@pytest.mark.parametrize("example", ["classification", "metadata", "vibration"])
 def test_examples_build_the_same_bytes_in_other_processes(tmp_path: Path, example: str) -> None:
     # Two CLI processes of other hash seeds (set and dict orders), --jobs 1 and 2, folders:
     # labels and class names, tables and sidecars (every example does: README).
