@@ -178,6 +178,8 @@ def decide(
 
     if any(isinstance(c, RaggedColumn) for k in plan.kinds for c in k.columns.values()):
         return None, "ragged columns (series, volumes) are not carried yet"
+    if any(k.expands for k in plan.kinds):  # its samples share their recording's sample_key
+        return None, "windows (several samples of one recording) are not carried yet"
     record = output.read_carry(parent.version)
     block = plan_block(plan)
     reason = why_not(parent, record, config, layout, block)
