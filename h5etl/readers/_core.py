@@ -7,16 +7,13 @@ once per process (checked by pid), so fork, spawn and persistent workers each op
 
 from __future__ import annotations
 
-import functools
 import logging
 import multiprocessing.util
 import operator
 import os
-import threading
-import weakref
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Generator, Sequence
 from pathlib import Path
-from typing import Any, Literal, SupportsIndex, TypeVar, cast
+from typing import Any, Literal, SupportsIndex
 
 import h5py
 import hdf5plugin  # noqa: F401  (registers the Blosc/Zstd filters for reading)
@@ -24,15 +21,16 @@ import numpy as np
 
 from h5etl.errors import ReaderError
 from h5etl.fileformat import LayoutRecord
+from h5etl.readers import _fork
 from h5etl.readers._chunks import (
     ChunkCache,
     ChunkFile,
     ChunkStore,
-    ForkGate,
     open_stores,
-    prefetched,
 )
-from h5etl.readers._fields import as_int64, resolve
+from h5etl.readers._fields import resolve
+from h5etl.readers._fork import _INHERITED
+from h5etl.readers._fork import _OPEN as _OPEN  # re-exported: tests read _core._OPEN
 from h5etl.readers._layout import (
     CacheSize,
     MappedChunks,
@@ -41,11 +39,9 @@ from h5etl.readers._layout import (
     decoded_nbytes,
     map_chunks,
     open_dataset,
-    runs,
     widened,
 )
-from h5etl.readers._ragged import ragged_gather, ragged_slice
-from h5etl.readers._sampler import ChunkSampler
+from h5etl.readers._reading import _Reading
 
 logger = logging.getLogger(__name__)
 
@@ -53,57 +49,13 @@ CacheBytes = SupportsIndex | Literal["split"] | None  # numpy integers count as 
 _PER_PROCESS = frozenset(
     {"_file", "_datasets", "_maps", "_stores", "_decoded", "_finalizer", "_offsets"}
 )
-# Handles inherited through fork: never used nor closed in the child (closing would drop the
-# parent's file lock on the shared descriptor), only kept alive so no destructor runs here.
-_INHERITED: list[Any] = []
-# Every Release holding an open handle; closed just before this process forks (see below).
-_OPEN: weakref.WeakSet[Release] = weakref.WeakSet()
 
 
-_LOCK = threading.Lock()  # two threads' first reads must not both open the file
-_GATE = ForkGate()  # reads in other threads (prefetching) finish before handles close
-
-
-def _fresh_lock_in_child() -> None:
-    global _LOCK, _GATE
-    _LOCK = threading.Lock()  # a fork may copy it held by a thread that does not exist here
-    _GATE = ForkGate()
-
-
-def _close_before_fork() -> None:
-    """Close this process's handles so a forked child never inherits an open HDF5 file.
-
-    HDF5 would otherwise find the file "already open" in the child's copy of the library and
-    share the parent's state with it. The parent reopens lazily on its next read.
-    """
-    _GATE.close()
-    for release in list(_OPEN):
-        release._close_handles()  # the decoded chunks stay: the parent reads on after the fork
-
-
-def _reopen_gate_in_parent() -> None:
-    _GATE.open()
-
-
-os.register_at_fork(
-    before=_close_before_fork,
-    after_in_parent=_reopen_gate_in_parent,
-    after_in_child=_fresh_lock_in_child,
-)
-
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def _gated(method: F) -> F:
-    """Run ``method`` as a read that a fork waits for (the gate is looked up per call)."""
-
-    @functools.wraps(method)
-    def gated(*args: Any, **kwargs: Any) -> Any:
-        with _GATE.reading():
-            return method(*args, **kwargs)
-
-    return cast(F, gated)
+def __getattr__(name: str) -> Any:
+    """``_LOCK`` and ``_GATE`` live in ``_fork``, which a fork rebinds them in: looked up there."""
+    if name in ("_LOCK", "_GATE"):
+        return getattr(_fork, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _cache_request(value: Any) -> int | Literal["split"] | None:
@@ -127,7 +79,7 @@ def _cache_request(value: Any) -> int | Literal["split"] | None:
     return count
 
 
-class Release:
+class Release(_Reading):
     """A picklable recipe for reading one split of a release, opened lazily once per process.
 
     Parameters:
@@ -302,7 +254,7 @@ class Release:
         """The open datasets of this process, opening the file on first use after a fork."""
         if self._file is not None and self._pid == os.getpid():
             return self._datasets
-        with _LOCK:
+        with _fork._LOCK:
             if self._file is not None and self._pid == os.getpid():
                 return self._datasets
             return self._open()
@@ -410,149 +362,6 @@ class Release:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    @_gated
-    def read_slice(self, start: int, stop: int) -> dict[str, np.ndarray]:
-        """Rows ``start:stop`` of every field, one contiguous read per field.
-
-        The bounds work as Python slicing of a sequence of ``len(self)`` rows does: a negative
-        value counts from the end, values past either end are clipped to it, and ``stop`` at or
-        before ``start`` gives zero rows. Every field comes back with the same number of rows,
-        whatever the codec, so ``read_slice(0, n)`` reads at most the whole split.
-
-        Parameters:
-            start: the first row (negative: from the end).
-            stop: the row after the last (negative: from the end).
-
-        Returns:
-            Field name -> array of ``len(range(len(self))[start:stop])`` rows.
-
-        Raises:
-            TypeError: ``start`` or ``stop`` is not an integer.
-        """
-        start, stop, _ = slice(start, stop).indices(self.length)
-        stop = max(start, stop)  # slice.indices leaves stop < start for an empty slice
-        out = {}
-        datasets, maps, stores = self._handles()
-        for name, dataset in datasets.items():
-            info = self.info[name]
-            if info.text:
-                out[name] = dataset.asstr()[start:stop]
-                continue
-            if name in self.ragged:
-                out[name] = ragged_slice(dataset, self._offsets[name], start, stop)
-                continue
-            block = np.empty((stop - start, *info.shape), dtype=info.dtype)
-            reader = maps.get(name) or stores.get(name)
-            if reader is not None:
-                reader.read_into(block, start, stop, 0)
-            elif stop > start:
-                dataset.read_direct(block, np.s_[start:stop])
-            out[name] = block
-        return as_int64(out, self._widen)
-
-    @_gated
-    def read(self, indices: Sequence[int] | np.ndarray) -> dict[str, np.ndarray]:
-        """Rows at ``indices`` (any order, repeats allowed), returned in that order.
-
-        Unfiltered fields are gathered straight from the mapped chunks (one copy); compressed
-        fields from their decoded chunks (each chunk decoded once, several in parallel, kept
-        in a small cache). Fields neither path understands go through HDF5: the indices are
-        sorted and cut into contiguous runs, each run one slice read.
-        """
-        wanted = self._checked(indices)
-        datasets, maps, stores = self._handles()
-        out = {n: m.gather(wanted, self.info[n]) for n, m in maps.items()}
-        out.update((n, s.gather(wanted)) for n, s in stores.items())
-        out.update((n, ragged_gather(datasets[n], self._offsets[n], wanted)) for n in self.ragged)
-        rest = [n for n in self.fields if n not in out]
-        if not rest:
-            return as_int64(out, self._widen)
-        unique, inverse = np.unique(wanted, return_inverse=True)
-        pieces = runs(unique)
-        in_order = len(unique) == len(wanted) and bool(np.array_equal(unique, wanted))
-        batch = self._read_runs(datasets, pieces, len(unique), rest)
-        for name in rest:
-            out[name] = batch[name] if in_order else batch[name][inverse]
-        return as_int64({n: out[n] for n in self.fields}, self._widen)
-
-    @_gated
-    def prefetch(self, indices: Sequence[int] | np.ndarray) -> None:
-        """Start decoding the compressed chunks holding ``indices`` in the background.
-
-        Returns at once; a later ``read`` of those rows finds them decoded (or waits for the
-        decode already running). A no-op for fields read through mmap or HDF5.
-        """
-        wanted = self._checked(indices)
-        for store in self._handles()[2].values():
-            store.prefetch(wanted)
-
-    def iter_batches(
-        self,
-        batch_size: int | None = None,
-        *,
-        shuffle: bool = True,
-        seed: int = 0,
-        epoch: int = 0,
-        drop_last: bool = False,
-        prefetch: int = 4,
-    ) -> Generator[dict[str, np.ndarray], None, None]:
-        """Yield one epoch of this split as dicts of numpy arrays; the release stays open.
-
-        Batches follow the chunk-aware order (``shuffle``) or the file order and are cut on
-        chunk boundaries (see ``ChunkSampler.batches``), so each costs one contiguous read per
-        field. Text fields come back as object arrays of ``str``. With ``prefetch`` > 0,
-        background threads (at most one per CPU) read up to that many batches ahead while you
-        use the current one, so memory holds ``prefetch`` more batches; compressed chunks
-        decode in parallel there. Batches still come in order, a reading error is raised
-        here, and the threads stop when the iterator is closed or dropped. ``prefetch=0``
-        reads on demand, as does a release whose fields are all uncompressed (mmap copies are
-        faster in one thread). Decoded chunks stay in this reader's cache for later epochs
-        as far as ``cache_bytes`` allows. ``batch_size`` defaults to the reader's, which
-        sized its cache: a larger one may decode chunks twice.
-        """
-        batch_size = self.batch_size if batch_size is None else batch_size
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        if prefetch < 0:
-            raise ValueError(f"prefetch must be >= 0, got {prefetch}")
-        sampler = ChunkSampler(len(self), self.chunk_rows, shuffle=shuffle, seed=seed)
-        sampler.set_epoch(epoch)
-        batches = sampler.batches(batch_size, drop_last=drop_last)
-        with _GATE.reading():  # this may open the file: a fork must not copy it half-open
-            mapped = self._handles()[1]
-        if prefetch and len(mapped) < len(self.fields):  # mmap alone gains nothing from it
-            yield from prefetched(self.read, batches, prefetch)
-        else:
-            yield from map(self.read, batches)
-
-    def _checked(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
-        wanted = np.asarray(indices, dtype=np.int64).reshape(-1)
-        if wanted.size and (wanted.min() < -self.length or wanted.max() >= self.length):
-            raise IndexError(f"index out of range for {self.length} samples")
-        return np.where(wanted < 0, wanted + self.length, wanted)
-
-    def _read_runs(
-        self,
-        datasets: dict[str, h5py.Dataset],
-        pieces: list[tuple[int, int, int]],
-        total: int,
-        names: list[str],
-    ) -> dict[str, np.ndarray]:
-        out: dict[str, np.ndarray] = {}
-        for name in names:
-            dataset, info = datasets[name], self.info[name]
-            if info.text:
-                rows = np.empty(total, dtype=object)
-                for pos, start, stop in pieces:
-                    rows[pos : pos + stop - start] = dataset.asstr()[start:stop]
-                out[name] = rows
-                continue
-            block = np.empty((total, *info.shape), dtype=info.dtype)
-            for pos, start, stop in pieces:
-                dataset.read_direct(block, np.s_[start:stop], np.s_[pos : pos + stop - start])
-            out[name] = block
-        return out
 
 
 def iter_batches(
