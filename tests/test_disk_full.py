@@ -31,7 +31,7 @@ import pytest
 import yaml
 from conftest import _make_raw, base_config, merge, random_pair, save
 
-from h5etl import release
+from h5etl import release_folder
 from h5etl.config import load_spec
 from h5etl.errors import ReleaseError, SinkError
 from h5etl.journal import JournalWriter
@@ -383,14 +383,14 @@ def test_a_publish_that_fails_takes_its_names_back(
 
         monkeypatch.setattr(os, "symlink", symlink)
     else:
-        real = release._fsync_dir
+        real = release_folder._fsync_dir
 
         def fsync_dir(folder: Path) -> None:
             real(folder)
             if (spec.output / f"{spec.name}.h5").resolve().name.endswith("v0002.h5"):
                 raise no_room
 
-        monkeypatch.setattr(release, "_fsync_dir", fsync_dir)
+        monkeypatch.setattr(release_folder, "_fsync_dir", fsync_dir)
     with pytest.raises(ReleaseError, match="publishing failed: no space left on device"):
         build(spec)
     monkeypatch.undo()

@@ -1,0 +1,92 @@
+"""release_naming: what the files of a release are called, and finding them in a folder
+(read only: nothing here writes, renames or deletes a file; ``h5etl.release`` re-exports it all).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+_VERSION = re.compile(r"^(?P<name>.+)-v(?P<version>\d{4,})\.h5$")
+# The files beside a release: its rejects report, its build facts
+_BESIDE = re.compile(
+    r"^\.?(?P<name>.+)-v(?P<version>\d{4,})\."
+    r"(rejects\.jsonl|build\.json|h5\.carry\.json|part-\d{4,}\.h5)$"
+)
+PARTIAL_MARK = ".partial-"
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseInfo:
+    name: str
+    version: int
+    path: Path
+    size: int
+    modified: str
+    current: bool
+    rejects: Path | None
+
+
+def release_filename(name: str, version: int) -> str:
+    return f"{name}-v{version:04d}.h5"
+
+
+def part_filename(name: str, version: int, index: int) -> str:
+    """A part of a virtual release (its shards): the release's datasets map onto these."""
+    return f"{name}-v{version:04d}.part-{index:04d}.h5"
+
+
+def rejects_filename(name: str, version: int) -> str:
+    return f"{name}-v{version:04d}.rejects.jsonl"
+
+
+def facts_filename(name: str, version: int) -> str:
+    """The build facts beside a release: timings, workers, host (``reproducible``)."""
+    return f"{name}-v{version:04d}.build.json"
+
+
+def versions(folder: Path, name: str) -> dict[int, Path]:
+    """The published releases of ``name`` in ``folder``, by version."""
+    found = {}
+    if folder.is_dir():
+        for entry in folder.iterdir():
+            match = _VERSION.match(entry.name)
+            if match and match["name"] == name and not entry.is_symlink():
+                found[int(match["version"])] = entry
+    return dict(sorted(found.items()))
+
+
+def companions(folder: Path, name: str, version: int) -> list[Path]:
+    """The files beside release ``version`` that are there: rejects report, build facts,
+    carry record, and a virtual release's part files (its data)."""
+    carry = f".{release_filename(name, version)}.carry.json"  # OutputFolder.carry_path
+    beside = (rejects_filename(name, version), facts_filename(name, version), carry)
+    parts = sorted(folder.glob(f"{glob.escape(name)}-v{version:04d}.part-*.h5"))
+    return [folder / n for n in beside if (folder / n).is_file()] + parts
+
+
+def orphans(folder: Path, name: str) -> dict[int, list[Path]]:
+    """Files beside a release that is gone (a prune stopped half-way), by version."""
+    found: dict[int, list[Path]] = {}
+    releases = versions(folder, name)
+    if folder.is_dir():
+        for entry in sorted(folder.iterdir()):
+            match = _BESIDE.match(entry.name)
+            if match and match["name"] == name and int(match["version"]) not in releases:
+                found.setdefault(int(match["version"]), []).append(entry)
+    return dict(sorted(found.items()))
+
+
+def release_names(folder: Path) -> list[str]:
+    """The names of the releases in ``folder``, sorted."""
+    return sorted({m["name"] for e in folder.iterdir() if (m := _VERSION.match(e.name))})
+
+
+def current_version(link: Path) -> int | None:
+    if not link.is_symlink():
+        return None
+    match = _VERSION.match(os.readlink(link).rsplit("/", 1)[-1])
+    return int(match["version"]) if match else None
