@@ -1,11 +1,17 @@
 """carry: which samples an incremental build takes from its parent without decoding them.
 
 Input: the plan, the parent release (``h5etl.parent``) and the carry record its build left
-beside it (files' stamps, per-block statistics). Output: per split, the parent's blocks to
-copy byte for byte (whole chunk rows of every field, untouched by any changed or removed
-sample), and the plan to decode: the parent's other samples in its row order, then the new
-ones in the plan's seeded order. Pure planning, plus hashing the files whose size or mtime
-changed (the fast pre-check failed; equal bytes still carry).
+beside it (files' stamps, per-block statistics, each row's sample). Output: per split, the
+parent's blocks to copy byte for byte (whole chunk rows of every fixed field, untouched by
+any changed or removed sample; a ragged column's values go with their samples' rows, see
+``sink_carry``), and the plan to decode: the parent's other samples in its row order, then the
+new ones in the plan's seeded order. Pure planning, plus hashing the files whose size or
+mtime changed (the fast pre-check failed; equal bytes still carry).
+
+Samples are matched by their carry key (``carry_key``): the sample's split name, and for the
+windows of a recording, which share that name as their ``sample_key``, the window's own key
+beside it; the record keeps each parent row's carry key. A recording's windows are carried
+when its files are unchanged, and all of them are decoded again when they changed.
 """
 
 from __future__ import annotations
@@ -22,9 +28,10 @@ import yaml
 
 from h5etl import inputs
 from h5etl.clean import Plan
-from h5etl.fileformat import LayoutRecord
+from h5etl.errors import RejectError
+from h5etl.fileformat import SAMPLE_KEY, LayoutRecord
 from h5etl.parent import Parent, ParentSplit
-from h5etl.records import Sample, text_bytes, valid_text
+from h5etl.records import BatchResult, Sample, text_bytes, valid_text
 from h5etl.release import OutputFolder
 from h5etl.tallies import Tallies
 
@@ -33,7 +40,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-FORMAT = 1  # of the carry record
+FORMAT = 2  # of the carry record (2: each row's carry key, for windows)
 # Config keys that change no stored byte of a sample already in the parent: a parent built
 # with other values still carries (fractions and seed place only new samples).
 VOLATILE_KEYS = ("description", "attrs", "output", "max_rejects", "on_error", "splits", "seed")
@@ -62,6 +69,23 @@ class CarryPlan:
         return sum(b.rows for blocks in self.blocks.values() for b in blocks)
 
 
+def carry_key(split_name: str, key: str) -> str:
+    """What the carry record knows a sample by: its split name, unique but for the windows
+    of one recording (and renamed keys), which add their own key."""
+    return split_name if key == split_name else f"{split_name}\x1f{key}"
+
+
+def sample_carry_key(sample: Sample) -> str:
+    return carry_key(valid_text(sample.split_name), sample.key)
+
+
+def row_keys(result: BatchResult) -> list[str]:
+    """The carry keys of a result's stored rows, in row order."""
+    names = result.columns[SAMPLE_KEY]
+    assert isinstance(names, list)
+    return [carry_key(valid_text(str(n)), k) for n, k in zip(names, result.keys, strict=True)]
+
+
 def sample_state(sample: Sample, stamp: str) -> list[Any]:
     """What the carry record keeps of a sample: its files, their stamps, its plan values."""
     extras = hashlib.sha256(text_bytes(repr(sample.extras))).hexdigest()
@@ -85,7 +109,9 @@ def why_not(
     """Why the parent cannot be carried from (None: it can)."""
     if record is None:
         return f"v{parent.version:04d} has no carry record beside it"
-    if record.get("format") != FORMAT or record.get("fingerprint") != parent.fingerprint:
+    if record.get("format") != FORMAT:
+        return f"the carry record beside v{parent.version:04d} is of another h5etl"
+    if record.get("fingerprint") != parent.fingerprint:
         return f"the carry record beside v{parent.version:04d} is not that release's"
     if record.get("block") != block:
         return "the chunk rows changed"
@@ -109,13 +135,16 @@ def _unchanged(
         return True  # same sizes and mtimes: the fast pre-check
     try:
         digests = [hashlib.sha256(inputs.read_file(path)).hexdigest() for path in sample.paths]
-    except OSError:
-        return False  # decoding will say what is wrong with it
+    except (OSError, RejectError):
+        # decoding will say what is wrong with it; a folder (a DICOM series, a recording)
+        # has its kind's digest over the files it read, which only decoding computes
+        return False
     return [d.encode() for d in digests] == [bytes(h) for h in lineage]
 
 
 def _carried_blocks(
     old: ParentSplit,
+    keys: Sequence[str],
     by_name: Mapping[str, Sample],
     block: int,
     known: Mapping[str, list[Any]],
@@ -123,15 +152,17 @@ def _carried_blocks(
     stamps: Mapping[str, str],
 ) -> tuple[list[CarriedBlock], list[Sample]]:
     """The parent split's blocks whose every row is unchanged, and its other samples still
-    in the inputs (to decode again), in its row order."""
+    in the inputs (to decode again), in its row order; ``keys``: each row's carry key."""
     blocks: list[CarriedBlock] = []
     waiting: list[Sample] = []
-    for b in range(min(-(-len(old.keys) // block), len(tallies))):
-        rows = range(b * block, min((b + 1) * block, len(old.keys)))
-        here = [by_name.get(old.keys[r]) for r in rows]
+    if len(keys) != len(old.keys):
+        keys, tallies = [], []  # a record of other rows: nothing of this split carries
+    for b in range(min(-(-len(keys) // block), len(tallies))):
+        rows = range(b * block, min((b + 1) * block, len(keys)))
+        here = [by_name.get(keys[r]) for r in rows]
         if all(
             s is not None
-            and _unchanged(s, stamps[s.key], known.get(old.keys[r]), tuple(old.lineage[r]))
+            and _unchanged(s, stamps[s.key], known.get(keys[r]), tuple(old.lineage[r]))
             for r, s in zip(rows, here, strict=True)
         ):
             chosen = tuple(s for s in here if s is not None)
@@ -149,13 +180,16 @@ def plan_carry(
     decode: dict[str, list[Sample]] = {}
     known: Mapping[str, list[Any]] = record.get("samples", {})
     tallies: Mapping[str, list[Any]] = record.get("blocks", {})
+    keys: Mapping[str, list[str]] = record.get("rows", {})
     for split, members in plan.splits.items():
-        by_name = {valid_text(s.split_name): s for s in members}
+        by_name = {sample_carry_key(s): s for s in members}
         old = parent.splits.get(split)
         blocks, waiting = (
             ([], [])
             if old is None
-            else _carried_blocks(old, by_name, block, known, tallies.get(split, []), stamps)
+            else _carried_blocks(
+                old, keys.get(split, []), by_name, block, known, tallies.get(split, []), stamps
+            )
         )
         taken = {s.key for b in blocks for s in b.samples} | {s.key for s in waiting}
         fresh = [s for s in members if s.key not in taken]  # in the plan's seeded order
@@ -174,12 +208,6 @@ def decide(
     plan: Plan, parent: Parent, output: OutputFolder, config: str, layout: LayoutRecord
 ) -> tuple[CarryPlan | None, str | None]:
     """The carry plan from ``parent``, or None and why it cannot be carried from."""
-    from h5etl.kinds.base import RaggedColumn
-
-    if any(isinstance(c, RaggedColumn) for k in plan.kinds for c in k.columns.values()):
-        return None, "ragged columns (series, volumes) are not carried yet"
-    if any(k.expands for k in plan.kinds):  # its samples share their recording's sample_key
-        return None, "windows (several samples of one recording) are not carried yet"
     record = output.read_carry(parent.version)
     block = plan_block(plan)
     reason = why_not(parent, record, config, layout, block)
@@ -189,7 +217,8 @@ def decide(
 
 
 def plan_block(plan: Plan) -> int:
-    """Rows of one block: a whole chunk of every array field (``Spec.batch_samples``)."""
+    """Rows of one block: a whole chunk of every array field (``Spec.batch_samples``); a
+    ragged column's values are cut in chunks of value rows, not of samples (``sink_carry``)."""
     from h5etl.kinds.base import ArrayColumn
 
     rows = [
@@ -221,12 +250,15 @@ def facts(carried: CarryPlan, copied: int, stored: int) -> dict[str, Any]:
 
 @dataclass(slots=True)
 class BlockLog:
-    """Each split's block tallies in row order, for the carry record of the new release."""
+    """Each split's block tallies and rows' carry keys in row order, for the carry record of
+    the new release."""
 
     blocks: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    rows: dict[str, list[str]] = field(default_factory=dict)
 
-    def add(self, split: str, tallies: list[dict[str, Any]]) -> None:
+    def add(self, split: str, tallies: list[dict[str, Any]], keys: list[str]) -> None:
         self.blocks.setdefault(split, []).extend(tallies)
+        self.rows.setdefault(split, []).extend(keys)
 
 
 def record_of(
@@ -234,7 +266,7 @@ def record_of(
 ) -> dict[str, Any]:
     """The carry record a release leaves for the build after it (see ``why_not``)."""
     samples = {
-        valid_text(sample.split_name): sample_state(sample, plan.stamps[sample.key])
+        sample_carry_key(sample): sample_state(sample, plan.stamps[sample.key])
         for members in plan.splits.values()
         for sample in members
     }
@@ -245,6 +277,7 @@ def record_of(
         "block": block,
         "samples": samples,
         "blocks": log.blocks,
+        "rows": log.rows,
     }
 
 
@@ -270,7 +303,7 @@ def copy_into(sink: Sink, carried: CarryPlan, tallies: Tallies, log: BlockLog) -
         lineage = carried.parent.splits[split].lineage
         for b in blocks:
             tallies.add_block(split, b.tally)
-            log.add(split, [b.tally])
+            log.add(split, [b.tally], [sample_carry_key(s) for s in b.samples])
             for row, sample in zip(range(b.start, b.start + b.rows), b.samples, strict=True):
                 hashes = ",".join(bytes(h).decode() for h in lineage[row])
                 lines.append(f"{sample.key}\t{hashes}\n")

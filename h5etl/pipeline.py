@@ -387,7 +387,8 @@ def _write(
                 status.stored(result)
                 tallies.add(result)
                 if log is not None:
-                    log.add(result.task.split, [block_json(b) for b in result.blocks])
+                    tallied = [block_json(b) for b in result.blocks]
+                    log.add(result.task.split, tallied, carry.row_keys(result))
                 lines = provenance.fingerprint_lines(result)
                 fingerprint.update("".join(lines).encode())
                 checkpoints.note(result, lines)

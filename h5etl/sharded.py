@@ -24,7 +24,7 @@ from h5etl import buildparts, errors, shards, sink_copy
 from h5etl.clean import Plan
 from h5etl.decode import DecodeRecipe
 from h5etl.errors import H5EtlError, ShardError, UsageError
-from h5etl.kinds.base import ArrayColumn, ScalarColumn, TextColumn
+from h5etl.kinds.base import ArrayColumn, RaggedColumn, ScalarColumn, TextColumn
 from h5etl.records import DecodeTask, Reject
 from h5etl.release import OutputFolder, part_filename
 from h5etl.report import BuildReport
@@ -179,7 +179,7 @@ def write_shards(
         ShardError: a shard writer died twice, or a shard does not account for its samples.
         BuildFailed, ClusterError, SinkError: as the shard writer raised them.
     """
-    _check_columns(spec, layout)
+    _check_columns(spec, layout, virtual=sharding.virtual)
     geometry = cutter.geometry
     ident = shards.identity(spec_sha256(spec), plan.fingerprint(), geometry, sharding.count)
     dealt = shards.deal(cutter, sharding.count)
@@ -223,14 +223,22 @@ def write_shards(
     )
 
 
-def _check_columns(spec: Spec, layout: SinkLayout) -> None:
-    """Refuse, up front, a column the stitch cannot carry (one kind added after it)."""
-    carried = (ArrayColumn, ScalarColumn, TextColumn)
+def _check_columns(spec: Spec, layout: SinkLayout, *, virtual: bool) -> None:
+    """Refuse, up front, a column the stitch cannot carry (one kind added after it), and a
+    ragged column in a virtual release (README: Scale-out, ragged columns)."""
+    carried = (ArrayColumn, ScalarColumn, TextColumn, RaggedColumn)
     for name, column in layout.columns.items():
         if not isinstance(column, carried):
             raise UsageError(
                 f"--shards: field {name!r} is stored as a {type(column).__name__}, which a "
                 f"sharded build does not carry; build it without --shards",
+                path=spec.config_file,
+            )
+        if virtual and isinstance(column, RaggedColumn):
+            raise UsageError(
+                f"--vds: column {name!r} is ragged: its values run on across the parts "
+                f"mid-chunk, so a virtual release could not keep their chunk digests; "
+                f"build it with --shards and without --vds",
                 path=spec.config_file,
             )
 

@@ -253,23 +253,23 @@ class Sink:
         record: dict[str, list[str]],
     ) -> int:
         """Append rows of ``parent``'s ``split`` as they are stored there: each (start, rows)
-        block's chunks byte for byte (``ImageWriter.add_copied``: the filter mask travels
-        with the bytes, so every codec stays intact), the block digests the parent recorded,
-        its text, scalar and lineage rows as values, and ``record`` (this build's per-sample
-        record of those rows). Call before any ``write`` to ``split``. Returns the stored
-        bytes copied.
+        block's chunks byte for byte (``sink_copy.copy_rows``: the filter mask travels with
+        the bytes, so every codec stays intact; a ragged column's value rows around its whole
+        chunks are re-cut), the block digests the parent recorded, its text, scalar, offsets
+        and lineage rows as values, and ``record`` (this build's per-sample record of those
+        rows). Call before any ``write`` to ``split``. Returns the stored bytes copied.
         """
         assert self.file is not None
-        assert not self.layout.ragged, "ragged columns are not carried"
         if not blocks:
             return 0
         try:
             with h5py.File(parent, "r") as source:
-                copied = copy_chunks(source, self.layout, self.images, split, blocks)
+                copied, ends = copy_chunks(source, self.layout, self.images, split, blocks)
                 small, lineage = parent_rows(source, self.layout, split, blocks)
             small.update(record)
+            small.update(ends)
             self._ensure_room(self._small.pending_bytes(), "copying the parent's rows")
-            self._small.append(split, small, lineage)
+            self._small.append(split, small, lineage, carried=True)
         except (OSError, RuntimeError, KeyError, ValueError) as exc:
             raise self._failed("copying the parent's chunks", exc) from exc
         self.counts[split] += len(lineage)
@@ -284,6 +284,15 @@ class Sink:
         assert self.file is not None
         self._small.restore(split, small, lineage)
         self.counts[split] += len(lineage)
+
+    def store_carries(self) -> None:
+        """Store every writer's last, partial chunk now (its carry, as ``finish`` would): a
+        shard does so before its manifest takes the digests of the chunks it stored."""
+        try:
+            for writer in self.images.values():
+                writer.finish()
+        except (OSError, RuntimeError) as exc:
+            raise self._failed("writing", exc) from exc
 
     @property
     def _small(self) -> SmallRows:

@@ -1,9 +1,13 @@
 """sink_carry: the sink's copying of a parent release's rows into the file it writes.
 
 Part of the sink (the only code that writes HDF5): for an incremental build, each carried
-block's chunks are copied byte for byte (``ImageWriter.add_copied``) with the block digests
-the parent recorded, and its text, scalar and lineage rows are read as values for the small
-rows' writer. Reading the parent happens here too, so one module owns the copy.
+block's chunks are copied byte for byte (``sink_copy.copy_rows``, the one mechanism a stitch
+uses too) with the block digests the parent recorded, and its text, scalar and lineage rows
+are read as values for the small rows' writer. A ragged column's blocks are the value rows of
+the carried samples: whole chunks are copied where the parent's chunk grid and the new file's
+line up, the value rows around them re-cut from the parent's stored values; its offsets are
+rebased to where the values land. Reading the parent happens here too, so one module owns
+the copy.
 """
 
 from __future__ import annotations
@@ -12,13 +16,26 @@ from collections.abc import Mapping
 from typing import Any
 
 import h5py
+import numpy as np
 
 from h5etl import fileformat
-from h5etl.kinds.base import ScalarColumn
+from h5etl.kinds.base import ArrayColumn, ScalarColumn
 from h5etl.sink_chunks import ImageWriter
+from h5etl.sink_copy import copy_rows
 from h5etl.sink_rows import SinkLayout
 
 Spans = list[tuple[int, int]]  # (first row, rows) of each carried block, in the parent
+
+
+def runs(spans: Spans) -> Spans:
+    """The spans with each set of adjacent ones joined: (first row, rows) per run."""
+    out: Spans = []
+    for start, rows in spans:
+        if out and sum(out[-1]) == start:
+            out[-1] = (out[-1][0], out[-1][1] + rows)
+        else:
+            out.append((start, rows))
+    return out
 
 
 def copy_chunks(
@@ -27,21 +44,33 @@ def copy_chunks(
     writers: Mapping[tuple[str, str], ImageWriter],
     split: str,
     spans: Spans,
-) -> int:
-    """Append the spans' chunks of every array column of ``split``; return the bytes."""
+) -> tuple[int, dict[str, list[int]]]:
+    """Append the spans' rows of every array and ragged column of ``split``; return the
+    stored bytes copied and each ragged column's offsets rows (its samples' ends, rebased)."""
     nodes = source[fileformat.DIAGNOSTICS_DATASETS]
     copied = 0
+    ends: dict[str, list[int]] = {}
     for (target, name), writer in writers.items():
         if target != split:
             continue
         path = layout.path(split, name)
-        digests = nodes[fileformat.diagnostics_node(path)][fileformat.BLOCK_DIGESTS]
-        step = writer.layout.rows
-        for start, rows in spans:
-            found = digests[start // step : -(-(start + rows) // step)]
-            sha = [bytes.fromhex(d.decode()) for d in found]
-            copied += writer.add_copied(source[path], start, rows, sha)
-    return copied
+        recorded = nodes[fileformat.diagnostics_node(path)][fileformat.BLOCK_DIGESTS][...]
+        blocks = [bytes.fromhex(d.decode()) for d in recorded]
+        values = source[path]
+        if isinstance(layout.columns[name], ArrayColumn):
+            for start, rows in runs(spans):
+                copied += copy_rows(writer, values, start, start + rows, blocks, edge=True)
+            continue
+        offsets = np.asarray(source[layout.offsets_path(split, name)][...], dtype=np.int64)
+        base = writer.rows + writer.carry_rows
+        lengths = []
+        for start, rows in runs(spans):  # a run's chunks across its samples are copied too
+            first, last = int(offsets[start]), int(offsets[start + rows])
+            copied += copy_rows(writer, values, first, last, blocks)
+            lengths.append(np.diff(offsets[start : start + rows + 1]))
+        found = np.concatenate([np.zeros(0, np.int64), *lengths])
+        ends[name + fileformat.OFFSETS_SUFFIX] = (base + np.cumsum(found)).tolist()
+    return copied, ends
 
 
 def parent_rows(

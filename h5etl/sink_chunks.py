@@ -59,8 +59,7 @@ class ImageWriter:
         self.carry_rows = 0
         self.direct_blocks = 0
         self.rechunked_blocks = 0
-        self.copied_blocks = 0  # carried from a parent release, bytes as they were
-        self.carried_blocks = 0
+        self.copied_blocks = 0  # copied from another file (a parent, a shard), bytes as they were
         self.unjournaled_blocks: list[bytes] = []
         # One scratch dataset for every block this writer re-cuts (a ragged column re-cuts
         # nearly all of its blocks): a new in-memory HDF5 file per block cost 5x the encode.
@@ -82,30 +81,6 @@ class ImageWriter:
         self.stats.blocks.extend(sha)
         self.unjournaled_blocks.extend(sha)
         self.stats.raw_bytes += count * self.layout.block_nbytes // self.layout.rows
-
-    def add_copied(self, source: h5py.Dataset, start: int, count: int, digests: list[bytes]) -> int:
-        """Append ``count`` rows (whole chunks) of ``source`` from row ``start``, chunk bytes
-        and filter masks as they are stored (``read_direct_chunk`` -> ``write_direct_chunk``:
-        nothing is decoded or re-encoded); ``digests`` are their blocks'. Returns the bytes.
-
-        The copied chunks are not journaled: an incremental build's journal names its parent
-        in its plan digest, so no resume adopts it (a killed one starts again from the
-        parent), and hashing every copied byte would cost as much as the copy."""
-        assert not self.carry_rows, "copied rows follow whole chunks only"
-        assert not self.rows % self.layout.rows, "copied rows follow whole chunks only"
-        self.dataset.resize(self.rows + count, axis=0)
-        copied = 0
-        for row in range(0, count, self.layout.rows):
-            for inner in self.layout.chunk_offsets():
-                mask, data = source.id.read_direct_chunk((start + row, *inner[1:]))
-                offset = (self.rows + row, *inner[1:])
-                self.dataset.id.write_direct_chunk(offset, data, mask)
-                copied += len(data)
-        self.rows += count
-        self.stats.blocks.extend(digests)
-        self.stats.raw_bytes += count * self.layout.block_nbytes // self.layout.rows
-        self.copied_blocks += count // self.layout.rows
-        return copied
 
     def add_raw(self, rows: np.ndarray, *, final: bool = False) -> None:
         """Store raw rows. Whole blocks at a chunk boundary (or a final task's rows) are
@@ -156,8 +131,9 @@ class ImageWriter:
     def adopt(
         self, rows: int, blocks: list[bytes], chunks: list[tuple[tuple[int, ...], str]]
     ) -> None:
-        """Count ``rows`` rows whose chunks were carried in after those stored so far
-        (``sink_copy.carry_chunks``), with their block digests."""
+        """Count ``rows`` rows whose chunks were copied in after those stored so far
+        (``sink_copy.copy_rows``), with their block digests; ``chunks`` (offset, SHA-256)
+        go to the resume journal."""
         assert not self.carry_rows, "rows carried in behind rows still in the carry"
         assert not self.rows % self.layout.rows, "rows carried in mid-chunk"
         self.rows += rows
@@ -165,7 +141,7 @@ class ImageWriter:
         self.unjournaled_blocks.extend(blocks)
         self.stats.raw_bytes += rows * self.layout.block_nbytes // self.layout.rows
         self.stored.extend((self, offset, sha) for offset, sha in chunks)
-        self.carried_blocks += len(blocks)
+        self.copied_blocks += len(blocks)
 
     def note_copied(self, offset: tuple[int, ...], sha256: str) -> None:
         self.stored.append((self, offset, sha256))

@@ -1,18 +1,21 @@
 """sink_copy: carry stored chunks from another HDF5 file into the sink, never re-encoded.
 
-Part of the sink (the only code that writes HDF5). ``carry_chunks`` reads each stored chunk of
-a source dataset with ``read_direct_chunk``, checks its bytes against the SHA-256 its writer
-recorded, and stores it with ``write_direct_chunk`` at a row offset of the target: the chunks
-of a sharded build's shards into the release (the stitch), or, for any build, the chunks of
-another file whose rows it keeps. ``carry_shard`` carries a whole shard: every array column
-by chunks, the small columns (texts, scalars, lineage) by rows, each checked against the
-digests the shard recorded.
+Part of the sink (the only code that writes HDF5). ``carry_chunks`` reads stored chunks of a
+source dataset with ``read_direct_chunk`` (checking their bytes against the SHA-256 their
+writer recorded, when given) and stores them with ``write_direct_chunk`` at a row offset of
+the target. ``copy_rows`` is the one way rows move between files, for fixed arrays and
+ragged values alike: an incremental build's carried blocks (``sink_carry``) and a sharded
+build's stitch (``carry_shard``: every array and ragged column by chunks, ragged offsets
+rebased, the small columns by rows, each checked against the digests the shard recorded).
+Whole chunks are copied where the chunk grids line up; the value rows around them (a ragged
+column's values start anywhere in a chunk) are read back and re-cut by the writer.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+import itertools
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,15 +25,17 @@ import numpy as np
 
 from h5etl import digest, fileformat
 from h5etl.errors import ShardError
-from h5etl.kinds.base import ScalarColumn
+from h5etl.kinds.base import ArrayColumn, ScalarColumn
+from h5etl.sink_chunks import ImageWriter
 from h5etl.sink_virtual import add_part
 
 if TYPE_CHECKING:
     from h5etl.sink import Sink
 
-__all__ = ["Carried", "carry_chunks", "carry_shard", "same_storage", "verify_chunks"]
+__all__ = ["Carried", "carry_chunks", "carry_shard", "copy_rows", "same_storage", "verify_chunks"]
 
 ChunkDigests = Mapping[tuple[int, ...], str]  # chunk offset -> SHA-256 (hex) of its bytes
+RECUT_BYTES = 16 << 20  # rows read back at a time to be re-cut (a few chunks of a CT case)
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,40 +64,118 @@ def carry_chunks(
     target: h5py.Dataset,
     *,
     row_offset: int,
+    start: int = 0,
+    stop: int | None = None,
     expected: ChunkDigests | None = None,
+    hashed: bool = True,
 ) -> Carried:
-    """Store every chunk of ``source`` in ``target``, ``row_offset`` rows down, as it is.
+    """Store the chunks of rows ``start:stop`` of ``source`` in ``target``, as they are,
+    ``row_offset`` rows down (``read_direct_chunk`` -> ``write_direct_chunk``: the filter mask
+    travels with the bytes, so every codec stays intact and nothing is decoded).
 
-    ``target`` grows to hold the source's rows after ``row_offset``, which must start a chunk.
-    Chunks go in C order of their offsets, so the same inputs write the same bytes.
+    The rows must be whole chunks (the source's last, edge chunk counting as whole) and
+    ``row_offset`` must start one; ``target`` grows to hold them. Chunks go in C order of
+    their offsets, so the same inputs write the same bytes. ``hashed``: the SHA-256 of each
+    chunk's bytes is computed (always with ``expected``), else recorded as "".
 
     Raises:
-        ValueError: the datasets store chunks differently, or a chunk's bytes do not match
-            ``expected`` (or it has no entry there).
+        ValueError: the datasets store chunks differently, the rows are not whole chunks, or a
+            chunk's bytes do not match ``expected`` (or it has no entry there).
     """
     problem = same_storage(source, target)
     if problem is not None:
         raise ValueError(f"cannot carry the chunks of {source.name}: {problem}")
+    stop = len(source) if stop is None else stop
     rows = target.chunks[0]
-    if row_offset % rows:
-        raise ValueError(f"row {row_offset} does not start a chunk of {rows} rows")
-    if target.shape[0] < row_offset + source.shape[0]:
-        target.resize(row_offset + source.shape[0], axis=0)
-    dataset_id = source.id
-    offsets = sorted(
-        tuple(dataset_id.get_chunk_info(i).chunk_offset) for i in range(dataset_id.get_num_chunks())
+    if row_offset % rows or start % rows:
+        raise ValueError(f"row {row_offset if row_offset % rows else start} does not start a chunk")
+    if stop % rows and stop != len(source):
+        raise ValueError(f"row {stop} does not end a chunk of {source.name}")
+    if target.shape[0] < row_offset + stop - start:
+        target.resize(row_offset + stop - start, axis=0)
+    hashed = hashed or expected is not None
+    inner = list(
+        itertools.product(
+            *(range(0, n, c) for n, c in zip(source.shape[1:], source.chunks[1:], strict=True))
+        )
     )
     carried, stored = [], 0
-    for offset in offsets:
-        mask, data = dataset_id.read_direct_chunk(offset)
-        sha = hashlib.sha256(data).hexdigest()
-        if expected is not None and expected.get(offset) != sha:
-            raise ValueError(f"chunk {list(offset)} of {source.name} does not match its digest")
-        moved = (offset[0] + row_offset, *offset[1:])
-        target.id.write_direct_chunk(moved, data, mask)
-        carried.append((moved, sha))
-        stored += len(data)
+    for row in range(start, stop, rows):
+        for tile in inner:
+            offset = (row, *tile)
+            mask, data = source.id.read_direct_chunk(offset)
+            sha = hashlib.sha256(data).hexdigest() if hashed else ""
+            if expected is not None and expected.get(offset) != sha:
+                raise ValueError(f"chunk {list(offset)} of {source.name} does not match its digest")
+            moved = (row - start + row_offset, *tile)
+            target.id.write_direct_chunk(moved, data, mask)
+            carried.append((moved, sha))
+            stored += len(data)
     return Carried(carried, stored)
+
+
+def copy_rows(
+    writer: ImageWriter,
+    source: h5py.Dataset,
+    start: int,
+    stop: int,
+    blocks: Sequence[bytes],
+    *,
+    expected: ChunkDigests | None = None,
+    journal: bool = False,
+    edge: bool = False,
+) -> int:
+    """Append rows ``start:stop`` of ``source`` to ``writer``'s dataset; return the stored bytes
+    copied. The one way stored chunks move between files (a parent's into an incremental
+    build, a shard's into its release), for fixed arrays and ragged values alike.
+
+    Where the two chunk grids line up (the writer's next row and ``start`` sit at the same
+    place in a chunk), every whole chunk of the range is copied byte for byte with its block
+    digest from ``blocks`` (the source's, one per chunk row); the rows before the first and
+    after the last whole chunk, or all of them where the grids do not line up (a ragged
+    column's values start anywhere in a chunk), are read back (HDF5 decompresses them, no
+    source file is read) and re-cut through the writer's carry, as decoded rows are.
+    ``edge``: the source's last, partial chunk is copied as it is when the range ends there
+    (a fixed array's split end: nothing follows it). ``expected``: the SHA-256 of each of the
+    source's chunks, checked before its bytes are used; ``journal``: the copied chunks go to
+    the resume journal (a stitch), else they stay out of it (an incremental build's journal
+    is never resumed from: it names its parent).
+
+    Raises:
+        ValueError: the datasets store chunks differently, or a chunk does not match.
+    """
+    step = writer.layout.rows
+    row, stored = start, 0
+    if (writer.rows + writer.carry_rows - start) % step == 0:
+        head = min(stop, -(-start // step) * step)
+        _recut(writer, source, start, head, expected)
+        end = stop if edge and stop == len(source) else stop // step * step
+        if end > head:
+            carried = carry_chunks(
+                source, writer.dataset, row_offset=writer.rows, start=head, stop=end,
+                expected=expected, hashed=journal,
+            )  # fmt: skip
+            found = list(blocks[head // step : -(-end // step)])
+            writer.adopt(end - head, found, carried.chunks if journal else [])
+            stored, head = carried.stored_bytes, end
+        row = head
+    _recut(writer, source, row, stop, expected)
+    return stored
+
+
+def _recut(
+    writer: ImageWriter, source: h5py.Dataset, start: int, stop: int, expected: ChunkDigests | None
+) -> None:
+    """Rows ``start:stop`` of ``source`` read back and given to the writer as raw rows, a few
+    chunks at a time (memory stays a few chunks); their chunks checked first if ``expected``."""
+    if start >= stop:
+        return
+    step = writer.layout.rows
+    if expected is not None:
+        verify_chunks(source, expected, rows=(start // step * step, stop))
+    slab = step * max(1, RECUT_BYTES // max(1, writer.layout.block_nbytes))
+    for row in range(start, stop, slab):
+        writer.add_raw(np.asarray(source[row : min(stop, row + slab)]))
 
 
 def recorded_blocks(handle: h5py.File, path: str) -> tuple[list[bytes], str]:
@@ -111,22 +194,29 @@ def _small_rows(dataset: h5py.Dataset, column: Any) -> tuple[list[Any], bytes]:
     return texts, digest.text_rows_bytes(texts)
 
 
-def verify_chunks(source: h5py.Dataset, expected: ChunkDigests) -> int:
-    """Read every stored chunk of ``source`` and check it against ``expected``; return the
-    bytes stored (a virtual release maps its parts without copying, but not unread).
+def verify_chunks(
+    source: h5py.Dataset, expected: ChunkDigests, *, rows: tuple[int, int] | None = None
+) -> int:
+    """Read every stored chunk of ``source`` (of the chunk rows from ``rows[0]`` to
+    ``rows[1]`` only, if given) and check it against ``expected``; return the bytes stored
+    (a virtual release maps its parts without copying, but not unread).
 
     Raises:
         ValueError: a chunk's bytes do not match, or a recorded chunk is not there.
     """
     dataset_id, stored, seen = source.id, 0, 0
+    first, last = rows if rows is not None else (0, len(source))
+    wanted = {offset for offset in expected if first <= offset[0] < last}
     for index in range(dataset_id.get_num_chunks()):
         offset = tuple(dataset_id.get_chunk_info(index).chunk_offset)
+        if not first <= offset[0] < last:
+            continue
         _, data = dataset_id.read_direct_chunk(offset)
         if expected.get(offset) != hashlib.sha256(data).hexdigest():
             raise ValueError(f"chunk {list(offset)} of {source.name} does not match its digest")
         stored, seen = stored + len(data), seen + 1
-    if seen != len(expected):
-        raise ValueError(f"{source.name} holds {seen} chunks, its manifest {len(expected)}")
+    if seen != len(wanted):
+        raise ValueError(f"{source.name} holds {seen} chunks, its manifest {len(wanted)}")
     return stored
 
 
@@ -152,11 +242,13 @@ def carry_shard(
         with h5py.File(shard, "r") as handle:
             for split in sink.layout.splits:
                 count = rows.get(split, 0)
+                ends: dict[str, list[int]] = {}
                 if part is None:
-                    stored += _carry_split(sink, handle, split, count, chunks)
+                    copied, ends = _carry_split(sink, handle, split, count, chunks)
+                    stored += copied
                 else:
                     stored += _map_split(sink, handle, split, count, chunks, part)
-                _carry_small(sink, handle, split, count)
+                _carry_small(sink, handle, split, count, ends)
     except ShardError:
         raise
     except (OSError, ValueError, KeyError) as exc:
@@ -179,21 +271,41 @@ def _checked_blocks(handle: h5py.File, path: str, rows: int, block_rows: int) ->
     return blocks
 
 
+def _checked_offsets(handle: h5py.File, path: str, rows: int) -> np.ndarray:
+    """A shard's ragged offsets: ``rows`` + 1 of them, from 0, never falling, as recorded."""
+    offsets = np.asarray(handle[path][...], dtype=np.int64)
+    if len(offsets) != rows + 1 or offsets[0] != 0 or np.any(np.diff(offsets) < 0):
+        raise ValueError(f"{path} holds no offsets of {rows} rows")
+    _check_digest(offsets.tobytes(), recorded_blocks(handle, path)[0], path)
+    return offsets
+
+
 def _carry_split(
     sink: Sink, handle: h5py.File, split: str, rows: int, chunks: Mapping[str, ChunkDigests]
-) -> int:
+) -> tuple[int, dict[str, list[int]]]:
+    """Carry a shard's array and ragged values of ``split``; return the stored bytes copied
+    and each ragged column's offsets (ends) rebased to where its values landed."""
     stored = 0
+    ends: dict[str, list[int]] = {}
+    layout = sink.layout
     for (target, name), writer in sink.images.items():
         if target != split:
             continue
-        path = sink.layout.path(split, name)
-        blocks = _checked_blocks(handle, path, rows, writer.layout.rows)
-        carried = carry_chunks(
-            handle[path], writer.dataset, row_offset=writer.rows, expected=chunks.get(path, {})
+        path = layout.path(split, name)
+        expected = chunks.get(path, {})
+        count, fixed = rows, isinstance(layout.columns[name], ArrayColumn)
+        if not fixed:  # ragged: its values, then its offsets rebased
+            offsets = _checked_offsets(handle, layout.offsets_path(split, name), rows)
+            count = int(offsets[-1])
+            base = writer.rows + writer.carry_rows
+            ends[name + fileformat.OFFSETS_SUFFIX] = (offsets[1:] + base).tolist()
+        blocks = _checked_blocks(handle, path, count, writer.layout.rows)
+        if handle[path].id.get_num_chunks() != len(expected):
+            raise ValueError(f"{path} holds other chunks than its manifest names")
+        stored += copy_rows(
+            writer, handle[path], 0, count, blocks, expected=expected, journal=True, edge=fixed
         )
-        writer.adopt(rows, blocks, carried.chunks)
-        stored += carried.stored_bytes
-    return stored
+    return stored, ends
 
 
 def _map_split(
@@ -216,8 +328,11 @@ def _map_split(
     return stored
 
 
-def _carry_small(sink: Sink, handle: h5py.File, split: str, rows: int) -> None:
-    """The small columns' rows and the lineage, checked against their stream digests."""
+def _carry_small(
+    sink: Sink, handle: h5py.File, split: str, rows: int, ends: dict[str, list[int]]
+) -> None:
+    """The small columns' rows and the lineage, checked against their stream digests, with
+    the ragged columns' rebased offsets (``ends``)."""
     layout = sink.layout
     lineage_path = layout.path(split, fileformat.LINEAGE)
     found = len(handle[lineage_path])
@@ -229,6 +344,7 @@ def _carry_small(sink: Sink, handle: h5py.File, split: str, rows: int) -> None:
         values, data = _small_rows(handle[path], layout.columns[name])
         _check_digest(data, recorded_blocks(handle, path)[0], path)
         small[name] = values
+    small.update(ends)
     lineage = handle[lineage_path][...]
     _check_digest(lineage.tobytes(), recorded_blocks(handle, lineage_path)[0], lineage_path)
     if rows:

@@ -182,9 +182,15 @@ class SmallRows:
         self._unjournaled_lineage.setdefault(split, []).extend(lineage)
 
     def append(
-        self, split: str, small: dict[str, list[Any]], lineage_rows: list[list[str]]
+        self,
+        split: str,
+        small: dict[str, list[Any]],
+        lineage_rows: list[list[str]],
+        *,
+        carried: bool = False,
     ) -> None:
-        """Append rows to the split's small datasets."""
+        """Append rows to the split's small datasets. ``carried``: rows copied from another
+        file ahead of any buffered one, so the next sample's values start where theirs end."""
         lineage_path = self.layout.path(split, fileformat.LINEAGE)
         start, count = len(self.file[lineage_path]), len(lineage_rows)  # rows stored so far
         for name in self.layout.small:
@@ -210,6 +216,8 @@ class SmallRows:
             stats = self.stats[dataset.name]
             stats.stream.update(ends.tobytes())
             stats.raw_bytes += ends.nbytes
+            if carried and len(ends):
+                self._ends[(split, name + fileformat.OFFSETS_SUFFIX)] = int(ends[-1])
         lineage = np.array(lineage_rows, dtype="S64").reshape(count, len(self.layout.sources))
         dataset = self.file[lineage_path]
         dataset.resize(start + count, axis=0)

@@ -360,15 +360,17 @@ def test_a_sharded_build_makes_the_same_bytes_again(
     assert files[0].read_bytes() == files[1].read_bytes()
 
 
-def test_a_ragged_column_is_refused_before_any_work(
+def test_a_ragged_column_in_a_virtual_release_is_refused_before_any_work(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # the stitch carries whole chunks; a ragged column's values are cut across tasks
+    # its values run on across the parts mid-chunk: the block digests could not be the parts'
     from ragged_kind import use_npy_recording
     from test_ragged import make_recordings
 
     make_recordings(tmp_path)
     use_npy_recording(monkeypatch, "rec")
-    with pytest.raises(UsageError, match=r"--shards: field 'rec' is stored as a RaggedColumn"):
-        pipeline.build(load_spec(tmp_path / "config.yaml"), jobs=2, shards=2)
+    with pytest.raises(
+        UsageError, match=r"config.yaml: --vds: column 'rec' is ragged: .*without --vds$"
+    ):
+        pipeline.build(load_spec(tmp_path / "config.yaml"), jobs=2, shards=2, virtual=True)
     assert not list((tmp_path / "releases").glob("*.h5"))

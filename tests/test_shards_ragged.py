@@ -1,0 +1,128 @@
+"""Sharded builds of ragged columns (volumes, series, a test kind of 5-row value chunks):
+K = 2 shard writers and the stitch give the one-writer release, dataset for dataset.
+
+A ragged column's values run on across shards, so a shard's values land anywhere in the
+release's chunk grid: where the grids line up (a volume: one slice a chunk) every chunk is
+copied as the shard stored it; elsewhere the values are re-cut. Expectations come from the
+local build and from h5py reads, never from the stitch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+from conftest import dataset_digests, read_release
+from ragged_kind import use_npy_recording
+from test_kind_series import LENGTHS, make_recordings, series_config
+from test_kind_volume import ct_config, make_ct
+from test_ragged import make_recordings as make_npy_recordings
+
+from h5etl import fileformat, pipeline, tasks
+from h5etl.check import check_release
+from h5etl.config import load_spec
+from h5etl.report import BuildReport
+
+
+def _path(report: BuildReport) -> Path:
+    assert report.path is not None
+    return report.path
+
+
+def _raw_chunks(path: Path) -> dict[str, list[tuple[tuple[int, ...], bytes]]]:
+    """Every chunked dataset's stored chunks (offset, bytes), read with read_direct_chunk."""
+    out: dict[str, list[tuple[tuple[int, ...], bytes]]] = {}
+    with h5py.File(path, "r") as handle:
+
+        def visit(name: str, node: object) -> None:
+            if isinstance(node, h5py.Dataset) and node.chunks and node.compression:
+                dataset_id = node.id
+                offsets = sorted(
+                    tuple(dataset_id.get_chunk_info(i).chunk_offset)
+                    for i in range(dataset_id.get_num_chunks())
+                )
+                out[name] = [(o, dataset_id.read_direct_chunk(o)[1]) for o in offsets]
+
+        handle.visititems(visit)
+    return out
+
+
+def _same_release(local: Path, sharded: Path) -> None:
+    """The same datasets, rows, order and per-dataset SHA-256 (data and statistics)."""
+    assert dataset_digests(local) == dataset_digests(sharded)
+    mine, theirs = read_release(local), read_release(sharded)
+    assert mine.keys() == theirs.keys()
+    for name, rows in mine.items():
+        np.testing.assert_array_equal(theirs[name], rows, err_msg=name)
+    with h5py.File(local) as a, h5py.File(sharded) as b:
+        assert a.attrs["source_fingerprint"] == b.attrs["source_fingerprint"]
+        for name in mine:
+            for key, value in a[name].attrs.items():
+                np.testing.assert_array_equal(b[name].attrs[key], value, err_msg=f"{name} {key}")
+    assert check_release(sharded, deep=True).ok
+
+
+def _sha256_per_dataset(path: Path) -> dict[str, str]:
+    """SHA-256 of each dataset's uncompressed bytes (numpy), independent of the product."""
+    return {
+        name: hashlib.sha256(np.ascontiguousarray(rows).tobytes()).hexdigest()
+        for name, rows in read_release(path).items()
+        if rows.dtype.kind != "U"
+    }
+
+
+def test_sharded_volumes_copy_every_chunk_of_their_shards(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tasks, "TASK_SAMPLES", 1)  # a task a case: each shard gets several
+    make_ct(tmp_path, cases=8)
+    spec = load_spec(ct_config(tmp_path))
+    local = pipeline.build(spec, jobs=1)
+    sharded = pipeline.build(spec, jobs=2, shards=2)
+    assert sharded.shards == 2
+    _same_release(_path(local), _path(sharded))
+    assert _sha256_per_dataset(_path(local)) == _sha256_per_dataset(_path(sharded))
+    # one slice a chunk: every case starts a chunk, so nothing was re-cut, and each stored
+    # chunk is the one a worker compressed (the local build's, byte for byte)
+    assert not any(n for key, n in sharded.chunk_paths.items() if "rechunked" in key)
+    assert any(n for key, n in sharded.chunk_paths.items() if key.endswith("/ct:copied"))
+    assert _raw_chunks(_path(local)) == _raw_chunks(_path(sharded))
+
+
+def test_sharded_series_are_the_one_writer_build(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tasks, "TASK_SAMPLES", 1)
+    make_recordings(tmp_path, {**LENGTHS, "g": 7, "h": 2, "i": 5})
+    spec = load_spec(series_config(tmp_path, field={"chunk_rows": 16}))
+    local = pipeline.build(spec, jobs=1)
+    sharded = pipeline.build(spec, jobs=2, shards=2)
+    _same_release(_path(local), _path(sharded))
+    assert _sha256_per_dataset(_path(local)) == _sha256_per_dataset(_path(sharded))
+    assert _raw_chunks(_path(local)) == _raw_chunks(_path(sharded))
+
+
+def test_ragged_values_misaligned_across_shards_are_re_cut_exactly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 5 value rows a chunk, lengths 0..22: the second shard's values start mid-chunk
+    monkeypatch.setattr(tasks, "TASK_SAMPLES", 2)
+    truth = make_npy_recordings(tmp_path)
+    use_npy_recording(monkeypatch, "rec")
+    spec = load_spec(tmp_path / "config.yaml")
+    local = pipeline.build(spec, jobs=1)
+    sharded = pipeline.build(spec, jobs=2, shards=2)
+    _same_release(_path(local), _path(sharded))
+    with h5py.File(_path(sharded)) as handle:
+        layout = fileformat.read_layout(handle)
+        for split in layout.splits:
+            names = handle[layout.path(split, "filename")].asstr()[...]
+            values = handle[layout.path(split, "rec")][...]
+            offsets = handle[fileformat.offsets_path(layout.path(split, "rec"))][...]
+            for i, name in enumerate(names):
+                got = values[offsets[i] : offsets[i + 1]]
+                np.testing.assert_array_equal(got, truth[Path(name).name], err_msg=name)
+    assert [r.path for r in sharded.rejects] == [r.path for r in local.rejects]
