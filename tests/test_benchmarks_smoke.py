@@ -250,9 +250,9 @@ def test_kinds_bench_compares_each_build_with_its_work_limit(tmp_path: Path) -> 
     for row in (
         "| h5etl build -j2 (classification: image + label from folder) |",
         "| h5etl build -j2 (super-resolution: high + low derived, bicubic x4) |",
-        "| work limit: read+SHA-256+decode+fit+pad+compress+block SHA-256, all cores "
+        "| work limit: read+SHA-256+decode+fit+pad+stats+compress+block SHA-256, all cores "
         "(classification) |",
-        "| work limit: read+SHA-256+decode+derive+pad+compress+block SHA-256, all cores "
+        "| work limit: read+SHA-256+decode+derive+pad+stats+compress+block SHA-256, all cores "
         "(super-resolution) |",
         "| h5etl build -j2 / work limit (classification) |",
         "| h5etl build -j2 / work limit (superres) |",

@@ -17,10 +17,11 @@ Each repeat runs, interleaved (the order flips every repeat, so drifting load hi
 cores with joblib what the release needs and nothing else: read each file, SHA-256 of its
 bytes, decode with h5etl's own decoder (``h5etl.images.decode_field``), fit (resize larger
 photos with ``h5etl.images.resize_to``, Lanczos as the recipe does; derive low-res by bicubic)
-and pad into reused blocks of one chunk, compress each block with the release's codec
-(``h5etl.chunkcodec.encode_block``) and SHA-256 each block of every column (labels and file
-names too); no file is written. Splits are cut in the same proportions, so both make the same
-number of blocks.
+and pad into reused blocks of one chunk, compute the statistics the release carries (each
+image field's per-channel sums as its kind computes them, the labels' histogram), compress
+each block with the release's codec (``h5etl.chunkcodec.encode_block``) and SHA-256 each block
+of every column (labels and file names too); no file is written. Splits are cut in the same
+proportions, so both make the same number of blocks.
 
     python tests/benchmarks/kinds_bench.py --wait-load 1.5 --repeats 5 --output /tmp/kinds.md
     python tests/benchmarks/kinds_bench.py --no-superres --samples 600 --repeats 3
@@ -209,27 +210,39 @@ def _fit(array: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     return images.resize_to(array, geometry.fit_within(size, target), "lanczos")
 
 
-def _limit_block(task: str, files: list[tuple[str, int]], layouts: dict[str, Any]) -> int:
-    """Read, hash, decode, fit, pad, compress and hash one block of samples; keep nothing."""
-    from h5etl import geometry, images
+def _limit_block(
+    task: str, files: list[tuple[str, int]], layouts: dict[str, Any], kinds: dict[str, Any]
+) -> int:
+    """Read, hash, decode, fit, pad, compress and hash one block of samples, and compute the
+    statistics the release carries of it; keep nothing."""
+    from h5etl import geometry, images, stats
     from h5etl.chunkcodec import encode_block
     from h5etl.digest import block_digest, text_block_digest
 
     blocks = {name: _buffer(name, layout) for name, layout in layouts.items()}
     for block in blocks.values():
         block.fill(0)
+    windows: dict[str, list[np.ndarray]] = {name: [] for name in layouts}
     for row, (path, _) in enumerate(files):
         with open(path, "rb") as handle:
             data = handle.read()
         hashlib.sha256(data).hexdigest()
         pixels = images.decode_field(data, path=path, mode="RGB", dtype="uint8", role="image")
         if task == CLASSIFY:
-            geometry.place(_fit(pixels.array, layouts["image"].shape), blocks["image"][row])
+            fitted = _fit(pixels.array, layouts["image"].shape)
+            windows["image"].append(geometry.place(fitted, blocks["image"][row]))
         else:
             high = pixels.array
             size = (high.shape[0] // 4, high.shape[1] // 4)
-            geometry.place(high, blocks["high"][row])
-            geometry.place(images.resize_to(high, size, "bicubic"), blocks["low"][row])
+            windows["high"].append(geometry.place(high, blocks["high"][row]))
+            low = images.resize_to(high, size, "bicubic")
+            windows["low"].append(geometry.place(low, blocks["low"][row]))
+    # the statistics a release carries, as its kinds compute them (build.py's limit does too)
+    for name, kind in kinds.items():
+        if name in windows:
+            kind.task_stats(windows[name])
+    if task == CLASSIFY:  # the label column's value histogram, as the release keeps it
+        stats.Histogram.of(np.array([label for _, label in files], dtype=np.int64))
     for name, layout in layouts.items():
         encode_block(layout, blocks[name])
         block_digest(blocks[name])
@@ -256,10 +269,12 @@ def _split_blocks(
 def run_limit(config: Path) -> dict[str, Any]:
     """The work limit of ``config`` (classification or derived super-resolution)."""
     from h5etl import load_spec
+    from h5etl.kinds.registry import kinds_of
     from h5etl.pipeline import layouts_of
 
     spec = load_spec(config)
     layouts = layouts_of(spec)
+    kinds = {kind.name: kind for kind in kinds_of(spec)}
     task = CLASSIFY if "image" in layouts else SUPERRES
     images = config.parent / "images"
     classes = sorted(p.name for p in images.iterdir() if p.is_dir())
@@ -269,7 +284,7 @@ def run_limit(config: Path) -> dict[str, Any]:
     rows = max(layout.rows for layout in layouts.values())
     blocks = _split_blocks(files, list(spec.splits.values()), rows)
     done = Parallel(n_jobs=os.cpu_count() or 1)(
-        delayed(_limit_block)(task, block, layouts) for block in blocks
+        delayed(_limit_block)(task, block, layouts, kinds) for block in blocks
     )
     return {"samples": sum(done), "blocks": len(blocks)}
 
@@ -330,10 +345,10 @@ def run_all(corpus: Corpus, tasks: Sequence[str], repeats: int) -> dict[str, lis
 
 NAMES = {
     f"{CLASSIFY} build": "h5etl build -j2 (classification: image + label from folder)",
-    f"{CLASSIFY} limit": "work limit: read+SHA-256+decode+fit+pad+compress+block SHA-256, "
+    f"{CLASSIFY} limit": "work limit: read+SHA-256+decode+fit+pad+stats+compress+block SHA-256, "
     "all cores (classification)",
     f"{SUPERRES} build": "h5etl build -j2 (super-resolution: high + low derived, bicubic x4)",
-    f"{SUPERRES} limit": "work limit: read+SHA-256+decode+derive+pad+compress+block SHA-256, "
+    f"{SUPERRES} limit": "work limit: read+SHA-256+decode+derive+pad+stats+compress+block SHA-256, "
     "all cores (super-resolution)",
     f"{CLASSIFY} write": "writing the release's bytes to disk, fsynced (classification)",
     f"{SUPERRES} write": "writing the release's bytes to disk, fsynced (super-resolution)",
