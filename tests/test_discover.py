@@ -68,6 +68,22 @@ def test_every_file_lands_in_one_sample_or_one_reject(
         assert [f.relpath for f in sample.files] == [f"{sample.key}.png"] * 2
 
 
+@pytest.mark.parametrize("pairs", [0, 3, 256, 700])
+def test_progress_counts_every_listed_file_in_batches(
+    tmp_path: Path, pairs: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(discover, "PROGRESS_EVERY", 128)
+    spec = spec_for(tmp_path)
+    for n in range(pairs):
+        touch(tmp_path / "raw/images" / f"{n}.png")
+        touch(tmp_path / "raw/masks" / f"{n}.png")
+    calls: list[int] = []
+    found = discover.find_samples(spec, calls.append)
+    assert sum(calls) == found.files_seen == 2 * pairs
+    assert all(0 < c <= 128 for c in calls)
+    assert len(calls) == -(-2 * pairs // 128)  # one call a batch, not one a file
+
+
 def test_order_is_sorted_and_independent_of_creation(tmp_path: Path) -> None:
     spec = spec_for(tmp_path)
     for key in ["c", "a", "b", "B", "a0"]:
