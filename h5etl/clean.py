@@ -164,16 +164,16 @@ def _stamp_sample(sample: Sample, folders: frozenset[int] = frozenset()) -> Prob
     """The files' stamps alone (size and mtime): what a build needs before decoding; a folder
     entry's stamp is that of each file in it."""
     stamps = []
-    for index, f in enumerate(sample.files):
+    for index, path in enumerate(sample.paths):  # paths, not files: no object per file
         try:
             if index in folders:
-                stamps.append(inputs.folder_stamp(f.path))
+                stamps.append(inputs.folder_stamp(path))
                 continue
-            info = os.stat(f.path)
+            info = os.stat(path)
         except OSError as exc:
-            return _reject_sample(sample, *_stat_problem(f.path, exc), f.path)
+            return _reject_sample(sample, *_stat_problem(path, exc), path)
         if not stat.S_ISREG(info.st_mode):  # a FIFO would block the worker that opens it
-            return _reject_sample(sample, "not_a_file", "not a regular file", f.path)
+            return _reject_sample(sample, "not_a_file", "not a regular file", path)
         stamps.append(f"{info.st_size}:{info.st_mtime_ns}")
     return Probed(0, 0, ",".join(stamps))
 

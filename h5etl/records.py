@@ -27,6 +27,17 @@ def valid_text(text: str) -> str:
     return text
 
 
+def join_path(root: str, relpath: str) -> str:
+    """``os.path.join(root, relpath)``, quicker for the usual case: it runs for every file of
+    every sample at every stage (60,000 times a plan at 10x; posixpath.join costs ~2 us)."""
+    if _PLAIN_SEP and root and relpath and root[-1] != "/" and relpath[0] != "/":
+        return f"{root}/{relpath}"
+    return os.path.join(root, relpath)
+
+
+_PLAIN_SEP = os.sep == "/" and os.altsep is None
+
+
 def text_bytes(text: str) -> bytes:
     """``text`` as bytes for hashing: UTF-8, lone surrogates included (never fails)."""
     return text.encode("utf-8", "surrogatepass")
@@ -42,7 +53,7 @@ class SourceFile:
 
     @property
     def path(self) -> str:
-        return os.path.join(self.root, self.relpath)
+        return join_path(self.root, self.relpath)
 
 
 Roots = tuple[tuple[str, str], ...]
@@ -77,7 +88,7 @@ class Sample:
     def paths(self) -> tuple[str, ...]:
         """Each file's path, in source order (what ``files`` holds, without the objects)."""
         return tuple(
-            os.path.join(root, relpath)
+            join_path(root, relpath)
             for (_, root), relpath in zip(self.roots, self.relpaths, strict=True)
         )
 

@@ -222,8 +222,11 @@ def map_in_workers(
 STAT_THREADS = 8  # stat calls wait on the file system (a network one most): threads overlap them
 # A stat answered from the kernel's cache costs about 3 us; in threads the GIL handoffs cost
 # more than that (60,000 cached stats: 0.17 s here, 0.3-0.4 s in 8 threads). Threads pay off
-# only when the file system makes each call wait.
-SLOW_STAT_SECONDS = 20e-6
+# only when the file system makes each call wait. Per sample, not per call: a pair of cached
+# stats with the Python around them is ~10 us, and twice that on a loaded machine (where 20 us
+# sent the 10x corpus's 30,000 pairs to threads: plan 0.55 s instead of 0.3 s); a network
+# file system's stat takes 0.1-1 ms.
+SLOW_STAT_SECONDS = 60e-6
 
 
 def map_in_threads(

@@ -340,3 +340,13 @@ def test_folder_may_match_never_hides_a_match(folder: list[str], file: str, patt
 )
 def test_folder_may_match(reldir: str, pattern: str, may: bool) -> None:
     assert discover.folder_may_match(reldir, pattern) is may
+
+
+@given(
+    root=st.text(alphabet="ab/.é ", max_size=6),
+    relpath=st.text(alphabet="ab/.é ", max_size=6),
+)
+def test_join_path_is_os_path_join(root: str, relpath: str) -> None:
+    from h5etl.records import join_path
+
+    assert join_path(root, relpath) == os.path.join(root, relpath)
