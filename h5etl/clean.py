@@ -64,6 +64,8 @@ class ProbeRules:
     reject_oversize: bool
     targets: tuple[ProbeTarget, ...]
     folders: frozenset[int] = frozenset()  # sources whose entries are folders
+    # (source index, kind) of kinds that read files beside their source's (Kind.companion_paths)
+    companions: tuple[tuple[int, Kind], ...] = ()
 
     @classmethod
     def of(cls, spec: Spec, kinds: Sequence[Kind]) -> ProbeRules:
@@ -71,8 +73,16 @@ class ProbeRules:
         folders = frozenset(
             i for i, source in enumerate(spec.sources.values()) if source.entries == "folders"
         )
+        companions = tuple(
+            (k.source_index, k)
+            for k in kinds
+            if k.source_index is not None and type(k).companion_paths is not Kind.companion_paths
+        )
         return cls(
-            spec.pad.oversize == "reject", tuple(t for t in targets if t is not None), folders
+            spec.pad.oversize == "reject",
+            tuple(t for t in targets if t is not None),
+            folders,
+            companions,
         )
 
 
@@ -160,13 +170,16 @@ def _stat_problem(path: str, exc: OSError) -> tuple[str, str]:
     return "unreadable", f"cannot read: {exc.strerror or exc}"
 
 
-def _stamp_sample(sample: Sample, folders: frozenset[int] = frozenset()) -> ProbeOutcome:
+_NO_RULES = ProbeRules(False, ())
+
+
+def _stamp_sample(sample: Sample, rules: ProbeRules = _NO_RULES) -> ProbeOutcome:
     """The files' stamps alone (size and mtime): what a build needs before decoding; a folder
-    entry's stamp is that of each file in it."""
+    entry's stamp is that of each file in it, a file's companions' follow its own."""
     stamps = []
     for index, path in enumerate(sample.paths):  # paths, not files: no object per file
         try:
-            if index in folders:
+            if index in rules.folders:
                 stamps.append(inputs.folder_stamp(path))
                 continue
             info = os.stat(path)
@@ -175,14 +188,28 @@ def _stamp_sample(sample: Sample, folders: frozenset[int] = frozenset()) -> Prob
         if not stat.S_ISREG(info.st_mode):  # a FIFO would block the worker that opens it
             return _reject_sample(sample, "not_a_file", "not a regular file", path)
         stamps.append(f"{info.st_size}:{info.st_mtime_ns}")
+        for source_index, kind in rules.companions:
+            if source_index == index:
+                stamps.append(_companion_stamps(kind.companion_paths(path)))
     return Probed(0, 0, ",".join(stamps))
 
 
-def stamp_samples(
-    samples: Sequence[Sample], folders: frozenset[int] = frozenset()
-) -> list[ProbeOutcome]:
+def _companion_stamps(paths: Sequence[str]) -> str:
+    """Each companion's stamp; one that cannot be stat'ed is marked so (decoding rejects the
+    sample and says why: a stat here would word it worse)."""
+    parts = []
+    for path in paths:
+        try:
+            info = os.stat(path)
+            parts.append(f"{info.st_size}:{info.st_mtime_ns}")
+        except OSError:
+            parts.append("-")
+    return "+".join(parts)
+
+
+def stamp_samples(samples: Sequence[Sample], rules: ProbeRules = _NO_RULES) -> list[ProbeOutcome]:
     """Stamp a batch of samples without reading them (``plan(..., headers=False)``)."""
-    return [_stamp_sample(sample, folders) for sample in samples]
+    return [_stamp_sample(sample, rules) for sample in samples]
 
 
 def _probe_sample(sample: Sample, rules: ProbeRules) -> ProbeOutcome:
@@ -196,7 +223,7 @@ def _probe_sample(sample: Sample, rules: ProbeRules) -> ProbeOutcome:
         except RejectError as exc:
             return _reject_sample(sample, exc.reason, exc.message, path)
         sizes[target.name] = (header.height, header.width)
-    stamped = _stamp_sample(sample, rules.folders)
+    stamped = _stamp_sample(sample, rules)
     if isinstance(stamped, list):
         return stamped
     for target in rules.targets:
@@ -275,7 +302,7 @@ def plan(
     probe_batch: ProbeBatch = (
         functools.partial(probe_samples, rules=rules)
         if headers
-        else functools.partial(stamp_samples, folders=rules.folders)
+        else functools.partial(stamp_samples, rules=rules)
     )
     outcomes = map(probe_batch, batches) if mapper is None else mapper(probe_batch, batches)
     rejects: list[Reject] = []

@@ -15,7 +15,7 @@ from typing import Any
 import h5py
 import numpy as np
 import pytest
-from test_kind_series import LENGTHS, make_recordings, series_config, write_recording
+from test_kind_series import CHANNELS, LENGTHS, make_recordings, series_config, write_recording
 from test_kind_volume import SHAPE, SPACING, ct_config, make_ct, names_for
 
 from h5etl import build, carry, fileformat, load_spec
@@ -217,3 +217,34 @@ def test_windows_of_a_recording_carry_and_decode_together(
                 count += 1
     assert count == windows
     assert check_release(_path(third), deep=True).ok
+
+
+def test_a_stem_recording_whose_other_channel_changed_is_decoded_again(tmp_path: Path) -> None:
+    """In stem mode a sample's own file is its first channel's; the others are found by
+    stem. Their stamps are the plan's too: a corrected volts.csv beside an untouched
+    accel.npy must not be carried from the parent."""
+    raw = tmp_path / "raw" / "rec"
+    truth = {
+        n: write_recording(raw, s, i, prefix=f"{n}_") for i, (n, s) in enumerate(LENGTHS.items())
+    }
+    channels = {name: {**spec, "file": "_" + spec["file"]} for name, spec in CHANNELS.items()}
+    config = load_spec(
+        series_config(
+            tmp_path,
+            source={"entries": "files", "glob": "*_accel.npy"},
+            field={"recording": "stem", "channels": channels},
+        )
+    )
+    first = build(config, jobs=1)
+    volts = raw / "c_volts.csv"
+    corrected = np.round(truth["c"]["volts"].astype(np.float64) + 0.5, 2)
+    volts.write_text("v\n" + "".join(f"{v}\n" for v in corrected))
+    truth["c"]["volts"] = corrected.astype(np.float32)
+    second = build(config, jobs=1)
+    assert second.reused == len(LENGTHS) - 1  # all but c, whose first channel is untouched
+    after = rows_of(_path(second), "rec_volts", "filename")
+    for path, case in after.items():
+        name = Path(path).name.removesuffix("_accel.npy")
+        np.testing.assert_array_equal(case["values"], truth[name]["volts"], err_msg=name)
+    assert rows_of(_path(first), "rec_volts", "filename").keys() == after.keys()
+    assert check_release(_path(second), deep=True).ok

@@ -244,6 +244,12 @@ class Kind:
         """Whether its value is known at plan time (``annotate``), not decoded in a worker."""
         return False
 
+    def companion_paths(self, path: str) -> tuple[str, ...]:
+        """The other files it reads beside its source's file ``path`` (a recording's other
+        channels, found by stem): the plan stamps them too, so that resume and incremental
+        builds see them change. A folder entry's files are stamped as the folder's."""
+        return ()
+
     @property
     def depends_on(self) -> tuple[str, ...]:
         """Fields whose decoded pixels this one needs first."""

@@ -73,6 +73,16 @@ class SeriesKind(Kind):
     def plan_side(self) -> bool:
         return self.recording_spec.window is not None
 
+    def companion_paths(self, path: str) -> tuple[str, ...]:
+        spec = self.recording_spec
+        if spec.layout != "stem":
+            return ()  # a folder: stamped whole
+        try:
+            found = recording.channel_paths(path, spec)
+        except RejectError:
+            return ()  # decoding rejects it, naming why
+        return tuple(found[c.name] for c in spec.channels[1:])
+
     @property
     def expands(self) -> bool:
         return self.recording_spec.window is not None
