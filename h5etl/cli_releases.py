@@ -152,6 +152,7 @@ def _sample_lines(found: ReleaseDiff) -> list[str]:
         ("removed", [f"{s.key} ({s.split})" for s in found.removed]),
         ("changed", [f"{s.key} ({s.split}): {', '.join(s.what)}" for s in found.changed]),
         ("moved", [f"{m.key}: {m.before} -> {m.after}" for m in found.moved]),
+        ("regrouped", [f"{m.key}: {m.before!r} -> {m.after!r}" for m in found.regrouped]),
     )
     tally = ", ".join(f"{len(items)} {kind}" for kind, items in kinds if items)
     lines = [f"samples: {tally or 'the same'}"]

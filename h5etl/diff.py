@@ -107,6 +107,7 @@ class ReleaseDiff:
     removed: list[SampleChange] = field(default_factory=list)
     changed: list[SampleChange] = field(default_factory=list)
     moved: list[Moved] = field(default_factory=list)
+    regrouped: list[Moved] = field(default_factory=list)  # its group (splits.group_by) changed
     reordered: list[str] = field(default_factory=list)  # splits whose kept samples moved place
     classes: list[Change] = field(default_factory=list)
 
@@ -120,6 +121,7 @@ class ReleaseDiff:
             or self.removed
             or self.changed
             or self.moved
+            or self.regrouped
             or self.reordered
             or self.classes
             or any(a != b for a, b in self.counts.values())
@@ -136,6 +138,8 @@ class ReleaseDiff:
             major.append(f"{_samples(len(self.removed))} removed")
         if self.moved:
             major.append(f"{_samples(len(self.moved))} moved between splits")
+        if self.regrouped:  # what keeps splits leak-free changed
+            major.append(f"{_samples(len(self.regrouped))} in another group")
         if major:
             return "major", major
         minor = [f"{_samples(len(self.added))} added"] * bool(self.added)
@@ -171,6 +175,7 @@ class ReleaseDiff:
                 "removed": [s.as_json() for s in self.removed],
                 "changed": [s.as_json() for s in self.changed],
                 "moved": [m.as_json() for m in self.moved],
+                "regrouped": [m.as_json() for m in self.regrouped],
             },
             "reordered": self.reordered,
             "classes": [c.as_json() for c in self.classes],
@@ -352,18 +357,8 @@ def _keyed(snapshot: Snapshot, identity: Identity, common: list[str]) -> dict[st
 def _compare_samples(out: ReleaseDiff) -> None:
     a, b = out.a, out.b
     common = [c for c in _sources(a) if c in _sources(b)]
-    if out.identity != "key":
-        note = f"samples matched by {IDENTITY_WORDS[out.identity]}"
-        weaker = [s.path.name for s in (a, b) if s.identities[0] == out.identity]
-        if len(weaker) == 1:  # the other release has a stronger identity
-            lacks = "per-sample key record" + (" or file names" * (out.identity == "sources"))
-            note += f": {weaker[0]} has no {lacks}"
-        out.notes.append(note)
-    if out.identity == "sources":
-        out.notes.append("a changed input shows as one sample removed and one added")
     contents = a.has_content_hashes and b.has_content_hashes
-    if out.identity != "sources" and not contents:
-        out.notes.append("changed samples: by the SHA-256 of their source files")
+    _identity_notes(out, contents)
     before, after = _keyed(a, out.identity, common), _keyed(b, out.identity, common)
     for key, sample in after.items():
         was = before.get(key)
@@ -372,6 +367,8 @@ def _compare_samples(out: ReleaseDiff) -> None:
             continue
         if was.split != sample.split:
             out.moved.append(Moved(key, was.split, sample.split))
+        if was.group is not None and sample.group is not None and was.group != sample.group:
+            out.regrouped.append(Moved(key, was.group, sample.group))
         if contents and was.content != sample.content:
             out.changed.append(SampleChange(key, sample.split, ("content",)))
         elif not contents:
@@ -383,6 +380,22 @@ def _compare_samples(out: ReleaseDiff) -> None:
     for changes in (out.added, out.removed, out.changed):
         changes.sort(key=lambda c: (c.split, c.key))
     out.moved.sort(key=lambda m: m.key)
+    out.regrouped.sort(key=lambda m: m.key)
+
+
+def _identity_notes(out: ReleaseDiff, contents: bool) -> None:
+    """Say how samples were matched, and what that cannot show."""
+    if out.identity != "key":
+        note = f"samples matched by {IDENTITY_WORDS[out.identity]}"
+        weaker = [s.path.name for s in (out.a, out.b) if s.identities[0] == out.identity]
+        if len(weaker) == 1:  # the other release has a stronger identity
+            lacks = "per-sample key record" + (" or file names" * (out.identity == "sources"))
+            note += f": {weaker[0]} has no {lacks}"
+        out.notes.append(note)
+    if out.identity == "sources":
+        out.notes.append("a changed input shows as one sample removed and one added")
+    if out.identity != "sources" and not contents:
+        out.notes.append("changed samples: by the SHA-256 of their source files")
 
 
 def _sources(snapshot: Snapshot) -> list[str]:

@@ -356,3 +356,38 @@ def test_a_withdrawn_patient_is_what_the_diff_shows(
     assert found.added == []
     assert found.changed == []
     assert found.summary() == "major: 3 samples removed"
+
+
+def test_samples_in_another_group_are_shown_and_major(
+    tmp_path: Path, write_config: WriteConfig
+) -> None:
+    """Grouping by image instead of by patient keeps every split (sticky), but changes what
+    keeps them leak-free: each sample whose group changed is listed, and it is major."""
+    keys = [f"pt{p:02d}_{i}" for p in range(6) for i in range(2)]
+    add_pairs(tmp_path, keys)
+    first = _build(write_config(tmp_path, splits={"train": 0.5, "valid": 0.5, "group_by": PATTERN}))
+    by_image = {"train": 0.5, "valid": 0.5, "group_by": r"^(pt\d+_\d)"}  # its own group
+    second = _build(write_config(tmp_path, splits=by_image))
+    with h5py.File(first, "r") as one, h5py.File(second, "r") as two:
+        groups = {
+            str(k): (str(a), str(b))
+            for split in ("train", "valid")
+            for k, a, b in zip(
+                one[f"{split}/sample_key"].asstr()[...],
+                one[f"{split}/sample_group"].asstr()[...],
+                two[f"{split}/sample_group"].asstr()[...],
+                strict=True,
+            )
+        }
+    expected = sorted((k, a, b) for k, (a, b) in groups.items() if a != b)
+    assert expected  # the test means something
+    found = diff_paths(first, second)
+    assert [(m.key, m.before, m.after) for m in found.regrouped] == expected
+    assert found.moved == []
+    assert found.label == "major"
+    assert f"{len(expected)} samples in another group" in found.summary()
+    listed = found.as_json()["samples"]["regrouped"]
+    assert [m["key"] for m in listed] == [k for k, _, _ in expected]
+    code, out, _ = _cli("diff", first, second)
+    assert code == 0
+    assert f"regrouped: {expected[0][0]}: {expected[0][1]!r} -> {expected[0][2]!r}" in out
