@@ -9,6 +9,7 @@ hold is ``check_fields``'s part.
 from __future__ import annotations
 
 import hashlib
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -324,6 +325,13 @@ def _rejects_line(handle: h5py.File, report: CheckReport) -> None:
     total = rejects.pop(total_key, sum(rejects.values()))  # rejects_total is not a reason
     shown = ", ".join(f"{k} {v}" for k, v in rejects.items())
     report.lines.append(f"rejects: {total} ({shown})" if total else "rejects: none")
+    table = f"{DIAGNOSTICS}/{fileformat.REJECTS_DATASET}"
+    if table in handle:  # since 0.2: the rows must say what the tallies count
+        reasons = handle[table].fields("reason")[...]
+        rows = Counter(r.decode() if isinstance(r, bytes) else str(r) for r in reasons)
+        if sum(rows.values()) != total or any(rows[k] != v for k, v in rejects.items() if v):
+            listed = ", ".join(f"{k} {v}" for k, v in sorted(rows.items())) or "none"
+            report.problem(f"/{table} lists {sum(rows.values())} rejects ({listed}), not {total}")
 
 
 def _split_section(

@@ -72,6 +72,31 @@ def test_rejects_are_inside_the_file_and_beside_it(
     assert code == 0, out
 
 
+def test_check_finds_a_rejects_table_that_disagrees_with_the_tallies(
+    tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig
+) -> None:
+    make_raw(tmp_path, n=4, broken=ALL_BROKEN)
+    report = pipeline.build(load_spec(write_config(tmp_path)), jobs=1)
+    assert report.path is not None
+    rows = _rejects_in(report.path)
+    reason = rows[0]["reason"]
+    with h5py.File(report.path, "r") as handle:
+        tallied = int(handle["diagnostics"].attrs[f"rejects_{reason}"])
+    edited = tmp_path / "edited.h5"
+    shutil.copyfile(report.path, edited)
+    with h5py.File(edited, "r+") as handle:  # one row gone from the table, the tallies kept
+        table = handle["diagnostics/rejects"][1:]
+        del handle["diagnostics/rejects"]
+        handle["diagnostics"].create_dataset("rejects", data=table)
+    code, out, _ = _cli("check", report.path)
+    assert code == 0, out
+    code, out, _ = _cli("check", edited)
+    assert code == 1
+    assert f"/diagnostics/rejects lists {len(rows) - 1} rejects" in out
+    assert f"{reason} {tallied - 1}" in out
+    assert f"not {len(rows)}" in out
+
+
 def test_no_rejects_is_an_empty_table(
     tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig
 ) -> None:
