@@ -9,17 +9,25 @@ local build and from h5py reads, never from the stitch.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import h5py
 import numpy as np
 import pytest
-from conftest import dataset_digests, read_release
+from conftest import KILLED_BUILD, dataset_digests, read_release
 from ragged_kind import use_npy_recording
 from test_kind_series import LENGTHS, make_recordings, series_config
 from test_kind_volume import ct_config, make_ct
 from test_ragged import make_recordings as make_npy_recordings
+from test_ragged import prelude
 
 from h5etl import fileformat, pipeline, tasks
 from h5etl.check import check_release
@@ -126,3 +134,36 @@ def test_ragged_values_misaligned_across_shards_are_re_cut_exactly(
                 got = values[offsets[i] : offsets[i + 1]]
                 np.testing.assert_array_equal(got, truth[Path(name).name], err_msg=name)
     assert [r.path for r in sharded.rejects] == [r.path for r in local.rejects]
+
+
+def test_a_ragged_stitch_killed_in_the_tail_resumes_identical(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # killed right after the stitch: its journal holds the ragged values between chunks
+    monkeypatch.setattr(tasks, "TASK_SAMPLES", 2)
+    make_npy_recordings(tmp_path)
+    use_npy_recording(monkeypatch, "rec")
+    spec = load_spec(tmp_path / "config.yaml")
+    local = pipeline.build(spec, jobs=1)
+    script = prelude(5) + textwrap.dedent(KILLED_BUILD).replace(
+        "jobs=jobs,", "jobs=jobs, shards=2,"
+    )
+    log = tmp_path / "killed.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", script, str(tmp_path / "config.yaml"), "1", "2"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            assert proc.wait(timeout=120) == -signal.SIGKILL, log.read_text()
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # its shard writers and workers
+    journals = list((tmp_path / "releases").glob("*.journal"))
+    deltas = [json.loads(line) for line in journals[0].read_text("utf-8").splitlines()[1:]]
+    assert any(c["carry_rows"] for d in deltas for c in d.get("ragged", {}).values())
+    resumed = pipeline.build(spec, jobs=2, shards=2, resume=True)
+    assert resumed.resumed > 0
+    _same_release(_path(local), _path(resumed))
