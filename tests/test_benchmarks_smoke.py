@@ -318,3 +318,15 @@ def test_series_bench_prints_its_tables(bench_dir: Path) -> None:
     assert "| work limit: read+hash+decode+compress+hash, all cores, no writes |" in text
     assert "| HDF5 vlen (no filters possible) |" in text
     assert "build / work limit (median of per-repeat ratios)" in text
+
+
+def test_ragged_carry_bench_prints_every_build(bench_dir: Path) -> None:
+    text = _run(
+        "ragged_carry.py", "--dir", str(bench_dir / "ragged"), "--cases", "2", "--slices", "2",
+        "--size", "32", "--repeats", "1", "--jobs", "1",
+    )  # fmt: skip
+    assert "| unchanged |" in text
+    assert "| 2 of 2 |" in text  # the unchanged rebuild carried both cases
+    assert "| one touched |" in text
+    assert "| 1 of 2 |" in text
+    assert "| shards 2 |" in text
