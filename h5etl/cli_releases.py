@@ -27,12 +27,18 @@ def releases(
     folder: Annotated[
         Path, typer.Argument(metavar="FOLDER", help="An output folder, e.g. releases.")
     ],
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print one JSON object per release, a list.")
+    ] = False,
 ) -> None:
     """List the releases in FOLDER: size, creation time, samples, parent, change, notes."""
     from h5etl import hdf5info, release
     from h5etl.story import read_story
 
     found = run(lambda: release.list_releases(folder))
+    if as_json:
+        say(json.dumps([_release_json(info) for info in found], indent=1, ensure_ascii=False))
+        return
     if not found:
         say(f"{folder}: no releases")
     for info in found:
@@ -50,6 +56,29 @@ def releases(
             told.append(f"notes: {' '.join(story.notes.split())}")
         if told:
             say(f"    {'; '.join(told)}")
+
+
+def _release_json(info: Any) -> dict[str, Any]:
+    """What ``releases`` shows of one release, for scripts (``ReleaseInfo`` and its story)."""
+    from h5etl import hdf5info
+    from h5etl.story import read_story
+
+    story = read_story(info.path)
+    return {
+        "name": info.name,
+        "version": info.version,
+        "path": str(info.path),
+        "current": info.current,
+        "size": info.size,
+        "created_at": story.created_at or info.modified,
+        "samples": story.counts,
+        "fields": hdf5info.field_kinds(info.path),
+        "parent": story.parent,
+        "change": story.change or None,
+        "summary": story.summary or None,
+        "notes": story.notes or None,
+        "problem": story.problem or None,
+    }
 
 
 @app.command()

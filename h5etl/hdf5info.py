@@ -167,6 +167,16 @@ def why_not_readable(path: Path, exc: Exception) -> str:
     return _why_not_hdf5(path, exc) if isinstance(exc, OSError) else str(exc)
 
 
+def field_kinds(path: Path) -> dict[str, str]:
+    """Each field's kind, as the release's layout record says; {} where it cannot be read."""
+    try:
+        with h5py.File(path, "r") as handle:
+            record = fileformat.read_layout(handle)
+    except (OSError, ValueError, KeyError):
+        return {}
+    return {name: field.kind for name, field in record.fields.items()}
+
+
 def contents(path: Path) -> str:
     """What a release holds, as its layout record says: samples per split and the fields
     with their kinds (``train 34, valid 6; image (image), mask (mask)``), or why not."""

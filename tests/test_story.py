@@ -184,6 +184,40 @@ def test_releases_shows_size_time_counts_parent_change_and_notes(
         assert told == f"    {story}"
 
 
+def test_releases_json_gives_each_release_for_scripts(
+    tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig
+) -> None:
+    raw = make_raw(tmp_path, n=5)
+    config = write_config(tmp_path, splits={"train": 1.0})
+    assert _cli("build", config, "-j", "1", "-q", "--notes", "first")[0] == 0
+    raw.image("s001").unlink()
+    raw.mask("s001").unlink()
+    assert _cli("build", config, "-j", "1", "-q")[0] == 0
+    folder = tmp_path / "releases"
+    code, out, _ = _cli("releases", folder, "--json")
+    assert code == 0, out
+    listed = json.loads(out)
+    assert [r["version"] for r in listed] == [1, 2]
+    assert [r["current"] for r in listed] == [False, True]
+    for entry in listed:
+        path = Path(entry["path"])
+        assert path == folder / f"cells-v{entry['version']:04d}.h5"
+        assert entry["size"] == path.stat().st_size
+        with h5py.File(path, "r") as handle:
+            assert entry["created_at"] == handle.attrs["created_at"]
+            assert entry["samples"] == {"train": len(handle["train/image"])}
+        assert entry["fields"] == {"image": "image", "mask": "mask", "filename": "text"}
+    assert (listed[0]["change"], listed[0]["parent"], listed[0]["notes"]) == (
+        "initial",
+        None,
+        "first",
+    )
+    assert (listed[1]["change"], listed[1]["parent"], listed[1]["notes"]) == ("major", 1, None)
+    assert listed[1]["summary"] == "major: 1 sample removed"
+    (tmp_path / "empty").mkdir()
+    assert _cli("releases", tmp_path / "empty", "--json")[:2] == (0, "[]\n")
+
+
 @pytest.mark.parametrize("name", ["cells-0.1-lzf.h5", "cells-0.1-blosc.h5"])
 def test_releases_of_an_old_version_tell_what_they_have(tmp_path: Path, name: str) -> None:
     folder = tmp_path / "releases"
