@@ -167,3 +167,62 @@ def test_a_ragged_stitch_killed_in_the_tail_resumes_identical(
     resumed = pipeline.build(spec, jobs=2, shards=2, resume=True)
     assert resumed.resumed > 0
     _same_release(_path(local), _path(resumed))
+
+
+def _damage(shard: Path, how: str) -> None:
+    """Change a committed shard's ragged column behind its manifest's back."""
+    with h5py.File(shard, "r+") as handle:
+        if how == "offsets":
+            offsets = handle["train/rec_offsets"]
+            offsets[1] = offsets[1] + 1
+        else:  # a chunk's bytes: other values, compressed alike
+            values = handle["train/rec"]
+            mask, _ = values.id.read_direct_chunk((0, 0))
+            other = np.full(values.chunks, 7, dtype=values.dtype)
+            with h5py.File(shard.with_suffix(".scratch"), "w") as scratch:
+                kwargs = {"compression": values.compression, "shuffle": values.shuffle}
+                made = scratch.create_dataset("x", data=other, chunks=values.chunks, **kwargs)
+                _, data = made.id.read_direct_chunk((0, 0))
+            values.id.write_direct_chunk((0, 0), data, mask)
+
+
+@pytest.mark.parametrize(
+    ("how", "said"),
+    [
+        ("offsets", r"the rows of /train/rec_offsets do not match their recorded digest"),
+        ("chunk", r"chunk \[0, 0\] of /train/rec does not match its digest"),
+    ],
+)
+def test_a_damaged_ragged_shard_fails_the_stitch_and_is_written_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str, said: str
+) -> None:
+    from h5etl import sharded, sink_copy
+    from h5etl.errors import ShardError
+
+    monkeypatch.setattr(tasks, "TASK_SAMPLES", 2)
+    make_npy_recordings(tmp_path)
+    use_npy_recording(monkeypatch, "rec")
+    spec = load_spec(tmp_path / "config.yaml")
+    local = pipeline.build(spec, jobs=1)
+    original = sink_copy.carry_shard
+    damaged: list[Path] = []
+
+    def carry(sink: object, shard: Path, *args: object, **kwargs: object) -> int:
+        if not damaged:
+            _damage(shard, how)
+            damaged.append(shard)
+        return original(sink, shard, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(sharded.sink_copy, "carry_shard", carry)
+    with pytest.raises(ShardError, match=f"{said}; its commit was withdrawn") as failed:
+        pipeline.build(spec, jobs=2, shards=2)
+    assert failed.value.path == damaged[0]
+    assert "\n" not in str(failed.value)
+    releases = tmp_path / "releases"
+    assert sorted(p.name for p in releases.glob("rec-v*.h5")) == ["rec-v0001.h5"]
+    assert (releases / "rec.h5").resolve() == _path(local).resolve()
+    assert not damaged[0].with_suffix(".manifest").exists()
+    monkeypatch.setattr(sharded.sink_copy, "carry_shard", original)
+    resumed = pipeline.build(spec, jobs=2, shards=2, resume=True)
+    assert resumed.shards_reused == 1  # the other shard; the damaged one is written again
+    _same_release(_path(local), _path(resumed))
