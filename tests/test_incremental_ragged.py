@@ -248,3 +248,53 @@ def test_a_stem_recording_whose_other_channel_changed_is_decoded_again(tmp_path:
         np.testing.assert_array_equal(case["values"], truth[name]["volts"], err_msg=name)
     assert rows_of(_path(first), "rec_volts", "filename").keys() == after.keys()
     assert check_release(_path(second), deep=True).ok
+
+
+def _by_name(path: Path) -> dict[str, dict[str, np.ndarray]]:
+    """Each sample's ragged values and fixed head row, by file name (h5py only)."""
+    out: dict[str, dict[str, np.ndarray]] = {}
+    with h5py.File(path, "r") as handle:
+        for split in ("train", "valid"):
+            names = handle[f"{split}/filename"].asstr()[...]
+            values, offsets = handle[f"{split}/rec"][...], handle[f"{split}/rec_offsets"][...]
+            heads = handle[f"{split}/rec_head"][...]
+            for i, name in enumerate(names):
+                rows = values[offsets[i] : offsets[i + 1]]
+                out[str(name)] = {"values": rows, "head": heads[i], "split": np.array(split)}
+    return out
+
+
+def test_fixed_and_ragged_columns_of_one_kind_carry_together(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # blocks of 4 samples (the fixed head's chunk rows), values in chunks of 5 rows
+    from ragged_kind import HEAD, use_npy_recording
+    from test_ragged import make_recordings as make_npy_recordings
+
+    truth = make_npy_recordings(tmp_path)
+    use_npy_recording(monkeypatch, "rec")
+    config = load_spec(tmp_path / "config.yaml")
+    first = build(config, jobs=1)
+    before = _by_name(_path(first))
+    folder = tmp_path / "raw" / "rec"
+    (folder / "r04.npy").unlink()
+    del truth["r04.npy"]
+    rng = np.random.default_rng(99)
+    for name, n in (("r06.npy", 11), ("r20.npy", 8)):  # changed, new
+        truth[name] = rng.normal(size=(n, 3)).astype(np.float32)
+        np.save(folder / name, truth[name])
+    second = build(config, jobs=1)
+    assert 0 < second.reused < len(truth)
+    found = _by_name(_path(second))
+    assert sorted(found) == sorted(truth)
+    for name, sample in found.items():
+        np.testing.assert_array_equal(sample["values"], truth[name], err_msg=name)
+        head = np.full((HEAD, 3), -1.0, np.float32)
+        head[: min(HEAD, len(truth[name]))] = truth[name][:HEAD]
+        np.testing.assert_array_equal(sample["head"], head, err_msg=name)
+        if name in before:
+            assert sample["split"] == before[name]["split"]
+    full = build(config, jobs=1, full=True)
+    names = ("rec", "rec_head", "rec_length")
+    assert statistics(_path(second), names) == statistics(_path(full), names)
+    assert check_release(_path(second), deep=True).ok
