@@ -26,6 +26,7 @@ __all__ = ["CONFIG_SUFFIXES", "Outcome", "build_all", "config_files", "exit_code
 
 CONFIG_SUFFIXES = (".yaml", ".yml")
 OK, FAILED, INVALID, NOT_BUILT = "ok", "failed", "invalid", "not built"
+UP_TO_DATE = "up to date"  # an ok outcome that published nothing: nothing had changed
 
 
 @dataclass(slots=True)
@@ -145,14 +146,15 @@ def _row(outcome: Outcome) -> list[str]:
         return [str(outcome.config), outcome.name, outcome.state, "-", "-", "-", "-"]
     release = f"v{report.version:04d}" if report.version is not None else "dry run"
     size = human_size(report.stored_bytes) if report.path is not None else "-"
+    stored = f"{size} in {report.seconds.get('total', 0.0):.1f} s"
     return [
         str(outcome.config),
         outcome.name,
-        outcome.state,
+        UP_TO_DATE if report.up_to_date else outcome.state,
         release,
         f"{sum(report.samples.values()):,}",
         f"{len(report.rejects):,}",
-        f"{size} in {report.seconds.get('total', 0.0):.1f} s",
+        "no new release" if report.up_to_date else stored,
     ]
 
 
@@ -164,7 +166,9 @@ def summary_lines(outcomes: Sequence[Outcome]) -> list[str]:
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
              for row in rows]  # fmt: skip
     built = sum(outcome.state == OK for outcome in outcomes)
-    lines.append(f"{built} of {len(outcomes)} configs built")
+    current = sum(o.report is not None and o.report.up_to_date for o in outcomes if o.state == OK)
+    also = f" ({current} of them up to date: nothing changed)" if current else ""
+    lines.append(f"{built} of {len(outcomes)} configs built{also}")
     lines.extend(
         f"{outcome.state}: {line}"
         for outcome in outcomes

@@ -10,13 +10,14 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from h5etl import clean, cluster, decode, fileformat, schedule, tasks
 from h5etl.chunkcodec import ChunkLayout
 from h5etl.kinds.base import ArrayColumn, TextColumn
 from h5etl.kinds.registry import decode_order, layout_of, layout_records
+from h5etl.records import Barrier, BatchResult, DecodeTask
 from h5etl.sink import SinkLayout
 from h5etl.spec import Spec
 
@@ -53,6 +54,36 @@ def decoding(spec: Spec, jobs: int, scheduler: str | None = None) -> Iterator[sc
         yield decoder
 
 
+class LazyDecoder:
+    """A ``schedule.Decoder`` that starts the local workers (or connects to the Dask cluster)
+    on ``start`` or its first call, not before: a build that turns out up to date decodes
+    nothing and pays no start-up. A context manager; the exit stops what it started."""
+
+    def __init__(self, spec: Spec, jobs: int, scheduler: str | None = None):
+        self.spec, self.jobs, self.scheduler = spec, jobs, scheduler
+        self._stack = contextlib.ExitStack()
+        self._decoder: schedule.Decoder | None = None
+
+    def start(self) -> schedule.Decoder:
+        """Start the workers now (they import the decode stack while this process works)."""
+        if self._decoder is None:
+            self._decoder = self._stack.enter_context(
+                decoding(self.spec, self.jobs, self.scheduler)
+            )
+        return self._decoder
+
+    def __call__(
+        self, todo: Iterable[DecodeTask | Barrier], recipe: decode.DecodeRecipe
+    ) -> Iterator[BatchResult]:
+        return self.start()(todo, recipe)
+
+    def __enter__(self) -> LazyDecoder:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stack.close()
+
+
 def source_roots(spec: Spec) -> list[str]:
     """The source folders, as the workers must see them."""
     return [str(source.dir) for source in spec.sources.values()]
@@ -65,6 +96,26 @@ def layout_record(spec: Spec, plan: clean.Plan) -> fileformat.LayoutRecord:
         layout_records(plan.kinds),
         samples=fileformat.SAMPLE_RECORD,
     )
+
+
+def planned(plan: clean.Plan) -> dict[str, int]:
+    """Samples per split of a plan."""
+    return {split: len(members) for split, members in plan.splits.items()}
+
+
+def processed(result: BatchResult) -> int:
+    """Samples a result settled (stored or rejected); deferred ones come again later."""
+    return len(result.task.samples) - len(result.deferred)
+
+
+def decoded(
+    cutter: tasks.TaskCutter, recipe: decode.DecodeRecipe, decoder: schedule.Decoder
+) -> Iterator[BatchResult]:
+    """Every task's result in order; the cutter learns each result before the next is cut."""
+    for result in decoder(cutter, recipe):
+        cutter.note(result)
+        decode.trim_when_gone(result)  # a CT case's chunks: give the heap back once written
+        yield result
 
 
 class Stopwatch:

@@ -124,7 +124,7 @@ def why_not(
     return None
 
 
-def _unchanged(
+def unchanged(
     sample: Sample, stamp: str, known: list[Any] | None, lineage: tuple[bytes, ...]
 ) -> bool:
     """Whether a sample's stored rows are what decoding its files now would give."""
@@ -162,7 +162,7 @@ def _carried_blocks(
         here = [by_name.get(keys[r]) for r in rows]
         if all(
             s is not None
-            and _unchanged(s, stamps[s.key], known.get(keys[r]), tuple(old.lineage[r]))
+            and unchanged(s, stamps[s.key], known.get(keys[r]), tuple(old.lineage[r]))
             for r, s in zip(rows, here, strict=True)
         ):
             chosen = tuple(s for s in here if s is not None)
@@ -228,12 +228,20 @@ def plan_block(plan: Plan) -> int:
 
 
 def leave_record(
-    output: OutputFolder, plan: Plan, version: int, fingerprint: str, log: BlockLog
+    output: OutputFolder,
+    plan: Plan,
+    version: int,
+    fingerprint: str,
+    log: BlockLog,
+    *,
+    rejected: Mapping[str, list[Any]] | None = None,
 ) -> None:
-    """Write the carry record of release ``version`` beside it, for the build after it."""
+    """Write the carry record of release ``version`` beside it, for the build after it;
+    ``rejected``: the samples it rejected while decoding (``h5etl.uptodate``)."""
     record = record_of(
         plan, version=version, fingerprint=fingerprint, block=plan_block(plan), log=log
     )
+    record["rejected"] = dict(rejected or {})
     output.write_carry(version, record)
 
 

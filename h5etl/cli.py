@@ -304,6 +304,13 @@ def _check_scheduler(address: str) -> None:
 
 
 def _render_build(report: BuildReport, *, dry_run: bool) -> None:
+    if report.up_to_date:
+        from h5etl.uptodate import message
+
+        _say(message(report))
+        for warning in report.warnings:
+            _say(f"warning: {warning}")
+        return
     if dry_run:
         _reject_lines(report.rejects)
         _say(f"dry run: checked {', '.join(report.checks)}; nothing written")
@@ -405,7 +412,8 @@ def demo_command(
 ) -> None:
     """Build the embedded example (synthetic cells, a few broken inputs) into FOLDER/releases.
 
-    Run it again on the same FOLDER to build the next version. --example NAME builds another
+    Run it again on the same FOLDER: nothing changed, so no new release (`h5etl build
+    FOLDER/<example>.yaml --full` builds one). --example NAME builds another
     example (classification, super-resolution, 16-bit CT, colour masks, metadata, flat
     layout), each with a few broken inputs of its kind.
     """

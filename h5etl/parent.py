@@ -40,6 +40,9 @@ class Parent:
     config: str
     layout: fileformat.LayoutRecord
     splits: dict[str, ParentSplit] = field(default_factory=dict)
+    notes: str = ""
+    tool_version: str = ""  # the h5etl that built it
+    rejects: tuple[tuple[str, ...], ...] = ()  # its /diagnostics/rejects rows (REJECT_COLUMNS)
 
     def split_of(self) -> dict[str, str]:
         """Sample key -> the split the parent stored it in."""
@@ -56,6 +59,20 @@ class NoRecord(Exception):
 
 def _texts(dataset: h5py.Dataset) -> list[str]:
     return [str(text) for text in dataset.asstr()[...]] if len(dataset) else []
+
+
+def _stored_rejects(handle: h5py.File) -> tuple[tuple[str, ...], ...]:
+    """The rows of ``/diagnostics/rejects`` as texts (none in a release from before it)."""
+    node = handle.get(f"{fileformat.DIAGNOSTICS}/{fileformat.REJECTS_DATASET}")
+    if not isinstance(node, h5py.Dataset) or not len(node):
+        return ()
+    columns = [c for c in fileformat.REJECT_COLUMNS if c in (node.dtype.names or ())]
+    rows = node[...]
+
+    def text(value: object) -> str:
+        return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+    return tuple(tuple(text(row[c]) for c in columns) for row in rows)
 
 
 def read_parent(path: Path, version: int) -> Parent:
@@ -86,6 +103,9 @@ def read_parent(path: Path, version: int) -> Parent:
                 str(attrs.get(fileformat.CONFIG_ATTR, "")),
                 layout,
                 splits,
+                notes=str(attrs.get(fileformat.NOTES_ATTR, "")),
+                tool_version=str(attrs.get(fileformat.TOOL_VERSION_ATTR, "")),
+                rejects=_stored_rejects(handle),
             )
     except NoRecord:
         raise

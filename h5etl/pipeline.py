@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -15,7 +15,6 @@ from h5etl import (
     buildparts,
     carry,
     clean,
-    decode,
     discover,
     fileformat,
     parent,
@@ -23,12 +22,20 @@ from h5etl import (
     reproducible,
     resume,
     schedule,
-    tasks,
+    uptodate,
     workers,
 )
-from h5etl.buildparts import Stopwatch, decoding, sink_layout, source_roots
+from h5etl.buildparts import (
+    LazyDecoder,
+    Stopwatch,
+    decoded,
+    decoding,
+    planned,
+    processed,
+    sink_layout,
+    source_roots,
+)
 from h5etl.errors import BuildFailed, ResumeMismatch
-from h5etl.records import BatchResult
 from h5etl.release import OutputFolder
 from h5etl.report import (
     DECODE_CHECKS,
@@ -114,8 +121,10 @@ def build(
     with (
         output.locked(),
         BuildStatus(output, config=spec.config_file, jobs=jobs) as status,
-        decoding(spec, jobs, scheduler) as decoder,
+        LazyDecoder(spec, jobs, scheduler) as decoder,
     ):
+        if full or resume or sharding is not None or output.current_release() is None:
+            decoder.start()  # it will decode: the workers start while this process plans
 
         def both(stage: str, advance: int, total: int | None) -> None:
             status(stage, advance, total)
@@ -140,7 +149,7 @@ class _Run:
     status: BuildStatus
     checkpoint_seconds: float
     epoch: datetime | None  # SOURCE_DATE_EPOCH
-    decoder: schedule.Decoder  # the local pool or the Dask cluster
+    decoder: LazyDecoder  # the local pool or the Dask cluster, started when needed
     sharding: Sharding | None = None  # K shard writers (--shards)
 
 
@@ -149,8 +158,15 @@ def _build_locked(run: _Run, *, resume: bool, full: bool) -> BuildReport:
     previous = output.resumables() if resume else []
     # --resume keeps every leftover until the release is out: shards have no journal
     discarded = [] if resume else output.remove_stale_partials()
-    report, plan, watch, origin = _plan_only(spec, hook, jobs)
-    status.planned(_planned(plan), report.rejects)
+    gate = uptodate.Gate(output, run.decoder, always=full or resume)
+    report, plan, watch, origin = _plan_only(spec, hook, jobs, discovered=gate.discovered)
+    status.planned(planned(plan), report.rejects)
+    if gate.up_to_date(spec, plan, report, origin):
+        report.seconds, report.warnings = {**watch.seconds, "total": watch.total()}, plan.warnings
+        status.succeeded(version=report.version, path=report.path, samples=report.samples,
+                         seconds=watch.total(), up_to_date=True)  # fmt: skip
+        return report
+    run.decoder.start()
     try:
         info = _build_planned(run, plan, report, watch, previous, None if full else origin)
     except BuildFailed as exc:
@@ -169,7 +185,7 @@ def _build_locked(run: _Run, *, resume: bool, full: bool) -> BuildReport:
     report.warnings = [
         *plan.warnings,
         *report.warnings,  # the build's own (why nothing was carried)
-        *empty_split_warnings(spec, report.samples, _planned(plan)),
+        *empty_split_warnings(spec, report.samples, planned(plan)),
     ]
     killed = [p for p in discarded if p.suffix == ".h5"]
     if killed and not resume:
@@ -225,7 +241,9 @@ def _build_planned(
                     temp, report.rejects, version=version, facts=facts, parts=parts
                 )
             if written is not None:  # a record only of builds that saw every block's tally
-                carry.leave_record(output, plan, version, *written)
+                late = report.rejects[len(planned_rejects) :]  # rejected while decoding
+                rejected = uptodate.rejected_of(spec, plan, late)
+                carry.leave_record(output, plan, version, *written, rejected=rejected)
             return info
         except ResumeMismatch as exc:
             if earlier is None:
@@ -247,11 +265,11 @@ def _dry_run(
         recipe = recipe_of(plan)
         hook("decode", 0, plan.total)
         cutter = buildparts.cutter(spec, plan, None)
-        for result in _decoded(cutter, recipe, decoder):
+        for result in decoded(cutter, recipe, decoder):
             counts[result.task.split] += result.accepted
             report.rejects.extend(result.rejects)
             enforce_limit(spec, report.rejects, report.inputs)
-            hook("decode", _processed(result), None)
+            hook("decode", processed(result), None)
         report.samples = counts
         watch.lap("decode")
     else:
@@ -261,40 +279,27 @@ def _dry_run(
         )
     require_samples(spec, report.samples, report)
     report.warnings.extend(plan.warnings)
-    report.warnings.extend(empty_split_warnings(spec, report.samples, _planned(plan)))
+    report.warnings.extend(empty_split_warnings(spec, report.samples, planned(plan)))
     report.seconds = {**watch.seconds, "total": watch.total()}
     return report
 
 
-def _planned(plan: clean.Plan) -> dict[str, int]:
-    return {split: len(members) for split, members in plan.splits.items()}
-
-
-def _processed(result: BatchResult) -> int:
-    """Samples a result settled (stored or rejected); deferred ones come again later."""
-    return len(result.task.samples) - len(result.deferred)
-
-
-def _decoded(
-    cutter: tasks.TaskCutter, recipe: decode.DecodeRecipe, decoder: schedule.Decoder
-) -> Iterator[BatchResult]:
-    """Every task's result in order; the cutter learns each result before the next is cut."""
-    for result in decoder(cutter, recipe):
-        cutter.note(result)
-        decode.trim_when_gone(result)  # a CT case's chunks: give the heap back once written
-        yield result
-
-
 def _plan_only(
-    spec: Spec, hook: ProgressHook, jobs: int, *, headers: bool = False
+    spec: Spec,
+    hook: ProgressHook,
+    jobs: int,
+    *,
+    headers: bool = False,
+    discovered: Callable[[int], None] = lambda samples: None,
 ) -> tuple[BuildReport, clean.Plan, Stopwatch, parent.Parent | None]:
     """Discover and plan. Header probes run only where nothing is decoded after them (a
     dry run): decoding makes every check they make, and they read every file twice."""
     watch = Stopwatch()
-    previous, warnings = _parent_of(spec)
+    previous, warnings = parent.parent_of(OutputFolder(spec.output, spec.name))
     hook("discover", 0, None)
     found = discover.find_samples(spec, lambda n: hook("discover", n, None))
     watch.lap("discover")
+    discovered(len(found.samples))
     stage = "probe" if headers else "plan"
     hook(stage, 0, len(found.samples))
     plan = clean.plan(
@@ -314,16 +319,11 @@ def _plan_only(
     plan.policy["parent"] = None if previous is None else previous.version
     plan.warnings.extend(warnings)
     watch.lap("clean")
-    samples = _planned(plan)
+    samples = planned(plan)
     report = BuildReport(
         spec.name, found.files_seen, samples, [*found.rejects, *plan.rejects], dict(watch.seconds)
     )
     return report, plan, watch, previous
-
-
-def _parent_of(spec: Spec) -> tuple[parent.Parent | None, list[str]]:
-    """The release the link points at, whose record keeps the splits sticky (None: none)."""
-    return parent.parent_of(OutputFolder(spec.output, spec.name))
 
 
 def _write(
@@ -380,7 +380,7 @@ def _write(
             hook("decode+write", 0, todo.total)  # in order: a decoded batch is written at once
             if earlier is not None:
                 hook("decode+write", sum(sink.counts.values()), None)
-            for result in _decoded(cutter, recipe, run.decoder):
+            for result in decoded(cutter, recipe, run.decoder):
                 report.rejects.extend(result.rejects)
                 enforce_limit(spec, report.rejects, report.inputs)
                 sink.write(result)
@@ -396,7 +396,7 @@ def _write(
                 if checkpoints.due_for_trim():
                     schedule.release_free_memory()
                 worker_seconds += result.seconds
-                hook("decode+write", _processed(result), None)
+                hook("decode+write", processed(result), None)
             watch.lap("decode_and_write")
             report.samples = dict(sink.counts)
             require_samples(spec, report.samples, report)

@@ -188,7 +188,8 @@ class OutputFolder:
         temp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
         try:
             with open(temp, "w", encoding="utf-8", errors="backslashreplace") as handle:
-                json.dump(record, handle, ensure_ascii=False, separators=(",", ":"))
+                # dumps, not dump: json.dump always takes the pure-Python encoder (5x slower)
+                handle.write(json.dumps(record, ensure_ascii=False, separators=(",", ":")))
                 handle.flush()
                 os.fsync(handle.fileno())
             os.replace(temp, path)

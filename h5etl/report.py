@@ -58,6 +58,7 @@ class BuildReport:
     conversions: dict[str, dict[str, int]] = field(default_factory=dict)  # field -> code -> n
     class_counts: dict[str, dict[str, dict[str, int]]] = field(default_factory=dict)
     change: str = ""  # the semantic label from the parent release and why (h5etl.story)
+    up_to_date: bool = False  # nothing changed: no new release, ``version`` is the linked one
 
     @property
     def reject_counts(self) -> dict[str, int]:

@@ -137,14 +137,21 @@ class BuildStatus:
             self._dirty = True
 
     def succeeded(
-        self, *, version: int, path: Path, samples: dict[str, int], seconds: float
+        self,
+        *,
+        version: int | None,
+        path: Path | None,
+        samples: dict[str, int],
+        seconds: float,
+        up_to_date: bool = False,
     ) -> None:
-        """The release is published: the outcome, while the build still holds the lock."""
+        """The release is published (or, ``up_to_date``, the linked one is: nothing changed):
+        the outcome, while the build still holds the lock."""
         with self._lock:
             for split, count in samples.items():
                 self._split(split)["stored"] = count
         done = {"version": version, "release": str(path), "link": str(self.output.link)}
-        self._finish(SUCCEEDED, {**done, "seconds": seconds})
+        self._finish(SUCCEEDED, {**done, "seconds": seconds, "up_to_date": up_to_date})
 
     def failed(self, exc: BaseException) -> None:
         """The build stopped on ``exc`` (the caller re-raises it)."""
@@ -336,7 +343,12 @@ def describe(view: StatusView) -> list[str]:
         ]
     else:
         result = data.get("result") or {}
-        if state == SUCCEEDED:
+        if state == SUCCEEDED and result.get("up_to_date"):
+            outcome = (
+                f"up to date: nothing changed since v{int(result.get('version', 0)):04d} "
+                f"{result.get('release')}, no new release"
+            )
+        elif state == SUCCEEDED:
             outcome = (
                 f"v{int(result.get('version', 0)):04d} {result.get('release')} in "
                 f"{float(result.get('seconds', 0.0)):.1f} s"

@@ -31,9 +31,11 @@ def test_incremental_bench_prints_every_build_and_both_ratios(tmp_path: Path) ->
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     rows = {line.split(" | ")[0].lstrip("| "): line for line in lines if line.startswith("| ")}
-    assert rows["full"].split(" | ")[1:3] == ["20", "0"]
-    assert rows["unchanged"].split(" | ")[1:3] == ["20", "20"]  # every sample carried
-    assert rows["add 5%"].split(" | ")[1] == "22"
-    assert rows["full 5%"].split(" | ")[1:3] == ["22", "0"]
+    assert rows["full"].split(" | ")[1:4] == ["v0001", "20", "0"]
+    assert rows["unchanged"].split(" | ")[1:4] == ["v0001 (up to date)", "20", "0"]
+    assert rows["copy"].split(" | ")[1:4] == ["v0002", "20", "20"]  # every sample carried
+    assert rows["add 5%"].split(" | ")[1:3] == ["v0003", "22"]
+    assert rows["full 5%"].split(" | ")[1:4] == ["v0004", "22", "0"]
     assert any(line.startswith("| unchanged / full (<= 10%)") for line in lines)
+    assert any(line.startswith("| copy / full (none)") for line in lines)
     assert any(line.startswith("| add 5% / full 5% (<= 15%)") for line in lines)

@@ -283,10 +283,14 @@ def test_dry_run_decode_predicts_the_build(
 # --- demo ---
 
 
-def test_demo_twice_builds_v0002(tmp_path: Path) -> None:
+def test_demo_twice_is_up_to_date(tmp_path: Path) -> None:
     folder = tmp_path / "demo"
     assert _invoke("demo", "--dir", folder, "-j", "1", "-q")[0] == 0
     code, output = _invoke("demo", "--dir", folder, "-j", "1", "-q")
+    assert code == 0, output
+    assert "cells: nothing changed since cells-v0001 (" in output
+    assert os.readlink(folder / "releases" / "cells.h5") == "cells-v0001.h5"
+    code, output = _invoke("build", folder / "demo.yaml", "-j", "1", "-q", "--full")
     assert code == 0, output
     assert os.readlink(folder / "releases" / "cells.h5") == "cells-v0002.h5"
     assert (folder / "demo.yaml").read_bytes() == resources.demo_config().read_bytes()

@@ -79,12 +79,13 @@ def test_classification_reports_its_empty_class_folder(
     assert (tmp_path / "h5etl-classification" / "releases" / "shapes.h5").is_symlink()
 
 
-def test_an_example_built_again_makes_the_next_version(tmp_path: Path) -> None:
+def test_an_example_built_again_is_up_to_date(tmp_path: Path) -> None:
     folder = tmp_path / "seed"
     assert _invoke("demo", "--example", "seed", "--dir", folder, "-j", "1", "-q")[0] == 0
     code, output = _invoke("demo", "--example", "seed", "--dir", folder, "-j", "1", "-q")
     assert code == 0, output
-    assert os.readlink(folder / "releases" / "seed.h5") == "seed-v0002.h5"
+    assert "seed: nothing changed since seed-v0001 (" in output
+    assert os.readlink(folder / "releases" / "seed.h5") == "seed-v0001.h5"
 
 
 def test_an_example_refuses_another_examples_folder(tmp_path: Path) -> None:

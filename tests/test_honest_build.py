@@ -209,7 +209,7 @@ def test_decode_rejects_leave_every_chunk_to_the_workers(
         save(tmp_path / "raw" / "images" / f"s{i:03d}.png", np.zeros((20, 20, 3), np.uint8))
     spec = load_spec(write_config(tmp_path, storage={"chunk_samples": 4}))
     one = build(spec, jobs=1)
-    two = build(spec, jobs=2)
+    two = build(spec, jobs=2, full=True)  # the same inputs again: up to date without --full
     assert len(one.rejects) == 2 * 9
     for report in (one, two):
         assert sum(report.samples.values()) == 60 - 9

@@ -228,7 +228,7 @@ def test_uint8_field_scales_sixteen_bit_and_reports_it_for_any_jobs(tmp_path: Pa
     config = write_config(tmp_path, grey("uint8"))
     builds = []
     for jobs in (1, 2):
-        code, output = cli("build", config, "--jobs", jobs, "--quiet")
+        code, output = cli("build", config, "--jobs", jobs, "--quiet", "--full")
         assert code == 0, output
         lines = [line for line in output.splitlines() if line.startswith("converted:")]
         assert len(lines) == 1, output

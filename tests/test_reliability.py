@@ -179,7 +179,9 @@ def test_sigkill_leaves_previous_release_and_link(
     leftovers = [f for f in state["files"] if f.startswith(".cells.partial-")]
     assert leftovers, "a killed build leaves a recognisable temp file"
 
-    second = build(project)  # no --resume: starts clean and removes the leftovers
+    # no --resume: starts clean and removes the leftovers (full, as the killed one: the same
+    # inputs as v0001's would otherwise be up to date)
+    second = build(project, full=True)
 
     assert second.version == 2
     assert second.resumed == 0
@@ -709,7 +711,7 @@ def test_reader_keeps_old_release_while_link_swaps(project: Path) -> None:
     link = project.parent / "releases" / "cells.h5"
     with h5py.File(link, "r") as old:
         before = old["train/image"][...]
-        second = build(project)
+        second = build(project, full=True)  # the same inputs: else up to date
         assert np.array_equal(old["train/image"][...], before)
         assert int(old.attrs["version"]) == 1
     with h5py.File(link, "r") as new:

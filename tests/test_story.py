@@ -145,13 +145,18 @@ def test_notes_with_a_nul_are_a_usage_error(
     assert not (tmp_path / "releases").exists() or not list((tmp_path / "releases").glob("*.h5"))
 
 
+UP_TO_DATE = "(6 samples, same config and inputs): no new release; --full rebuilds"
+
+
 def test_releases_shows_size_time_counts_parent_change_and_notes(
     tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig
 ) -> None:
     raw = make_raw(tmp_path, n=6)
     config = write_config(tmp_path, splits={"train": 1.0})
     assert _cli("build", config, "-j", "1", "-q", "--notes", "v1")[0] == 0
-    code, out, _ = _cli("build", config, "-j", "1", "-q")  # nothing changed
+    code, out, _ = _cli("build", config, "-j", "1", "-q")  # nothing changed: no release
+    assert (code, out) == (0, f"cells: nothing changed since cells-v0001 {UP_TO_DATE}\n")
+    code, out, _ = _cli("build", config, "-j", "1", "-q", "--full")  # builds all the same
     assert code == 0
     assert "change: patch (from v0001): no change" in out
     raw.image("s000").unlink()
