@@ -215,18 +215,24 @@ def build(
         raise _fail(UsageError("--vds needs --shards K (K >= 2): it maps the shard files"))
     if scheduler is not None:
         _check_scheduler(scheduler)
-    if scheduler in (None, "local"):
+    single = len(configs) == 1 and not configs[0].is_dir()
+    if scheduler in (None, "local") and not (single and not full and _linked(configs[0])):
         workers.warm_up(jobs)  # a config naming a cluster leaves these idle; they time out
     options = _BuildOptions(
         jobs, dry_run, decode, resume, quiet, full, scheduler, shards, vds, notes
     )
-    if len(configs) == 1 and not configs[0].is_dir():
+    if single:
         spec = _run(lambda: _load(configs[0], options))
         with _progress(quiet) as bars:
             report = _run(lambda: _build_spec(spec, options, bars), bars)
         _render_build(report, dry_run=dry_run)
         return
     _build_many(configs, options)
+
+
+def _linked(config: Path) -> bool:
+    """A build of ``config`` may be up to date: its workers start when it decodes."""
+    return workers.may_be_up_to_date(config)
 
 
 def _load(path: Path, options: _BuildOptions) -> Spec:

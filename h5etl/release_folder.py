@@ -24,6 +24,7 @@ from h5etl.release_naming import (
     ReleaseInfo,
     current_version,
     facts_filename,
+    link_filename,
     part_filename,
     rejects_filename,
     release_filename,
@@ -82,7 +83,7 @@ class OutputFolder:
     def __init__(self, folder: Path, name: str):
         self.folder = folder
         self.name = name
-        self.link = folder / f"{name}.h5"
+        self.link = folder / link_filename(name)
         self.lock_path = folder / f".{name}.lock"
         self.status_path = folder / f"{name}{self.STATUS_SUFFIX}"
 

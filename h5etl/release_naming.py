@@ -30,6 +30,11 @@ class ReleaseInfo:
     rejects: Path | None
 
 
+def link_filename(name: str) -> str:
+    """The link training code opens: it points at the newest release (or the rolled-back one)."""
+    return f"{name}.h5"
+
+
 def release_filename(name: str, version: int) -> str:
     return f"{name}-v{version:04d}.h5"
 
