@@ -161,8 +161,7 @@ def _carried_blocks(
         rows = range(b * block, min((b + 1) * block, len(keys)))
         here = [by_name.get(keys[r]) for r in rows]
         if all(
-            s is not None
-            and unchanged(s, stamps[s.key], known.get(keys[r]), tuple(old.lineage[r]))
+            s is not None and unchanged(s, stamps[s.key], known.get(keys[r]), tuple(old.lineage[r]))
             for r, s in zip(rows, here, strict=True)
         ):
             chosen = tuple(s for s in here if s is not None)

@@ -46,7 +46,7 @@ def reject_rows(spec: Spec, rejects: Iterable[Reject]) -> list[Row]:
 
 def rejected_of(spec: Spec, plan: Plan, rejects: Sequence[Reject]) -> dict[str, list[Any]]:
     """The carry record's ``rejected`` entries: each sample rejected while decoding, by its
-    split name: its files, their stamps, its plan values (``carry.sample_state``) and the
+    carry key: its files, their stamps, its plan values (``carry.sample_state``) and the
     rows its rejects take in the release, so the next build knows it is the same again."""
     planned = {s.key: s for members in plan.splits.values() for s in members}
     rows: dict[str, list[Row]] = {}
@@ -54,7 +54,7 @@ def rejected_of(spec: Spec, plan: Plan, rejects: Sequence[Reject]) -> dict[str, 
         if reject.key in planned:
             rows.setdefault(reject.key, []).append(row)
     return {
-        valid_text(planned[key].split_name): [
+        carry.sample_carry_key(planned[key]): [
             *carry.sample_state(planned[key], plan.stamps[key]),
             [list(row) for row in found],
         ]
@@ -100,17 +100,22 @@ def why_build(
 def _stored_unchanged(
     plan: Plan, parent: Parent, record: Mapping[str, Any]
 ) -> tuple[str | None, dict[str, str], dict[str, Sample]]:
-    """Whether every sample the parent stores is planned in its split and unchanged: the
-    reason if not, the touched-but-equal samples' stamps, and the planned samples left."""
+    """Whether every row the parent stores is a sample planned in its split and unchanged:
+    the reason if not, the touched-but-equal samples' stamps (by carry key), and the planned
+    samples left (by carry key)."""
     known: Mapping[str, list[Any]] = record.get("samples", {})
-    rest = {valid_text(s.split_name): s for members in plan.splits.values() for s in members}
+    rows: Mapping[str, list[str]] = record.get("rows", {})
+    rest = {carry.sample_carry_key(s): s for members in plan.splits.values() for s in members}
     touched: dict[str, str] = {}
     for split, old in parent.splits.items():
-        members = {valid_text(s.split_name) for s in plan.splits.get(split, [])}
-        for row, name in enumerate(old.keys):
+        keys = rows.get(split, [])
+        if len(keys) != len(old.keys):
+            return f"the carry record does not list {split}'s rows", {}, {}
+        members = {carry.sample_carry_key(s) for s in plan.splits.get(split, [])}
+        for row, name in enumerate(keys):
             sample = rest.pop(name, None) if name in members else None
             if sample is None:
-                return f"{name} is gone from {split}", {}, {}
+                return f"{old.keys[row]} is gone from {split}", {}, {}
             stamp = plan.stamps[sample.key]
             state = known.get(name)
             if not carry.unchanged(sample, stamp, state, tuple(old.lineage[row])):
@@ -134,7 +139,9 @@ class Gate:
     def discovered(self, samples: int) -> None:
         """Discovery found ``samples``: start the workers now unless this may be up to date."""
         known = None if self.record is None else self.record.get("samples")
-        if not isinstance(known, dict) or len(known) != samples:
+        # discovery finds recordings, the record keeps their windows: count split names
+        names = {key.split("\x1f")[0] for key in known} if isinstance(known, dict) else None
+        if names is None or len(names) != samples:
             self.decoder.start()  # something will be decoded: the workers start meanwhile
 
     def up_to_date(

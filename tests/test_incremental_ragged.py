@@ -195,8 +195,10 @@ def test_windows_of_a_recording_carry_and_decode_together(
         return planned[-1]
 
     monkeypatch.setattr(carry, "plan_carry", spy)
-    # nothing changed: every window is carried (the windows share their recording's key)
-    again = build(config, jobs=1)
+    # nothing changed: up to date; with new notes, every window is carried (the windows
+    # share their recording's key)
+    assert build(config, jobs=1).up_to_date
+    again = build(config.model_copy(update={"notes": "the same windows"}), jobs=1)
     assert again.reused == windows
     truth["d"] = write_recording(tmp_path / "raw/rec/d", 4, seed=50)  # same length, new values
     third = build(config, jobs=1)
