@@ -148,3 +148,39 @@ def test_stratified_groups_are_whole_and_balance_classes(
     for group, split in zip(groups, placed.splits, strict=True):
         where.setdefault(group, set()).add(split)
     assert all(len(s) == 1 for s in where.values())
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.integers(0, 40), min_size=1, max_size=5),
+    fractions,
+    st.integers(0, 99),
+    st.integers(1, 4),
+    st.randoms(use_true_random=False),
+)
+def test_stratified_releases_that_grow_stay_exact_per_class(
+    steps: list[int], splits: dict[str, float], seed: int, classes: int, rnd: random.Random
+) -> None:
+    """Sticky and stratified: within each class a split never goes over its share by a
+    whole sample (the class's own exact rule, kept samples never moving); so the totals
+    stay within one sample per class of the fractions."""
+    keys: list[str] = []
+    label: dict[str, int] = {}
+    previous: dict[str, str] | None = None
+    for step, added in enumerate(steps):
+        fresh = [f"s{step}-{i}" for i in range(added)]
+        label.update({k: rnd.randrange(classes) for k in fresh})
+        keys = keys + fresh
+        placed = assign(keys, splits, seed, strata=[label[k] for k in keys], previous=previous)
+        got = dict(zip(keys, placed.splits, strict=True))
+        if previous is not None:
+            assert all(got[k] == split for k, split in previous.items())
+        for c in range(classes):
+            members = [k for k in keys if label[k] == c]
+            counts = Counter(got[k] for k in members)
+            for split, fraction in splits.items():
+                assert counts[split] - fraction * len(members) < 1, (c, split, counts)
+        totals = Counter(placed.splits)
+        for split, fraction in splits.items():
+            assert totals[split] - fraction * len(keys) < classes, (split, totals)
+        previous = got
