@@ -331,7 +331,10 @@ def _rejects_line(handle: h5py.File, report: CheckReport) -> None:
         rows = Counter(r.decode() if isinstance(r, bytes) else str(r) for r in reasons)
         if sum(rows.values()) != total or any(rows[k] != v for k, v in rejects.items() if v):
             listed = ", ".join(f"{k} {v}" for k, v in sorted(rows.items())) or "none"
-            report.problem(f"/{table} lists {sum(rows.values())} rejects ({listed}), not {total}")
+            report.problem(
+                f"/{table} lists {sum(rows.values())} rejects ({listed}), not the {total} "
+                f"the tallies count ({shown or 'none'})"
+            )
 
 
 def _split_section(

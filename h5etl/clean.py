@@ -73,6 +73,8 @@ class ProbeRules:
         folders = frozenset(
             i for i, source in enumerate(spec.sources.values()) if source.entries == "folders"
         )
+        # only kinds that override it: this runs for every sample, and the rules travel to
+        # the header probes' workers
         companions = tuple(
             (k.source_index, k)
             for k in kinds

@@ -18,6 +18,7 @@ from h5etl.units import human_size
 if TYPE_CHECKING:
     from h5etl.diff import Change, ReleaseDiff
     from h5etl.prune import PrunePlan
+    from h5etl.release_naming import ReleaseInfo
 
 SHOWN_SAMPLES = 20  # per kind of sample change in the text output; --json lists them all
 
@@ -58,7 +59,7 @@ def releases(
             say(f"    {'; '.join(told)}")
 
 
-def _release_json(info: Any) -> dict[str, Any]:
+def _release_json(info: ReleaseInfo) -> dict[str, Any]:
     """What ``releases`` shows of one release, for scripts (``ReleaseInfo`` and its story)."""
     from h5etl import hdf5info
     from h5etl.story import read_story

@@ -146,7 +146,13 @@ def copy_rows(
     """
     step = writer.layout.rows
     row, stored = start, 0
-    if (writer.rows + writer.carry_rows - start) % step == 0:
+    aligned = (writer.rows + writer.carry_rows - start) % step == 0
+    if edge and not aligned:  # a fixed array is only ever copied in whole chunk rows
+        raise ValueError(
+            f"rows {start}:{stop} of {source.name} would land mid-chunk in {writer.stats.path} "
+            f"(its next row is {writer.rows + writer.carry_rows}, chunks of {step} rows)"
+        )
+    if aligned:
         head = min(stop, -(-start // step) * step)
         _recut(writer, source, start, head, expected)
         end = stop if edge and stop == len(source) else stop // step * step
@@ -274,8 +280,14 @@ def _checked_blocks(handle: h5py.File, path: str, rows: int, block_rows: int) ->
 def _checked_offsets(handle: h5py.File, path: str, rows: int) -> np.ndarray:
     """A shard's ragged offsets: ``rows`` + 1 of them, from 0, never falling, as recorded."""
     offsets = np.asarray(handle[path][...], dtype=np.int64)
-    if len(offsets) != rows + 1 or offsets[0] != 0 or np.any(np.diff(offsets) < 0):
-        raise ValueError(f"{path} holds no offsets of {rows} rows")
+    if len(offsets) != rows + 1:
+        raise ValueError(f"{path} holds {len(offsets)} offsets, not {rows + 1} ({rows} rows)")
+    if offsets[0] != 0:
+        raise ValueError(f"{path} starts at {offsets[0]}, not 0")
+    falling = np.flatnonzero(np.diff(offsets) < 0)
+    if falling.size:
+        row = int(falling[0])
+        raise ValueError(f"{path} falls at row {row}: {offsets[row]} -> {offsets[row + 1]}")
     _check_digest(offsets.tobytes(), recorded_blocks(handle, path)[0], path)
     return offsets
 

@@ -105,3 +105,20 @@ def test_a_chunk_that_does_not_match_its_digest_is_refused(tmp_path: Path) -> No
         lzf = ImageWriter(other, target.layout, DatasetStats(other.name, block_rows=2))
         with pytest.raises(ValueError, match="compression"):
             copy_rows(lzf, source.dataset, 0, 6, source.stats.blocks)
+
+
+def test_a_fixed_array_copied_mid_chunk_is_a_clear_error(tmp_path: Path) -> None:
+    """Fixed arrays move in whole chunk rows only (``edge``): a range that would land
+    mid-chunk is refused naming both datasets, before HDF5 fails on an unaligned write."""
+    with h5py.File(tmp_path / "x.h5", "w") as handle:
+        source = _writer(handle, "source", 2, "gzip")
+        source.add_raw(np.arange(24, dtype=np.int16).reshape(6, 4))
+        source.finish()
+        target = _writer(handle, "target", 2, "gzip")
+        with pytest.raises(ValueError, match=r"rows 1:6 of /source would land mid-chunk in"):
+            copy_rows(target, source.dataset, 1, 6, source.stats.blocks, edge=True)
+        assert copy_rows(target, source.dataset, 0, 6, source.stats.blocks, edge=True) > 0
+        target.finish()
+        np.testing.assert_array_equal(target.dataset[...], source.dataset[...])
+        source.close()
+        target.close()
