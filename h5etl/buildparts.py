@@ -14,6 +14,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from h5etl import clean, cluster, decode, fileformat, schedule, tasks
+from h5etl.ahead import Ahead
 from h5etl.chunkcodec import ChunkLayout
 from h5etl.kinds.base import ArrayColumn, TextColumn
 from h5etl.kinds.registry import decode_order, layout_of, layout_records
@@ -72,9 +73,16 @@ class LazyDecoder:
             )
         return self._decoder
 
+    @property
+    def parallel(self) -> bool:
+        """Whether decoding runs beside this process (worker processes, a cluster)."""
+        return self.jobs > 1 or (self.scheduler or self.spec.decode.scheduler) != cluster.LOCAL
+
     def __call__(
         self, todo: Iterable[DecodeTask | Barrier], recipe: decode.DecodeRecipe
     ) -> Iterator[BatchResult]:
+        if isinstance(todo, tasks.TaskCutter) and todo.empty:
+            return iter(())  # nothing to decode (every sample carried): no start-up to pay
         return self.start()(todo, recipe)
 
     def __enter__(self) -> LazyDecoder:
@@ -116,6 +124,21 @@ def decoded(
         cutter.note(result)
         decode.trim_when_gone(result)  # a CT case's chunks: give the heap back once written
         yield result
+
+
+@contextlib.contextmanager
+def results(
+    cutter: tasks.TaskCutter, recipe: decode.DecodeRecipe, decoder: LazyDecoder, *, early: bool
+) -> Iterator[Iterator[BatchResult]]:
+    """The decode results in order (``decoded``); ``early``: pulled from now on by a thread
+    (``h5etl.ahead``), so the workers start and decode while this process works on (copies
+    a parent's chunks). Decoding in this process (``--jobs 1``) is pulled as it is used."""
+    source = decoded(cutter, recipe, decoder)
+    if not early or not decoder.parallel or cutter.empty:
+        yield source
+        return
+    with Ahead(source) as ahead:
+        yield ahead
 
 
 class Stopwatch:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -15,9 +14,9 @@ from h5etl import (
     buildparts,
     carry,
     clean,
-    discover,
     fileformat,
     parent,
+    planning,
     provenance,
     reproducible,
     resume,
@@ -28,7 +27,6 @@ from h5etl import (
 from h5etl.buildparts import (
     LazyDecoder,
     Stopwatch,
-    decoded,
     decoding,
     planned,
     processed,
@@ -36,10 +34,9 @@ from h5etl.buildparts import (
     source_roots,
 )
 from h5etl.errors import BuildFailed, ResumeMismatch
+from h5etl.planning import ProgressHook
 from h5etl.release import OutputFolder
 from h5etl.report import (
-    DECODE_CHECKS,
-    PLAN_CHECKS,
     BuildReport,
     empty_split_warnings,
     enforce_limit,
@@ -59,10 +56,6 @@ recipe_of = buildparts.recipe_of
 layouts_of = buildparts.layouts_of
 layout_record = buildparts.layout_record
 block_of = buildparts.block_of
-
-ProgressHook = Callable[[str, int, int | None], None]
-"""``hook(stage, advance, total)``: ``advance=0`` opens the next stage (``total`` steps, or None
-if unknown); stages come one after another: discover, probe, decode+write (or decode)."""
 
 
 def build(
@@ -108,10 +101,10 @@ def build(
     epoch = reproducible.source_date_epoch()  # a malformed one fails now, not after the work
     if dry_run and not decode:
         workers.warm_up(jobs)  # the header probes run there
-        return _dry_run(spec, hook, jobs, None)
+        return planning.dry_run(spec, hook, jobs, None)
     if dry_run:
         with decoding(spec, jobs, scheduler) as decoder:
-            return _dry_run(spec, hook, jobs, decoder)
+            return planning.dry_run(spec, hook, jobs, decoder)
     output = OutputFolder(spec.output, spec.name)
     sharding = None
     if shards > 1:
@@ -159,14 +152,13 @@ def _build_locked(run: _Run, *, resume: bool, full: bool) -> BuildReport:
     # --resume keeps every leftover until the release is out: shards have no journal
     discarded = [] if resume else output.remove_stale_partials()
     gate = uptodate.Gate(output, run.decoder, always=full or resume)
-    report, plan, watch, origin = _plan_only(spec, hook, jobs, discovered=gate.discovered)
+    report, plan, watch, origin = planning.plan_only(spec, hook, jobs, discovered=gate.discovered)
     status.planned(planned(plan), report.rejects)
     if gate.up_to_date(spec, plan, report, origin):
         report.seconds, report.warnings = {**watch.seconds, "total": watch.total()}, plan.warnings
         status.succeeded(version=report.version, path=report.path, samples=report.samples,
                          seconds=watch.total(), up_to_date=True)  # fmt: skip
         return report
-    run.decoder.start()
     try:
         info = _build_planned(run, plan, report, watch, previous, None if full else origin)
     except BuildFailed as exc:
@@ -253,79 +245,6 @@ def _build_planned(
             report.resumed = 0
 
 
-def _dry_run(
-    spec: Spec, hook: ProgressHook, jobs: int, decoder: schedule.Decoder | None
-) -> BuildReport:
-    """A dry run; with a ``decoder``, every sample is decoded as a build would."""
-    report, plan, watch, _ = _plan_only(spec, hook, jobs, headers=decoder is None)
-    report.checks = list(PLAN_CHECKS if decoder is None else (PLAN_CHECKS[0], *DECODE_CHECKS))
-    enforce_limit(spec, report.rejects, report.inputs)
-    if decoder is not None:
-        counts = dict.fromkeys(plan.splits, 0)
-        recipe = recipe_of(plan)
-        hook("decode", 0, plan.total)
-        cutter = buildparts.cutter(spec, plan, None)
-        for result in decoded(cutter, recipe, decoder):
-            counts[result.task.split] += result.accepted
-            report.rejects.extend(result.rejects)
-            enforce_limit(spec, report.rejects, report.inputs)
-            hook("decode", processed(result), None)
-        report.samples = counts
-        watch.lap("decode")
-    else:
-        report.warnings.append(
-            "pixel data, mask values and JSON sidecars were not checked (a header probe "
-            "cannot see them): the build may reject more; --dry-run --decode predicts it exactly"
-        )
-    require_samples(spec, report.samples, report)
-    report.warnings.extend(plan.warnings)
-    report.warnings.extend(empty_split_warnings(spec, report.samples, planned(plan)))
-    report.seconds = {**watch.seconds, "total": watch.total()}
-    return report
-
-
-def _plan_only(
-    spec: Spec,
-    hook: ProgressHook,
-    jobs: int,
-    *,
-    headers: bool = False,
-    discovered: Callable[[int], None] = lambda samples: None,
-) -> tuple[BuildReport, clean.Plan, Stopwatch, parent.Parent | None]:
-    """Discover and plan. Header probes run only where nothing is decoded after them (a
-    dry run): decoding makes every check they make, and they read every file twice."""
-    watch = Stopwatch()
-    previous, warnings = parent.parent_of(OutputFolder(spec.output, spec.name))
-    hook("discover", 0, None)
-    found = discover.find_samples(spec, lambda n: hook("discover", n, None))
-    watch.lap("discover")
-    discovered(len(found.samples))
-    stage = "probe" if headers else "plan"
-    hook(stage, 0, len(found.samples))
-    plan = clean.plan(
-        spec,
-        found.samples,
-        lambda n: hook(stage, n, None),
-        # Header probes decode headers: the workers' work. Stamps are one stat per file:
-        # threads here, so the build does not wait for the workers to start to plan.
-        mapper=(
-            (lambda fn, batches: schedule.map_in_workers(fn, batches, jobs=jobs))
-            if headers
-            else (lambda fn, batches: schedule.map_in_threads(fn, batches))
-        ),
-        headers=headers,
-        previous=None if previous is None else previous.split_of(),
-    )
-    plan.policy["parent"] = None if previous is None else previous.version
-    plan.warnings.extend(warnings)
-    watch.lap("clean")
-    samples = planned(plan)
-    report = BuildReport(
-        spec.name, found.files_seen, samples, [*found.rejects, *plan.rejects], dict(watch.seconds)
-    )
-    return report, plan, watch, previous
-
-
 def _write(
     run: _Run,
     plan: clean.Plan,
@@ -357,7 +276,11 @@ def _write(
     worker_seconds = writer_seconds = 0.0  # of other processes: the shards' workers and writers
     virtual = isinstance(earlier, Shards) and earlier.virtual
     try:
-        with Sink(temp, sink_layout(spec, plan), virtual=virtual) as sink:
+        with (
+            Sink(temp, sink_layout(spec, plan), virtual=virtual) as sink,
+            # with chunks to copy first, the workers decode meanwhile (a thread pulls them)
+            buildparts.results(cutter, recipe, run.decoder, early=carried is not None) as results,
+        ):
             if earlier is not None:
                 restored = earlier.restore(sink, checkpoints)
                 # This build's journal now holds everything the killed builds' files did
@@ -380,7 +303,7 @@ def _write(
             hook("decode+write", 0, todo.total)  # in order: a decoded batch is written at once
             if earlier is not None:
                 hook("decode+write", sum(sink.counts.values()), None)
-            for result in decoded(cutter, recipe, run.decoder):
+            for result in results:
                 report.rejects.extend(result.rejects)
                 enforce_limit(spec, report.rejects, report.inputs)
                 sink.write(result)

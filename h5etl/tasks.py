@@ -110,6 +110,11 @@ class TaskCutter:
         }
 
     @property
+    def empty(self) -> bool:
+        """Whether the plan holds no sample (every one carried): no task will be cut."""
+        return not any(self._plan.splits.values())
+
+    @property
     def geometry(self) -> list[int]:
         """How tasks are cut (rows, reserve, block): a resume must cut them the same way."""
         return [self.rows, self.reserve, self.block]

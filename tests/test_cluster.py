@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from conftest import MakeRaw, WriteConfig, dataset_digests, expected_image, read_release
 
-from h5etl import buildparts, cluster, pipeline, tasks
+from h5etl import buildparts, cluster, pipeline, planning, tasks
 from h5etl.config import load_spec
 from h5etl.errors import ClusterError, ConfigError
 from h5etl.report import BuildReport
@@ -221,7 +221,7 @@ def test_a_worker_joining_late_checks_the_sources_on_its_first_task(
     spec = load_spec(write_config(tmp_path))
     run = cluster.Cluster(dask_cluster.scheduler_address, [])  # the up-front check sees nothing
     client.run(_hide, str(raw.images))
-    _, plan, _, _ = pipeline._plan_only(spec, lambda stage, advance, total: None, 1)
+    _, plan, _, _ = planning.plan_only(spec, lambda stage, advance, total: None, 1)
     cutter = buildparts.cutter(spec, plan, None)
     try:
         with run:
@@ -276,3 +276,24 @@ def test_a_cluster_build_is_the_local_build_byte_for_byte(
         report = pipeline.build(load_spec(write_config(folder)), jobs=2, scheduler=scheduler)
         files.append(_published(report))
     assert files[0].read_bytes() == files[1].read_bytes()
+
+
+def test_an_incremental_build_on_the_cluster_decodes_beside_the_copy(
+    tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig, dask_cluster: Any
+) -> None:
+    # the carried blocks are copied while the cluster decodes the new samples (a thread
+    # pulls its results): the same release as the same build decoded locally
+    address = dask_cluster.scheduler_address
+    made = []
+    for where in ("local", "cluster"):
+        root = tmp_path / where
+        make_raw(root, n=20)
+        config = write_config(root, storage={"chunk_samples": 4})
+        pipeline.build(load_spec(config), jobs=1)
+        make_raw(root, n=26)  # six pairs more (the first twenty are written again alike)
+        report = pipeline.build(
+            load_spec(config), jobs=1, scheduler=address if where == "cluster" else None
+        )
+        assert 0 < report.reused < 26
+        made.append(_published(report))
+    assert dataset_digests(made[0]) == dataset_digests(made[1])

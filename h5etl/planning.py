@@ -1,0 +1,100 @@
+"""planning: discover and plan a build (every build's first steps), and the dry run.
+
+``plan_only`` finds the samples, reads the release the link points at (it keeps the splits
+sticky) and plans; header probes run only in a dry run without ``--decode``. ``dry_run``
+predicts a build from that plan (decoding every sample with ``--decode``) and writes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from h5etl import buildparts, clean, discover, parent, schedule
+from h5etl.buildparts import Stopwatch, decoded, planned, processed
+from h5etl.release import OutputFolder
+from h5etl.report import (
+    DECODE_CHECKS,
+    PLAN_CHECKS,
+    BuildReport,
+    empty_split_warnings,
+    enforce_limit,
+    require_samples,
+)
+from h5etl.spec import Spec
+
+ProgressHook = Callable[[str, int, int | None], None]
+"""``hook(stage, advance, total)``: ``advance=0`` opens the next stage (``total`` steps, or None
+if unknown); stages come one after another: discover, probe, decode+write (or decode)."""
+
+
+def dry_run(
+    spec: Spec, hook: ProgressHook, jobs: int, decoder: schedule.Decoder | None
+) -> BuildReport:
+    """A dry run; with a ``decoder``, every sample is decoded as a build would."""
+    report, plan, watch, _ = plan_only(spec, hook, jobs, headers=decoder is None)
+    report.checks = list(PLAN_CHECKS if decoder is None else (PLAN_CHECKS[0], *DECODE_CHECKS))
+    enforce_limit(spec, report.rejects, report.inputs)
+    if decoder is not None:
+        counts = dict.fromkeys(plan.splits, 0)
+        recipe = buildparts.recipe_of(plan)
+        hook("decode", 0, plan.total)
+        cutter = buildparts.cutter(spec, plan, None)
+        for result in decoded(cutter, recipe, decoder):
+            counts[result.task.split] += result.accepted
+            report.rejects.extend(result.rejects)
+            enforce_limit(spec, report.rejects, report.inputs)
+            hook("decode", processed(result), None)
+        report.samples = counts
+        watch.lap("decode")
+    else:
+        report.warnings.append(
+            "pixel data, mask values and JSON sidecars were not checked (a header probe "
+            "cannot see them): the build may reject more; --dry-run --decode predicts it exactly"
+        )
+    require_samples(spec, report.samples, report)
+    report.warnings.extend(plan.warnings)
+    report.warnings.extend(empty_split_warnings(spec, report.samples, planned(plan)))
+    report.seconds = {**watch.seconds, "total": watch.total()}
+    return report
+
+
+def plan_only(
+    spec: Spec,
+    hook: ProgressHook,
+    jobs: int,
+    *,
+    headers: bool = False,
+    discovered: Callable[[int], None] = lambda samples: None,
+) -> tuple[BuildReport, clean.Plan, Stopwatch, parent.Parent | None]:
+    """Discover and plan. Header probes run only where nothing is decoded after them (a
+    dry run): decoding makes every check they make, and they read every file twice."""
+    watch = Stopwatch()
+    previous, warnings = parent.parent_of(OutputFolder(spec.output, spec.name))
+    hook("discover", 0, None)
+    found = discover.find_samples(spec, lambda n: hook("discover", n, None))
+    watch.lap("discover")
+    discovered(len(found.samples))
+    stage = "probe" if headers else "plan"
+    hook(stage, 0, len(found.samples))
+    plan = clean.plan(
+        spec,
+        found.samples,
+        lambda n: hook(stage, n, None),
+        # Header probes decode headers: the workers' work. Stamps are one stat per file:
+        # threads here, so the build does not wait for the workers to start to plan.
+        mapper=(
+            (lambda fn, batches: schedule.map_in_workers(fn, batches, jobs=jobs))
+            if headers
+            else (lambda fn, batches: schedule.map_in_threads(fn, batches))
+        ),
+        headers=headers,
+        previous=None if previous is None else previous.split_of(),
+    )
+    plan.policy["parent"] = None if previous is None else previous.version
+    plan.warnings.extend(warnings)
+    watch.lap("clean")
+    samples = planned(plan)
+    report = BuildReport(
+        spec.name, found.files_seen, samples, [*found.rejects, *plan.rejects], dict(watch.seconds)
+    )
+    return report, plan, watch, previous
