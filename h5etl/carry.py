@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's: 10x faster, same data
 FORMAT = 2  # of the carry record (2: each row's carry key, for windows)
 # Config keys that change no stored byte of a sample already in the parent: a parent built
 # with other values still carries (fractions and seed place only new samples).
@@ -95,7 +96,7 @@ def sample_state(sample: Sample, stamp: str) -> list[Any]:
 def config_core(text: str) -> dict[str, Any]:
     """A stored config without the keys that change no stored byte (``VOLATILE_KEYS``)."""
     try:
-        data = yaml.safe_load(text) or {}
+        data = yaml.load(text, Loader=SAFE_LOADER) or {}
     except yaml.YAMLError:
         return {"unreadable": text}
     if not isinstance(data, dict):

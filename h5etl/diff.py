@@ -54,6 +54,8 @@ IDENTITY_WORDS: dict[Identity, str] = {
     "sources": "the SHA-256 of their source files",
 }
 
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's: 10x faster
+
 
 @dataclass(frozen=True, slots=True)
 class Change:
@@ -254,7 +256,7 @@ def _config_keys(text: str) -> dict[str, Any]:
     """The stored config as dotted keys (``fields.image.shape``); a null is no key, so an
     option a newer version added with its default does not show as a change."""
     try:
-        data = yaml.safe_load(text) if text else {}
+        data = yaml.load(text, Loader=_YAML_LOADER) if text else {}
     except yaml.YAMLError:
         return {"(config)": text}  # not YAML: compared as one text
     out: dict[str, Any] = {}
