@@ -30,7 +30,7 @@ from h5etl.kinds.base import (
     TextColumn,
 )
 from h5etl.records import EncodedRows
-from h5etl.volumes import Case, CaseHeader, cast_exact, open_case
+from h5etl.volumes import Case, CaseHeader, open_case
 from h5etl.volumes import resample as resampling
 
 if TYPE_CHECKING:
@@ -134,8 +134,7 @@ class VolumeKind(Kind):
         blocks, digests = [], []
         found: Any = None
         with BlockEncoder(self.layout) as encoder:
-            for start, values, source in case.raw_slabs():
-                slab = cast_exact(values, self.layout.dtype, where=source)
+            for start, slab, _ in case.slabs(self.layout.dtype):
                 if self.values is not None:
                     check_labels(slab, self.values, path, first=start)
                 if self.with_stats:

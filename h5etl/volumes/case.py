@@ -9,7 +9,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -54,6 +54,18 @@ class CaseHeader:
     geometry_known: bool = True  # False: a slice folder without a sidecar (a mask's)
 
 
+@dataclass(frozen=True, slots=True)
+class Slab:
+    """Slices ``start`` on of a case, as a file stores them: values are ``raw * slope +
+    intercept``."""
+
+    start: int
+    raw: np.ndarray  # (k, y, x)
+    slope: float
+    intercept: float
+    source: str  # the file they came from
+
+
 class Case(ABC):
     """One opened case: its header, its voxels slab by slab, its lineage digest."""
 
@@ -62,18 +74,24 @@ class Case(ABC):
         self.header = header
 
     @abstractmethod
-    def raw_slabs(self) -> Iterator[tuple[int, np.ndarray, str]]:
-        """(first slice, values (k, y, x) as read and rescaled, the file they came from)."""
+    def raw_slabs(self) -> Iterator[Slab]:
+        """The voxels a slab at a time, as stored in the files, with their rescale."""
 
     @abstractmethod
     def digest(self) -> str:
         """SHA-256 (hex) of what was read: the file, or each file of the folder by name."""
 
+    def slabs(self, dtype: str) -> Iterator[tuple[int, np.ndarray, str]]:
+        """(first slice, values (k, y, x) rescaled into ``dtype`` exactly, their file)."""
+        for slab in self.raw_slabs():
+            values = rescaled_exact(slab.raw, slab.slope, slab.intercept, dtype, where=slab.source)
+            yield slab.start, values, slab.source
+
     def read(self, dtype: str) -> np.ndarray:
         """The whole (z, y, x) volume in ``dtype``, converted exactly, filled slab by slab."""
         out = np.empty(self.header.shape, dtype=dtype)
-        for start, values, source in self.raw_slabs():
-            out[start : start + len(values)] = cast_exact(values, dtype, where=source)
+        for start, values, _ in self.slabs(dtype):
+            out[start : start + len(values)] = values
         return out
 
 
@@ -106,6 +124,45 @@ def _shown(value: object) -> str:
     if isinstance(value, np.floating | float):
         return np.format_float_positional(float(value), precision=6, trim="-")
     return str(value)
+
+
+def rescaled_exact(
+    raw: np.ndarray, slope: float, intercept: float, dtype: str, *, where: str
+) -> np.ndarray:
+    """``raw * slope + intercept`` in ``dtype`` without losing anything, else the
+    ``lossy_conversion`` reject of ``cast_exact``.
+
+    Integer values with integer factors into an integer dtype are computed in ``dtype``
+    itself: the result's range follows from ``raw``'s minimum and maximum, and once it fits,
+    arithmetic modulo 2**bits (what numpy's integer casts and operations do) gives exactly
+    the true values. No int64 or float64 copy of the slab (four times an int16 one) is made.
+    """
+    target = np.dtype(dtype)
+    integers = raw.dtype.kind in "iu" and target.kind in "iu" and raw.size > 0
+    if integers and float(slope).is_integer() and float(intercept).is_integer():
+        factor, offset = int(slope), int(intercept)
+        ends = (int(raw.min()) * factor + offset, int(raw.max()) * factor + offset)
+        bottom, top = _RANGES.get(target.name, (1, 0))  # (1, 0): no exact range known
+        if bottom <= min(ends) and max(ends) <= top:
+            if raw.dtype == target and factor == 1 and offset == 0:
+                return raw
+            out = raw.astype(target)  # wraps modulo 2**bits, as the steps below
+            if factor != 1:
+                np.multiply(out, _wrapped(factor, target), out=out)
+            if offset != 0:
+                np.add(out, _wrapped(offset, target), out=out)
+            return out
+    return cast_exact(rescaled(raw, slope, intercept), dtype, where=where)
+
+
+def _wrapped(value: int, dtype: np.dtype[Any]) -> np.generic:
+    """``value`` modulo 2**bits as a scalar of the integer ``dtype``."""
+    bits = 8 * dtype.itemsize
+    value %= 2**bits
+    if dtype.kind == "i" and value >= 2 ** (bits - 1):
+        value -= 2**bits
+    scalar: np.generic = dtype.type(value)
+    return scalar
 
 
 def rescaled(raw: np.ndarray, slope: float, intercept: float) -> np.ndarray:

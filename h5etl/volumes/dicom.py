@@ -5,12 +5,13 @@ two series a ``mixed_series`` one). Slices are sorted by their ImagePositionPati
 on the normal of ImageOrientationPatient; the steps between them must be even: a step that is
 a multiple of the others is a ``slice_gap`` naming the missing positions, any other step an
 ``uneven_spacing``. Values are ``raw * RescaleSlope + RescaleIntercept``, slice by slice.
+The header pass reads each file only up to its pixels; the pixel pass reads each file once,
+whole (``h5etl.volumes.dicom_pixels``).
 """
 
 from __future__ import annotations
 
 import hashlib
-import io
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,7 +22,8 @@ import numpy as np
 from h5etl import inputs
 from h5etl.errors import RejectError
 from h5etl.pixels import rejecting_surprises
-from h5etl.volumes.case import Case, CaseHeader, case_files, folder_digest, medical, rescaled
+from h5etl.volumes.case import Case, CaseHeader, Slab, case_files, folder_digest, medical
+from h5etl.volumes.dicom_pixels import NativePixels, native_pixels, slice_pixels
 
 RELATIVE_TOLERANCE = 0.01  # of the slice step: DICOM positions are rounded decimal strings
 ABSOLUTE_TOLERANCE = 1e-3  # mm
@@ -36,6 +38,7 @@ class _Slice:
     origin: np.ndarray  # ImagePositionPatient (LPS mm)
     slope: float
     intercept: float
+    pixels: NativePixels | None  # where its native pixels sit; None: pydicom decodes them
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +67,7 @@ def _header(pydicom: Any, folder: str, name: str) -> tuple[_Plane, _Slice, Any]:
             ds = pydicom.dcmread(handle, stop_before_pixels=True)
         except pydicom.errors.InvalidDicomError as exc:
             raise RejectError("unreadable", f"not a DICOM file: {exc}", path=path) from exc
+        pixels = native_pixels(ds, handle.tell())  # stopped at the Pixel Data element
     with rejecting_surprises(path, "read the DICOM header"):
         if int(ds.get("NumberOfFrames", 1) or 1) > 1 or int(ds.get("SamplesPerPixel", 1)) != 1:
             raise RejectError(
@@ -83,7 +87,7 @@ def _header(pydicom: Any, folder: str, name: str) -> tuple[_Plane, _Slice, Any]:
         normal = np.cross(orientation[:3], orientation[3:])
         slope = float(ds.get("RescaleSlope", 1) or 1)
         intercept = float(ds.get("RescaleIntercept", 0) or 0)
-    return plane, _Slice(name, float(origin @ normal), origin, slope, intercept), ds
+    return plane, _Slice(name, float(origin @ normal), origin, slope, intercept, pixels), ds
 
 
 def _same_plane(planes: list[tuple[str, _Plane]], folder: str) -> _Plane:
@@ -183,21 +187,21 @@ class DicomCase(Case):
         self._slices = ordered
         self._digests: dict[str, str] = {}
 
-    def raw_slabs(self) -> Iterator[tuple[int, np.ndarray, str]]:
+    def raw_slabs(self) -> Iterator[Slab]:
+        """Each slice, its file read once (hashed, then its pixels taken from the bytes)."""
         pydicom = medical("pydicom")
         for index, item in enumerate(self._slices):
             path = os.path.join(self.path, item.name)
             data = inputs.read_file(path)
             self._digests[item.name] = hashlib.sha256(data).hexdigest()
-            with rejecting_surprises(path, "decode the DICOM pixels"):
-                raw = pydicom.dcmread(io.BytesIO(data)).pixel_array
+            raw = slice_pixels(pydicom, data, item.pixels, path)
             if raw.shape != self.header.shape[1:]:
                 raise RejectError(
                     "unreadable",
                     f"pixels of shape {raw.shape}, its header says {self.header.shape[1:]}",
                     path=path,
                 )
-            yield index, rescaled(raw, item.slope, item.intercept)[None], path
+            yield Slab(index, raw[None], item.slope, item.intercept, path)
 
     def digest(self) -> str:
         return folder_digest(self._digests.items())

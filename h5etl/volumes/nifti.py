@@ -20,7 +20,7 @@ import numpy as np
 
 from h5etl import inputs
 from h5etl.errors import RejectError
-from h5etl.volumes.case import SLAB_ROWS, Case, CaseHeader, medical, rescaled
+from h5etl.volumes.case import SLAB_ROWS, Case, CaseHeader, Slab, medical
 
 _HEAD = 540  # a NIfTI-2 header; NIfTI-1's is 348
 _UNITS_MM = {"meter": 1000.0, "mm": 1.0, "micron": 1e-3, "unknown": 1.0}
@@ -131,7 +131,7 @@ class NiftiCase(Case):
         self._slope, self._intercept = slope, intercept
         self._digest = ""
 
-    def raw_slabs(self) -> Iterator[tuple[int, np.ndarray, str]]:
+    def raw_slabs(self) -> Iterator[Slab]:
         z, y, x = self.header.shape
         per_slice = y * x * self._dtype.itemsize
         with inputs.opened(self.path) as handle:
@@ -147,7 +147,7 @@ class NiftiCase(Case):
                     rows = min(SLAB_ROWS, z - start)
                     data = _exactly(stream, rows * per_slice, self.path)
                     raw = np.frombuffer(data, dtype=self._dtype).reshape(rows, y, x)
-                    yield start, rescaled(raw, self._slope, self._intercept), self.path
+                    yield Slab(start, raw, self._slope, self._intercept, self.path)
                 buffered.read()  # the rest of the file counts in its digest too
             except EOFError as exc:
                 raise RejectError(

@@ -29,9 +29,9 @@ from h5etl.volumes.case import (
     SLICE_SUFFIXES,
     Case,
     CaseHeader,
+    Slab,
     case_files,
     folder_digest,
-    rescaled,
 )
 
 SIDECAR = "spacing.json"
@@ -174,7 +174,7 @@ class SliceCase(Case):
         self._slope, self._intercept = slope, intercept
         self._digests: dict[str, str] = {}
 
-    def raw_slabs(self) -> Iterator[tuple[int, np.ndarray, str]]:
+    def raw_slabs(self) -> Iterator[Slab]:
         sidecar = os.path.join(self.path, SIDECAR)
         if os.path.lexists(sidecar):
             self._digests[SIDECAR] = hashlib.sha256(inputs.read_file(sidecar)).hexdigest()
@@ -190,7 +190,7 @@ class SliceCase(Case):
                     f"({self._names[0]}) is {self.header.shape[1]}x{self.header.shape[2]}",
                     path=path,
                 )
-            yield index, rescaled(values, self._slope, self._intercept)[None], path
+            yield Slab(index, values[None], self._slope, self._intercept, path)
 
     def digest(self) -> str:
         return folder_digest(self._digests.items())
