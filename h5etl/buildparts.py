@@ -124,6 +124,9 @@ def decoded(
         cutter.note(result)
         decode.trim_when_gone(result)  # a CT case's chunks: give the heap back once written
         yield result
+        # not held while the next result is awaited: a CT case's 100 MB would stay alive
+        # beside the next one arriving
+        del result
 
 
 @contextlib.contextmanager

@@ -216,18 +216,21 @@ def decode_batch(task: DecodeTask, recipe: DecodeRecipe) -> BatchResult:
 BIG_RESULT = 32 * 2**20  # compressed bytes of a result past which its worker trims its heap
 
 
-def _encoded_nbytes(result: BatchResult) -> int:
+def result_nbytes(result: BatchResult) -> int:
+    """The bytes of a result's array columns: its compressed chunks, or its raw rows."""
     total = 0
     for rows in result.columns.values():
-        encoded = rows.values if isinstance(rows, RaggedRows) else rows
-        if isinstance(encoded, EncodedRows):
-            total += sum(len(chunk.data) for block in encoded.blocks for chunk in block)
+        values = rows.values if isinstance(rows, RaggedRows) else rows
+        if isinstance(values, EncodedRows):
+            total += sum(len(chunk.data) for block in values.blocks for chunk in block)
+        elif isinstance(values, np.ndarray):
+            total += values.nbytes
     return total
 
 
 def trim_when_gone(result: BatchResult) -> None:
     """Trim this process's heap once ``result`` is freed, if it carries a big case."""
-    if _encoded_nbytes(result) > BIG_RESULT:
+    if result_nbytes(result) > BIG_RESULT:
         weakref.finalize(result, _give_back_memory)
 
 

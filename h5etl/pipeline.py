@@ -320,6 +320,7 @@ def _write(
                     schedule.release_free_memory()
                 worker_seconds += result.seconds
                 hook("decode+write", processed(result), None)
+                del result  # written: not held while the next is decoded (buildparts.decoded)
             watch.lap("decode_and_write")
             report.samples = dict(sink.counts)
             require_samples(spec, report.samples, report)

@@ -66,15 +66,41 @@ def window_for(jobs: int, task_bytes: int) -> int:
     return max(min(2, full), min(full, WINDOW_BYTES // task_bytes))
 
 
+class Window:
+    """The tasks in flight, ``window_for`` a task's bytes: the task cutter's estimate of its
+    decoded samples until results arrive, then twice the largest result seen (a result is
+    held twice on its way: in its worker beside the pickled copy it sends, in this process as
+    the bytes received and the objects made of them).
+
+    A task's result is its real size: a CT case streamed by its kind is never whole decoded,
+    and is only as large as it compresses (a 200-slice case came to 45 MiB against an
+    estimate of 256 MiB, which held two workers to a window of 2 and made them wait for the
+    writer). Image tasks (at most 64 MiB decoded, their results smaller) stay at
+    ``2 * jobs + 1`` up to ``--jobs 3``, as before."""
+
+    def __init__(self, jobs: int, task_bytes: int):
+        self.jobs = jobs
+        self.estimate = task_bytes
+        self.largest = 0  # of the results seen, ``decode.result_nbytes``
+
+    def limit(self) -> int:
+        return window_for(self.jobs, 2 * self.largest if self.largest else self.estimate)
+
+    def noted(self, result: BatchResult) -> BatchResult:
+        self.largest = max(self.largest, decode.result_nbytes(result))
+        return result
+
+
 def run_tasks(
     tasks: Iterable[DecodeTask | Barrier],
     recipe: decode.DecodeRecipe,
     *,
     jobs: int,
-    window: int | None = None,
+    window: int | Window | None = None,
     worker: Worker = decode.decode_batch,
 ) -> Iterator[BatchResult]:
-    """Decode tasks on ``jobs`` processes; yield results in task order.
+    """Decode tasks on ``jobs`` processes; yield results in task order, at most ``window``
+    in flight (a ``Window``: as many as its results' sizes allow).
 
     ``jobs=1`` decodes in this process, where a barrier is met by construction.
     """
@@ -87,6 +113,14 @@ def run_tasks(
             decode.drop_buffers()  # inline, the buffers would outlive the build in this process
         return
     pool = _Pool(jobs, worker, recipe)
+    if isinstance(window, Window):
+        sized = window
+
+        def result(task: DecodeTask, future: Future[BatchResult]) -> BatchResult:
+            return sized.noted(pool.result(task, future))
+
+        yield from in_order(tasks, pool.submit, result, window.limit)
+        return
     yield from in_order(tasks, pool.submit, pool.result, window or 2 * jobs + 1)
 
 
@@ -96,9 +130,9 @@ def local(jobs: int) -> Decoder:
     def run(
         tasks: Iterable[DecodeTask | Barrier], recipe: decode.DecodeRecipe
     ) -> Iterator[BatchResult]:
-        # a task cutter knows a task's decoded bytes: the window keeps them within budget
+        # a task cutter estimates a task's decoded bytes; its results then tell their size
         task_bytes = getattr(tasks, "rows", 0) * getattr(tasks, "sample_bytes", 0)
-        return run_tasks(tasks, recipe, jobs=jobs, window=window_for(jobs, task_bytes))
+        return run_tasks(tasks, recipe, jobs=jobs, window=Window(jobs, task_bytes))
 
     return run
 
@@ -117,13 +151,14 @@ def in_order(
     items: Iterable[In | Barrier],
     submit: Callable[[In], Fut],
     result: Callable[[In, Fut], Out],
-    limit: int,
+    limit: int | Callable[[], int],
 ) -> Iterator[Out]:
     """Submit ``items`` with at most ``limit`` not yet consumed; yield their results in order.
 
     ``result(item, future)`` collects one (and recovers from a dead worker); what is still
     pending when the consumer stops is cancelled. A ``Barrier`` yields pending results until
-    none of its split is left; tasks of other splits stay in flight meanwhile.
+    none of its split is left; tasks of other splits stay in flight meanwhile. A callable
+    ``limit`` is asked again after every submission (it may learn from the results).
     """
     pending: deque[tuple[In, Fut]] = deque()
     try:
@@ -133,7 +168,7 @@ def in_order(
                     yield result(*pending.popleft())
                 continue
             pending.append((item, submit(item)))
-            if len(pending) >= limit:
+            while pending and len(pending) >= (limit() if callable(limit) else limit):
                 yield result(*pending.popleft())
         while pending:
             yield result(*pending.popleft())

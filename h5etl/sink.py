@@ -213,7 +213,8 @@ class Sink:
         self.stats.update(created.stats)
 
     def write(self, result: BatchResult) -> None:
-        """Append one batch to its split, in the order batches are given."""
+        """Append one batch to its split, in the order batches are given. The chunks of its
+        ragged columns are emptied as they are stored (a result is written once)."""
         assert self.file is not None, "Sink used outside its with-block"
         started = time.perf_counter()
         split, count = result.task.split, result.accepted
@@ -225,11 +226,13 @@ class Sink:
                 if target != split:
                     continue
                 rows = result.columns[name]
+                ragged = isinstance(rows, RaggedRows)
                 if isinstance(rows, RaggedRows):  # its offsets go with the small rows
                     count = int(rows.lengths.sum())
                     rows = rows.values
                 if isinstance(rows, EncodedRows):
-                    writer.add_encoded(rows.blocks, rows.digests, count)
+                    # a ragged value (a CT case, a recording) is let go of as it is stored
+                    writer.add_encoded(rows.blocks, rows.digests, count, release=ragged)
                 else:
                     assert isinstance(rows, np.ndarray)
                     writer.add_raw(rows, final=result.task.final)

@@ -65,18 +65,37 @@ class ImageWriter:
         # nearly all of its blocks): a new in-memory HDF5 file per block cost 5x the encode.
         self._encoder: BlockEncoder | None = None
 
-    def add_encoded(self, blocks: list[list[EncodedChunk]], sha: list[bytes], count: int) -> None:
+    def add_encoded(
+        self,
+        blocks: list[list[EncodedChunk]],
+        sha: list[bytes],
+        count: int,
+        *,
+        release: bool = False,
+    ) -> None:
+        """Store encoded blocks; ``release``: empty each in ``blocks`` once it is stored (the
+        caller is done with them), so a CT case's hundred megabytes of chunks leave memory as
+        they are written, not once the whole case is (when the next case is arriving)."""
         if self.carry_rows or self.rows % self.layout.rows:
             self.add_raw(np.concatenate([decode_block(self.layout, b) for b in blocks])[:count])
             return
-        self._store_blocks(blocks, sha, count)
+        self._store_blocks(blocks, sha, count, release=release)
         self.direct_blocks += len(blocks)
 
-    def _store_blocks(self, blocks: list[list[EncodedChunk]], sha: list[bytes], count: int) -> None:
+    def _store_blocks(
+        self,
+        blocks: list[list[EncodedChunk]],
+        sha: list[bytes],
+        count: int,
+        *,
+        release: bool = False,
+    ) -> None:
         """Store whole encoded blocks from a chunk boundary: one resize, then their chunks."""
         self.dataset.resize(self.rows + count, axis=0)
         for index, block in enumerate(blocks):
             self._store(self.rows + index * self.layout.rows, block)
+            if release:
+                blocks[index] = []
         self.rows += count
         self.stats.blocks.extend(sha)
         self.unjournaled_blocks.extend(sha)
