@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 import sys
 import time
 from collections import deque
@@ -113,15 +114,33 @@ def run_tasks(
             decode.drop_buffers()  # inline, the buffers would outlive the build in this process
         return
     pool = _Pool(jobs, worker, recipe)
-    if isinstance(window, Window):
-        sized = window
+    with collecting_less():
+        if isinstance(window, Window):
+            sized = window
 
-        def result(task: DecodeTask, future: Future[BatchResult]) -> BatchResult:
-            return sized.noted(pool.result(task, future))
+            def result(task: DecodeTask, future: Future[BatchResult]) -> BatchResult:
+                return sized.noted(pool.result(task, future))
 
-        yield from in_order(tasks, pool.submit, result, window.limit)
-        return
-    yield from in_order(tasks, pool.submit, pool.result, window or 2 * jobs + 1)
+            yield from in_order(tasks, pool.submit, result, window.limit)
+            return
+        yield from in_order(tasks, pool.submit, pool.result, window or 2 * jobs + 1)
+
+
+YOUNG_COLLECTION_EVERY = 50_000  # allocations, against Python's default of 700
+
+
+@contextlib.contextmanager
+def collecting_less() -> Iterator[None]:
+    """Collect the young generation of Python's garbage collector rarely while results
+    arrive. A CT case comes back as thousands of chunk objects (none in a reference
+    cycle), and each young collection scanned the ones that had arrived again: 0.3 of the
+    writer's 1.3 CPU-s on 8 cases of 200 slices (py-spy). The thresholds come back after."""
+    before = gc.get_threshold()
+    gc.set_threshold(max(before[0], YOUNG_COLLECTION_EVERY), *before[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*before)
 
 
 def local(jobs: int) -> Decoder:

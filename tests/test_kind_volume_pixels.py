@@ -258,3 +258,13 @@ def test_the_writer_lets_go_of_a_case_as_it_stores_it(tmp_path: Path) -> None:
         writer.add_encoded(encoded.blocks, encoded.digests, 3, release=True)
         assert all(block == [] for block in encoded.blocks)  # nothing of the case is held
         assert np.array_equal(dataset[...], volume)
+
+
+def test_results_arrive_with_rarer_young_collections_then_the_thresholds_come_back() -> None:
+    import gc
+
+    before = gc.get_threshold()
+    with schedule.collecting_less():
+        during = gc.get_threshold()
+    assert during == (schedule.YOUNG_COLLECTION_EVERY, *before[1:])
+    assert gc.get_threshold() == before
