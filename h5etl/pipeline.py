@@ -116,8 +116,11 @@ def build(
         BuildStatus(output, config=spec.config_file, jobs=jobs) as status,
         LazyDecoder(spec, jobs, scheduler) as decoder,
     ):
+        remote = (scheduler or spec.decode.scheduler) != "local"
         if full or resume or sharding is not None or output.current_release() is None:
             decoder.start()  # it will decode: the workers start while this process plans
+        elif remote:
+            decoder.start()  # a cluster that cannot be reached fails now, not after planning
 
         def both(stage: str, advance: int, total: int | None) -> None:
             status(stage, advance, total)
@@ -151,11 +154,22 @@ def _build_locked(run: _Run, *, resume: bool, full: bool) -> BuildReport:
     previous = output.resumables() if resume else []
     # --resume keeps every leftover until the release is out: shards have no journal
     discarded = [] if resume else output.remove_stale_partials()
-    gate = uptodate.Gate(output, run.decoder, always=full or resume)
+    # --resume with nothing to resume is a plain build: up to date if nothing changed
+    gate = uptodate.Gate(output, run.decoder, always=full or bool(previous))
     report, plan, watch, origin = planning.plan_only(spec, hook, jobs, discovered=gate.discovered)
     status.planned(planned(plan), report.rejects)
+    killed = [p for p in discarded if p.suffix == ".h5"]
+    redone = (
+        [
+            f"the temp file of a killed build ({killed[0].name}) was removed: --resume "
+            f"continues a killed build instead"
+        ]
+        if killed and not resume
+        else []
+    )
     if gate.up_to_date(spec, plan, report, origin):
-        report.seconds, report.warnings = {**watch.seconds, "total": watch.total()}, plan.warnings
+        report.seconds = {**watch.seconds, "total": watch.total()}
+        report.warnings = [*plan.warnings, *redone]
         status.succeeded(version=report.version, path=report.path, samples=report.samples,
                          seconds=watch.total(), up_to_date=True)  # fmt: skip
         return report
@@ -179,12 +193,7 @@ def _build_locked(run: _Run, *, resume: bool, full: bool) -> BuildReport:
         *report.warnings,  # the build's own (why nothing was carried)
         *empty_split_warnings(spec, report.samples, planned(plan)),
     ]
-    killed = [p for p in discarded if p.suffix == ".h5"]
-    if killed and not resume:
-        report.warnings.append(
-            f"the temp file of a killed build ({killed[0].name}) was removed and its work "
-            f"redone: --resume continues a killed build instead"
-        )
+    report.warnings.extend(redone)
     status.succeeded(
         version=info.version, path=info.path, samples=report.samples, seconds=watch.total()
     )

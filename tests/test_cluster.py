@@ -242,6 +242,22 @@ def test_no_scheduler_at_the_address_is_one_line(
     assert not (tmp_path / "releases" / "cells.h5").exists()
 
 
+def test_an_unreachable_config_scheduler_fails_before_planning_with_a_link(
+    tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a linked release a local build starts its workers only if it will decode; a
+    cluster named in the config is connected at once all the same, so an address that
+    answers nothing fails before discovery, not after planning."""
+    make_raw(tmp_path, n=3)
+    pipeline.build(load_spec(write_config(tmp_path)), jobs=1)  # the link exists now
+    monkeypatch.setattr(cluster, "CONNECT_SECONDS", 0.5)
+    stages: list[str] = []
+    config = write_config(tmp_path, decode={"scheduler": "tcp://127.0.0.1:9"})
+    with pytest.raises(ClusterError, match=r"cannot reach the Dask scheduler at tcp://127.0.0.1:9"):
+        pipeline.build(load_spec(config), progress=lambda stage, *_: stages.append(stage))
+    assert "discover" not in stages
+
+
 def test_without_the_dask_extra_the_error_names_it(
     tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig, monkeypatch: pytest.MonkeyPatch
 ) -> None:

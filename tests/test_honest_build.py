@@ -266,3 +266,30 @@ def test_a_plain_build_says_it_removed_a_killed_builds_work(
     assert any("--resume continues a killed build" in w for w in report.warnings)
     again = build(spec, jobs=1)  # nothing left over: nothing to say
     assert not any("killed build" in w for w in again.warnings)
+
+
+def test_an_up_to_date_build_also_says_it_removed_a_killed_builds_work(
+    tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig
+) -> None:
+    make_raw(tmp_path, n=3)
+    spec = load_spec(write_config(tmp_path))
+    first = build(spec, jobs=1)
+    dead = tmp_path / "releases" / ".cells.partial-2-abcdef.h5"
+    dead.write_bytes(b"dead")
+    again = build(spec, jobs=1)
+    assert again.up_to_date
+    assert again.version == first.version
+    assert not dead.exists()
+    assert any(".cells.partial-2-abcdef.h5" in w and "--resume" in w for w in again.warnings)
+
+
+def test_resume_with_nothing_to_resume_is_up_to_date_when_nothing_changed(
+    tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig
+) -> None:
+    make_raw(tmp_path, n=3)
+    spec = load_spec(write_config(tmp_path))
+    first = build(spec, jobs=1)
+    again = build(spec, jobs=1, resume=True)  # no killed build here: a plain build
+    assert again.up_to_date
+    assert again.version == first.version
+    assert sorted(p.name for p in (tmp_path / "releases").glob("cells-v*.h5")) == ["cells-v0001.h5"]
