@@ -20,6 +20,7 @@ from h5etl.cli_common import fail as _fail
 from h5etl.cli_common import run as _run
 from h5etl.cli_common import say as _say
 from h5etl.errors import BuildFailed, UsageError
+from h5etl.release_naming import has_link as _has_link
 from h5etl.units import human_size
 
 __all__ = ["app", "main"]
@@ -216,7 +217,7 @@ def build(
     if scheduler is not None:
         _check_scheduler(scheduler)
     single = len(configs) == 1 and not configs[0].is_dir()
-    if scheduler in (None, "local") and not (single and not full and _linked(configs[0])):
+    if scheduler in (None, "local") and not (single and not full and _has_link(configs[0])):
         workers.warm_up(jobs)  # a config naming a cluster leaves these idle; they time out
     options = _BuildOptions(
         jobs, dry_run, decode, resume, quiet, full, scheduler, shards, vds, notes
@@ -228,11 +229,6 @@ def build(
         _render_build(report, dry_run=dry_run)
         return
     _build_many(configs, options)
-
-
-def _linked(config: Path) -> bool:
-    """A build of ``config`` may be up to date: its workers start when it decodes."""
-    return workers.may_be_up_to_date(config)
 
 
 def _load(path: Path, options: _BuildOptions) -> Spec:

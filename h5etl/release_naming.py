@@ -10,6 +10,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+DEFAULT_OUTPUT = "releases"  # a config's output folder when it names none (``Spec.output``)
+
 _VERSION = re.compile(r"^(?P<name>.+)-v(?P<version>\d{4,})\.h5$")
 # The files beside a release: its rejects report, its build facts
 _BESIDE = re.compile(
@@ -95,3 +97,23 @@ def current_version(link: Path) -> int | None:
         return None
     match = _VERSION.match(os.readlink(link).rsplit("/", 1)[-1])
     return int(match["version"]) if match else None
+
+
+def has_link(config: Path) -> bool:
+    """Whether the release ``config`` builds has a link already, read cheaply from its YAML
+    (no config loading, no pydantic, no numpy: the CLI asks before it imports the pipeline).
+    Then the build may publish nothing (``h5etl.uptodate``) and starts the workers itself
+    once it knows it decodes: started early, a build that turns out up to date would wait at
+    exit for workers it never used (1.2 s here). Any doubt (unreadable, unusual) says False:
+    the workers start at once, as for a first build.
+    """
+    import yaml
+
+    try:
+        loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's when there
+        data = yaml.load(config.read_text(encoding="utf-8"), Loader=loader)
+        name, output = data["name"], data.get("output", DEFAULT_OUTPUT)
+        folder = Path(output) if Path(output).is_absolute() else config.parent / output
+        return (folder / link_filename(str(name))).is_symlink()
+    except (OSError, ValueError, TypeError, KeyError, AttributeError, yaml.YAMLError):
+        return False

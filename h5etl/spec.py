@@ -23,6 +23,7 @@ from pydantic import (
 
 from h5etl import fileformat, spec_rules
 from h5etl.fieldspecs import ArrayField, FieldSpec, SeriesField
+from h5etl.release_naming import DEFAULT_OUTPUT
 from h5etl.spec_rules import NAME_PATTERN, check_name, source_for, unknown_source
 from h5etl.specparts import (
     Compression,
@@ -86,7 +87,7 @@ class Spec(Strict):
 
     name: Annotated[str, Field(pattern=NAME_PATTERN, max_length=100)]
     pipeline: str = "segmentation"
-    output: Path = Path("releases")
+    output: Path = Path(DEFAULT_OUTPUT)
     description: Text = ""
     notes: Text = ""  # release notes: stored as the `notes` attribute, not in the config text
     attrs: dict[str, AttrValue] = Field(default_factory=dict)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 from collections.abc import MutableMapping
 from concurrent.futures import Executor
-from pathlib import Path
 
 IDLE_SECONDS = 60  # workers outlive one build briefly, so a second one in-process reuses them
 
@@ -58,24 +57,3 @@ def warm_up(jobs: int) -> None:
         executor = pool(jobs)
         for _ in range(jobs):
             executor.submit(_import_decode_stack)
-
-
-def may_be_up_to_date(config: Path) -> bool:
-    """Whether the release ``config`` builds has a link already, read cheaply from its YAML
-    (no config loading, no numpy). Then the build may publish nothing (``h5etl.uptodate``),
-    and it starts the workers itself once it knows it decodes: started here, a build that
-    turns out up to date would wait at exit for workers it never used (1.2 s here). Any
-    doubt (unreadable, unusual) says False: the workers start at once, as for a first build.
-    """
-    import yaml
-
-    from h5etl.release_naming import link_filename
-
-    try:
-        loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's when there
-        data = yaml.load(config.read_text(encoding="utf-8"), Loader=loader)
-        name, output = data["name"], data.get("output", "releases")
-        folder = Path(output) if Path(output).is_absolute() else config.parent / output
-        return (folder / link_filename(str(name))).is_symlink()
-    except (OSError, ValueError, TypeError, KeyError, AttributeError, yaml.YAMLError):
-        return False

@@ -160,3 +160,27 @@ def test_lock_from_another_host_is_respected(tmp_path: Path) -> None:
     with pytest.raises(LockHeld, match="elsewhere"), output.locked():
         pass
     assert output.lock_path.exists()
+
+
+@pytest.mark.parametrize(
+    ("text", "folder", "expected"),
+    [
+        ("name: cells\n", "releases", True),  # output left out: releases/ beside the config
+        ("name: cells\noutput: out\n", "out", True),
+        ("name: cells\noutput: out\n", "releases", False),
+        ("name: other\n", "releases", False),
+        ("name: [cells\n", "releases", False),  # unreadable YAML: any doubt says no
+        ("- a list\n", "releases", False),
+    ],
+)
+def test_has_link_reads_the_config_cheaply(
+    tmp_path: Path, text: str, folder: str, expected: bool
+) -> None:
+    from h5etl.release_naming import has_link
+
+    (tmp_path / folder).mkdir()
+    (tmp_path / folder / "cells-v0001.h5").write_bytes(b"")
+    (tmp_path / folder / "cells.h5").symlink_to("cells-v0001.h5")
+    config = tmp_path / "c.yaml"
+    config.write_text(text, encoding="utf-8")
+    assert has_link(config) is expected
