@@ -125,15 +125,31 @@ def why_not(
     return None
 
 
+def file_lineage(plan: Plan) -> bool:
+    """Whether each lineage digest of the plan's samples is the SHA-256 of one source file,
+    so that a touched file's bytes can be compared with it. A kind that reads its source
+    itself (a DICOM folder, a recording's channels) digests what it read, which only
+    decoding computes: a touched file of such a sample is decoded again, never hashed."""
+    return not any(kind.reads_own_files for kind in plan.kinds)
+
+
 def unchanged(
-    sample: Sample, stamp: str, known: list[Any] | None, lineage: tuple[bytes, ...]
+    sample: Sample,
+    stamp: str,
+    known: list[Any] | None,
+    lineage: tuple[bytes, ...],
+    *,
+    hashable: bool = True,
 ) -> bool:
-    """Whether a sample's stored rows are what decoding its files now would give."""
+    """Whether a sample's stored rows are what decoding its files now would give;
+    ``hashable``: its lineage digests are its files' own (``file_lineage``)."""
     state = sample_state(sample, stamp)
     if known is None or state[0] != known[0] or state[2] != known[2]:
         return False  # other files, or other plan values (a label, a table cell)
     if state[1] == known[1]:
         return True  # same sizes and mtimes: the fast pre-check
+    if not hashable:
+        return False
     try:
         digests = [hashlib.sha256(inputs.read_file(path)).hexdigest() for path in sample.paths]
     except (OSError, RejectError):
@@ -151,6 +167,7 @@ def _carried_blocks(
     known: Mapping[str, list[Any]],
     tallies: Sequence[dict[str, Any]],
     stamps: Mapping[str, str],
+    hashable: bool = True,
 ) -> tuple[list[CarriedBlock], list[Sample]]:
     """The parent split's blocks whose every row is unchanged, and its other samples still
     in the inputs (to decode again), in its row order; ``keys``: each row's carry key."""
@@ -162,7 +179,10 @@ def _carried_blocks(
         rows = range(b * block, min((b + 1) * block, len(keys)))
         here = [by_name.get(keys[r]) for r in rows]
         if all(
-            s is not None and unchanged(s, stamps[s.key], known.get(keys[r]), tuple(old.lineage[r]))
+            s is not None
+            and unchanged(
+                s, stamps[s.key], known.get(keys[r]), tuple(old.lineage[r]), hashable=hashable
+            )
             for r, s in zip(rows, here, strict=True)
         ):
             chosen = tuple(s for s in here if s is not None)
@@ -188,7 +208,14 @@ def plan_carry(
             ([], [])
             if old is None
             else _carried_blocks(
-                old, keys.get(split, []), by_name, block, known, tallies.get(split, []), stamps
+                old,
+                keys.get(split, []),
+                by_name,
+                block,
+                known,
+                tallies.get(split, []),
+                stamps,
+                hashable=file_lineage(plan),
             )
         )
         taken = {s.key for b in blocks for s in b.samples} | {s.key for s in waiting}

@@ -107,6 +107,7 @@ def _stored_unchanged(
     rows: Mapping[str, list[str]] = record.get("rows", {})
     rest = {carry.sample_carry_key(s): s for members in plan.splits.values() for s in members}
     touched: dict[str, str] = {}
+    hashable = carry.file_lineage(plan)
     for split, old in parent.splits.items():
         keys = rows.get(split, [])
         if len(keys) != len(old.keys):
@@ -118,7 +119,8 @@ def _stored_unchanged(
                 return f"{old.keys[row]} is gone from {split}", {}, {}
             stamp = plan.stamps[sample.key]
             state = known.get(name)
-            if not carry.unchanged(sample, stamp, state, tuple(old.lineage[row])):
+            lineage = tuple(old.lineage[row])
+            if not carry.unchanged(sample, stamp, state, lineage, hashable=hashable):
                 return f"{sample.key} changed", {}, {}
             if state is not None and state[1] != stamp:
                 touched[name] = stamp

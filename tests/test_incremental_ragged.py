@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import h5py
@@ -300,3 +301,40 @@ def test_fixed_and_ragged_columns_of_one_kind_carry_together(
     names = ("rec", "rec_head", "rec_length")
     assert statistics(_path(second), names) == statistics(_path(full), names)
     assert check_release(_path(second), deep=True).ok
+
+
+def test_a_touched_stem_recording_is_decoded_not_hashed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A recording's lineage digest is its kind's (over every channel read), so a touched
+    file of equal bytes cannot be matched by hashing it: it is decoded again, and carry
+    does not read it for nothing first."""
+    import os
+
+    raw = tmp_path / "raw" / "rec"
+    for i, (n, s) in enumerate(LENGTHS.items()):
+        write_recording(raw, s, i, prefix=f"{n}_")
+    channels = {name: {**spec, "file": "_" + spec["file"]} for name, spec in CHANNELS.items()}
+    config = load_spec(
+        series_config(
+            tmp_path,
+            source={"entries": "files", "glob": "*_accel.npy"},
+            field={"recording": "stem", "channels": channels},
+        )
+    )
+    build(config, jobs=1)
+    touched = raw / "b_accel.npy"
+    info = touched.stat()
+    os.utime(touched, ns=(info.st_atime_ns, info.st_mtime_ns + 10**9))
+    hashed: list[str] = []
+
+    def spy(path: str) -> bytes:
+        hashed.append(path)
+        return Path(path).read_bytes()
+
+    # carry's own reads only (decoding reads the files through h5etl.inputs too)
+    monkeypatch.setattr(carry, "inputs", SimpleNamespace(read_file=spy))
+    again = config.model_copy(update={"notes": "touched"})  # new notes: a release either way
+    second = build(again, jobs=1)
+    assert second.reused == len(LENGTHS) - 1
+    assert hashed == []
