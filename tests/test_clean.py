@@ -12,7 +12,7 @@ from conftest import MakeRaw, WriteConfig
 from hypothesis import given
 from hypothesis import strategies as st
 
-from h5etl import assign, clean, discover, schedule
+from h5etl import assign, clean, discover, probes, schedule
 from h5etl.config import load_spec
 from h5etl.records import Sample, SourceFile
 
@@ -95,7 +95,7 @@ def test_probes_on_the_workers_make_the_same_plan(
     here = clean.plan(spec, samples)
     batches: list[int] = []
 
-    def on_workers(fn: clean.ProbeBatch, items: Iterable[Sequence[Sample]]) -> Iterator[Any]:
+    def on_workers(fn: probes.ProbeBatch, items: Iterable[Sequence[Sample]]) -> Iterator[Any]:
         for outcome in schedule.map_in_workers(fn, items, jobs=2):
             batches.append(len(outcome))
             yield outcome

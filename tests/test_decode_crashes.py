@@ -20,7 +20,7 @@ import pytest
 from conftest import MakeRaw, WriteConfig, read_release
 
 import h5etl
-from h5etl import clean, decode, resume, schedule, workers
+from h5etl import decode, probes, resume, schedule, workers
 from h5etl.config import load_spec
 from h5etl.records import BatchResult, DecodeTask, Sample, SourceFile
 
@@ -49,7 +49,7 @@ def _keys_or_die(samples: Sequence[Sample]) -> list[str]:
     return [s.key for s in samples]
 
 
-def _probe_or_die(probe: clean.ProbeBatch, samples: Sequence[Sample]) -> list[clean.ProbeOutcome]:
+def _probe_or_die(probe: probes.ProbeBatch, samples: Sequence[Sample]) -> list[probes.ProbeOutcome]:
     """A header probe that kills its worker on ``DOOMED`` every time (a segfaulting codec)."""
     if any(s.key == DOOMED for s in samples):
         _die_in_worker()
@@ -142,7 +142,7 @@ def test_a_header_probe_that_kills_its_worker_rejects_its_sample(
     assert reference.path is not None
     mapper: Callable[..., Any] = schedule.map_in_workers
 
-    def probing_or_dying(fn: clean.ProbeBatch, *args: Any, **kwargs: Any) -> Any:
+    def probing_or_dying(fn: probes.ProbeBatch, *args: Any, **kwargs: Any) -> Any:
         return mapper(functools.partial(_probe_or_die, fn), *args, **kwargs)
 
     monkeypatch.setattr(schedule, "map_in_workers", probing_or_dying)

@@ -138,7 +138,7 @@ class ImageKind(Kind):
         if pixels.shape[:2] != expected:
             raise RejectError(
                 "scale_mismatch",
-                # the header probe's words (clean._size_problem): a dry run predicts them
+                # the header probe's words (probes._size_problem): a dry run predicts them
                 f"{self.name} is {size_text(pixels)}, expected {self.scale_factor} x "
                 f"{self.scale_of} {size_text(other)}",
                 path=path,
