@@ -13,7 +13,7 @@ import typer
 from conftest import MakeRaw, WriteConfig
 from typer.testing import CliRunner
 
-from h5etl import cli, pipeline, resources
+from h5etl import cli, cli_build, pipeline, resources
 from h5etl.cli import app
 from h5etl.records import Reject
 from h5etl.report import BuildReport
@@ -147,9 +147,9 @@ def test_bars_close_before_the_interrupt_line(
     # on a terminal the live bar was redrawn below "h5etl: interrupted"
     make_raw(tmp_path, n=1)
     events: list[str] = []
-    real_close = cli._Bars.close
+    real_close = cli_build._Bars.close
 
-    def close(self: cli._Bars) -> None:
+    def close(self: cli_build._Bars) -> None:
         if self.bar is not None:
             events.append("bar closed")
         real_close(self)
@@ -165,8 +165,8 @@ def test_bars_close_before_the_interrupt_line(
         events.append(str(message))
         real_echo(message, **kwargs)
 
-    monkeypatch.setattr(cli._Bars, "close", close)
-    monkeypatch.setattr(cli, "_progress", _live_bars)
+    monkeypatch.setattr(cli_build._Bars, "close", close)
+    monkeypatch.setattr(cli_build, "_progress", _live_bars)
     monkeypatch.setattr(pipeline, "build", interrupted)
     monkeypatch.setattr(typer, "echo", echo)
     code, _ = _invoke("build", write_config(tmp_path), "-j", "1")
@@ -175,12 +175,12 @@ def test_bars_close_before_the_interrupt_line(
 
 
 def _live_bars(quiet: bool) -> Any:
-    """``cli._progress`` as on a terminal, drawing into a throwaway stream."""
+    """``cli_build._progress`` as on a terminal, drawing into a throwaway stream."""
     from contextlib import contextmanager
 
     @contextmanager
     def bars() -> Any:
-        drawn = cli._Bars(enabled=True)
+        drawn = cli_build._Bars(enabled=True)
         try:
             yield drawn
         finally:
