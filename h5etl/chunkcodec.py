@@ -5,14 +5,22 @@ store) with exactly the dataset's chunking and filters, and reads each stored ch
 ``read_direct_chunk``. The sink then stores those bytes with ``write_direct_chunk``: the file
 holds what HDF5 itself would have written, for every filter h5py or hdf5plugin offers, and
 nothing touches the disk here.
+
+Where HDF5's pipeline for a block is one codec call (one chunk a block; blosc, gzip, zstd or no
+filter), ``encode_direct`` makes that call itself: the bytes are the same (checked once per
+process and layout against HDF5's own, ``has_direct``), it is faster, and it runs without the
+GIL, so the sink can compress re-cut blocks in threads beside the writer (``chunkpool``).
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import math
 import os
+import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
@@ -25,6 +33,7 @@ from h5etl import digest
 from h5etl.records import EncodedChunk
 
 _BLOSC_SHUFFLE = {"none": 0, "byte": 1, "bit": 2}
+_BLOSC_MAX_TYPESIZE = 255
 _SCRATCH_NAMES = itertools.count()
 
 
@@ -148,6 +157,100 @@ def _lzf_direct(layout: ChunkLayout, rows: np.ndarray) -> list[EncodedChunk] | N
     return [EncodedChunk(offset, 0, stored, hashlib.sha256(stored).hexdigest())]
 
 
+def _hdf5_shuffled(data: np.ndarray) -> np.ndarray:
+    """HDF5's shuffle filter: byte j of every element, then byte j + 1 (the identity for
+    one-byte elements)."""
+    item = data.dtype.itemsize
+    if item == 1:
+        return data
+    return np.ascontiguousarray(data.reshape(-1).view(np.uint8).reshape(-1, item).T)
+
+
+def _codec_call(layout: ChunkLayout) -> Callable[[np.ndarray], bytes] | None:
+    """The one codec call HDF5's pipeline makes for a (C-contiguous) block of ``layout``, or
+    None where it is more than one call (tiled chunks; lzf, which ``_lzf_direct`` handles)."""
+    if layout.chunks[1:] != layout.shape:
+        return None
+    compression = layout.compression
+    codec, level = compression.codec, compression.effective_level
+    shuffle = layout.shuffle and codec != "blosc"  # as filter_kwargs sets it
+    # any buffer works; the stubs of imagecodecs say bytes
+    if codec == "none":
+        return lambda data: data.tobytes()
+    if codec == "blosc":
+        item = np.dtype(layout.dtype).itemsize
+        typesize = item if item <= _BLOSC_MAX_TYPESIZE else 1  # what the HDF5 filter passes
+        code, cname = _BLOSC_SHUFFLE[compression.blosc_shuffle], compression.cname
+        return lambda data: bytes(
+            imagecodecs.blosc_encode(
+                data.data,  # type: ignore[arg-type]
+                level or 0,
+                compressor=cname,
+                shuffle=code,
+                typesize=typesize,
+                numthreads=1,
+            )
+        )
+    if codec == "gzip":
+        gzip_level = 4 if level is None else level  # h5py's default
+        return lambda data: zlib.compress(
+            (_hdf5_shuffled(data) if shuffle else data).data, gzip_level
+        )
+    if codec == "zstd":
+        return lambda data: bytes(
+            imagecodecs.zstd_encode(
+                (_hdf5_shuffled(data) if shuffle else data).data,  # type: ignore[arg-type]
+                level or 3,
+            )
+        )
+    return None
+
+
+def _probe_rows(layout: ChunkLayout) -> np.ndarray:
+    """A block of ``layout`` that every codec compresses, the same in every process: runs of
+    zeros (even a block of a hundred bytes compresses) and low-entropy bytes."""
+    rng = np.random.default_rng(20260101)
+    nbytes = layout.block_nbytes
+    data = rng.integers(0, 16, nbytes, dtype=np.uint8)
+    data[nbytes // 8 :] = 0
+    return data.view(layout.dtype).reshape(layout.rows, *layout.shape)
+
+
+@functools.lru_cache(maxsize=256)
+def has_direct(layout: ChunkLayout) -> bool:
+    """Whether ``encode_direct`` encodes blocks of ``layout``: a codec call exists and makes,
+    on this process's libraries, the very bytes HDF5's filter pipeline stores (checked once on
+    a fixed block; a library built otherwise, or a ``BLOSC_*`` variable that HDF5's blosc
+    filter obeys, leaves HDF5 to encode). The answer is the same in every process of a build,
+    so every process encodes a layout's blocks alike."""
+    call = _codec_call(layout)
+    if call is None:
+        return _lzf_direct(layout, _probe_rows(layout)) is not None
+    rows = _probe_rows(layout)
+    scratch, dataset = _scratch(layout)
+    with scratch:
+        dataset.write_direct(rows)
+        mask, data = dataset.id.read_direct_chunk((0,) * (len(layout.shape) + 1))
+    return mask == 0 and bytes(data) == call(rows)
+
+
+def encode_direct(layout: ChunkLayout, rows: np.ndarray) -> list[EncodedChunk] | None:
+    """One block's chunk as HDF5 would store it, without HDF5 (and without the GIL), for a
+    layout that ``has_direct``; None for a block that does not compress: HDF5 then stores
+    it raw with its filter skipped, a decision ``encode`` leaves to HDF5."""
+    if not has_direct(layout):
+        return None
+    rows = np.ascontiguousarray(rows, dtype=layout.dtype)
+    call = _codec_call(layout)
+    if call is None:
+        return _lzf_direct(layout, rows)
+    stored = call(rows)
+    if len(stored) >= rows.nbytes and layout.compression.codec != "none":
+        return None
+    offset = (0,) * (len(layout.shape) + 1)
+    return [EncodedChunk(offset, 0, stored, hashlib.sha256(stored).hexdigest())]
+
+
 def encode_block(layout: ChunkLayout, rows: np.ndarray) -> list[EncodedChunk]:
     """Compress one block of exactly ``layout.rows`` samples into its stored chunks."""
     with BlockEncoder(layout) as encoder:
@@ -179,7 +282,7 @@ class BlockEncoder:
         layout = self.layout
         if rows.shape != (layout.rows, *layout.shape):
             raise ValueError(f"block shape {rows.shape} does not match layout {layout}")
-        direct = _lzf_direct(layout, rows)
+        direct = encode_direct(layout, rows)
         if direct is not None:
             return direct
         if self._scratch is None:

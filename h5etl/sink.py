@@ -1,9 +1,10 @@
 """sink: the single writer. Creates the datasets, stores batches in order, records digests.
 
 Batches arrive in write order per split (the splits' batches may interleave). They come as
-whole pre-compressed chunks, stored with ``write_direct_chunk``; rows that come raw (a task
-isolated after a worker crash) go through a carry buffer that re-cuts whole chunks (the last
-one padded, as HDF5 stores edge chunks). Only this module writes HDF5 files.
+whole pre-compressed chunks, stored with ``write_direct_chunk``; rows that come raw (ragged
+values, a task isolated after a worker crash) go through a carry buffer that re-cuts whole
+chunks (the last one padded, as HDF5 stores edge chunks), compressed on threads beside the
+writer (``chunkpool``). Only this module writes HDF5 files.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import h5py
 import numpy as np
 
 from h5etl import fileformat
+from h5etl.chunkpool import ChunkPool
 from h5etl.errors import ResumeMismatch, SinkError, io_problem
 from h5etl.journal import ResumeState
 from h5etl.records import BatchResult, EncodedRows, RaggedRows, Reject
@@ -84,6 +86,7 @@ class Sink:
         self.virtual: dict[tuple[str, str], VirtualColumn] | None = {} if virtual else None
         self.file: h5py.File | None = None
         self.images: dict[tuple[str, str], ImageWriter] = {}  # arrays and ragged values
+        self.pool = ChunkPool()  # compresses the blocks the writers re-cut
         self.ragged = frozenset((s, n) for s in layout.splits for n in layout.ragged)
         self.stats: dict[str, DatasetStats] = {}
         self.counts: dict[str, int] = dict.fromkeys(layout.splits, 0)
@@ -138,6 +141,7 @@ class Sink:
     def _close(self) -> None:
         for writer in self.images.values():
             writer.close()
+        self.pool.close()
         file, self.file = self.file, None
         if file is None or not file.id.valid:
             return
@@ -206,7 +210,7 @@ class Sink:
         raise self._failed(action, OSError(code, os.strerror(code)), detail)
 
     def _create_split(self, file: h5py.File, split: str) -> None:
-        created = create_split(file, self.layout, split, self._stored)
+        created = create_split(file, self.layout, split, self._stored, self.pool)
         if self.virtual is not None:
             map_arrays(file, self.layout, created, self.virtual)
         self.images.update(created.writers)
@@ -222,9 +226,8 @@ class Sink:
         # before that, while there is room for it (two system calls per batch).
         self._ensure_room(_batch_nbytes(result), "writing")
         try:
-            for (target, name), writer in self.images.items():
-                if target != split:
-                    continue
+            writers = [(n, w) for (target, n), w in self.images.items() if target == split]
+            for name, writer in writers:  # queued: every dataset's re-cut blocks compress at once
                 rows = result.columns[name]
                 ragged = isinstance(rows, RaggedRows)
                 if isinstance(rows, RaggedRows):  # its offsets go with the small rows
@@ -232,15 +235,17 @@ class Sink:
                     rows = rows.values
                 if isinstance(rows, EncodedRows):
                     # a ragged value (a CT case, a recording) is let go of as it is stored
-                    writer.add_encoded(rows.blocks, rows.digests, count, release=ragged)
+                    writer.add_encoded(rows.blocks, rows.digests, count, release=ragged, defer=True)
                 else:
                     assert isinstance(rows, np.ndarray)
-                    writer.add_raw(rows, final=result.task.final)
+                    writer.add_raw(rows, final=result.task.final, defer=True)
                 if result.task.final:
                     # nothing follows a split's final task: store its last chunk now, or rows
                     # left in the carry would hold off every later checkpoint of the build
-                    writer.finish()
+                    writer.close_carry()
                 count = result.accepted
+            for _, writer in writers:  # then stored, dataset by dataset, as they were queued
+                writer.drain()
             if count:
                 self._small.add(split, result)
         except (OSError, RuntimeError) as exc:

@@ -1,14 +1,18 @@
 """sink_chunks: the sink's writer of one image dataset, whole chunks at a time.
 
 Part of the sink (the only code that writes HDF5): pre-compressed chunks go to
-``write_direct_chunk``; raw rows (a task isolated after a worker crash) are re-cut into whole
-chunks in a carry buffer. It records each block's digest and where each chunk sits, for the
-resume journal.
+``write_direct_chunk``; raw rows (a ragged column's values, a task isolated after a worker
+crash) are re-cut into whole chunks in a carry buffer and compressed on the sink's threads
+(``chunkpool``). Rows are queued by ``add_*`` and stored, in the order queued, by ``drain``, so
+the blocks of every dataset of a batch compress at once while the file sees the same writes in
+the same order. It records each block's digest and where each chunk sits, for the resume
+journal.
 """
 
 from __future__ import annotations
 
 import hashlib
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,7 +20,8 @@ import h5py
 import numpy as np
 
 from h5etl import digest
-from h5etl.chunkcodec import BlockEncoder, ChunkLayout, decode_block, encode_rows
+from h5etl.chunkcodec import BlockEncoder, ChunkLayout, decode_block
+from h5etl.chunkpool import ChunkPool, Encoded
 from h5etl.records import EncodedChunk
 
 
@@ -40,6 +45,15 @@ StoredChunks = list[tuple["ImageWriter", tuple[int, ...], str]]
 (writer, chunk offset, SHA-256 of the stored bytes). The sink's writers share one."""
 
 
+def _ready(chunks: list[EncodedChunk], sha: bytes) -> Future[Encoded]:
+    done: Future[Encoded] = Future()
+    done.set_result(Encoded(chunks, sha, None))
+    return done
+
+
+_STORED = _ready([], b"")  # in the queue, in place of a block stored
+
+
 class ImageWriter:
     """Appends rows of one image dataset as whole chunks."""
 
@@ -49,21 +63,32 @@ class ImageWriter:
         layout: ChunkLayout,
         stats: DatasetStats,
         stored: StoredChunks | None = None,
+        pool: ChunkPool | None = None,
     ):
         self.dataset = dataset
         self.layout = layout
         self.stats = stats
         self.stored: StoredChunks = [] if stored is None else stored
-        self.rows = 0
+        self._own_pool = pool is None
+        self.pool = pool if pool is not None else ChunkPool(1)
+        self.rows = 0  # stored; ``queued`` more wait for ``drain``
+        self.queued = 0
+        # (rows, blocks, the caller's blocks to empty once stored) per resize
+        self._queue: list[tuple[int, list[Future[Encoded]], list[list[EncodedChunk]] | None]] = []
         self.carry: list[np.ndarray] = []
         self.carry_rows = 0
         self.direct_blocks = 0
         self.rechunked_blocks = 0
         self.copied_blocks = 0  # copied from another file (a parent, a shard), bytes as they were
         self.unjournaled_blocks: list[bytes] = []
-        # One scratch dataset for every block this writer re-cuts (a ragged column re-cuts
-        # nearly all of its blocks): a new in-memory HDF5 file per block cost 5x the encode.
+        # One scratch dataset for every block this writer encodes through HDF5 (a layout
+        # without a direct codec call): a new in-memory HDF5 file per block cost 5x the encode.
         self._encoder: BlockEncoder | None = None
+
+    @property
+    def _aligned(self) -> bool:
+        """Whether the next row queued starts a chunk."""
+        return not self.carry_rows and not (self.rows + self.queued) % self.layout.rows
 
     def add_encoded(
         self,
@@ -72,68 +97,113 @@ class ImageWriter:
         count: int,
         *,
         release: bool = False,
+        defer: bool = False,
     ) -> None:
         """Store encoded blocks; ``release``: empty each in ``blocks`` once it is stored (the
         caller is done with them), so a CT case's hundred megabytes of chunks leave memory as
-        they are written, not once the whole case is (when the next case is arriving)."""
-        if self.carry_rows or self.rows % self.layout.rows:
-            self.add_raw(np.concatenate([decode_block(self.layout, b) for b in blocks])[:count])
+        they are written, not once the whole case is (when the next case is arriving);
+        ``defer``: queue them for ``drain``."""
+        if not self._aligned:
+            rows = np.concatenate([decode_block(self.layout, b) for b in blocks])[:count]
+            self.add_raw(rows, defer=defer)
             return
-        self._store_blocks(blocks, sha, count, release=release)
+        ready = [_ready(b, d) for b, d in zip(blocks, sha, strict=True)]
+        self._enqueue(count, ready, blocks if release else None)
         self.direct_blocks += len(blocks)
+        if not defer:
+            self.drain()
 
-    def _store_blocks(
+    def _enqueue(
         self,
-        blocks: list[list[EncodedChunk]],
-        sha: list[bytes],
         count: int,
-        *,
-        release: bool = False,
+        blocks: list[Future[Encoded]],
+        source: list[list[EncodedChunk]] | None = None,
     ) -> None:
-        """Store whole encoded blocks from a chunk boundary: one resize, then their chunks."""
-        self.dataset.resize(self.rows + count, axis=0)
-        for index, block in enumerate(blocks):
-            self._store(self.rows + index * self.layout.rows, block)
-            if release:
-                blocks[index] = []
-        self.rows += count
-        self.stats.blocks.extend(sha)
-        self.unjournaled_blocks.extend(sha)
-        self.stats.raw_bytes += count * self.layout.block_nbytes // self.layout.rows
+        """Queue ``count`` rows in whole blocks from a chunk boundary: one resize, then their
+        chunks, at the next ``drain``, which empties each of ``source`` as it stores it."""
+        self._queue.append((count, blocks, source))
+        self.queued += count
 
-    def add_raw(self, rows: np.ndarray, *, final: bool = False) -> None:
-        """Store raw rows. Whole blocks at a chunk boundary (or a final task's rows) are
-        compressed here and stored as a worker's would be, with the same writes in the same
-        order, so a task a crash isolation joined leaves the very bytes an uneventful build
-        does; anything else is re-cut in the carry buffer."""
+    def _submit(self, block: np.ndarray, count: int | None = None) -> Future[Encoded]:
+        """A whole block (``count`` real rows, the rest zero padding) to the pool."""
+        count = len(block) if count is None else count
+        if len(block) < self.layout.rows:  # a last partial block: HDF5's edge chunk
+            padded = np.zeros((self.layout.rows, *self.layout.shape), dtype=self.layout.dtype)
+            padded[: len(block)] = block
+            block = padded
+        self.rechunked_blocks += 1  # compressed beside the writer, not in a worker
+        return self.pool.submit(self.layout, block, count)
+
+    def drain(self) -> None:
+        """Store what is queued, in order: each block once its thread has encoded it (one
+        without a direct codec call is encoded here, through HDF5)."""
+        queue, self._queue = self._queue, []
+        step = self.layout.rows
+        for count, blocks, source in queue:
+            self.dataset.resize(self.rows + count, axis=0)
+            for index in range(len(blocks)):
+                encoded = blocks[index].result()
+                blocks[index] = _STORED  # let go of its chunks as they are stored
+                chunks = encoded.chunks
+                if chunks is None:
+                    assert encoded.rows is not None
+                    if self._encoder is None:
+                        self._encoder = BlockEncoder(self.layout)
+                    chunks = self._encoder.encode(encoded.rows)
+                self._store(self.rows + index * step, chunks)
+                if source is not None:
+                    source[index] = []
+                self.stats.blocks.append(encoded.digest)
+                self.unjournaled_blocks.append(encoded.digest)
+            self.rows += count
+            self.queued -= count
+            self.stats.raw_bytes += count * self.layout.block_nbytes // step
+
+    def add_raw(self, rows: np.ndarray, *, final: bool = False, defer: bool = False) -> None:
+        """Store raw rows (``defer``: queue them for ``drain``). Whole blocks at a chunk
+        boundary (or a final task's rows) are stored as a worker's would be, with the same
+        writes in the same order, so a task a crash isolation joined leaves the very bytes an
+        uneventful build does; anything else is re-cut through the carry buffer, a resize
+        per block."""
+        self._cut(rows, final=final)
+        if not defer:
+            self.drain()
+
+    def _cut(self, rows: np.ndarray, *, final: bool) -> None:
         if len(rows) == 0:
             return
-        aligned = not self.carry_rows and not self.rows % self.layout.rows
-        if aligned and (final or not len(rows) % self.layout.rows):
-            blocks, digests = encode_rows(self.layout, rows)
-            self._store_blocks(blocks, digests, len(rows))
-            self.rechunked_blocks += len(blocks)  # compressed by the writer all the same
-            return
-        self.carry.append(rows)
-        self.carry_rows += len(rows)
         step = self.layout.rows
-        if self.carry_rows < step:
+        if self._aligned and (final or not len(rows) % step):
+            cuts = range(0, len(rows), step)
+            self._enqueue(len(rows), [self._submit(rows[start : start + step]) for start in cuts])
             return
-        pending = np.concatenate(self.carry)
-        whole = (len(pending) // step) * step
-        for start in range(0, whole, step):
-            self._store_rows(pending[start : start + step])
-        self.carry = [pending[whole:]] if whole < len(pending) else []
-        self.carry_rows = len(pending) - whole
+        if self.carry_rows + len(rows) < step:
+            self.carry.append(rows)
+            self.carry_rows += len(rows)
+            return
+        start = 0
+        if self.carry_rows:  # the carry and the first rows make a block
+            start = step - self.carry_rows
+            self._enqueue(step, [self._submit(np.concatenate([*self.carry, rows[:start]]))])
+        whole = start + (len(rows) - start) // step * step
+        for begin in range(start, whole, step):  # views: the rest are cut, never copied
+            self._enqueue(step, [self._submit(rows[begin : begin + step])])
+        # a copy: the carry must not keep the whole batch's values alive
+        self.carry = [rows[whole:].copy()] if whole < len(rows) else []
+        self.carry_rows = len(rows) - whole
 
-    def finish(self) -> None:
+    def close_carry(self) -> None:
+        """Queue the carry as the last chunk, padded (nothing follows it)."""
         if not self.carry_rows:
             return
         rows = np.concatenate(self.carry)
-        padded = np.zeros((self.layout.rows, *self.layout.shape), dtype=self.layout.dtype)
-        padded[: len(rows)] = rows
-        self._store_rows(padded, count=len(rows))
+        self._enqueue(len(rows), [self._submit(rows)])
         self.carry, self.carry_rows = [], 0
+
+    def finish(self) -> None:
+        """Store everything: what is queued and the carry."""
+        self.close_carry()
+        self.drain()
 
     def restore(self, rows: int, blocks: list[str]) -> None:
         """Adopt ``rows`` rows already copied in, with their block digests.
@@ -154,6 +224,7 @@ class ImageWriter:
         (``sink_copy.copy_rows``), with their block digests; ``chunks`` (offset, SHA-256)
         go to the resume journal."""
         assert not self.carry_rows, "rows carried in behind rows still in the carry"
+        assert not self.queued, "rows carried in behind rows still queued"
         assert not self.rows % self.layout.rows, "rows carried in mid-chunk"
         self.rows += rows
         self.stats.blocks.extend(blocks)
@@ -165,18 +236,6 @@ class ImageWriter:
     def note_copied(self, offset: tuple[int, ...], sha256: str) -> None:
         self.stored.append((self, offset, sha256))
 
-    def _store_rows(self, block: np.ndarray, count: int | None = None) -> None:
-        count = len(block) if count is None else count
-        self.dataset.resize(self.rows + count, axis=0)
-        if self._encoder is None:
-            self._encoder = BlockEncoder(self.layout)
-        self._store(self.rows, self._encoder.encode(block))
-        self.stats.blocks.append(digest.block_digest(block[:count]))
-        self.unjournaled_blocks.append(self.stats.blocks[-1])
-        self.stats.raw_bytes += block[:count].nbytes
-        self.rows += count
-        self.rechunked_blocks += 1
-
     def _store(self, row: int, chunks: list[EncodedChunk]) -> None:
         for chunk in chunks:
             offset = (row + chunk.offset[0], *chunk.offset[1:])
@@ -186,10 +245,12 @@ class ImageWriter:
             )
 
     def close(self) -> None:
-        """Free the scratch dataset of the re-cut blocks (the file itself is the sink's)."""
+        """Free the scratch dataset (and the threads, if its own; the file is the sink's)."""
         if self._encoder is not None:
             self._encoder.close()
             self._encoder = None
+        if self._own_pool:
+            self.pool.close()
 
     def chunk_record(
         self, offset: tuple[int, ...], sha256: str, place: tuple[int, int, int] | None = None

@@ -18,6 +18,7 @@ import h5py
 import numpy as np
 
 from h5etl import fileformat
+from h5etl.chunkpool import ChunkPool
 from h5etl.kinds.base import ArrayColumn, RaggedColumn, ScalarColumn
 from h5etl.sink_chunks import DatasetStats, ImageWriter, StoredChunks
 from h5etl.sink_rows import SinkLayout
@@ -51,10 +52,11 @@ def _offsets(file: h5py.File, path: str, rows: int) -> DatasetStats:
 
 
 def create_split(
-    file: h5py.File, layout: SinkLayout, split: str, stored: StoredChunks
+    file: h5py.File, layout: SinkLayout, split: str, stored: StoredChunks, pool: ChunkPool
 ) -> CreatedSplit:
     """Create every dataset of ``split``, empty and extendable along the first axis; the
-    chunk writers note what they store in ``stored`` (the sink's, shared)."""
+    chunk writers note what they store in ``stored`` and compress on ``pool`` (the sink's,
+    shared)."""
     out = CreatedSplit()
     rows = layout.rows_per_chunk
     for name, column in layout.columns.items():
@@ -71,7 +73,7 @@ def create_split(
                 **chunked.filter_kwargs(),
             )
             stats = DatasetStats(dataset.name, block_rows=chunked.rows)
-            out.writers[(split, name)] = ImageWriter(dataset, chunked, stats, stored)
+            out.writers[(split, name)] = ImageWriter(dataset, chunked, stats, stored, pool)
             if isinstance(column, RaggedColumn):
                 offsets = _offsets(file, fileformat.offsets_path(path), rows)
                 out.stats[offsets.path] = offsets

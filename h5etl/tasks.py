@@ -33,11 +33,15 @@ def task_rows(block: int, sample_bytes: int = 0) -> int:
     return block * blocks
 
 
-def task_reserve(rows: int) -> int:
+def task_reserve(rows: int, block: int = 0) -> int:
     """Reserve samples a task carries beyond its rows, to replace its rejects; none for a
     task of one sample (a CT case bigger than ``TASK_BYTES``): it is a whole block however
-    many are rejected, and a final task would decode and hold its reserves too."""
-    if rows == 1:
+    many are rejected, and a final task would decode and hold its reserves too. None either
+    where a block is one sample (only ragged columns, or chunks of one row): any number of
+    rows is whole blocks, so a task keeps what it accepted, and reserves would only be
+    deferred, decoded in a later round behind a barrier that idles the workers (a series
+    build spent a fifth of its samples and two barriers on them)."""
+    if rows == 1 or block == 1:
         return 0
     return max(2, math.ceil(rows * RESERVE_FRACTION))
 
@@ -98,7 +102,7 @@ class TaskCutter:
         self.rows = rows if rows is not None else task_rows(block, sample_bytes)
         if self.rows % block:
             raise ValueError(f"task rows {self.rows} must be a multiple of the block {block}")
-        self.reserve = reserve if reserve is not None else task_reserve(self.rows)
+        self.reserve = reserve if reserve is not None else task_reserve(self.rows, block)
         known = state or {}
         if any(queue.get("cut") != self.geometry for queue in known.values()):
             raise ValueError(f"the journal's tasks were cut otherwise than {self.geometry}")

@@ -207,3 +207,28 @@ def test_stats_that_wait_on_the_file_system_overlap_in_threads_in_order() -> Non
     assert [x.split(":")[0] for x in out] == [str(i) for i in range(40)]
     assert "h5etl-stat" not in out[0]  # the first batch measures the file system
     assert all("h5etl-stat" in x for x in out[4:])
+
+
+@settings(max_examples=50, deadline=None)
+@given(sizes=st.lists(st.integers(0, 150), min_size=1, max_size=3), data=st.data())
+def test_chunks_of_one_sample_need_no_reserves_and_one_round(
+    sizes: list[int], data: st.DataObject
+) -> None:
+    # ragged columns only (a series build): reserves were only deferred, decoded in a later
+    # round behind a barrier that idled the workers; now each sample is decoded once, in order
+    plan = _plan(sizes)
+    everyone = [s.key for members in plan.splits.values() for s in members]
+    rejected = frozenset(
+        data.draw(st.lists(st.sampled_from(everyone), unique=True)) if everyone else []
+    )
+    decoded: list[str] = []
+    cutter = TaskCutter(plan, 1, sample_bytes=8 << 20)
+    assert cutter.reserve == 0
+    results, cut = _run_cutter(cutter, _simulated_worker(rejected, decoded), 5)
+    assert all(not result.deferred for result in results)
+    assert sorted(decoded) == sorted(everyone)  # each once
+    for split, members in plan.splits.items():
+        stored = [key for r in results if r.task.split == split for key in r.keys]
+        assert stored == [s.key for s in members if s.key not in rejected]  # write order
+    assert all(set(queue.rounds) == {queue.size} for queue in cutter.queues.values())  # one
+    assert len(cut) == sum(-(-size // cutter.rows) for size in sizes)
