@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's: 10x faster, same data
+_WINDOW_SEPARATOR = "\x1f"  # between a recording's split name and its window's key
 FORMAT = 2  # of the carry record (2: each row's carry key, for windows)
 # Config keys that change no stored byte of a sample already in the parent: a parent built
 # with other values still carries (fractions and seed place only new samples).
@@ -73,11 +74,31 @@ class CarryPlan:
 def carry_key(split_name: str, key: str) -> str:
     """What the carry record knows a sample by: its split name, unique but for the windows
     of one recording (and renamed keys), which add their own key."""
-    return split_name if key == split_name else f"{split_name}\x1f{key}"
+    return split_name if key == split_name else f"{split_name}{_WINDOW_SEPARATOR}{key}"
 
 
 def sample_carry_key(sample: Sample) -> str:
+    """A planned sample's carry key (``carry_key`` of its split name and key)."""
     return carry_key(valid_text(sample.split_name), sample.key)
+
+
+def split_name_of(key: str) -> str:
+    """The split name a carry key starts with (a recording's, for its windows)."""
+    return key.split(_WINDOW_SEPARATOR, 1)[0]
+
+
+def with_stamps(record: Mapping[str, Any], stamps: Mapping[str, str]) -> dict[str, Any]:
+    """The carry record with new stamps for some of its samples (by carry key): files that
+    were touched but hold the same bytes, so the next build need not hash them again."""
+    samples = {key: list(state) for key, state in record.get("samples", {}).items()}
+    for key, stamp in stamps.items():
+        samples[key][1] = stamp  # sample_state: [files, stamp, plan values]
+    return {**record, "samples": samples}
+
+
+def rejected_state(entry: Sequence[Any]) -> tuple[list[Any], list[tuple[str, ...]]]:
+    """A ``rejected`` entry of the record: the sample's state and its stored reject rows."""
+    return list(entry[:3]), [tuple(row) for row in entry[3]]
 
 
 def row_keys(result: BatchResult) -> list[str]:

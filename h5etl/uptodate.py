@@ -7,8 +7,10 @@ decoding. Up to date means: the config text, the notes and the h5etl version are
 parent's; every sample the parent stores is planned again, in its split, and unchanged
 (stamps, else equal bytes); every other planned sample was rejected by the parent while
 decoding and its files keep their stamps; and the rejects, plan-time and decode-time, are
-the very rows the parent stores in ``/diagnostics/rejects``. Pure decision, plus hashing the
-files whose stamps changed (as carrying does) and refreshing their stamps in the record.
+the very rows the parent stores in ``/diagnostics/rejects``. The decision is pure, plus
+hashing the files whose stamps changed (as carrying does). ``Gate`` applies it to one
+build: it starts the decoder as soon as something will be decoded, and refreshes the stamps
+of touched files of equal bytes in the carry record of an up-to-date release.
 """
 
 from __future__ import annotations
@@ -89,9 +91,12 @@ def why_build(
     rejected: Mapping[str, list[Any]] = record.get("rejected", {})
     for name, sample in rest.items():
         known = rejected.get(name)
-        if known is None or known[:3] != carry.sample_state(sample, plan.stamps[sample.key]):
-            return f"{sample.key} is new or changed", {}
-        expected.extend(tuple(row) for row in known[3])
+        if known is None:
+            return f"{sample.key} is new", {}
+        state, rows = carry.rejected_state(known)
+        if state != carry.sample_state(sample, plan.stamps[sample.key]):
+            return f"{sample.key} changed since v{parent.version:04d} rejected it", {}
+        expected.extend(rows)
     if sorted(expected) != sorted(parent.rejects):
         return f"the rejects differ from v{parent.version:04d}'s", {}
     return None, touched
@@ -142,7 +147,7 @@ class Gate:
         """Discovery found ``samples``: start the workers now unless this may be up to date."""
         known = None if self.record is None else self.record.get("samples")
         # discovery finds recordings, the record keeps their windows: count split names
-        names = {key.split("\x1f")[0] for key in known} if isinstance(known, dict) else None
+        names = {carry.split_name_of(key) for key in known} if isinstance(known, dict) else None
         if names is None or len(names) != samples:
             self.decoder.start()  # something will be decoded: the workers start meanwhile
 
@@ -160,11 +165,7 @@ class Gate:
             logger.info("building a new release: %s", reason)
             return False
         if touched:  # the next build need not hash them again
-            known: Any = record.get("samples", {})
-            samples: dict[str, list[Any]] = dict(known)
-            for name, stamp in touched.items():
-                samples[name] = [samples[name][0], stamp, *samples[name][2:]]
-            self.output.write_carry(parent.version, {**record, "samples": samples})
+            self.output.write_carry(parent.version, carry.with_stamps(record, touched))
         info = self.output.info(parent.version)
         report.up_to_date = True
         report.version, report.path, report.link = parent.version, parent.path, self.output.link
