@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,24 +31,56 @@ logger = logging.getLogger(__name__)
 INITIAL = "initial"
 
 
-def stored_rejects(spec: Spec, rejects: Sequence[Reject]) -> list[Reject]:
-    """The rejects as the release stores them: paths under a source folder as the config
-    wrote that folder (``raw/images/a.png``), others under the config's folder relative to
-    it (a table named in a detail), in ``path`` and ``detail``, so the file does not depend
-    on where the project lies (reproducible bytes); the report beside the release keeps the
-    absolute paths."""
+def _roots(spec: Spec) -> list[tuple[str, str]]:
+    """(absolute folder + sep, as the release stores it + "/" or ""), the deepest first:
+    sources may nest, and all sit in the config's folder."""
     roots = [
         (str(source.dir), spec.stored_path(("sources", name, "dir"), source.dir))
         for name, source in spec.sources.items()
     ]
     if spec.config_file is not None:
         roots.append((str(spec.config_file.parent), ""))
-    # the deepest folder first: sources may nest, and all sit in the config's folder
-    shown = sorted(
+    return sorted(
         ((root.rstrip(os.sep) + os.sep, to.rstrip("/") + "/" if to else "") for root, to in roots),
         key=lambda pair: len(pair[0]),
         reverse=True,
     )
+
+
+def local_rejects(spec: Spec, rows: Sequence[Sequence[str]]) -> list[Reject]:
+    """Rows of a release's ``/diagnostics/rejects`` as this build's rejects: their paths
+    back under this project's folders (``stored_rejects`` undone), as a build reports them."""
+    back = {to: root for root, to in _roots(spec) if to}
+    config_folder = next((root for root, to in _roots(spec) if not to), "")
+    # a stored folder where a path starts (not inside another path): one pass, longest first
+    prefixes = sorted(back, key=len, reverse=True)
+    pattern = re.compile(r"(?<![\w/.-])(" + "|".join(map(re.escape, prefixes)) + ")")
+
+    def local(text: str) -> str:
+        return pattern.sub(lambda m: back[m.group(1)], text) if prefixes else text
+
+    def local_path(path: str) -> str:
+        found = local(path)
+        if found == path and not os.path.isabs(path) and config_folder:
+            return config_folder + path  # under the config's folder, stored relative to it
+        return found
+
+    out = []
+    for row in rows:
+        values = dict.fromkeys(fileformat.REJECT_COLUMNS, "")
+        values.update(zip(fileformat.REJECT_COLUMNS, row, strict=False))
+        path, detail = local_path(values["path"]), local(values["detail"])
+        out.append(Reject(**{**values, "path": path, "detail": detail}))
+    return out
+
+
+def stored_rejects(spec: Spec, rejects: Sequence[Reject]) -> list[Reject]:
+    """The rejects as the release stores them: paths under a source folder as the config
+    wrote that folder (``raw/images/a.png``), others under the config's folder relative to
+    it (a table named in a detail), in ``path`` and ``detail``, so the file does not depend
+    on where the project lies (reproducible bytes); the report beside the release keeps the
+    absolute paths."""
+    shown = _roots(spec)
 
     def portable(text: str) -> str:
         for root, to in shown:

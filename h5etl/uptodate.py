@@ -28,7 +28,7 @@ from h5etl.records import Reject, Sample, valid_text
 from h5etl.release import OutputFolder
 from h5etl.report import BuildReport
 from h5etl.spec import Spec, spec_text
-from h5etl.story import stored_rejects
+from h5etl.story import local_rejects, stored_rejects
 
 if TYPE_CHECKING:
     from h5etl.buildparts import LazyDecoder
@@ -171,7 +171,7 @@ class Gate:
         report.version, report.path, report.link = parent.version, parent.path, self.output.link
         report.rejects_path = info.rejects
         report.samples = {split: len(rows.keys) for split, rows in parent.splits.items()}
-        report.rejects = [Reject(*row) for row in parent.rejects]
+        report.rejects = local_rejects(spec, parent.rejects)  # as a build reports them
         return True
 
 
