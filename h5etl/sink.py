@@ -10,11 +10,9 @@ writer (``chunkpool``). Only this module writes HDF5 files.
 from __future__ import annotations
 
 import contextlib
-import errno
 import hashlib
 import logging
 import os
-import resource
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -24,7 +22,7 @@ from typing import Any
 import h5py
 import numpy as np
 
-from h5etl import fileformat
+from h5etl import fileformat, sink_disk
 from h5etl.chunkpool import ChunkPool
 from h5etl.errors import ResumeMismatch, SinkError, io_problem
 from h5etl.journal import ResumeState
@@ -40,36 +38,7 @@ __all__ = ["LIBVER", "Sink", "SinkLayout"]
 
 LIBVER = ("v110", "v110")  # readable by HDF5 1.10 tools (h5ls, h5dump) and newer
 WRITE_CACHE_BYTES = 256 * 1024
-# Room kept free for the metadata HDF5 writes at a flush or at the close: a flush that fails
-# leaves HDF5 unable to close the file at all, so the sink stops before the disk is full.
-HEADROOM_BYTES = 1 << 20
-# Of what a sync made durable, the page cache keeps only the file's last this many bytes.
-# Written pages otherwise stay cached until memory runs short, and on a VM every page the
-# cache takes fresh costs a fault in the hypervisor: past ~400 MB written, the kernel's
-# share of each write grew tenfold (1.76 GB: 3.5 CPU-s against 0.65 s with the cache
-# handed back every 2 s). Dropping clean pages also keeps a big build from pushing the
-# training job's data out of the cache.
-CACHE_KEEP_BYTES = 128 << 20
 logger = logging.getLogger(__name__)
-
-
-def _batch_nbytes(result: BatchResult) -> int:
-    """An upper bound of the bytes a result adds to the file (its chunks as they come, its
-    raw rows uncompressed, texts at 4 bytes a character)."""
-    total = 0
-    for rows in result.columns.values():
-        values = rows.values if isinstance(rows, RaggedRows) else rows
-        if isinstance(values, EncodedRows):
-            total += sum(len(chunk.data) for block in values.blocks for chunk in block)
-        elif isinstance(values, np.ndarray):
-            total += values.nbytes
-        else:
-            total += sum(4 * len(text) + 16 for text in values)
-    return total + sum(64 * len(row) for row in result.lineage)
-
-
-def _mib(nbytes: int) -> str:
-    return f"{nbytes / 2**20:.1f} MiB"
 
 
 class Sink:
@@ -190,24 +159,12 @@ class Sink:
     def _ensure_room(self, nbytes: int, action: str) -> None:
         """Fail before HDF5 does: after a failed flush, HDF5 cannot close the file.
 
-        ``nbytes`` is about to be written; ``HEADROOM_BYTES`` more stay for metadata.
+        ``nbytes`` is about to be written; ``sink_disk.HEADROOM_BYTES`` more stay for metadata.
         """
-        need = nbytes + HEADROOM_BYTES
-        try:
-            stat = os.statvfs(self.path.parent)
-            size = os.path.getsize(self.path)
-        except OSError:
-            return  # the write itself will say what is wrong
-        # root may use the blocks ext4 reserves; everyone else only the available ones
-        free = (stat.f_bfree if os.geteuid() == 0 else stat.f_bavail) * stat.f_frsize
-        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
-        if free < need:
-            code, detail = errno.ENOSPC, f"{_mib(free)} free, about {_mib(need)} needed"
-        elif limit != resource.RLIM_INFINITY and size + need > limit:
-            code, detail = errno.EFBIG, f"the limit is {_mib(limit)}"
-        else:
-            return
-        raise self._failed(action, OSError(code, os.strerror(code)), detail)
+        short = sink_disk.no_room(self.path, nbytes)
+        if short is not None:
+            error, detail = short
+            raise self._failed(action, error, detail)
 
     def _create_split(self, file: h5py.File, split: str) -> None:
         created = create_split(file, self.layout, split, self._stored, self.pool)
@@ -224,7 +181,7 @@ class Sink:
         split, count = result.task.split, result.accepted
         # A write HDF5 cannot finish leaves metadata it must still write at the close: stop
         # before that, while there is room for it (two system calls per batch).
-        self._ensure_room(_batch_nbytes(result), "writing")
+        self._ensure_room(sink_disk.batch_nbytes(result), "writing")
         try:
             writers = [(n, w) for (target, n), w in self.images.items() if target == split]
             for name, writer in writers:  # queued: every dataset's re-cut blocks compress at once
@@ -362,15 +319,11 @@ class Sink:
         self._runs.append((split, self._journaled_chunks + len(self._stored)))
 
     def sync(self) -> None:
-        """fsync the file, then let the page cache drop what is durable but its last
-        ``CACHE_KEEP_BYTES``: no HDF5 call, so it may run beside the writer in a thread."""
+        """fsync the file and hand the page cache back what is durable
+        (``sink_disk.sync_and_drop``): no HDF5 call, so it may run beside the writer in a
+        thread."""
         try:
-            with open(self.path, "rb") as handle:
-                durable = os.fstat(handle.fileno()).st_size  # every byte below: written
-                os.fsync(handle.fileno())
-                if durable > CACHE_KEEP_BYTES and hasattr(os, "posix_fadvise"):
-                    length = durable - CACHE_KEEP_BYTES
-                    os.posix_fadvise(handle.fileno(), 0, length, os.POSIX_FADV_DONTNEED)
+            sink_disk.sync_and_drop(self.path)
         except OSError as exc:
             # no _failed here: it may run beside the writer, which then fails on the file
             raise SinkError(f"fsync failed: {io_problem(exc)}", path=self.path) from exc

@@ -1,4 +1,4 @@
-"""The sink hands the page cache back what its syncs made durable (``CACHE_KEEP_BYTES``):
+"""The sink hands the page cache back what its syncs made durable (``sink_disk``):
 advice to the kernel only, so the release is the same file byte for byte."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from conftest import MakeRaw, WriteConfig
 
 import h5etl
-from h5etl import reproducible, sink
+from h5etl import reproducible, sink_disk
 
 EPOCH = "1700000000"
 
@@ -39,7 +39,7 @@ def test_durable_pages_are_dropped_and_the_file_is_unchanged(
         advised.append((offset, length, advice))
         fadvise(fd, offset, length, advice)
 
-    monkeypatch.setattr(sink, "CACHE_KEEP_BYTES", 0)
+    monkeypatch.setattr(sink_disk, "CACHE_KEEP_BYTES", 0)
     monkeypatch.setattr(os, "posix_fadvise", spy)
     dropping = _build(configs[1], jobs=1, checkpoint_seconds=0)  # a sync after every task
 
