@@ -39,3 +39,26 @@ def test_incremental_bench_prints_every_build_and_both_ratios(tmp_path: Path) ->
     assert any(line.startswith("| unchanged / full (<= 10%)") for line in lines)
     assert any(line.startswith("| copy / full (none)") for line in lines)
     assert any(line.startswith("| add 5% / full 5% (<= 15%)") for line in lines)
+
+
+TINY = ("--samples", "20", "--repeats", "1", "--jobs", "1", "--in-process")
+
+
+def test_the_in_process_variant_prints_the_same_rows(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "incremental.py"), "--dir", str(tmp_path), *TINY],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("in one process: ")
+    rows = {
+        line.split(" | ")[0].lstrip("| "): line.split(" | ")
+        for line in done.stdout.splitlines()
+        if line.startswith("| ")
+    }
+    assert rows["unchanged"][1:4] == ["v0001 (up to date)", "20", "0"]
+    assert rows["copy"][1:4] == ["v0002", "20", "20"]
+    assert rows["add 5%"][1:3] == ["v0003", "22"]
