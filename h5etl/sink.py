@@ -4,13 +4,13 @@ Batches arrive in write order per split (the splits' batches may interleave). Th
 whole pre-compressed chunks, stored with ``write_direct_chunk``; rows that come raw (ragged
 values, a task isolated after a worker crash) go through a carry buffer that re-cuts whole
 chunks (the last one padded, as HDF5 stores edge chunks), compressed on threads beside the
-writer (``chunkpool``). Only this module writes HDF5 files.
+writer (``chunkpool``). Only this module and its parts (``sink_*``: datasets, chunks, rows,
+ragged values, copies, the journal side, the disk side) write HDF5 files.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import os
 import time
@@ -24,13 +24,12 @@ import numpy as np
 
 from h5etl import fileformat, sink_disk
 from h5etl.chunkpool import ChunkPool
-from h5etl.errors import ResumeMismatch, SinkError, io_problem
-from h5etl.journal import ResumeState
+from h5etl.errors import SinkError, io_problem
 from h5etl.records import BatchResult, EncodedRows, RaggedRows, Reject
 from h5etl.sink_carry import copy_chunks, parent_rows
-from h5etl.sink_chunks import DatasetStats, ImageWriter, StoredChunks, chunk_places
+from h5etl.sink_chunks import DatasetStats, ImageWriter, StoredChunks
 from h5etl.sink_datasets import create_split
-from h5etl.sink_ragged import EMPTY, restore_ragged, snapshot
+from h5etl.sink_journal import JournalSide
 from h5etl.sink_rows import SinkLayout, SmallRows, store_rejects
 from h5etl.sink_virtual import VirtualColumn, create_virtual, map_arrays
 
@@ -41,7 +40,7 @@ WRITE_CACHE_BYTES = 256 * 1024
 logger = logging.getLogger(__name__)
 
 
-class Sink:
+class Sink(JournalSide):
     """Context manager around the one HDF5 file a build writes; created with mode ``x``."""
 
     _created = False  # the file exists because this sink created it: its own to abandon
@@ -138,18 +137,6 @@ class Sink:
             self._abandoned = True
             with contextlib.suppress(OSError):
                 os.truncate(self.path, 0)
-
-    def _copy_chunk(
-        self, writer: ImageWriter, offset: tuple[int, ...], data: bytes, filter_mask: int
-    ) -> None:
-        """Store one chunk copied from a killed build; a failed write is a write error (a
-        full disk), not a reason to distrust the killed build's file."""
-        try:
-            if writer.dataset.shape[0] < offset[0] + 1:
-                writer.dataset.resize(offset[0] + 1, axis=0)
-            writer.dataset.id.write_direct_chunk(offset, data, filter_mask)
-        except OSError as exc:
-            raise self._failed("copying the killed build's chunks", exc) from exc
 
     def _failed(self, action: str, exc: BaseException, detail: str = "") -> SinkError:
         """The error for a failed write; the file is abandoned at once (see ``_abandon``)."""
@@ -263,120 +250,6 @@ class Sink:
     def _small(self) -> SmallRows:
         assert self.rows is not None, "Sink used outside its with-block"
         return self.rows
-
-    @property
-    def consistent(self) -> bool:
-        """True when every stored row is in whole chunks: a point a resume can start from.
-
-        A ragged column's carry (the values after its last whole chunk) does not count: the
-        checkpoint records it (``sink_ragged.snapshot``), as it almost never empties.
-        """
-        return all(
-            not writer.carry_rows for key, writer in self.images.items() if key not in self.ragged
-        )
-
-    def checkpoint(self) -> dict[str, Any]:
-        """Return what was stored since the last checkpoint, for the resume journal.
-
-        The delta is durable only after ``sync()``, which may run in another thread. Nothing
-        is written here: the chunks went to the OS as they were stored (direct chunk writes
-        bypass HDF5's caches) and the small rows' values travel in the journal. A resume
-        trusts no HDF5 metadata of a killed file, so none is flushed; and a flush at clock
-        times would make the file's layout depend on the clock (HDF5 gives up its space
-        aggregators at every flush), where a release must be reproducible byte for byte.
-        """
-        assert self.file is not None
-        assert self.consistent
-        self._ensure_room(0, "flushing")  # a disk about to fill fails here, before HDF5 does
-        wanted: dict[int, set[tuple[int, ...]]] = {}
-        for writer, offset, _ in self._stored:
-            wanted.setdefault(id(writer), set()).add(offset)
-        places = {  # one pass over each dataset's chunk index, not a lookup per chunk
-            id(writer): chunk_places(writer.dataset, wanted[id(writer)])
-            for writer in {id(w): w for w, _, _ in self._stored}.values()
-        }
-        chunks = [
-            writer.chunk_record(offset, sha, places[id(writer)][offset])
-            for writer, offset, sha in self._stored
-        ]
-        self._stored.clear()  # (in place: the writers share the list)
-        self._journaled_chunks += len(chunks)
-        runs, self._runs = self._runs, []
-        delta = {
-            "rows": dict(self.counts),
-            "chunks": chunks,
-            "runs": [list(run) for run in runs],
-            "blocks": {w.stats.path: w.block_delta() for w in self.images.values()},
-        }
-        delta["texts"], delta["lineage"] = self._small.journal_delta()
-        if self.ragged:
-            delta["ragged"] = {
-                self.images[key].stats.path: snapshot(self.images[key]) for key in self.ragged
-            }
-        return delta
-
-    def _note_run(self, split: str) -> None:
-        self._runs.append((split, self._journaled_chunks + len(self._stored)))
-
-    def sync(self) -> None:
-        """fsync the file and hand the page cache back what is durable
-        (``sink_disk.sync_and_drop``): no HDF5 call, so it may run beside the writer in a
-        thread."""
-        try:
-            sink_disk.sync_and_drop(self.path)
-        except OSError as exc:
-            # no _failed here: it may run beside the writer, which then fails on the file
-            raise SinkError(f"fsync failed: {io_problem(exc)}", path=self.path) from exc
-
-    def restore(self, state: ResumeState, partial: Path) -> None:
-        """Copy what a killed build stored (per its journal) from its temp file, verified.
-
-        Raises:
-            ResumeMismatch: a recorded chunk is missing or its bytes changed.
-        """
-        assert self.file is not None
-        writers = {writer.stats.path: writer for writer in self.images.values()}
-        for split in self.layout.splits:  # buffered first: their runs come between the chunks
-            small = {
-                name: state.texts.get(path, [])
-                for name, path in self.layout.buffered(split).items()
-            }
-            lineage = state.lineage.get(split, [])
-            if lineage:
-                self._small.restore(split, small, lineage)
-                self.counts[split] = len(lineage)
-        runs = list(state.runs)
-        try:
-            with open(partial, "rb") as source:
-                for index, record in enumerate(state.chunks):
-                    runs = self._small.replay_runs(runs, index)
-                    source.seek(record.byte_offset)
-                    data = source.read(record.size)
-                    writer = writers.get(record.dataset)
-                    if writer is None or hashlib.sha256(data).hexdigest() != record.sha256:
-                        raise ResumeMismatch(
-                            f"chunk {record.offset} of {record.dataset} does not match the journal",
-                            path=partial,
-                        )
-                    self._copy_chunk(writer, record.offset, data, record.filter_mask)
-                    writer.note_copied(record.offset, record.sha256)
-            self._small.replay_runs(runs, len(state.chunks))
-        except ValueError as exc:  # the journal places more runs than its rows fill
-            raise ResumeMismatch(str(exc), path=partial) from exc
-        except SinkError:  # (an OSError too) a mismatch, or a write that failed
-            raise
-        except OSError as exc:
-            raise ResumeMismatch(
-                f"cannot read the earlier temp file: {io_problem(exc)}", path=partial
-            ) from exc
-        for key, writer in self.images.items():
-            blocks = state.blocks.get(writer.stats.path, [])
-            if key in self.ragged:
-                ends = state.texts.get(self.layout.offsets_path(*key), [])
-                found = state.ragged.get(writer.stats.path, EMPTY)
-                restore_ragged(writer, found, blocks, int(ends[-1]) if ends else 0)
-            else:
-                writer.restore(state.rows.get(key[0], 0), blocks)
 
     def finish(
         self,
