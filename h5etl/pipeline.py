@@ -170,8 +170,14 @@ def _build_locked(run: _Run, *, resume: bool, full: bool) -> BuildReport:
     if gate.up_to_date(spec, plan, report, origin):
         report.seconds = {**watch.seconds, "total": watch.total()}
         report.warnings = [*plan.warnings, *redone]
-        status.succeeded(version=report.version, path=report.path, samples=report.samples,
-                         seconds=watch.total(), up_to_date=True)  # fmt: skip
+        status.succeeded(
+            version=report.version,
+            path=report.path,
+            samples=report.samples,
+            seconds=watch.total(),
+            up_to_date=True,
+            rejects=report.rejects,  # the release's, decode-time ones too
+        )
         return report
     try:
         info = _build_planned(run, plan, report, watch, previous, None if full else origin)

@@ -144,12 +144,17 @@ class BuildStatus:
         samples: dict[str, int],
         seconds: float,
         up_to_date: bool = False,
+        rejects: Iterable[Reject] | None = None,
     ) -> None:
-        """The release is published (or, ``up_to_date``, the linked one is: nothing changed):
-        the outcome, while the build still holds the lock."""
+        """The release is published (or, ``up_to_date``, the linked one is: nothing changed,
+        and ``rejects`` are all of its rejects, decode-time ones too): the outcome, while the
+        build still holds the lock."""
         with self._lock:
             for split, count in samples.items():
                 self._split(split)["stored"] = count
+            if rejects is not None:
+                self._rejects.clear()
+                self._add_rejects(rejects)
         done = {"version": version, "release": str(path), "link": str(self.output.link)}
         self._finish(SUCCEEDED, {**done, "seconds": seconds, "up_to_date": up_to_date})
 

@@ -194,6 +194,10 @@ def test_decode_time_rejects_unchanged_are_up_to_date_fixed_they_build(
     assert sorted(r.as_json().items() for r in again.rejects) == sorted(
         r.as_json().items() for r in first.rejects
     )
+    # and the status file counts them all, not only those found before decoding
+    status = json.loads((tmp_path / "releases" / "cells.status.json").read_text())
+    assert status["rejects"]["total"] == len(first.rejects) == 5
+    assert status["rejects"]["reasons"] == {"mask_values": 2, "orphan": 1, "truncated": 2}
     # the mask is fixed: it builds, and the sample is stored now
     save(raw.mask("spot"), random_pair(np.random.default_rng(8), (12, 14))[1])
     fixed = build(load_spec(config), jobs=1)
