@@ -126,7 +126,7 @@ def write_shard(job: ShardJob, cutter: TaskCutter | None = None) -> dict[str, An
             tallies.add(result)
             entries.append(task_entry(result))
             worker_seconds += result.seconds
-        sink.store_carries()  # a ragged column's last chunk: in the manifest like the others
+        sink.store_partial_chunks()  # a ragged column's last chunk: in the manifest like the others
         delta = sink.checkpoint()
         sink.finish({"h5etl_shard": job.ident, "shard_index": job.index}, {}, None)
     sink.sync()

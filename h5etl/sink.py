@@ -26,7 +26,7 @@ from h5etl import fileformat, sink_disk
 from h5etl.chunkpool import ChunkPool
 from h5etl.errors import SinkError, io_problem
 from h5etl.records import BatchResult, EncodedRows, RaggedRows, Reject
-from h5etl.sink_carry import copy_chunks, parent_rows
+from h5etl.sink_carry import copy_parent_columns, parent_rows
 from h5etl.sink_chunks import DatasetStats, ImageWriter, StoredChunks
 from h5etl.sink_datasets import create_split
 from h5etl.sink_journal import JournalSide
@@ -216,7 +216,7 @@ class Sink(JournalSide):
             return 0
         try:
             with h5py.File(parent, "r") as source:
-                copied, ends = copy_chunks(source, self.layout, self.images, split, blocks)
+                copied, ends = copy_parent_columns(source, self.layout, self.images, split, blocks)
                 small, lineage = parent_rows(source, self.layout, split, blocks)
             small.update(record)
             small.update(ends)
@@ -237,7 +237,7 @@ class Sink(JournalSide):
         self._small.restore(split, small, lineage)
         self.counts[split] += len(lineage)
 
-    def store_carries(self) -> None:
+    def store_partial_chunks(self) -> None:
         """Store every writer's last, partial chunk now (its carry, as ``finish`` would): a
         shard does so before its manifest takes the digests of the chunks it stored."""
         try:

@@ -38,7 +38,7 @@ def runs(spans: Spans) -> Spans:
     return out
 
 
-def copy_chunks(
+def copy_parent_columns(
     source: h5py.File,
     layout: SinkLayout,
     writers: Mapping[tuple[str, str], ImageWriter],
