@@ -14,7 +14,7 @@ from h5etl.kinds.base import Kind
 from h5etl.records import Sample
 
 if TYPE_CHECKING:
-    from h5etl.clean import Probed
+    from h5etl.probes import Probed
 
 
 def expanded(
