@@ -68,16 +68,16 @@ def window_for(jobs: int, task_bytes: int) -> int:
 
 
 class Window:
-    """The tasks in flight, ``window_for`` a task's bytes: the task cutter's estimate of its
-    decoded samples until results arrive, then twice the largest result seen (a result is
-    held twice on its way: in its worker beside the pickled copy it sends, in this process as
-    the bytes received and the objects made of them).
+    """The tasks in flight: ``window_for`` a task's bytes as the task cutter estimates its
+    decoded samples, or, once results have arrived, as twice the largest result seen if
+    that allows more (a result is held twice on its way: in its worker beside the pickled
+    copy it sends, in this process as the bytes received and the objects made of them).
 
     A task's result is its real size: a CT case streamed by its kind is never whole decoded,
     and is only as large as it compresses (a 200-slice case came to 45 MiB against an
     estimate of 256 MiB, which held two workers to a window of 2 and made them wait for the
-    writer). Image tasks (at most 64 MiB decoded, their results smaller) stay at
-    ``2 * jobs + 1`` up to ``--jobs 3``, as before."""
+    writer). Results only widen the window: image tasks (at most 64 MiB decoded) keep the
+    window they had, whatever they compress to."""
 
     def __init__(self, jobs: int, task_bytes: int):
         self.jobs = jobs
@@ -85,7 +85,10 @@ class Window:
         self.largest = 0  # of the results seen, ``decode.result_nbytes``
 
     def limit(self) -> int:
-        return window_for(self.jobs, 2 * self.largest if self.largest else self.estimate)
+        planned = window_for(self.jobs, self.estimate)
+        if not self.largest:
+            return planned
+        return max(planned, window_for(self.jobs, 2 * self.largest))
 
     def noted(self, result: BatchResult) -> BatchResult:
         self.largest = max(self.largest, decode.result_nbytes(result))
