@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import gc
+import os
 import sys
 import time
 from collections import deque
@@ -117,7 +117,7 @@ def run_tasks(
             decode.drop_buffers()  # inline, the buffers would outlive the build in this process
         return
     pool = _Pool(jobs, worker, recipe)
-    with collecting_less():
+    with decode.collecting_less(), _removed(decode.send_lock_path(os.getpid())):
         if isinstance(window, Window):
             sized = window
 
@@ -127,23 +127,6 @@ def run_tasks(
             yield from in_order(tasks, pool.submit, result, window.limit)
             return
         yield from in_order(tasks, pool.submit, pool.result, window or 2 * jobs + 1)
-
-
-YOUNG_COLLECTION_EVERY = 50_000  # allocations, against Python's default of 700
-
-
-@contextlib.contextmanager
-def collecting_less() -> Iterator[None]:
-    """Collect the young generation of Python's garbage collector rarely while results
-    arrive. A CT case comes back as thousands of chunk objects (none in a reference
-    cycle), and each young collection scanned the ones that had arrived again: 0.3 of the
-    writer's 1.3 CPU-s on 8 cases of 200 slices (py-spy). The thresholds come back after."""
-    before = gc.get_threshold()
-    gc.set_threshold(max(before[0], YOUNG_COLLECTION_EVERY), *before[1:])
-    try:
-        yield
-    finally:
-        gc.set_threshold(*before)
 
 
 def local(jobs: int) -> Decoder:
@@ -330,6 +313,23 @@ def run_remote(worker: Worker, task: DecodeTask, recipe: decode.DecodeRecipe) ->
     return result
 
 
+def run_pooled(worker: Worker, task: DecodeTask, recipe: decode.DecodeRecipe) -> BatchResult:
+    """``run_remote`` in a worker of the local pool: a big result waits for its turn to be
+    sent before the pool copies it (``decode.send_one_at_a_time``)."""
+    result = run_remote(worker, task, recipe)
+    decode.send_one_at_a_time(result)
+    return result
+
+
+@contextlib.contextmanager
+def _removed(path: str) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            os.remove(path)
+
+
 class _Pool:
     """joblib's reusable loky executor, re-created after a worker dies."""
 
@@ -339,7 +339,7 @@ class _Pool:
         self.recipe = recipe
 
     def submit(self, task: DecodeTask) -> Future[BatchResult]:
-        return _submit(self.jobs, run_remote, self.worker, task, self.recipe)
+        return _submit(self.jobs, run_pooled, self.worker, task, self.recipe)
 
     def result(self, task: DecodeTask, future: Future[BatchResult]) -> BatchResult:
         got = rerun_after_crash(

@@ -31,7 +31,7 @@ from pydicom.uid import (
     generate_uid,
 )
 
-from h5etl import schedule
+from h5etl import decode, schedule
 from h5etl.config import load_spec
 from h5etl.errors import RejectError
 from h5etl.examples.volumes import write_dicom_series
@@ -264,7 +264,29 @@ def test_results_arrive_with_rarer_young_collections_then_the_thresholds_come_ba
     import gc
 
     before = gc.get_threshold()
-    with schedule.collecting_less():
+    with decode.collecting_less():
         during = gc.get_threshold()
-    assert during == (schedule.YOUNG_COLLECTION_EVERY, *before[1:])
+    assert during == (decode.YOUNG_COLLECTION_EVERY, *before[1:])
     assert gc.get_threshold() == before
+
+
+def test_big_results_are_sent_one_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(decode, "send_lock_path", lambda parent: str(tmp_path / "send.lock"))
+    first = _result(decode.BIG_RESULT + 1)
+    decode.send_one_at_a_time(first)  # its turn, until it is gone (sent)
+    decode.send_one_at_a_time(_result(1000))  # a small one never waits
+    second = _result(decode.BIG_RESULT + 1)
+    waited = threading.Event()
+
+    def send_second() -> None:
+        decode.send_one_at_a_time(second)
+        waited.set()
+
+    thread = threading.Thread(target=send_second)
+    thread.start()
+    assert not waited.wait(0.3)  # the second waits while the first is held
+    del first
+    assert waited.wait(5)  # and goes once the first is freed
+    thread.join()
