@@ -22,7 +22,7 @@ from typing import Any, Protocol, TypeVar
 
 from joblib.externals.loky.process_executor import BrokenProcessPool
 
-from h5etl import decode, workers
+from h5etl import decode, shared_values, workers
 from h5etl.records import Barrier, BatchResult, DecodeTask, Reject, Sample, sample_rejects
 
 PROBE_STAGE = "clean"  # header probes belong to cleaning (clean.STAGE)
@@ -117,7 +117,12 @@ def run_tasks(
             decode.drop_buffers()  # inline, the buffers would outlive the build in this process
         return
     pool = _Pool(jobs, worker, recipe)
-    with decode.collecting_less(), _removed(decode.send_lock_path(os.getpid())):
+    owner = os.getpid()
+    with (
+        decode.collecting_less(),
+        _removed(decode.send_lock_path(owner)),
+        shared_values.swept(owner),
+    ):
         if isinstance(window, Window):
             sized = window
 
@@ -313,10 +318,13 @@ def run_remote(worker: Worker, task: DecodeTask, recipe: decode.DecodeRecipe) ->
     return result
 
 
-def run_pooled(worker: Worker, task: DecodeTask, recipe: decode.DecodeRecipe) -> BatchResult:
-    """``run_remote`` in a worker of the local pool: a big result waits for its turn to be
-    sent before the pool copies it (``decode.send_one_at_a_time``)."""
-    result = run_remote(worker, task, recipe)
+def run_pooled(
+    worker: Worker, task: DecodeTask, recipe: decode.DecodeRecipe, owner: int
+) -> BatchResult:
+    """``run_remote`` in a worker of the local pool: raw ragged values go back through shared
+    memory (``shared_values``), not the pipe, and a big result still waits for its turn to
+    be sent before the pool copies it (``decode.send_one_at_a_time``)."""
+    result = shared_values.share(run_remote(worker, task, recipe), owner)
     decode.send_one_at_a_time(result)
     return result
 
@@ -339,14 +347,14 @@ class _Pool:
         self.recipe = recipe
 
     def submit(self, task: DecodeTask) -> Future[BatchResult]:
-        return _submit(self.jobs, run_pooled, self.worker, task, self.recipe)
+        return _submit(self.jobs, run_pooled, self.worker, task, self.recipe, os.getpid())
 
     def result(self, task: DecodeTask, future: Future[BatchResult]) -> BatchResult:
+        alone = lambda part: shared_values.attach(self.submit(part).result())  # noqa: E731
         got = rerun_after_crash(
-            future,
-            lambda: self.submit(task),
-            lambda: isolate(task, self.recipe, lambda alone: self.submit(alone).result()),
+            future, lambda: self.submit(task), lambda: isolate(task, self.recipe, alone)
         )
+        got = shared_values.attach(got)
         got.task = task
         return got
 

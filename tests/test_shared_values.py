@@ -1,0 +1,121 @@
+"""shared_values: raw ragged values of local workers come back through /dev/shm, and nothing
+is left there, whatever happens to the build."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+from conftest import dataset_digests
+
+import h5etl
+from h5etl import shared_values
+from h5etl.examples.sensors import START, write_recording
+from h5etl.records import BatchResult, DecodeTask, RaggedRows
+
+pytestmark = pytest.mark.skipif(not shared_values.SHM.is_dir(), reason="no /dev/shm here")
+
+CONFIG = """\
+name: vib
+pipeline: series
+output: releases
+sources:
+  recording: {dir: recordings, entries: folders}
+fields:
+  recording:
+    channels:
+      accel: {file: accel.npy, rate_hz: 10000, dtype: float32, shape: [3], units: m/s^2}
+      voltage: {file: voltage.csv, rate_hz: 100, columns: [volts], units: V}
+      temperature: {file: temperature.csv, time: t, rate_hz: 1, columns: [celsius], units: degC}
+    tolerance_s: 1.0
+splits: {train: 1.0}
+"""
+
+
+def _ours(owner: int) -> list[Path]:
+    return sorted(shared_values.SHM.glob(f"{shared_values.PREFIX}-{owner}-*"))
+
+
+def _result(rows: int) -> BatchResult:
+    values = np.arange(rows * 3, dtype=np.float32).reshape(rows, 3)
+    result = BatchResult(DecodeTask("train", 0, (), 1, 1), 2)
+    result.columns = {
+        "big": RaggedRows(values, np.array([rows - 5, 5])),
+        "small": RaggedRows(values[:4].copy(), np.array([4])),
+    }
+    return result
+
+
+def test_a_worker_shares_big_values_and_the_parent_takes_them_back() -> None:
+    owner = os.getpid()
+    result = shared_values.share(_result(200_000), owner)  # 2.4 MB: shared; 48 bytes: pickled
+    big = result.columns["big"]
+    assert isinstance(big, RaggedRows)
+    assert isinstance(big.values, np.ndarray)
+    assert big.values.shape == (0, 3)
+    assert list(result.shared) == ["big"]
+    assert len(_ours(owner)) == 1
+    shared_values.attach(result)
+    assert _ours(owner) == []  # unlinked at once: the memory goes with the array
+    assert result.shared == {}
+    np.testing.assert_array_equal(
+        big.values, np.arange(600_000, dtype=np.float32).reshape(200_000, 3)
+    )
+    assert not big.values.flags.writeable
+
+
+def test_what_no_parent_will_take_is_swept() -> None:
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    gone = int(dead.stdout)
+    shared_values.share(_result(200_000), gone)  # a killed build's
+    shared_values.share(_result(200_000), os.getpid())  # this build's, given up
+    living = shared_values.SHM / f"{shared_values.PREFIX}-1-left-alone"
+    living.write_bytes(b"pid 1 lives")
+    try:
+        shared_values.sweep()
+        assert _ours(gone) == []
+        assert len(_ours(os.getpid())) == 1
+        shared_values.sweep(os.getpid())
+        assert _ours(os.getpid()) == []
+        assert living.exists()
+    finally:
+        living.unlink()
+
+
+def test_a_series_build_is_the_same_through_shared_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    taken: list[str] = []
+
+    def attach(result: BatchResult) -> BatchResult:
+        taken.extend(result.shared)
+        return original(result)
+
+    original = shared_values.attach
+    monkeypatch.setattr(shared_values, "attach", attach)
+    rng = np.random.default_rng(2)
+    for index, seconds in enumerate([11, 9, 12]):  # ~1.2 MB of accelerometer each
+        write_recording(tmp_path / "recordings" / f"r{index}", rng, seconds, START + index)
+    (tmp_path / "series.yaml").write_text(CONFIG, encoding="utf-8")
+    one = h5etl.build(h5etl.load_spec(tmp_path / "series.yaml"), jobs=1)
+    assert one.path is not None
+    expected = dataset_digests(one.path)
+    one.path.unlink()
+    (one.path.parent / "vib.h5").unlink()
+    two = h5etl.build(h5etl.load_spec(tmp_path / "series.yaml"), jobs=2, full=True)
+    assert two.path is not None
+    assert dataset_digests(two.path) == expected
+    assert "recording_accel" in taken  # the accelerometer came through /dev/shm
+    assert _ours(os.getpid()) == []
+    accel = np.load(tmp_path / "recordings" / "r1" / "accel.npy")
+    with h5py.File(two.path, "r") as handle:
+        values = handle["train/recording_accel"]
+        offsets = handle["train/recording_accel_offsets"][...]
+        i = [k.decode() for k in handle["train/filename"][...]].index("r1")
+        np.testing.assert_array_equal(values[offsets[i] : offsets[i + 1]], accel)
