@@ -178,7 +178,7 @@ class EncodedChunk:
 
     offset: tuple[int, ...]
     filter_mask: int
-    data: bytes
+    data: bytes | memoryview  # a view of shared memory once a local worker's result arrives
     sha256: str = ""
 
 

@@ -1,10 +1,14 @@
-"""shared_values: a local worker's raw ragged values reach the parent through shared memory.
+"""shared_values: a local worker's big results reach the parent through shared memory.
 
 A ragged column of many value rows per chunk comes back raw (the parent cuts its chunks), and
 pickling it, piping it and unpickling it cost the build as much CPU as compressing it (0.7
-CPU-s of the 120-recording series benchmark). A local worker writes such an array to a file
-in ``/dev/shm`` (one copy, as pickling made) and sends its name; the parent maps it (no copy)
-and unlinks the name at once, so the memory goes when the array does. Names carry the
+CPU-s of the 120-recording series benchmark). Compressed chunks, the bulk of every other
+result, went the same way: the pipe and unpickling were the single writer's largest cost
+after the writes themselves (at 30,000 image pairs, 1.76 GB through loky's result pipe). A
+local worker writes such an array, or a column's chunks one after another, to a file in
+``/dev/shm`` (one copy, as pickling made) and sends its name; the parent maps it (no copy;
+the chunks become views of the mapping that ``write_direct_chunk`` reads) and unlinks the
+name at once, so the memory goes when the result does. Names carry the
 parent's pid: what a cancelled or crashed build leaves is swept (``sweep``). Without
 ``/dev/shm`` (not Linux) the values travel pickled, as ever; a Dask worker never shares.
 """
@@ -12,6 +16,7 @@ parent's pid: what a cancelled or crashed build leaves is swept (``sweep``). Wit
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import mmap
 import os
 import uuid
@@ -21,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from h5etl.records import BatchResult, RaggedRows
+from h5etl.records import BatchResult, EncodedRows, RaggedRows
 
 SHM = Path("/dev/shm")
 PREFIX = "h5etl-values"
@@ -37,6 +42,15 @@ class SharedArray:
     dtype: str
 
 
+@dataclass(frozen=True, slots=True)
+class SharedChunks:
+    """Where a worker left one column's compressed chunks: a file name, each chunk's size in
+    the order of ``EncodedRows.blocks`` (block by block, chunk by chunk)."""
+
+    name: str
+    sizes: tuple[int, ...]
+
+
 def share(result: BatchResult, owner: int) -> BatchResult:
     """In a local worker: move every raw ragged values array of ``MIN_BYTES`` or more into a
     file of ``/dev/shm`` named for the parent ``owner`` (``result.shared``), leaving an empty
@@ -44,7 +58,10 @@ def share(result: BatchResult, owner: int) -> BatchResult:
     if not SHM.is_dir():
         return result
     for name, rows in result.columns.items():
-        values = rows.values if isinstance(rows, RaggedRows) else None
+        values = rows.values if isinstance(rows, RaggedRows) else rows
+        if isinstance(values, EncodedRows):
+            _share_chunks(result, name, values, owner)
+            continue
         if not isinstance(values, np.ndarray) or values.nbytes < MIN_BYTES:
             continue
         path = SHM / f"{PREFIX}-{owner}-{uuid.uuid4().hex}"
@@ -61,19 +78,58 @@ def share(result: BatchResult, owner: int) -> BatchResult:
     return result
 
 
+def _share_chunks(result: BatchResult, name: str, rows: EncodedRows, owner: int) -> None:
+    """Move a column's compressed chunks into one file when they are ``MIN_BYTES`` or more,
+    leaving chunks without bytes in their place; any error leaves them where they are."""
+    chunks = [chunk for block in rows.blocks for chunk in block]
+    if sum(len(chunk.data) for chunk in chunks) < MIN_BYTES:
+        return
+    path = SHM / f"{PREFIX}-{owner}-{uuid.uuid4().hex}"
+    try:
+        with open(path, "xb") as handle:
+            for chunk in chunks:
+                handle.write(chunk.data)
+    except OSError:
+        with contextlib.suppress(OSError):
+            path.unlink()
+        return
+    result.shared[name] = SharedChunks(path.name, tuple(len(chunk.data) for chunk in chunks))
+    rows.blocks = [[dataclasses.replace(c, data=b"") for c in block] for block in rows.blocks]
+
+
 def attach(result: BatchResult) -> BatchResult:
-    """In the parent: put the shared values back into their columns (read-only arrays over
-    the mapped files), unlinking each name at once."""
+    """In the parent: put the shared values back into their columns (read-only arrays, or
+    chunks whose bytes are views, over the mapped files), unlinking each name at once."""
     for name, ref in result.shared.items():
         path = SHM / ref.name
         with open(path, "rb") as handle:
-            mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+            # prefaulted in one call: a fault per page, as a fresh buffer takes, cost more
+            flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+            mapped = mmap.mmap(handle.fileno(), 0, flags=flags, prot=mmap.PROT_READ)
         path.unlink()
         rows = result.columns[name]
+        if isinstance(ref, SharedChunks):
+            encoded = rows.values if isinstance(rows, RaggedRows) else rows
+            assert isinstance(encoded, EncodedRows)
+            _attach_chunks(encoded, memoryview(mapped), ref.sizes)
+            continue
         assert isinstance(rows, RaggedRows)
         rows.values = np.frombuffer(mapped, dtype=ref.dtype).reshape(ref.shape)
     result.shared = {}
     return result
+
+
+def _attach_chunks(rows: EncodedRows, view: memoryview, sizes: tuple[int, ...]) -> None:
+    """Give each chunk of ``rows`` its bytes back, as views of ``view`` in their order."""
+    blocks, start, index = [], 0, 0
+    for block in rows.blocks:
+        placed = []
+        for chunk in block:
+            size = sizes[index]
+            placed.append(dataclasses.replace(chunk, data=view[start : start + size]))
+            start, index = start + size, index + 1
+        blocks.append(placed)
+    rows.blocks = blocks
 
 
 @contextlib.contextmanager

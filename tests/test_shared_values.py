@@ -119,3 +119,82 @@ def test_a_series_build_is_the_same_through_shared_memory(
         offsets = handle["train/recording_accel_offsets"][...]
         i = [k.decode() for k in handle["train/filename"][...]].index("r1")
         np.testing.assert_array_equal(values[offsets[i] : offsets[i + 1]], accel)
+
+
+def _encoded(sizes: list[list[int]]) -> tuple[BatchResult, list[list[bytes]]]:
+    from h5etl.records import EncodedChunk, EncodedRows
+
+    rng = np.random.default_rng(3)
+    data = [[rng.bytes(n) for n in block] for block in sizes]
+    rows = EncodedRows(
+        [[EncodedChunk((0, i), 0, b, f"{i}") for i, b in enumerate(block)] for block in data],
+        [b"d" * 32 for _ in sizes],
+    )
+    result = BatchResult(DecodeTask("train", 0, (), 1, 1), 2)
+    result.columns = {"image": rows}
+    return result, data
+
+
+def test_compressed_chunks_come_back_as_views_of_shared_memory() -> None:
+    owner = os.getpid()
+    result, data = _encoded([[700_000, 0, 300_000], [200_000]])  # 1.2 MB: shared
+    shared_values.share(result, owner)
+    assert list(result.shared) == ["image"]
+    rows = result.columns["image"]
+    assert [[c.data for c in block] for block in rows.blocks] == [[b"", b"", b""], [b""]]
+    assert len(_ours(owner)) == 1
+    shared_values.attach(result)
+    assert _ours(owner) == []
+    assert [[bytes(c.data) for c in block] for block in rows.blocks] == data
+    assert [[c.sha256 for c in block] for block in rows.blocks] == [["0", "1", "2"], ["0"]]
+    small, kept = _encoded([[1000, 2000]])
+    shared_values.share(small, owner)  # below MIN_BYTES: pickled as before
+    assert small.shared == {}
+    assert [[c.data for c in b] for b in small.columns["image"].blocks] == kept
+
+
+def test_an_image_build_is_the_same_through_shared_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from PIL import Image
+
+    taken: list[str] = []
+
+    def attach(result: BatchResult) -> BatchResult:
+        taken.extend(result.shared)
+        return original(result)
+
+    original = shared_values.attach
+    monkeypatch.setattr(shared_values, "attach", attach)
+    rng = np.random.default_rng(5)
+    for folder in ("images", "masks"):
+        (tmp_path / folder).mkdir()
+    for i in range(40):  # noise does not compress: a task's chunks are over 1 MiB
+        pixels = rng.integers(0, 256, (200, 210, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(tmp_path / "images" / f"s{i:02d}.png")
+        mask = (rng.random((200, 210)) > 0.5).astype(np.uint8) * 255
+        Image.fromarray(mask).save(tmp_path / "masks" / f"s{i:02d}.png")
+    (tmp_path / "seg.yaml").write_text(
+        "name: seg\noutput: releases\n"
+        "sources: {image: {dir: images, glob: '*.png'}, mask: {dir: masks, glob: '*.png'}}\n"
+        "splits: {train: 0.75, valid: 0.25}\n"
+        "fields:\n"
+        "  image: {shape: [3, 224, 224], dtype: uint8, mode: RGB}\n"
+        "  mask: {shape: [1, 224, 224], dtype: uint8, mode: L, values: [0, 1]}\n"
+        "  filename: {dtype: str}\n"
+        "storage: {chunk_samples: 8, compression: lzf, shuffle: true}\n",
+        encoding="utf-8",
+    )
+    one = h5etl.build(h5etl.load_spec(tmp_path / "seg.yaml"), jobs=1)
+    assert one.path is not None
+    expected = dataset_digests(one.path)
+    two = h5etl.build(h5etl.load_spec(tmp_path / "seg.yaml"), jobs=2, full=True)
+    assert two.path is not None
+    assert dataset_digests(two.path) == expected
+    assert "image" in taken  # the image chunks came through /dev/shm
+    assert _ours(os.getpid()) == []
+    with h5py.File(two.path, "r") as handle:
+        names = [n.decode() for n in handle["train/filename"][...]]
+        stored = handle["train/image"][names.index("s03.png")]
+    original_pixels = np.asarray(Image.open(tmp_path / "images" / "s03.png")).transpose(2, 0, 1)
+    np.testing.assert_array_equal(stored[:, 12:212, 7:217], original_pixels)
