@@ -16,7 +16,7 @@ from conftest import dataset_digests
 import h5etl
 from h5etl import shared_values
 from h5etl.examples.sensors import START, write_recording
-from h5etl.records import BatchResult, DecodeTask, RaggedRows
+from h5etl.records import BatchResult, DecodeTask, EncodedRows, RaggedRows
 
 pytestmark = pytest.mark.skipif(not shared_values.SHM.is_dir(), reason="no /dev/shm here")
 
@@ -122,7 +122,7 @@ def test_a_series_build_is_the_same_through_shared_memory(
 
 
 def _encoded(sizes: list[list[int]]) -> tuple[BatchResult, list[list[bytes]]]:
-    from h5etl.records import EncodedChunk, EncodedRows
+    from h5etl.records import EncodedChunk
 
     rng = np.random.default_rng(3)
     data = [[rng.bytes(n) for n in block] for block in sizes]
@@ -141,6 +141,7 @@ def test_compressed_chunks_come_back_as_views_of_shared_memory() -> None:
     shared_values.share(result, owner)
     assert list(result.shared) == ["image"]
     rows = result.columns["image"]
+    assert isinstance(rows, EncodedRows)
     assert [[c.data for c in block] for block in rows.blocks] == [[b"", b"", b""], [b""]]
     assert len(_ours(owner)) == 1
     shared_values.attach(result)
@@ -150,7 +151,9 @@ def test_compressed_chunks_come_back_as_views_of_shared_memory() -> None:
     small, kept = _encoded([[1000, 2000]])
     shared_values.share(small, owner)  # below MIN_BYTES: pickled as before
     assert small.shared == {}
-    assert [[c.data for c in b] for b in small.columns["image"].blocks] == kept
+    unshared = small.columns["image"]
+    assert isinstance(unshared, EncodedRows)
+    assert [[c.data for c in b] for b in unshared.blocks] == kept
 
 
 def test_an_image_build_is_the_same_through_shared_memory(
