@@ -39,9 +39,8 @@ from h5etl.kinds.base import (
 from h5etl.records import (
     BatchResult,
     DecodeTask,
-    EncodedRows,
-    RaggedRows,
     Sample,
+    array_nbytes,
     sample_rejects,
 )
 
@@ -220,16 +219,7 @@ def decode_batch(task: DecodeTask, recipe: DecodeRecipe) -> BatchResult:
 BIG_RESULT = 32 * 2**20  # compressed bytes of a result past which its worker trims its heap
 
 
-def result_nbytes(result: BatchResult) -> int:
-    """The bytes of a result's array columns: its compressed chunks, or its raw rows."""
-    total = 0
-    for rows in result.columns.values():
-        values = rows.values if isinstance(rows, RaggedRows) else rows
-        if isinstance(values, EncodedRows):
-            total += sum(len(chunk.data) for block in values.blocks for chunk in block)
-        elif isinstance(values, np.ndarray):
-            total += values.nbytes
-    return total
+result_nbytes = array_nbytes  # (the window and the send lock size results by it)
 
 
 def trim_when_gone(result: BatchResult) -> None:

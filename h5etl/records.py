@@ -239,3 +239,15 @@ class BatchResult:
     seconds: float = 0.0
     # column -> where a local worker left its raw values (``h5etl.shared_values``)
     shared: dict[str, Any] = field(default_factory=dict)
+
+
+def array_nbytes(result: BatchResult) -> int:
+    """The bytes of a result's array columns: its compressed chunks, or its raw rows."""
+    total = 0
+    for rows in result.columns.values():
+        values = rows.values if isinstance(rows, RaggedRows) else rows
+        if isinstance(values, EncodedRows):
+            total += sum(len(chunk.data) for block in values.blocks for chunk in block)
+        elif isinstance(values, np.ndarray):
+            total += values.nbytes
+    return total

@@ -11,9 +11,7 @@ import os
 import resource
 from pathlib import Path
 
-import numpy as np
-
-from h5etl.records import BatchResult, EncodedRows, RaggedRows
+from h5etl.records import BatchResult, array_nbytes
 
 # Room kept free for the metadata HDF5 writes at a flush or at the close: a flush that fails
 # leaves HDF5 unable to close the file at all, so the sink stops before the disk is full.
@@ -30,16 +28,13 @@ CACHE_KEEP_BYTES = 128 << 20
 def batch_nbytes(result: BatchResult) -> int:
     """An upper bound of the bytes a result adds to the file (its chunks as they come, its
     raw rows uncompressed, texts at 4 bytes a character)."""
-    total = 0
-    for rows in result.columns.values():
-        values = rows.values if isinstance(rows, RaggedRows) else rows
-        if isinstance(values, EncodedRows):
-            total += sum(len(chunk.data) for block in values.blocks for chunk in block)
-        elif isinstance(values, np.ndarray):
-            total += values.nbytes
-        else:
-            total += sum(4 * len(text) + 16 for text in values)
-    return total + sum(64 * len(row) for row in result.lineage)
+    texts = sum(
+        4 * len(text) + 16
+        for rows in result.columns.values()
+        if isinstance(rows, list)
+        for text in rows
+    )
+    return array_nbytes(result) + texts + sum(64 * len(row) for row in result.lineage)
 
 
 def mib(nbytes: int) -> str:
