@@ -136,13 +136,15 @@ KILLED_BUILD = f"""
 """
 
 
-# `h5etl build CONFIG` through the CLI, slowed down so that a signal lands mid-build.
+# `h5etl build CONFIG` through the CLI, slowed down so that a signal lands mid-build: about
+# 10 s of decoding (24 pairs), so that a poller starved on a loaded machine still finds it
+# mid-build; the test stops it at once, so this costs nothing when all is well.
 SLOW_CLI_BUILD = """
     import sys, time
     import h5etl.images
     original = h5etl.images.decode_field  # what the kinds decode with
     def slow(*args, **kwargs):
-        time.sleep(0.05)
+        time.sleep(0.2)
         return original(*args, **kwargs)
     h5etl.images.decode_field = slow
     from h5etl.cli import main
@@ -412,8 +414,8 @@ def test_sigint_stops_cleanly_with_exit_130(project: Path) -> None:
     started, returncode, stderr = interrupt_slow_build(project, folder)
 
     assert started, "the build never started writing"
-    assert returncode == 130
-    assert stderr.strip().splitlines() == ["h5etl: interrupted; nothing was published"]
+    assert returncode == 130, stderr
+    assert stderr.strip().splitlines() == ["h5etl: interrupted; nothing was published"], stderr
     assert folder_state(folder)["files"] == PUBLISHED_V1
     assert file_sha(folder / "cells-v0001.h5") == before
 
