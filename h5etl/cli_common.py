@@ -11,6 +11,7 @@ from typing import Protocol, TypeVar
 
 import typer
 
+from h5etl import interrupts
 from h5etl.cli_usage import OneLineGroup
 from h5etl.errors import H5EtlError
 
@@ -47,7 +48,8 @@ def run(action: Callable[[], T], bars: Closable | None = None) -> T:
     Progress bars are closed first, so none is redrawn below the error line.
     """
     try:
-        return action()
+        with interrupts.catching():
+            return action()
     except H5EtlError as exc:
         if bars is not None:
             bars.close()

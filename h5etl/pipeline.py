@@ -15,6 +15,7 @@ from h5etl import (
     carry,
     clean,
     fileformat,
+    interrupts,
     parent,
     planning,
     provenance,
@@ -244,6 +245,7 @@ def _build_planned(
                 facts = provenance.build_facts(report, run.jobs)
                 facts["shards"] = run.sharding.count if run.sharding else 0
                 parts = earlier.parts if isinstance(earlier, Shards) and earlier.virtual else []
+                interrupts.check()  # never publish after a Ctrl-C, even one Python lost
                 info = output.publish(
                     temp, report.rejects, version=version, facts=facts, parts=parts
                 )
@@ -319,6 +321,7 @@ def _write(
             if earlier is not None:
                 hook("decode+write", sum(sink.counts.values()), None)
             for result in results:
+                interrupts.check()
                 report.rejects.extend(result.rejects)
                 enforce_limit(spec, report.rejects, report.inputs)
                 sink.write(result)

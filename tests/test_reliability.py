@@ -720,3 +720,25 @@ def test_reader_keeps_old_release_while_link_swaps(project: Path) -> None:
         assert int(new.attrs["version"]) == 2
     assert first.version == 1
     assert second.version == 2
+
+
+def test_a_ctrl_c_python_swallowed_still_stops_the_build_before_it_publishes(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A SIGINT raised inside a weakref callback is printed as "Exception ignored" and lost;
+    the handler records it too, and the build raises it again before it publishes."""
+    from h5etl import interrupts
+
+    build(project)
+    folder = project.parent / "releases"
+    before = file_sha(folder / "cells-v0001.h5")
+
+    def hook(stage: str, advance: int, total: int | None) -> None:
+        if stage == "decode+write" and advance:
+            monkeypatch.setattr(interrupts, "_requested", True)  # as the handler leaves it
+
+    with interrupts.catching(), pytest.raises(KeyboardInterrupt):
+        build(project, jobs=1, full=True, progress=hook)
+    assert folder_state(folder)["files"] == PUBLISHED_V1
+    assert file_sha(folder / "cells-v0001.h5") == before
+    assert not interrupts._requested  # reset once the build is left
