@@ -37,6 +37,19 @@ splits: {train: 1.0}
 """
 
 
+def _spy_on_attach(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The columns every result the parent attaches came with through shared memory."""
+    taken: list[str] = []
+    original = shared_values.attach
+
+    def attach(result: BatchResult) -> BatchResult:
+        taken.extend(result.shared)
+        return original(result)
+
+    monkeypatch.setattr(shared_values, "attach", attach)
+    return taken
+
+
 def _ours(owner: int) -> list[Path]:
     return sorted(shared_values.SHM.glob(f"{shared_values.PREFIX}-{owner}-*"))
 
@@ -91,14 +104,7 @@ def test_what_no_parent_will_take_is_swept() -> None:
 def test_a_series_build_is_the_same_through_shared_memory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    taken: list[str] = []
-
-    def attach(result: BatchResult) -> BatchResult:
-        taken.extend(result.shared)
-        return original(result)
-
-    original = shared_values.attach
-    monkeypatch.setattr(shared_values, "attach", attach)
+    taken = _spy_on_attach(monkeypatch)
     rng = np.random.default_rng(2)
     for index, seconds in enumerate([11, 9, 12]):  # ~1.2 MB of accelerometer each
         write_recording(tmp_path / "recordings" / f"r{index}", rng, seconds, START + index)
@@ -161,14 +167,7 @@ def test_an_image_build_is_the_same_through_shared_memory(
 ) -> None:
     from PIL import Image
 
-    taken: list[str] = []
-
-    def attach(result: BatchResult) -> BatchResult:
-        taken.extend(result.shared)
-        return original(result)
-
-    original = shared_values.attach
-    monkeypatch.setattr(shared_values, "attach", attach)
+    taken = _spy_on_attach(monkeypatch)
     rng = np.random.default_rng(5)
     for folder in ("images", "masks"):
         (tmp_path / folder).mkdir()
