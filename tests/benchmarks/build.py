@@ -51,6 +51,7 @@ from corpus import (
     messy_indices,
     sweep_config,
 )
+from installed import byte_compile
 
 from h5etl.workers import NATIVE_THREAD_LIMITS
 
@@ -1198,6 +1199,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.run:
         child_main(args)
         return
+    byte_compile(v.split("=", 1)[1] for v in args.variant if "=" in v)
     if not become_subreaper():
         print("warning: not a subreaper; CPU of orphaned workers may be missed", file=sys.stderr)
     if args.memory:

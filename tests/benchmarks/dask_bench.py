@@ -37,6 +37,7 @@ from typing import Any
 
 import h5py
 from corpus import DEFAULT_DIR, DEFAULT_SAMPLES, CorpusParams, ensure_corpus
+from installed import byte_compile
 
 import h5etl
 from h5etl import pipeline
@@ -228,7 +229,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--samples", type=int, default=DEFAULT_SAMPLES)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dir", type=Path, default=DEFAULT_DIR)
-    print(run(parser.parse_args(argv)))
+    args = parser.parse_args(argv)
+    byte_compile()
+    print(run(args))
 
 
 if __name__ == "__main__":

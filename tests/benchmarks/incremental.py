@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from corpus import DEFAULT_DIR, CorpusParams, ensure_corpus
+from installed import byte_compile
 
 HERE = Path(__file__).resolve()
 BASE = 3000
@@ -209,6 +210,7 @@ def main(argv: list[str] | None = None) -> None:
         help="every build in this process (warm worker pool; process = build)",
     )
     args = parser.parse_args(argv)
+    byte_compile()
     work, extra = prepare(args.dir, args.samples)
     runner = run_here if args.in_process else run
     if args.in_process:

@@ -58,6 +58,7 @@ from build import (
     become_subreaper,
 )
 from corpus import DEFAULT_DIR, Corpus, CorpusParams, make_pair
+from installed import byte_compile
 from joblib import Parallel, delayed
 from PIL import Image
 
@@ -474,6 +475,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.run == "limit":
         print(json.dumps(run_limit(args.config)))
         return
+    byte_compile()
     if args.run == "corpus":
         params = PhotoParams(samples=args.samples, classes=args.classes, seed=args.seed)
         print(f"corpus: {ensure_photos(args.dir, params).root}")

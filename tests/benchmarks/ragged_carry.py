@@ -119,7 +119,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--jobs", type=int, default=2)
     args = parser.parse_args(argv)
     sys.path.insert(0, str(HERE.parent))
+    from installed import byte_compile
     from volume_bench import ensure_corpus, write_config
+
+    byte_compile()
 
     root = ensure_corpus(args.dir, args.cases, args.slices, args.size, npy=False)
     write_config(root, args.size, None)

@@ -43,6 +43,7 @@ from typing import Any
 import h5py
 import numpy as np
 from build import LIMIT_ENV, Run, _child_json, _median, become_subreaper, measure
+from installed import byte_compile
 from joblib import Parallel, delayed
 
 from h5etl import digest, recording, stats
@@ -310,6 +311,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.run == "vlen":
         print(json.dumps(run_vlen(Path(args.rest[0]), Path(args.rest[1]))))
         return
+    byte_compile()
     if args.run == "read":
         path, storage, reads, seed = args.rest
         print(json.dumps(run_read(Path(path), storage, int(reads), int(seed))))

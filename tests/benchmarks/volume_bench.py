@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from installed import byte_compile
 
 HERE = Path(__file__).resolve()
 MIB = 2**20
@@ -355,6 +356,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         return run_limit(args.root, args.jobs)
     if args.run == "patches":
         return run_patches(args.root, args.release, args.count, args.patch)
+    byte_compile()
     root = ensure_corpus(args.dir, args.cases, args.slices, args.size, npy=not args.memory)
     write_config(root, args.size, args.chunks)
     if args.corpus_only:
