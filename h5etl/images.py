@@ -1,8 +1,9 @@
-"""Every use of Pillow (and libpng): header probes, decoding to a field's mode, resizing, PNGs.
+"""Every use of Pillow: header probes, decoding to a field's mode, resizing, PNGs.
 
 All format quirks live here (EXIF orientation, palettes, alpha, 16-bit, 1-bit, CMYK), so the
 stages above see plain numpy arrays and ``RejectError`` with a stable reason code. The value
-rules of field dtypes (``decode_field``) and ``resize_to`` are in ``h5etl.pixels``.
+rules of field dtypes (``decode_field``) and ``resize_to`` are in ``h5etl.pixels``; plain
+8-bit PNGs, the common case, are decoded by libpng first (``h5etl.plainpng``).
 """
 
 from __future__ import annotations
@@ -10,9 +11,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-import struct
 import warnings
-import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +21,7 @@ import imagecodecs
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from h5etl import inputs, pixels
+from h5etl import inputs, pixels, plainpng
 from h5etl.errors import RejectError
 
 # ``X as X``: re-exported, the stages call them as images.X
@@ -37,15 +36,6 @@ from h5etl.pixels import to_array as to_array  # decode calls images.to_array (t
 
 _SWAPS_AXES = frozenset({5, 6, 7, 8})  # EXIF orientations that rotate by 90 degrees
 _EXIF_ORIENTATION = 0x0112
-_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-# Chunks that cannot change the pixels Pillow returns: colour-management metadata it ignores.
-# Anything else (a palette, transparency, EXIF or text that may carry an XMP orientation)
-# sends the file down Pillow's path.
-_INERT_PNG_CHUNKS = frozenset(
-    {b"IHDR", b"IDAT", b"IEND", b"sRGB", b"gAMA", b"pHYs", b"cHRM", b"sBIT", b"bKGD", b"tIME"}
-)
-_PNG_CHANNELS = {0: 1, 2: 3, 6: 4}  # 8-bit colour types: grey, RGB, RGBA
-_PNG_MODES = {1: "L", 3: "RGB", 4: "RGBA"}  # Pillow's mode for those channel counts
 _PROBE_BYTES = 4096  # a plain PNG's pixels start long before this
 
 
@@ -101,10 +91,10 @@ def _probe_plain_png(path: str) -> ImageHeader | None:
             head = handle.read(_PROBE_BYTES)
     except (RejectError, OSError):
         return None  # Pillow's probe words the error
-    shape = plain_png_shape(head, header_only=True)
+    shape = plainpng.shape_of(head, header_only=True)
     if shape is None:
         return None
-    return ImageHeader(shape[0], shape[1], _PNG_MODES[shape[2]], "PNG")
+    return ImageHeader(shape[0], shape[1], plainpng.MODES[shape[2]], "PNG")
 
 
 def _probe_with_pillow(handle: BinaryIO, path: str) -> ImageHeader:
@@ -141,7 +131,7 @@ def _probe_with_pillow(handle: BinaryIO, path: str) -> ImageHeader:
 
 def _sixteen_bit_colour_png(head: bytes) -> bool:
     """A 16-bit grey+alpha, RGB or RGBA PNG, which Pillow opens as 8-bit (see decode_field)."""
-    ihdr = head.startswith(_PNG_SIGNATURE) and head[12:16] == b"IHDR"
+    ihdr = head.startswith(plainpng.SIGNATURE) and head[12:16] == b"IHDR"
     return ihdr and head[24:26] in (b"\x10\x02", b"\x10\x04", b"\x10\x06")
 
 
@@ -153,90 +143,18 @@ def _bits(image: Image.Image, head: bytes) -> int:
     return 8
 
 
-def plain_png_shape(data: bytes, *, header_only: bool = False) -> tuple[int, int, int] | None:
-    """``(height, width, channels)`` of a PNG that libpng decodes to exactly Pillow's pixels.
-
-    That is an 8-bit, non-interlaced grey, RGB or RGBA PNG within Pillow's pixel limit whose
-    chunks are all inert (see ``_INERT_PNG_CHUNKS``), with valid CRCs outside the pixel data,
-    ending at IEND. Anything else returns None and is Pillow's to decode, or to reject.
-    With ``header_only``, ``data`` is the file's start and the walk stops at the pixels: the
-    answer Pillow's header parse would give, orientation included (there is no EXIF).
-    """
-    if not data.startswith(_PNG_SIGNATURE):
-        return None
-    pos, end, shape = len(_PNG_SIGNATURE), len(data), None
-    while pos + 12 <= end:
-        length, kind = struct.unpack_from(">I4s", data, pos)
-        stop = pos + 12 + length
-        if kind not in _INERT_PNG_CHUNKS:
-            return None
-        if header_only and kind == b"IDAT":
-            return shape
-        if stop > end:
-            return None
-        if kind != b"IDAT":  # libpng checks the pixel chunks' CRCs itself
-            (crc,) = struct.unpack_from(">I", data, stop - 4)
-            if zlib.crc32(data[pos + 4 : stop - 4]) != crc:
-                return None
-        if kind == b"IHDR" and shape is None and pos == len(_PNG_SIGNATURE) and length == 13:
-            shape = _plain_ihdr(data, pos + 8)
-        if shape is None or (kind == b"IHDR" and pos != len(_PNG_SIGNATURE)):
-            return None
-        if kind == b"IEND":
-            return shape if stop == end else None
-        pos = stop
-    return None
-
-
-def _plain_ihdr(data: bytes, at: int) -> tuple[int, int, int] | None:
-    width, height, depth, colour, method, filtering, interlace = struct.unpack_from(
-        ">IIBBBBB", data, at
-    )
-    if (depth, method, filtering, interlace) != (8, 0, 0, 0) or colour not in _PNG_CHANNELS:
-        return None
-    if not 0 < width * height <= (Image.MAX_IMAGE_PIXELS or width * height):
-        return None
-    return (height, width, _PNG_CHANNELS[colour])
-
-
-def _decode_plain_png(
-    data: bytes, mode: Mode, *, path: str, mask_labels: frozenset[int] | None
-) -> np.ndarray | None:
-    """libpng's decode of a plain PNG (about 1.7x faster than Pillow's), or None.
-
-    Returns exactly what Pillow's path returns for that file and ``mode`` (the tests compare
-    the two); None where the conversion would need Pillow (colour to grey for an image).
-    """
-    shape = plain_png_shape(data)
-    if shape is None or (mode == "L" and shape[2] > 1 and mask_labels is None):
-        return None
-    try:
-        values = imagecodecs.png_decode(data)
-    except imagecodecs.PngError:
-        return None  # Pillow decides what is wrong with it, and says so
-    expected = shape if shape[2] > 1 else shape[:2]
-    if values.shape != expected or values.dtype != np.uint8:
-        return None
-    if shape[2] == 1:
-        return values if mode == "L" else np.repeat(values[..., None], 3, axis=2)
-    rgb = values[..., :3]  # Pillow's RGBA -> RGB drops alpha without compositing
-    if mode == "RGB":
-        return rgb if shape[2] == 3 else np.ascontiguousarray(rgb)
-    return pixels.single_channel(rgb, path)
-
-
 def decode(
     data: bytes, mode: Mode, *, path: str, mask_labels: frozenset[int] | None = None
 ) -> np.ndarray:
     """Decode file bytes with EXIF orientation applied, converted to ``mode``.
 
-    Plain PNGs go through libpng (``plain_png_shape``); everything else through Pillow.
+    Plain PNGs go through libpng (``h5etl.plainpng``); everything else through Pillow.
 
     Raises:
         RejectError: undecodable, truncated, too large or of an unsupported pixel mode.
     """
     with _rejecting(path):
-        array = _decode_plain_png(data, mode, path=path, mask_labels=mask_labels)
+        array = plainpng.decode(data, mode, path=path, mask_labels=mask_labels)
         if array is None:
             with _pillow_image(data, path) as (opened, _):
                 array = to_array(opened, mode, mask_labels=mask_labels, path=path)
@@ -291,7 +209,7 @@ def decode_field(
     eight_bit: Mode = "RGB" if colour_table else mode
     labels = frozenset[int]() if role == "mask" and not colour_table else None
     with _rejecting(path):
-        native = _decode_plain_png(data, eight_bit, path=path, mask_labels=labels)
+        native = plainpng.decode(data, eight_bit, path=path, mask_labels=labels)
         source: str = eight_bit
         if native is None:
             native, source = _native_with_pillow(data, eight_bit, role, palette, labels, path)

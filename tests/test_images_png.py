@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from h5etl import images
+from h5etl import images, plainpng
 from h5etl.errors import RejectError
 
 MASK = frozenset({0, 1})
@@ -42,15 +42,15 @@ def outcome(
     data: bytes, mode: images.Mode, labels: frozenset[int] | None, *, fast: bool
 ) -> np.ndarray | str:
     """``images.decode``'s pixels or reject, with (``fast``) or without the libpng path."""
-    saved = images._decode_plain_png
+    saved = plainpng.decode
     if not fast:
-        images._decode_plain_png = lambda *args, **kwargs: None
+        plainpng.decode = lambda *args, **kwargs: None
     try:
         return images.decode(data, mode, path="x.png", mask_labels=labels)
     except RejectError as exc:
         return f"{exc.reason}: {exc.message}"
     finally:
-        images._decode_plain_png = saved
+        plainpng.decode = saved
 
 
 def assert_same(data: bytes, mode: images.Mode, labels: frozenset[int] | None = None) -> None:
@@ -92,7 +92,7 @@ def test_plain_pngs_match_pillow(
         pixels[..., 1] = pixels[..., 0]
         pixels[..., 2] = pixels[..., 0]
     data = png(pixels[..., 0] if channels == 1 else pixels, mode)
-    assert images.plain_png_shape(data) == (height, width, channels)
+    assert plainpng.shape_of(data) == (height, width, channels)
     assert_same(data, *target)
 
 
@@ -108,7 +108,7 @@ def test_plain_pngs_match_pillow(
 def test_inert_chunks_keep_the_fast_path(name: str, extra: bytes) -> None:
     pixels = np.random.default_rng(3).integers(0, 256, (9, 7, 3), dtype=np.uint8)
     data = with_chunk(png(pixels), extra)
-    assert images.plain_png_shape(data) is not None, name
+    assert plainpng.shape_of(data) is not None, name
     np.testing.assert_array_equal(images.decode(data, "RGB", path="x.png"), pixels)
     assert_same(data, "RGB")
 
@@ -145,7 +145,7 @@ def test_files_pillow_must_decode_leave_the_fast_path() -> None:
         "not a PNG": b"GIF89a" + plain[6:],
     }
     for name, data in cases.items():
-        assert images.plain_png_shape(data) is None, name
+        assert plainpng.shape_of(data) is None, name
         for mode, labels in [("RGB", None), ("L", MASK)]:
             assert_same(data, mode, labels)  # type: ignore[arg-type]
 
@@ -163,7 +163,7 @@ def test_corrupt_pixel_data_is_rejected_like_pillow_does() -> None:
     idat = data.index(b"IDAT")
     for offset in range(idat + 10, idat + 40):
         data[offset] ^= 0xFF
-    assert images.plain_png_shape(bytes(data)) is not None  # IDAT CRCs are libpng's to check
+    assert plainpng.shape_of(bytes(data)) is not None  # IDAT CRCs are libpng's to check
     assert_same(bytes(data), "RGB")
     with pytest.raises(RejectError):
         images.decode(bytes(data), "RGB", path="x.png")
@@ -173,7 +173,7 @@ def test_colour_mask_is_rejected_on_both_paths() -> None:
     pixels = np.zeros((4, 4, 3), dtype=np.uint8)
     pixels[1, 1] = (255, 0, 0)
     data = png(pixels)
-    assert images.plain_png_shape(data) is not None
+    assert plainpng.shape_of(data) is not None
     with pytest.raises(RejectError) as caught:
         images.decode(data, "L", path="m.png", mask_labels=MASK)
     assert caught.value.reason == "mask_not_single_channel"
@@ -184,7 +184,7 @@ def test_colour_mask_is_rejected_on_both_paths() -> None:
 def test_pixel_limit_is_left_to_pillow(monkeypatch: pytest.MonkeyPatch) -> None:
     data = png(np.zeros((10, 10, 3), dtype=np.uint8))
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 99)
-    assert images.plain_png_shape(data) is None
+    assert plainpng.shape_of(data) is None
     with pytest.raises(RejectError) as caught:
         images.decode(data, "RGB", path="x.png")
     assert caught.value.reason == "decompression_bomb"

@@ -18,7 +18,7 @@ import pytest
 from conftest import MakeRaw, RawFolder, WriteConfig, centre_pad, read_release, save
 from PIL import Image, ImageOps
 
-from h5etl import build, images, load_spec
+from h5etl import build, images, load_spec, plainpng
 from h5etl.report import BuildReport
 
 
@@ -168,7 +168,7 @@ POISON = (13, 11)  # (width, height) of the one file whose decoder fails
 
 def _poison_pillow(monkeypatch: pytest.MonkeyPatch, at: str) -> None:
     """Every file goes through Pillow; the POISON-sized one raises struct.error in ``at``."""
-    monkeypatch.setattr(images, "plain_png_shape", lambda *args, **kwargs: None)
+    monkeypatch.setattr(plainpng, "shape_of", lambda *args, **kwargs: None)
     if at == "decode":
         original = ImageOps.exif_transpose
 
