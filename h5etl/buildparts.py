@@ -8,12 +8,13 @@ sharded build and tests share.
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from h5etl import clean, cluster, decode, fileformat, schedule, tasks
+from h5etl import clean, cluster, decode, fileformat, inprocess, schedule, tasks
 from h5etl.ahead import Ahead
 from h5etl.chunkcodec import ChunkLayout
 from h5etl.kinds.base import ArrayColumn, TextColumn
@@ -21,6 +22,8 @@ from h5etl.kinds.registry import decode_order, layout_of, layout_records
 from h5etl.records import Barrier, BatchResult, DecodeTask
 from h5etl.sink import SinkLayout
 from h5etl.spec import Spec
+
+logger = logging.getLogger(__name__)
 
 
 def recipe_of(plan: clean.Plan) -> decode.DecodeRecipe:
@@ -58,12 +61,20 @@ def decoding(spec: Spec, jobs: int, scheduler: str | None = None) -> Iterator[sc
 class LazyDecoder:
     """A ``schedule.Decoder`` that starts the local workers (or connects to the Dask cluster)
     on ``start`` or its first call, not before: a build that turns out up to date decodes
-    nothing and pays no start-up. A context manager; the exit stops what it started."""
+    nothing and pays no start-up, and a small increment may decode in this process's threads
+    instead (``decode_here_if_cheap``, ``h5etl.inprocess``). A context manager; the exit
+    stops what it started."""
 
     def __init__(self, spec: Spec, jobs: int, scheduler: str | None = None):
         self.spec, self.jobs, self.scheduler = spec, jobs, scheduler
         self._stack = contextlib.ExitStack()
         self._decoder: schedule.Decoder | None = None
+        self.refused: str | None = None  # why this build keeps each crash in a worker
+        self.where = ""  # where it decodes, once started (the build facts' ``decoded_in``)
+
+    @property
+    def address(self) -> str:
+        return self.scheduler or self.spec.decode.scheduler
 
     def start(self) -> schedule.Decoder:
         """Start the workers now (they import the decode stack while this process works)."""
@@ -71,12 +82,35 @@ class LazyDecoder:
             self._decoder = self._stack.enter_context(
                 decoding(self.spec, self.jobs, self.scheduler)
             )
+            local = self.address == cluster.LOCAL
+            self.where = ("workers" if self.jobs > 1 else "this process") if local else self.address
         return self._decoder
+
+    def cheap_here(self, samples: int, rate: float | None) -> inprocess.Choice:
+        """Whether ``samples`` at ``rate`` seconds each would decode here (``inprocess``)."""
+        if self.jobs <= 1 or self.address != cluster.LOCAL:
+            return inprocess.Choice(False, "not a local pool")
+        return inprocess.choose(samples, rate, self.refused)
+
+    def decode_here_if_cheap(self, samples: int, rate: float | None) -> None:
+        """Decode the ``samples`` left in threads of this process when that costs less than
+        starting the workers (``h5etl.inprocess``), else start them now; once started,
+        nothing changes."""
+        if self._decoder is not None or samples == 0:
+            return  # started, or nothing to decode (every block carried): nothing to start
+        choice = self.cheap_here(samples, rate)
+        if not choice.here:
+            self.start()
+            return
+        logger.info("decoding in this process (%d threads): %s", self.jobs, choice.why)
+        self._decoder = inprocess.threads(self.jobs)
+        self.where = f"this process ({self.jobs} threads)"
 
     @property
     def parallel(self) -> bool:
-        """Whether decoding runs beside this process (worker processes, a cluster)."""
-        return self.jobs > 1 or (self.scheduler or self.spec.decode.scheduler) != cluster.LOCAL
+        """Whether decoding runs beside this process's writer (worker processes, threads
+        here, a cluster)."""
+        return self.jobs > 1 or self.address != cluster.LOCAL
 
     def __call__(
         self, todo: Iterable[DecodeTask | Barrier], recipe: decode.DecodeRecipe

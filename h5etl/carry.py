@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from h5etl import inputs
+from h5etl import inprocess, inputs
 from h5etl.clean import Plan
 from h5etl.errors import RejectError
 from h5etl.fileformat import SAMPLE_KEY, LayoutRecord
@@ -65,6 +65,7 @@ class CarryPlan:
     parent: Parent
     blocks: dict[str, list[CarriedBlock]] = field(default_factory=dict)
     decode: Plan | None = None
+    rate: float | None = None  # the parent's decode seconds per sample (``h5etl.inprocess``)
 
     @property
     def samples(self) -> int:
@@ -108,9 +109,16 @@ def row_keys(result: BatchResult) -> list[str]:
     return [carry_key(valid_text(str(n)), k) for n, k in zip(names, result.keys, strict=True)]
 
 
+def _extras_digest(extras: tuple[Any, ...]) -> str:
+    return hashlib.sha256(text_bytes(repr(extras))).hexdigest()
+
+
+_NO_EXTRAS = _extras_digest(())  # most samples' (no plan-side field): computed once
+
+
 def sample_state(sample: Sample, stamp: str) -> list[Any]:
     """What the carry record keeps of a sample: its files, their stamps, its plan values."""
-    extras = hashlib.sha256(text_bytes(repr(sample.extras))).hexdigest()
+    extras = _extras_digest(sample.extras) if sample.extras else _NO_EXTRAS
     return [list(sample.relpaths), stamp, extras]
 
 
@@ -217,7 +225,7 @@ def plan_carry(
     plan: Plan, parent: Parent, record: Mapping[str, Any], stamps: Mapping[str, str], block: int
 ) -> CarryPlan:
     """Split the plan into the parent blocks to copy and the plan of samples to decode."""
-    carry = CarryPlan(parent)
+    carry = CarryPlan(parent, rate=inprocess.per_sample_seconds(record))
     decode: dict[str, list[Sample]] = {}
     known: Mapping[str, list[Any]] = record.get("samples", {})
     tallies: Mapping[str, list[Any]] = record.get("blocks", {})
@@ -283,13 +291,18 @@ def leave_record(
     log: BlockLog,
     *,
     rejected: Mapping[str, list[Any]] | None = None,
+    inherited: float | None = None,
 ) -> None:
     """Write the carry record of release ``version`` beside it, for the build after it;
-    ``rejected``: the samples it rejected while decoding (``h5etl.uptodate``)."""
+    ``rejected``: the samples it rejected while decoding (``h5etl.uptodate``); ``inherited``:
+    the parent's decode seconds per sample, kept when this build decoded none."""
     record = record_of(
         plan, version=version, fingerprint=fingerprint, block=plan_block(plan), log=log
     )
     record["rejected"] = dict(rejected or {})
+    rate = inprocess.rate_of(log.samples_decoded, log.decode_seconds, inherited)
+    if rate is not None:
+        record[inprocess.RATE_KEY] = rate
     output.write_carry(version, record)
 
 
@@ -311,10 +324,16 @@ class BlockLog:
 
     blocks: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     rows: dict[str, list[str]] = field(default_factory=dict)
+    samples_decoded: int = 0  # stored or rejected by the decoders (not carried)
+    decode_seconds: float = 0.0  # what they took there
 
     def add(self, split: str, tallies: list[dict[str, Any]], keys: list[str]) -> None:
         self.blocks.setdefault(split, []).extend(tallies)
         self.rows.setdefault(split, []).extend(keys)
+
+    def decoded(self, samples: int, seconds: float) -> None:
+        self.samples_decoded += samples
+        self.decode_seconds += seconds
 
 
 def record_of(

@@ -15,6 +15,7 @@ from h5etl import (
     carry,
     clean,
     fileformat,
+    inprocess,
     interrupts,
     parent,
     planning,
@@ -157,9 +158,12 @@ def _build_locked(run: _Run, *, resume: bool, full: bool) -> BuildReport:
     discarded = [] if resume else output.remove_stale_partials()
     # --resume with nothing to resume is a plain build: up to date if nothing changed
     gate = uptodate.Gate(output, run.decoder, always=full or bool(previous))
+    killed = [p for p in discarded if p.suffix == ".h5"]
+    run.decoder.refused = inprocess.refusal(
+        killed=bool(killed), resume=bool(previous), record=gate.record
+    )
     report, plan, watch, origin = planning.plan_only(spec, hook, jobs, discovered=gate.discovered)
     status.planned(planned(plan), report.rejects)
-    killed = [p for p in discarded if p.suffix == ".h5"]
     redone = (
         [
             f"the temp file of a killed build ({killed[0].name}) was removed: --resume "
@@ -233,6 +237,10 @@ def _build_planned(
         carried, why = carry.decide(plan, origin, output, spec_text(spec), layout_seen)
         if why is not None:
             report.warnings.append(f"every sample decoded: {why}")
+        if carried is not None and carried.decode is not None:
+            run.decoder.decode_here_if_cheap(carried.decode.total, carried.rate)
+        else:
+            run.decoder.start()  # everything is decoded: the workers start while the sink opens
     planned_rejects = list(report.rejects)
     while True:
         report.rejects = list(planned_rejects)
@@ -244,6 +252,7 @@ def _build_planned(
                 )  # fmt: skip
                 facts = provenance.build_facts(report, run.jobs)
                 facts["shards"] = run.sharding.count if run.sharding else 0
+                facts["decoded_in"] = run.decoder.where  # "": nothing was decoded
                 parts = earlier.parts if isinstance(earlier, Shards) and earlier.virtual else []
                 interrupts.check()  # never publish after a Ctrl-C, even one Python lost
                 info = output.publish(
@@ -252,7 +261,10 @@ def _build_planned(
             if written is not None:  # a record only of builds that saw every block's tally
                 late = report.rejects[len(planned_rejects) :]  # rejected while decoding
                 rejected = uptodate.rejected_of(spec, plan, late)
-                carry.leave_record(output, plan, version, *written, rejected=rejected)
+                inherited = None if carried is None else carried.rate
+                carry.leave_record(
+                    output, plan, version, *written, rejected=rejected, inherited=inherited
+                )
             return info
         except ResumeMismatch as exc:
             if earlier is None:
@@ -330,6 +342,7 @@ def _write(
                 if log is not None:
                     tallied = [block_json(b) for b in result.blocks]
                     log.add(result.task.split, tallied, carry.row_keys(result))
+                    log.decoded(processed(result), result.seconds)
                 lines = provenance.fingerprint_lines(result)
                 fingerprint.update("".join(lines).encode())
                 checkpoints.note(result, lines)

@@ -19,7 +19,7 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from h5etl import __version__, carry, fileformat
+from h5etl import __version__, carry, fileformat, inprocess
 from h5etl.buildparts import layout_record
 from h5etl.clean import Plan
 from h5etl.fileformat import LayoutRecord
@@ -135,8 +135,9 @@ def _stored_unchanged(
 class Gate:
     """One build's answer to "anything to publish?", given as early as it can be: the
     decoder starts once something will be decoded (right after discovery when the samples
-    found are not as many as the linked release was built from, else after planning),
-    never for an up-to-date build. ``always`` (``--full``, ``--resume``): it builds."""
+    found are not as many as the linked release was built from and more than this process
+    would decode itself, ``h5etl.inprocess``; else after planning), never for an up-to-date
+    build. ``always`` (``--full``, ``--resume``): it builds."""
 
     def __init__(self, output: OutputFolder, decoder: LazyDecoder, *, always: bool = False):
         self.output, self.decoder = output, decoder
@@ -148,8 +149,13 @@ class Gate:
         known = None if self.record is None else self.record.get("samples")
         # discovery finds recordings, the record keeps their windows: count split names
         names = {carry.split_name_of(key) for key in known} if isinstance(known, dict) else None
-        if names is None or len(names) != samples:
-            self.decoder.start()  # something will be decoded: the workers start meanwhile
+        if names is None:
+            self.decoder.start()  # nothing carries: the workers start meanwhile
+        elif len(names) != samples:
+            # something will be decoded: at least the samples found beyond the record's
+            new = max(samples - len(names), 0)
+            if not self.decoder.cheap_here(new, inprocess.per_sample_seconds(self.record)).here:
+                self.decoder.start()  # too many for this process: the workers start meanwhile
 
     def up_to_date(
         self, spec: Spec, plan: Plan, report: BuildReport, parent: Parent | None
