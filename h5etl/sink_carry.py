@@ -75,19 +75,19 @@ def copy_parent_columns(
 
 def parent_rows(
     source: h5py.File, layout: SinkLayout, split: str, spans: Spans
-) -> tuple[dict[str, list[Any]], list[list[str]]]:
-    """The small columns' rows (but the per-sample record) and the lineage of the spans."""
+) -> tuple[dict[str, list[Any]], np.ndarray]:
+    """The small columns' rows (but the per-sample record) and the lineage of the spans
+    (its stored S64 digests, as they are). Read a run of adjacent spans at a time: one read
+    of each column, not one per block (0.04 s of 0.5 for 3,000 carried rows)."""
+    joined = runs(spans)
     small: dict[str, list[Any]] = {}
     for name in layout.small:
         if name in fileformat.SAMPLE_RECORD:
             continue  # this build's own record of the samples, given by the caller
         dataset = source[layout.path(split, name)]
         view = dataset if isinstance(layout.columns[name], ScalarColumn) else dataset.asstr()
-        small[name] = [v for start, rows in spans for v in view[start : start + rows].tolist()]
+        small[name] = [v for start, rows in joined for v in view[start : start + rows].tolist()]
     lineage = source[layout.path(split, fileformat.LINEAGE)]
-    rows = [
-        [digest.decode() for digest in row]
-        for start, count in spans
-        for row in lineage[start : start + count]
-    ]
+    parts = [lineage[start : start + count] for start, count in joined]
+    rows = np.concatenate(parts) if parts else np.zeros((0, lineage.shape[1]), "S64")
     return small, rows

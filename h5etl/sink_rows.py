@@ -185,12 +185,13 @@ class SmallRows:
         self,
         split: str,
         small: dict[str, list[Any]],
-        lineage_rows: list[list[str]],
+        lineage_rows: list[list[str]] | np.ndarray,
         *,
         carried: bool = False,
     ) -> None:
-        """Append rows to the split's small datasets. ``carried``: rows copied from another
-        file ahead of any buffered one, so the next sample's values start where theirs end."""
+        """Append rows to the split's small datasets (``lineage_rows``: hex digests, or a
+        file's S64 rows of them). ``carried``: rows copied from another file ahead of any
+        buffered one, so the next sample's values start where theirs end."""
         lineage_path = self.layout.path(split, fileformat.LINEAGE)
         start, count = len(self.file[lineage_path]), len(lineage_rows)  # rows stored so far
         for name in self.layout.small:
