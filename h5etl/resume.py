@@ -179,6 +179,16 @@ class Checkpoints:
         else:
             self._pending = self._thread.submit(self._commit, sink, delta)
 
+    def sync_soon(self, sink: Sink) -> None:
+        """Start an fsync of what the sink stored so far beside the writer, journaling
+        nothing: the chunks an incremental build carried (most of its bytes) are durable
+        before it publishes, whose own fsync then writes only the rest (``drain`` waits)."""
+        if self._pending is not None:
+            if not self._pending.done():
+                return  # one is under way; publishing syncs the rest
+            self._pending.result()
+        self._pending = self._thread.submit(sink.sync)
+
     def write_now(self, sink: Sink) -> None:
         """A checkpoint now, in this thread (the sink must be consistent)."""
         if self._pending is not None:

@@ -22,7 +22,7 @@ import h5py
 from h5etl import fileformat
 from h5etl.errors import ConfigError, H5EtlError
 from h5etl.records import Reject
-from h5etl.snapshot import plain
+from h5etl.snapshot import Snapshot, plain
 from h5etl.spec import Spec
 from h5etl.storable import Text
 
@@ -115,6 +115,18 @@ class Annotator:
     def __init__(self, parent: Path | None):
         self.parent = parent
         self.attrs: dict[str, Any] = {}
+        self._before: Snapshot | H5EtlError | None = None  # the parent's, once read
+
+    def prepare(self) -> None:
+        """Read the parent's snapshot now: a build waiting for its decoders has the time,
+        which the finished file would otherwise wait for (0.03 s for 3,000 samples)."""
+        if self.parent is not None and self._before is None:
+            from h5etl.snapshot import read_snapshot
+
+            try:
+                self._before = read_snapshot(self.parent)
+            except H5EtlError as exc:
+                self._before = exc
 
     def __call__(self, handle: h5py.File) -> dict[str, Any]:
         self.attrs = self._attrs(handle)
@@ -136,13 +148,13 @@ class Annotator:
                 fileformat.CHANGE_SUMMARY_ATTR: "the first release of this name here",
             }
         from h5etl.diff import diff_releases
-        from h5etl.snapshot import read_snapshot, snapshot_of
+        from h5etl.snapshot import snapshot_of
 
-        try:
-            before = read_snapshot(self.parent)
-        except H5EtlError as exc:
+        self.prepare()
+        before = self._before
+        if not isinstance(before, Snapshot):
             # the parent stays as it is; the new release just cannot say what changed
-            logger.warning("cannot read the parent release (%s); no change label", exc)
+            logger.warning("cannot read the parent release (%s); no change label", before)
             return {fileformat.CHANGE_SUMMARY_ATTR: f"the parent {self.parent.name} is unreadable"}
         change = diff_releases(before, snapshot_of(handle, Path(handle.filename)))
         out: dict[str, Any] = {

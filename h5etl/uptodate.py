@@ -84,6 +84,9 @@ def why_build(
         return "new release notes", {}
     if parent.tool_version != __version__:
         return f"v{parent.version:04d} was built by h5etl {parent.tool_version or '?'}", {}
+    new = _first_new(plan, record)
+    if new is not None:  # found without comparing a stored sample (an added sample's build)
+        return f"{new} is new", {}
     reason, touched, rest = _stored_unchanged(plan, parent, record)
     if reason is not None:
         return reason, {}
@@ -100,6 +103,19 @@ def why_build(
     if sorted(expected) != sorted(parent.rejects):
         return f"the rejects differ from v{parent.version:04d}'s", {}
     return None, touched
+
+
+def _first_new(plan: Plan, record: Mapping[str, Any]) -> str | None:
+    """The key of a planned sample the parent's build never saw (neither stored nor
+    rejected): one is enough to build, and finding it costs a lookup per sample."""
+    known: Mapping[str, Any] = record.get("samples", {})
+    rejected: Mapping[str, Any] = record.get("rejected", {})
+    for members in plan.splits.values():
+        for sample in members:
+            name = carry.sample_carry_key(sample)
+            if name not in known and name not in rejected:
+                return sample.key
+    return None
 
 
 def _stored_unchanged(
