@@ -3,7 +3,8 @@
 Beside its temp file, a build appends JSON lines: a header (config and plan digests), then a
 checkpoint delta each time the sink has flushed and fsynced a consistent prefix. A delta lists
 the chunks stored since the last one (dataset, chunk offset, byte offset and size in the temp
-file, SHA-256 of the stored bytes) and the small rows (names, lineage, fingerprint, rejects).
+file, SHA-256 of the stored bytes: a table of columns, ``pack_chunks``) and the small rows
+(names, lineage, fingerprint, rejects).
 ``--resume`` copies the recorded chunk bytes from the dead build's temp file, verified against
 their SHA-256, without trusting HDF5 metadata that may have been half-written at the kill.
 A torn last line is ignored.
@@ -11,17 +12,23 @@ A torn last line is ignored.
 
 from __future__ import annotations
 
+import base64
+import itertools
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from h5etl.errors import SinkError, io_problem
 
 # 3: statistics and conversion counts (tallies); text rows hold scalar columns too
 # 4: chunks in write order across datasets, and where the small rows' runs came between them
-FORMAT = 4
+# 5: a delta's chunks as a table of columns (``pack_chunks``), not an object per chunk
+FORMAT = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +39,65 @@ class ChunkRecord:
     byte_offset: int
     size: int
     sha256: str
+
+
+def _column(values: Any, dtype: str) -> str:
+    return base64.b64encode(np.asarray(values, dtype=dtype).tobytes()).decode("ascii")
+
+
+def _read_column(text: str, dtype: str) -> np.ndarray:
+    return np.frombuffer(base64.b64decode(text, validate=True), dtype=dtype)
+
+
+def pack_chunks(
+    datasets: Sequence[str],
+    which: Sequence[int],
+    offsets: Sequence[tuple[int, ...]],
+    places: Sequence[tuple[int, int, int]],
+    sha256: Sequence[str],
+) -> dict[str, Any]:
+    """Chunks in write order as a table of columns, each one base64 string: chunk ``i`` is
+    of ``datasets[which[i]]`` at ``offsets[i]``, stored at ``places[i]`` (filter mask, byte
+    offset, size) with the SHA-256 (hex) ``sha256[i]``.
+
+    A CT volume stores 16 chunks a slice: a record per chunk (a JSON object) made the
+    journal the writer's largest cost after the writes (0.5 CPU-s of 25,600 chunks, with
+    the records); these columns cost a few milliseconds.
+    """
+    return {
+        "datasets": list(datasets),
+        "dataset": _column(which, "<u4"),
+        "rank": _column([len(offset) for offset in offsets], "<u1"),
+        "offset": _column(list(itertools.chain.from_iterable(offsets)), "<i8"),
+        "place": _column(places, "<u8"),
+        "sha256": base64.b64encode(bytes.fromhex("".join(sha256))).decode("ascii"),
+    }
+
+
+def unpack_chunks(table: dict[str, Any]) -> list[ChunkRecord]:
+    """The chunk records of a table ``pack_chunks`` made.
+
+    Raises:
+        ValueError: the columns are damaged or of different lengths.
+    """
+    which = _read_column(table["dataset"], "<u4")
+    ranks = _read_column(table["rank"], "<u1")
+    flat = _read_column(table["offset"], "<i8")
+    places = _read_column(table["place"], "<u8").reshape(-1, 3)
+    digests = base64.b64decode(table["sha256"], validate=True)
+    if not len(which) == len(ranks) == len(places) == len(digests) / 32 or ranks.sum() != len(flat):
+        raise ValueError("the journal's chunk columns differ in length")
+    names = table["datasets"]
+    ends = np.cumsum(ranks).tolist()
+    records = []
+    for index, (dataset, end, rank, place) in enumerate(
+        zip(which.tolist(), ends, ranks.tolist(), places.tolist(), strict=True)
+    ):
+        mask, byte_offset, size = place
+        sha = digests[32 * index : 32 * index + 32].hex()
+        offset = tuple(flat[end - rank : end].tolist())
+        records.append(ChunkRecord(names[dataset], offset, mask, byte_offset, size, sha))
+    return records
 
 
 @dataclass(slots=True)
@@ -63,17 +129,7 @@ class ResumeState:
             known.update(consumed=queue["consumed"], rounds=queue["rounds"], cut=queue["cut"])
             known["deferred"].extend(queue["deferred"])
         self.rows.update(delta["rows"])
-        self.chunks.extend(
-            ChunkRecord(
-                c["dataset"],
-                tuple(c["offset"]),
-                c["filter_mask"],
-                c["byte_offset"],
-                c["size"],
-                c["sha256"],
-            )
-            for c in delta["chunks"]
-        )
+        self.chunks.extend(unpack_chunks(delta["chunks"]))
         # no runs: the small rows all wait in the buffer, as in a delta before any run
         self.runs.extend((str(split), int(before)) for split, before in delta.get("runs", ()))
         for name, blocks in delta["blocks"].items():
@@ -148,6 +204,6 @@ def read(path: Path) -> ResumeState | None:
     for delta in records[1:]:
         try:
             state.apply(delta)
-        except (KeyError, TypeError, AttributeError):
+        except (KeyError, TypeError, AttributeError, ValueError, IndexError):
             break  # not a checkpoint this h5etl wrote: trust only what came before it
     return state

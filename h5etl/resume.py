@@ -25,6 +25,19 @@ from h5etl.tasks import TaskCutter
 
 logger = logging.getLogger(__name__)
 
+# A checkpoint walks each dataset's whole chunk index (HDF5 finds a chunk's place no faster),
+# so it costs more as the file grows: every 2 s, a build of 20 CT cases (160,000 chunks) would
+# spend more of its writer's time on checkpoints the longer it ran. The interval grows with
+# the cost instead, so checkpoints take at most this share of the build's time.
+CHECKPOINT_SHARE = 0.05
+
+
+def checkpoint_interval(every: float, cost: float) -> float:
+    """Seconds from one checkpoint to the next: ``every``, or more when a checkpoint costs
+    ``cost`` CPU seconds, so that checkpoints take at most ``CHECKPOINT_SHARE`` of the time
+    (``every=0``: after every batch, whatever they cost)."""
+    return max(every, cost / CHECKPOINT_SHARE) if every else 0.0
+
 
 @dataclass(frozen=True, slots=True)
 class Resume:
@@ -121,7 +134,9 @@ class Checkpoints:
 
     The fsync that makes a checkpoint durable runs in a thread beside the writer (it can take
     a while on a slow disk and must not stall the workers); the journal line is appended only
-    after it. ``every=0`` checkpoints after each batch, synchronously (for tests).
+    after it. Checkpoints come ``every`` seconds, or further apart when each costs more than
+    ``CHECKPOINT_SHARE`` of that. ``every=0`` checkpoints after each batch, synchronously (for
+    tests).
     """
 
     def __init__(
@@ -139,6 +154,8 @@ class Checkpoints:
         self.cutter = cutter
         self.tallies = tallies if tallies is not None else Tallies()
         self.every = every
+        self.interval = every  # grows with the checkpoints' cost (CHECKPOINT_SHARE)
+        self._cost = 0.0  # of the latest checkpoint, CPU seconds
         self.last = time.monotonic()
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="h5etl-fsync")
         self._pending: Future[None] | None = None
@@ -167,7 +184,7 @@ class Checkpoints:
         self.rejects.extend(result.rejects)
 
     def maybe_write(self, sink: Sink) -> None:
-        if time.monotonic() - self.last < self.every or not sink.consistent:
+        if time.monotonic() - self.last < self.interval or not sink.consistent:
             return
         if self._pending is not None:
             if not self._pending.done():
@@ -197,6 +214,7 @@ class Checkpoints:
         self._commit(sink, self._delta(sink))
 
     def _delta(self, sink: Sink) -> dict[str, Any]:
+        started = time.thread_time()
         delta = sink.checkpoint()
         delta.update(
             queues=self.cutter.journal_delta(),
@@ -206,7 +224,15 @@ class Checkpoints:
         )
         self.fingerprint, self.rejects = [], []
         self.last = time.monotonic()
+        self._cost = 0.0
+        self._spent(time.thread_time() - started)
         return delta
+
+    def _spent(self, seconds: float) -> None:
+        """Space the next checkpoints by the CPU this one cost (its delta in the writer, its
+        journal line in the fsync thread): at most ``CHECKPOINT_SHARE`` of the time."""
+        self._cost += seconds
+        self.interval = checkpoint_interval(self.every, self._cost)
 
     def due_for_trim(self) -> bool:
         """True about once a second: when to hand freed batch buffers back to the OS."""
@@ -218,7 +244,9 @@ class Checkpoints:
 
     def _commit(self, sink: Sink, delta: dict[str, Any]) -> None:
         sink.sync()
+        started = time.thread_time()  # the line's encoding, not the fsync's wait
         self.writer.checkpoint(delta)
+        self._spent(time.thread_time() - started)
 
     def drain(self) -> None:
         """Wait for the checkpoint in flight: a failed fsync of the file fails the build."""

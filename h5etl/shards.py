@@ -27,7 +27,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from h5etl import cluster, workers
+from h5etl import cluster, journal, workers
 from h5etl.decode import DecodeRecipe
 from h5etl.errors import H5EtlError, ShardError
 from h5etl.provenance import fingerprint_lines
@@ -131,8 +131,8 @@ def write_shard(job: ShardJob, cutter: TaskCutter | None = None) -> dict[str, An
         sink.finish({"h5etl_shard": job.ident, "shard_index": job.index}, {}, None)
     sink.sync()
     chunks: dict[str, list[list[Any]]] = {}
-    for record in delta["chunks"]:
-        chunks.setdefault(record["dataset"], []).append([record["offset"], record["sha256"]])
+    for record in journal.unpack_chunks(delta["chunks"]):
+        chunks.setdefault(record.dataset, []).append([list(record.offset), record.sha256])
     manifest = {
         "format": FORMAT,
         "shard": job.ident,

@@ -66,6 +66,7 @@ class Sink(JournalSide):
         self._stored: StoredChunks = []
         self._runs: list[tuple[str, int]] = []
         self._journaled_chunks = 0
+        self.writeback = sink_disk.Writeback(path)  # so the closing fsync has little to wait for
 
     def __enter__(self) -> Sink:
         try:
@@ -110,6 +111,7 @@ class Sink(JournalSide):
         for writer in self.images.values():
             writer.close()
         self.pool.close()
+        self.writeback.close()
         file, self.file = self.file, None
         if file is None or not file.id.valid:
             return
@@ -168,7 +170,8 @@ class Sink(JournalSide):
         split, count = result.task.split, result.accepted
         # A write HDF5 cannot finish leaves metadata it must still write at the close: stop
         # before that, while there is room for it (two system calls per batch).
-        self._ensure_room(sink_disk.batch_nbytes(result), "writing")
+        nbytes = sink_disk.batch_nbytes(result)
+        self._ensure_room(nbytes, "writing")
         try:
             writers = [(n, w) for (target, n), w in self.images.items() if target == split]
             for name, writer in writers:  # queued: every dataset's re-cut blocks compress at once
@@ -195,6 +198,7 @@ class Sink(JournalSide):
         except (OSError, RuntimeError) as exc:
             raise self._failed("writing", exc) from exc
         self.counts[split] += count
+        self.writeback.note(nbytes)
         self.seconds += time.perf_counter() - started
 
     def carry(

@@ -252,23 +252,6 @@ class ImageWriter:
         if self._own_pool:
             self.pool.close()
 
-    def chunk_record(
-        self, offset: tuple[int, ...], sha256: str, place: tuple[int, int, int] | None = None
-    ) -> dict[str, Any]:
-        """Where a stored chunk sits in the file, for the resume journal (after its write);
-        ``place`` (filter mask, byte offset, size) as ``chunk_places`` found it."""
-        if place is None:
-            place = chunk_places(self.dataset, {offset})[offset]
-        filter_mask, byte_offset, size = place
-        return {
-            "dataset": self.dataset.name,
-            "offset": list(offset),
-            "filter_mask": filter_mask,
-            "byte_offset": byte_offset,
-            "size": size,
-            "sha256": sha256,
-        }
-
     def block_delta(self) -> list[str]:
         """The block digests stored since the last call, for the resume journal."""
         blocks = [b.hex() for b in self.unjournaled_blocks]
@@ -289,10 +272,9 @@ def chunk_places(
     places: dict[tuple[int, ...], tuple[int, int, int]] = {}
     if len(wanted) > 64 and hasattr(dataset.id, "chunk_iter"):
 
-        def visit(info: Any) -> None:
-            offset = tuple(int(v) for v in info.chunk_offset)
-            if offset in wanted:
-                places[offset] = (int(info.filter_mask), int(info.byte_offset), int(info.size))
+        def visit(info: Any) -> None:  # called for every chunk of the dataset: kept lean
+            if info.chunk_offset in wanted:  # (a tuple of ints)
+                places[info.chunk_offset] = (info.filter_mask, info.byte_offset, info.size)
 
         dataset.id.chunk_iter(visit)
     for offset in wanted - places.keys():

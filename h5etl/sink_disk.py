@@ -6,9 +6,13 @@ the checkpoint thread beside the writer.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import errno
 import os
 import resource
+import sys
+import threading
 from pathlib import Path
 
 from h5etl.records import BatchResult, array_nbytes
@@ -23,6 +27,11 @@ HEADROOM_BYTES = 1 << 20
 # handed back every 2 s). Dropping clean pages also keeps a big build from pushing the
 # training job's data out of the cache.
 CACHE_KEEP_BYTES = 128 << 20
+# Written bytes past which the sink has the kernel start writing them to disk, without
+# waiting (``start_writeback``): else the fsync that publishes a release waited for every
+# byte since the last checkpoint (0.18 s of a 4 s volume build, both cores idle).
+WRITEBACK_BYTES = 16 << 20
+_SYNC_FILE_RANGE_WRITE = 2  # linux/fs.h: start write-out of the range's dirty pages
 
 
 def batch_nbytes(result: BatchResult) -> int:
@@ -61,6 +70,52 @@ def no_room(path: Path, nbytes: int) -> tuple[OSError, str] | None:
     else:
         return None
     return OSError(code, os.strerror(code)), detail
+
+
+def start_writeback(path: Path, start: int) -> int:
+    """Have the kernel start writing the file's bytes from ``start`` to its end to disk,
+    without waiting for them (Linux ``sync_file_range``; elsewhere nothing); returns the
+    end, where the next call starts. Advice only: any error is ignored."""
+    if not sys.platform.startswith("linux"):
+        return start
+    with contextlib.suppress(OSError, AttributeError), open(path, "rb") as handle:
+        end = os.fstat(handle.fileno()).st_size
+        if end > start:
+            libc = ctypes.CDLL(None, use_errno=True)
+            call = libc.sync_file_range
+            call.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
+            call(handle.fileno(), start, end - start, _SYNC_FILE_RANGE_WRITE)
+        return end
+    return start
+
+
+class Writeback:
+    """Starts the kernel writing a file's new bytes to disk every ``WRITEBACK_BYTES``
+    written, in a thread (submitting the writes can block for tens of milliseconds, which
+    the writer, between two results, need not wait for)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.start = 0  # where the last writeback ended
+        self.pending = 0  # bytes written since it began
+        self._thread: threading.Thread | None = None
+
+    def note(self, nbytes: int) -> None:
+        """``nbytes`` more were written; start a writeback if due and none is running."""
+        self.pending += nbytes
+        if self.pending < WRITEBACK_BYTES or (self._thread and self._thread.is_alive()):
+            return
+        self.pending = 0
+        self._thread = threading.Thread(target=self._run, name="h5etl-writeback", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        self.start = start_writeback(self.path, self.start)
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
 
 
 def sync_and_drop(path: Path) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 import h5py
 
-from h5etl import sink_disk
+from h5etl import journal, sink_disk
 from h5etl.errors import ResumeMismatch, SinkError, io_problem
 from h5etl.journal import ResumeState
 from h5etl.sink_chunks import ImageWriter, StoredChunks, chunk_places
@@ -69,19 +69,25 @@ class JournalSide:
         assert self.file is not None
         assert self.consistent
         self._ensure_room(0, "flushing")  # a disk about to fill fails here, before HDF5 does
-        wanted: dict[int, set[tuple[int, ...]]] = {}
-        for writer, offset, _ in self._stored:
-            wanted.setdefault(id(writer), set()).add(offset)
-        places = {  # one pass over each dataset's chunk index, not a lookup per chunk
-            id(writer): chunk_places(writer.dataset, wanted[id(writer)])
-            for writer in {id(w): w for w, _, _ in self._stored}.values()
-        }
-        chunks = [
-            writer.chunk_record(offset, sha, places[id(writer)][offset])
-            for writer, offset, sha in self._stored
-        ]
+        stored = self._stored
+        writers = list({id(writer): writer for writer, _, _ in stored}.values())
+        index = {id(writer): i for i, writer in enumerate(writers)}
+        which = [index[id(writer)] for writer, _, _ in stored]
+        wanted: list[set[tuple[int, ...]]] = [set() for _ in writers]
+        for (_, offset, _), i in zip(stored, which, strict=True):
+            wanted[i].add(offset)
+        # one pass over each dataset's chunk index, not a lookup per chunk
+        found = [chunk_places(w.dataset, wanted[i]) for i, w in enumerate(writers)]
+        chunks = journal.pack_chunks(
+            [writer.dataset.name for writer in writers],
+            which,
+            [offset for _, offset, _ in stored],
+            [found[i][offset] for (_, offset, _), i in zip(stored, which, strict=True)],
+            [sha for _, _, sha in stored],
+        )
+        count = len(stored)
         self._stored.clear()  # (in place: the writers share the list)
-        self._journaled_chunks += len(chunks)
+        self._journaled_chunks += count
         runs, self._runs = self._runs, []
         delta = {
             "rows": dict(self.counts),

@@ -3,7 +3,9 @@ advice to the kernel only, so the release is the same file byte for byte."""
 
 from __future__ import annotations
 
+import itertools
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -50,3 +52,38 @@ def test_durable_pages_are_dropped_and_the_file_is_unchanged(
     lengths = [length for _, length, _ in advised]
     assert lengths == sorted(lengths)  # each sync covers the file as it has grown
     assert max(lengths) <= len(plain)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sync_file_range is Linux's")
+def test_written_bytes_start_to_reach_the_disk_before_the_end_and_the_file_is_unchanged(
+    tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    configs = []
+    for name in ("plain", "written_back"):
+        make_raw(tmp_path / name, n=20, broken=["truncated"])
+        configs.append(write_config(tmp_path / name, storage={"chunk_samples": 2}))
+    monkeypatch.setenv(reproducible.ENV, EPOCH)
+    plain = _build(configs[0], jobs=1)
+
+    ranges: list[tuple[int, int]] = []
+    original = sink_disk.start_writeback
+
+    def spy(path: Path, start: int) -> int:
+        end = original(path, start)
+        ranges.append((start, end))
+        return end
+
+    monkeypatch.setattr(sink_disk, "WRITEBACK_BYTES", 1)  # after every batch
+    monkeypatch.setattr(sink_disk, "start_writeback", spy)
+    written_back = _build(configs[1], jobs=1)
+
+    assert written_back == plain
+    assert len(ranges) > 1
+    # each writeback starts where the one before ended, and none reaches past the file
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(ranges))
+    assert ranges[0][0] == 0
+    assert all(start <= end <= len(plain) for start, end in ranges)
+
+
+def test_a_writeback_of_a_file_that_is_gone_is_no_error(tmp_path: Path) -> None:
+    assert sink_disk.start_writeback(tmp_path / "gone.h5", 42) == 42
