@@ -210,7 +210,7 @@ def decode_batch(task: DecodeTask, recipe: DecodeRecipe) -> BatchResult:
         drop_buffers()
     # A CT case's thousands of compressed chunks are small heap blocks: freed once the
     # result is sent, the heap would keep them and an idle worker its peak (4 workers held
-    # 4 cases' worth at a window of 2). Trim when the result is gone.
+    # 4 cases' worth at a window of 2). Trim when the result is gone and the worker idles.
     trim_when_gone(result)
     result.seconds = time.perf_counter() - started
     return result
@@ -287,14 +287,49 @@ def send_one_at_a_time(result: BatchResult) -> None:
     weakref.finalize(result, os.close, fd)  # closing the descriptor passes the turn on
 
 
+TRIM_IDLE_SECONDS = 0.2  # a worker this long without a task is idle: its heap is trimmed
+
+
+class _Activity:
+    """Whether this worker runs a task (``busy``), and since when it has not."""
+
+    running = 0
+    since = time.monotonic()
+    trim_pending = False
+
+
+@contextlib.contextmanager
+def busy() -> Iterator[None]:
+    """Around a task in a pooled worker (its decode and its hand-over to shared memory):
+    no heap trim meanwhile (``_give_back_memory``)."""
+    _Activity.running += 1
+    try:
+        yield
+    finally:
+        _Activity.running -= 1
+        _Activity.since = time.monotonic()
+
+
 def _give_back_memory() -> None:
-    """Trim the heap once the result is gone: a finalizer runs as the result starts being
-    freed (its chunks still alive), so the trim runs on a thread, after the worker has let
-    go of the GIL (waiting for its next task)."""
+    """Trim the heap once the worker idles (no task for ``TRIM_IDLE_SECONDS``): a
+    finalizer runs as the result starts being freed (its chunks still alive), so the trim
+    waits on a thread. Not between two tasks: the next case reuses the heap the last one
+    grew, and after a trim its first touch of every page was a fault again (0.07 CPU-s of
+    a 200-slice case's 0.6, which the work limit never paid)."""
     from h5etl.schedule import release_free_memory  # schedule imports this module
 
+    _Activity.since = time.monotonic()
+    if _Activity.trim_pending:
+        return  # a trim waits for the idle time already
+    _Activity.trim_pending = True
+
     def trim() -> None:
-        time.sleep(0.05)
+        while True:
+            time.sleep(TRIM_IDLE_SECONDS)
+            idle = time.monotonic() - _Activity.since
+            if not _Activity.running and idle >= TRIM_IDLE_SECONDS:
+                break
+        _Activity.trim_pending = False
         release_free_memory()
 
     threading.Thread(target=trim, name="h5etl-trim", daemon=True).start()

@@ -324,7 +324,8 @@ def run_pooled(
     """``run_remote`` in a worker of the local pool: raw ragged values go back through shared
     memory (``shared_values``), not the pipe, and a big result still waits for its turn to
     be sent before the pool copies it (``decode.send_one_at_a_time``)."""
-    result = shared_values.share(run_remote(worker, task, recipe), owner)
+    with decode.busy():  # its heap is trimmed once it idles, not between two cases
+        result = shared_values.share(run_remote(worker, task, recipe), owner)
     decode.send_one_at_a_time(result)
     return result
 

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import pickle
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+import pytest
 from conftest import MakeRaw, WriteConfig, centre_pad, save
 
 from h5etl import clean, decode, discover, pipeline, schedule
 from h5etl.config import load_spec
-from h5etl.records import DecodeTask, EncodedRows, Sample, SourceFile
+from h5etl.records import DecodeTask, EncodedChunk, EncodedRows, Sample, SourceFile
 
 
 def planned(root: Path, key: str) -> Sample:
@@ -92,3 +95,24 @@ def test_reused_batch_buffers_never_leak_pixels_between_tasks(
     np.testing.assert_array_equal(kept[0], centre_pad(np.full((6, 6, 3), 50), height, width))
     decode.decode_batch(task("d", "a"), recipe)
     np.testing.assert_array_equal(raw_rows, kept)  # not overwritten by the next task
+
+
+def test_a_worker_trims_its_heap_once_it_idles_not_between_two_tasks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # a trim between two CT cases made the next one fault every page of the heap again
+    trimmed = threading.Event()
+    monkeypatch.setattr(schedule, "release_free_memory", trimmed.set)
+    monkeypatch.setattr(decode, "TRIM_IDLE_SECONDS", 0.01)
+    monkeypatch.setattr(decode._Activity, "trim_pending", False)
+    with decode.busy():  # a result freed while the next task runs
+        decode._give_back_memory()
+        decode._give_back_memory()  # one trim waits for both
+        assert not trimmed.wait(0.2)
+    assert trimmed.wait(10)  # idle: trimmed
+    assert not decode._Activity.trim_pending
+
+
+def test_encoded_chunks_pickle_as_they_are() -> None:
+    chunk = EncodedChunk((3, 0, 128), 2, b"\x00\x01", "ab" * 32)
+    assert pickle.loads(pickle.dumps(chunk)) == chunk

@@ -87,7 +87,8 @@ def test_journal_round_trips_undecodable_names(tmp_path: Path) -> None:
     name = os.fsdecode(b"/raw/images/" + LATIN1 + b".png")
     writer = journal.JournalWriter(path, config_sha256="c", plan_sha256="p")
     reject = Reject(name, "decode", "truncated", "cut short", os.fsdecode(LATIN1))
-    delta: dict[str, Any] = {"lineage": {}, "chunks": [], "fingerprint": []}
+    delta: dict[str, Any] = {"lineage": {}, "chunks": journal.pack_chunks([], [], [], [], [])}
+    delta["fingerprint"] = []
     delta |= {"queues": {}, "rows": {}, "blocks": {}, "texts": {}}
     delta["rejects"] = [reject.as_json()]
     writer.checkpoint(delta)
