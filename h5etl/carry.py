@@ -20,7 +20,7 @@ import dataclasses
 import hashlib
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -261,10 +261,17 @@ def plan_carry(
 
 
 def decide(
-    plan: Plan, parent: Parent, output: OutputFolder, config: str, layout: LayoutRecord
+    plan: Plan,
+    parent: Parent,
+    output: OutputFolder,
+    config: str,
+    layout: LayoutRecord,
+    record: Mapping[str, Any] | None = None,
 ) -> tuple[CarryPlan | None, str | None]:
-    """The carry plan from ``parent``, or None and why it cannot be carried from."""
-    record = output.read_carry(parent.version)
+    """The carry plan from ``parent``, or None and why it cannot be carried from;
+    ``record``: its carry record as this build read it already (else read here)."""
+    if record is None:
+        record = output.read_carry(parent.version)
     block = plan_block(plan)
     reason = why_not(parent, record, config, layout, block)
     if reason is not None or record is None:
@@ -366,15 +373,22 @@ def record_rows(samples: tuple[Sample, ...]) -> dict[str, list[str]]:
     }
 
 
-def copy_into(sink: Sink, carried: CarryPlan, tallies: Tallies, log: BlockLog) -> tuple[str, int]:
+def copy_into(
+    sink: Sink,
+    carried: CarryPlan,
+    tallies: Tallies,
+    log: BlockLog,
+    between: Callable[[], None] = lambda: None,
+) -> tuple[str, int]:
     """Copy every carried block into the new release (the sink writes); return the source
-    fingerprint lines of the carried rows, in write order, and the stored bytes copied."""
+    fingerprint lines of the carried rows, in write order, and the stored bytes copied.
+    ``between``: called now and then while chunks are copied (``Sink.carry``)."""
     lines: list[str] = []
     copied = 0
     for split, blocks in carried.blocks.items():
         samples = tuple(s for b in blocks for s in b.samples)
         spans = [(b.start, b.rows) for b in blocks]
-        copied += sink.carry(carried.parent.path, split, spans, record_rows(samples))
+        copied += sink.carry(carried.parent.path, split, spans, record_rows(samples), between)
         lineage = carried.parent.splits[split].lineage
         for b in blocks:
             tallies.add_block(split, b.tally)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -185,7 +186,9 @@ def _build_locked(run: _Run, *, resume: bool, full: bool) -> BuildReport:
         )
         return report
     try:
-        info = _build_planned(run, plan, report, watch, previous, None if full else origin)
+        info = _build_planned(
+            run, plan, report, watch, previous, None if full else origin, record=gate.record
+        )
     except BuildFailed as exc:
         path = output.write_failed_rejects(report.rejects)
         raise BuildFailed(
@@ -218,6 +221,8 @@ def _build_planned(
     watch: Stopwatch,
     previous: list[tuple[Path, Path]],
     origin: parent.Parent | None,
+    *,
+    record: dict[str, object] | None = None,
 ) -> Any:
     spec, output = run.spec, run.output
     enforce_limit(spec, report.rejects, report.inputs)
@@ -234,7 +239,9 @@ def _build_planned(
     carried = None
     if earlier is None and origin is not None:
         layout_seen = layout_record(spec, plan)
-        carried, why = carry.decide(plan, origin, output, spec_text(spec), layout_seen)
+        carried, why = carry.decide(
+            plan, origin, output, spec_text(spec), layout_seen, record
+        )  # the carry record the up-to-date check read (5 MB of JSON at 30,000 pairs)
         if why is not None:
             report.warnings.append(f"every sample decoded: {why}")
         if carried is not None and carried.decode is not None:
@@ -326,7 +333,9 @@ def _write(
                 watch.lap(restored.stage)
                 worker_seconds, writer_seconds = restored.worker_seconds, restored.writer_seconds
             if carried is not None and log is not None:
-                carried_lines, copied = carry.copy_into(sink, carried, tallies, log)
+                # the copied chunks fsynced as they are copied (and the page cache handed back)
+                between = functools.partial(checkpoints.sync_soon, sink)
+                carried_lines, copied = carry.copy_into(sink, carried, tallies, log, between)
                 fingerprint.update(carried_lines.encode())
                 report.reused, report.reused_bytes = carried.samples, copied
                 status.resumed(dict(sink.counts))  # carried rows are stored rows for status

@@ -207,6 +207,7 @@ class Sink(JournalSide):
         split: str,
         blocks: list[tuple[int, int]],
         record: dict[str, list[str]],
+        between: Callable[[], None] = lambda: None,
     ) -> int:
         """Append rows of ``parent``'s ``split`` as they are stored there: each (start, rows)
         block's chunks byte for byte (``sink_copy.copy_rows``: the filter mask travels with
@@ -214,13 +215,16 @@ class Sink(JournalSide):
         chunks are re-cut), the block digests the parent recorded, its text, scalar, offsets
         and lineage rows as values, and ``record`` (this build's per-sample record of those
         rows). Call before any ``write`` to ``split``. Returns the stored bytes copied.
+        ``between``: called now and then while the chunks are copied (the build fsyncs them).
         """
         assert self.file is not None
         if not blocks:
             return 0
         try:
             with h5py.File(parent, "r") as source:
-                copied, ends = copy_parent_columns(source, self.layout, self.images, split, blocks)
+                copied, ends = copy_parent_columns(
+                    source, self.layout, self.images, split, blocks, between
+                )
                 small, lineage = parent_rows(source, self.layout, split, blocks)
             small.update(record)
             small.update(ends)

@@ -1,4 +1,5 @@
-"""sink_disk: the sink's side of the disk: room before a write, durable bytes handed back.
+"""sink_disk: the sink's side of the disk: room before a write, durable bytes handed back,
+a parent's bytes asked for ahead of its copy.
 
 Part of the sink: no HDF5 here, plain file system calls, so ``sync_and_drop`` may run in
 the checkpoint thread beside the writer.
@@ -131,3 +132,22 @@ def sync_and_drop(path: Path) -> None:
         if durable > CACHE_KEEP_BYTES and hasattr(os, "posix_fadvise"):
             length = durable - CACHE_KEEP_BYTES
             os.posix_fadvise(handle.fileno(), 0, length, os.POSIX_FADV_DONTNEED)
+
+
+def prefetch(path: Path) -> None:
+    """Ask the kernel to read ``path`` into the page cache, from a daemon thread (advice
+    only: nothing waits for it, a failure changes nothing). An incremental build copies most
+    of its parent, whose writer handed all but its last ``CACHE_KEEP_BYTES`` back: the copy
+    of 1.75 GB read them from the disk as it went (2.0 s of its 3.5), where the disk can
+    stream them while the build plans."""
+
+    def advise() -> None:
+        with contextlib.suppress(OSError):
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+            finally:
+                os.close(fd)
+
+    if hasattr(os, "posix_fadvise"):
+        threading.Thread(target=advise, name="h5etl-prefetch", daemon=True).start()

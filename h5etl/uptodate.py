@@ -19,7 +19,7 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from h5etl import __version__, carry, fileformat, inprocess
+from h5etl import __version__, carry, fileformat, inprocess, sink_disk
 from h5etl.buildparts import layout_record
 from h5etl.clean import Plan
 from h5etl.fileformat import LayoutRecord
@@ -159,6 +159,13 @@ class Gate:
         self.output, self.decoder = output, decoder
         linked = None if always else output.current_release()
         self.record = None if linked is None else output.read_carry(linked[0])
+        self._parent = None if linked is None or self.record is None else linked[1]
+
+    def _will_copy(self) -> None:
+        """The build goes on and may carry from the parent: its bytes are asked for now."""
+        if self._parent is not None:
+            sink_disk.prefetch(self._parent)
+            self._parent = None  # once
 
     def discovered(self, samples: int) -> None:
         """Discovery found ``samples``: start the workers now unless this may be up to date."""
@@ -168,6 +175,7 @@ class Gate:
         if names is None:
             self.decoder.start()  # nothing carries: the workers start meanwhile
         elif len(names) != samples:
+            self._will_copy()  # not up to date: the parent's chunks will be copied
             # something will be decoded: at least the samples found beyond the record's
             new = max(samples - len(names), 0)
             if not self.decoder.cheap_here(new, inprocess.per_sample_seconds(self.record)).here:
@@ -185,6 +193,7 @@ class Gate:
         reason, touched = why_build(spec, plan, parent, record, report.rejects, layout)
         if reason is not None:
             logger.info("building a new release: %s", reason)
+            self._will_copy()
             return False
         if touched:  # the next build need not hash them again
             self.output.write_carry(parent.version, carry.with_stamps(record, touched))

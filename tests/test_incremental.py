@@ -326,3 +326,64 @@ def test_a_changed_table_cell_is_decoded_again(tmp_path: Path, write_config: Wri
     with h5py.File(report.path, "r") as handle:
         sites = {key: handle[f"{split}/site"].asstr()[row] for key, (split, row) in where.items()}
     assert sites == {f"s{i:03d}": "moved" if i == 5 else f"a{i}" for i in range(16)}
+
+
+def test_copying_the_chunks_in_pieces_writes_the_file_of_one_copy(
+    tmp_path: Path, write_config: WriteConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a large parent is copied a piece at a time, fsynced between the pieces: the same chunks
+    # in the same order, so the very same bytes as copied in one go
+    from h5etl import resume, sink_carry
+
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
+    config = load_spec(project(tmp_path, write_config))
+    build(config)
+    parent = tmp_path / "parent-releases"
+    shutil.copytree(tmp_path / "releases", parent, symlinks=True)
+    add_pairs(tmp_path, [f"new{i:02d}" for i in range(5)], seed=4)
+    synced: list[int] = []
+    real = resume.Checkpoints.sync_soon
+
+    def counted(self: resume.Checkpoints, sink: Any) -> None:
+        synced.append(1)
+        real(self, sink)
+
+    monkeypatch.setattr(resume.Checkpoints, "sync_soon", counted)
+    files = []
+    for piece in (10**9, 4):
+        shutil.rmtree(tmp_path / "releases")
+        shutil.copytree(parent, tmp_path / "releases", symlinks=True)
+        monkeypatch.setattr(sink_carry, "PIECE_ROWS", piece)
+        synced.clear()
+        report = build(config)
+        assert report.path is not None
+        assert report.reused > 8
+        # once per split and field in one go (and after the copy); per piece of 4 rows
+        if piece > 4:
+            assert len(synced) == 5
+        else:
+            assert len(synced) >= report.reused // 4 * 2
+        files.append(report.path.read_bytes())
+        assert check_release(report.path, deep=True).ok
+    assert files[0] == files[1]
+
+
+def test_the_parents_bytes_are_asked_for_once_a_build_will_copy_them(
+    tmp_path: Path, write_config: WriteConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from h5etl import sink_disk
+
+    asked: list[Path] = []
+    monkeypatch.setattr(sink_disk, "prefetch", asked.append)
+    config = load_spec(project(tmp_path, write_config, n=12))
+    first = build(config)
+    assert asked == []  # no parent
+    assert build(config).up_to_date
+    assert asked == []  # up to date: nothing is copied, nothing read ahead
+    add_pairs(tmp_path, ["new00"], seed=5)
+    second = build(config)
+    assert second.reused > 0
+    assert asked == [first.path]  # once (at discovery: one sample more than the parent's)
+    third = build(config.model_copy(update={"notes": "the same again"}))
+    assert third.reused == 13
+    assert asked == [first.path, second.path]  # after the up-to-date check said no
