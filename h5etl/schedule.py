@@ -171,20 +171,36 @@ def in_order(
     ``limit`` is asked again after every submission (it may learn from the results).
     """
     pending: deque[tuple[In, Fut]] = deque()
+    # Collected and not yet yielded, so still in flight: a result that widens the limit
+    # lets the next items go to the workers before the consumer takes it (the first CT case
+    # widened a window of 2, and both workers idled while the writer stored it).
+    ready: deque[Out] = deque()
     try:
         for item in items:
             if isinstance(item, Barrier):
+                yield from _drained(ready)
                 while any(item.holds(waiting) for waiting, _ in pending):
                     yield result(*pending.popleft())
                 continue
             pending.append((item, submit(item)))
-            while pending and len(pending) >= (limit() if callable(limit) else limit):
-                yield result(*pending.popleft())
+            while (pending or ready) and len(pending) + len(ready) >= (
+                limit() if callable(limit) else limit
+            ):
+                if ready:
+                    yield ready.popleft()
+                else:
+                    ready.append(result(*pending.popleft()))
+        yield from _drained(ready)
         while pending:
             yield result(*pending.popleft())
     finally:
         for _, future in pending:
             future.cancel()
+
+
+def _drained(ready: deque[Out]) -> Iterator[Out]:
+    while ready:
+        yield ready.popleft()
 
 
 def _submit(jobs: int, fn: Callable[..., Got], *args: object) -> Future[Got]:

@@ -290,3 +290,34 @@ def test_big_results_are_sent_one_at_a_time(
     del first
     assert waited.wait(5)  # and goes once the first is freed
     thread.join()
+
+
+def test_a_result_that_widens_the_window_sends_more_work_before_it_is_written() -> None:
+    # the first CT case widened a window of 2 to 5 only once the writer had stored it: both
+    # workers idled meanwhile
+    events: list[str] = []
+    collected = {"count": 0}
+
+    def limit() -> int:
+        return 5 if collected["count"] else 2
+
+    def submit(item: int) -> Future[int]:
+        in_flight = sum(e.startswith("submit") for e in events) - sum(
+            e.startswith("write") for e in events
+        )
+        assert in_flight < limit()  # collected but unwritten results count as in flight
+        events.append(f"submit {item}")
+        future: Future[int] = Future()
+        future.set_result(item)
+        return future
+
+    def result(item: int, future: Future[int]) -> int:
+        collected["count"] += 1
+        return future.result()
+
+    written = []
+    for item in schedule.in_order(range(8), submit, result, limit):
+        events.append(f"write {item}")
+        written.append(item)
+    assert written == list(range(8))
+    assert events[: events.index("write 0")] == [f"submit {i}" for i in range(5)]
