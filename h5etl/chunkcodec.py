@@ -143,11 +143,7 @@ def _lzf_direct(layout: ChunkLayout, rows: np.ndarray) -> list[EncodedChunk] | N
     elements is the identity). imagecodecs' LZF encoder is about 3x faster than the filter
     h5py registers, and HDF5's lzf filter decodes its output.
     """
-    if (
-        layout.compression.codec != "lzf"
-        or np.dtype(layout.dtype).itemsize != 1
-        or layout.chunks[1:] != layout.shape
-    ):
+    if not _plain_lzf(layout):
         return None
     buffer = np.ascontiguousarray(rows).data  # any buffer works; the stubs say bytes
     stored = bytes(imagecodecs.lzf_encode(buffer))  # type: ignore[arg-type]
@@ -155,6 +151,15 @@ def _lzf_direct(layout: ChunkLayout, rows: np.ndarray) -> list[EncodedChunk] | N
         return None  # incompressible: let HDF5 store it raw and flag the filter as skipped
     offset = (0,) * (len(layout.shape) + 1)
     return [EncodedChunk(offset, 0, stored, hashlib.sha256(stored).hexdigest())]
+
+
+def _plain_lzf(layout: ChunkLayout) -> bool:
+    """Whether ``layout`` stores plain LZF of its rows (see ``_lzf_direct``)."""
+    return (
+        layout.compression.codec == "lzf"
+        and np.dtype(layout.dtype).itemsize == 1
+        and layout.chunks[1:] == layout.shape
+    )
 
 
 def _hdf5_shuffled(data: np.ndarray) -> np.ndarray:
@@ -209,10 +214,9 @@ def _codec_call(layout: ChunkLayout) -> Callable[[np.ndarray], bytes] | None:
 def _probe_rows(layout: ChunkLayout) -> np.ndarray:
     """A block of ``layout`` that every codec compresses, the same in every process: runs of
     zeros (even a block of a hundred bytes compresses) and low-entropy bytes."""
-    rng = np.random.default_rng(20260101)
     nbytes = layout.block_nbytes
-    data = rng.integers(0, 16, nbytes, dtype=np.uint8)
-    data[nbytes // 8 :] = 0
+    data = np.zeros(nbytes, np.uint8)
+    data[: nbytes // 8] = np.random.default_rng(20260101).integers(0, 16, nbytes // 8, np.uint8)
     return data.view(layout.dtype).reshape(layout.rows, *layout.shape)
 
 
@@ -224,8 +228,8 @@ def has_direct(layout: ChunkLayout) -> bool:
     filter obeys, leaves HDF5 to encode). The answer is the same in every process of a build,
     so every process encodes a layout's blocks alike."""
     call = _codec_call(layout)
-    if call is None:
-        return _lzf_direct(layout, _probe_rows(layout)) is not None
+    if call is None:  # lzf's bytes are imagecodecs' by construction: no block to try
+        return _plain_lzf(layout)
     rows = _probe_rows(layout)
     scratch, dataset = _scratch(layout)
     with scratch:
