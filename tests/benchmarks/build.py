@@ -51,7 +51,7 @@ from corpus import (
     messy_indices,
     sweep_config,
 )
-from installed import byte_compile
+from installed import byte_compile, warm
 
 from h5etl.workers import NATIVE_THREAD_LIMITS
 
@@ -1046,6 +1046,7 @@ def benchmark(args: argparse.Namespace) -> str:
     corpus = _corpus(args.dir, args.samples)
     groups = _groups(args)
     messy = ensure_messy(corpus) if MESSY in groups else None
+    warm(corpus.root, *([messy.root] if messy is not None else []))
     work = args.dir / "work"
     work.mkdir(parents=True, exist_ok=True)
     reads: dict[str, list[Run]] = {}

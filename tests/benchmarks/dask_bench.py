@@ -37,7 +37,7 @@ from typing import Any
 
 import h5py
 from corpus import DEFAULT_DIR, DEFAULT_SAMPLES, CorpusParams, ensure_corpus
-from installed import byte_compile
+from installed import byte_compile, warm
 
 import h5etl
 from h5etl import pipeline
@@ -154,6 +154,7 @@ def run(args: argparse.Namespace) -> str:
     distributed: Any = importlib.import_module("distributed")  # the optional extra
     local = distributed.LocalCluster
     corpus = ensure_corpus(args.dir, CorpusParams(samples=args.samples))
+    warm(corpus.root)
     spec = h5etl.load_spec(corpus.config("lzf"))
     work = Path(tempfile.mkdtemp(prefix="dask-bench-", dir=args.dir))
     one = local(n_workers=1, threads_per_worker=1, host="127.0.0.1", dashboard_address=":0")

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from corpus import DEFAULT_DIR, CorpusParams, ensure_corpus
-from installed import byte_compile
+from installed import byte_compile, warm
 
 HERE = Path(__file__).resolve()
 BASE = 3000
@@ -212,6 +212,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     byte_compile()
     work, extra = prepare(args.dir, args.samples)
+    warm(work, *(source for source, _ in extra))
     runner = run_here if args.in_process else run
     if args.in_process:
         import h5etl.pipeline  # noqa: F401  (imported once, as a long-lived process has it)

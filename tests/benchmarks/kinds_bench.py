@@ -58,7 +58,7 @@ from build import (
     become_subreaper,
 )
 from corpus import DEFAULT_DIR, Corpus, CorpusParams, make_pair
-from installed import byte_compile
+from installed import byte_compile, warm
 from joblib import Parallel, delayed
 from PIL import Image
 
@@ -434,6 +434,7 @@ def benchmark(args: argparse.Namespace) -> str:
     started = time.perf_counter()
     corpus = _photos_in_child(args.dir, params)
     made = time.perf_counter() - started
+    warm(corpus.root)
     waited = wait_for_load(args.wait_load, args.wait_seconds) if args.wait_load else ""
     tasks = [CLASSIFY] if args.no_superres else [CLASSIFY, SUPERRES]
     load_before = _load()

@@ -43,7 +43,7 @@ from typing import Any
 import h5py
 import numpy as np
 from build import LIMIT_ENV, Run, _child_json, _median, become_subreaper, measure
-from installed import byte_compile
+from installed import byte_compile, warm
 from joblib import Parallel, delayed
 
 from h5etl import digest, recording, stats
@@ -318,6 +318,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     become_subreaper()
     folder = ensure_corpus(args.dir, args.recordings, args.min_s, args.max_s)
+    warm(folder)
     text = table(folder, run_all(folder, args), args)
     print(text)
     if args.output is not None:

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from installed import byte_compile
+from installed import byte_compile, warm
 
 HERE = Path(__file__).resolve()
 MIB = 2**20
@@ -421,6 +421,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         write_config(tiny, args.size, args.chunks)
         lines = memory(root, tiny, args)
     else:
+        warm(root)
         lines = throughput(root, args)
     text = "\n".join(lines)
     print(text)
