@@ -130,6 +130,17 @@ def save(path: Path, array: np.ndarray) -> None:
     Image.fromarray(array).save(path, format="PNG")
 
 
+def add_pairs(root: Path, keys: list[str], seed: int = 0, *, largest: int = 12) -> None:
+    """A random image/mask pair per key, ``raw/images/<key>.png`` and ``raw/masks/<key>.png``
+    under ``root``, each side 6 to ``largest`` pixels."""
+    rng = np.random.default_rng(seed)
+    for key in keys:
+        size = (int(rng.integers(6, largest + 1)), int(rng.integers(6, largest + 1)))
+        image, mask = random_pair(rng, size)
+        save(root / "raw" / "images" / f"{key}.png", image)
+        save(root / "raw" / "masks" / f"{key}.png", mask)
+
+
 def png_bytes(array: np.ndarray) -> bytes:
     buffer = io.BytesIO()
     Image.fromarray(array).save(buffer, format="PNG")

@@ -13,7 +13,7 @@ from typing import Any
 import h5py
 import numpy as np
 import pytest
-from conftest import WriteConfig, random_pair, run_killed_build, save
+from conftest import WriteConfig, add_pairs, random_pair, run_killed_build, save
 
 from h5etl import build, load_spec
 from h5etl.check import check_release
@@ -21,14 +21,6 @@ from h5etl.report import BuildReport
 
 CODECS = ["lzf", "gzip", {"codec": "blosc", "cname": "lz4"}, "zstd"]
 FIELDS = ("image", "mask", "filename")
-
-
-def add_pairs(root: Path, keys: list[str], seed: int = 0) -> None:
-    rng = np.random.default_rng(seed)
-    for key in keys:
-        image, mask = random_pair(rng, (int(rng.integers(6, 13)), int(rng.integers(6, 13))))
-        save(root / "raw" / "images" / f"{key}.png", image)
-        save(root / "raw" / "masks" / f"{key}.png", mask)
 
 
 def remove_pairs(root: Path, keys: list[str]) -> None:

@@ -21,7 +21,8 @@ from typing import Any
 import h5py
 import numpy as np
 import pytest
-from conftest import MakeRaw, WriteConfig, expected_image, expected_mask, random_pair, save
+from conftest import MakeRaw, WriteConfig, expected_image, expected_mask
+from conftest import add_pairs as add_random_pairs
 
 from h5etl import build, inprocess, load_spec, workers
 from h5etl.check import check_release
@@ -32,11 +33,7 @@ HERE = "this process (2 threads)"
 
 
 def add_pairs(root: Path, keys: list[str], seed: int = 1) -> None:
-    rng = np.random.default_rng(seed)
-    for key in keys:
-        image, mask = random_pair(rng, (int(rng.integers(6, 20)), int(rng.integers(6, 20))))
-        save(root / "raw" / "images" / f"{key}.png", image)
-        save(root / "raw" / "masks" / f"{key}.png", mask)
+    add_random_pairs(root, keys, seed, largest=19)
 
 
 def facts(report: BuildReport) -> dict[str, Any]:
