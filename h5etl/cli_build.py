@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from tqdm import tqdm
 
-from h5etl import workers
+from h5etl import interrupts, workers
 from h5etl.cli_common import app
 from h5etl.cli_common import fail as _fail
 from h5etl.cli_common import run as _run
@@ -280,9 +280,10 @@ def _build_many(paths: list[Path], options: _BuildOptions) -> None:
         with _progress(options.quiet) as bars:
             return _build_spec(spec, options, bars)
 
-    outcomes = batch.build_all(
-        configs, load=lambda path: _load(path, options), build=one, started=started, done=done
-    )
+    with interrupts.catching():  # a Ctrl-C Python swallows still stops the builds
+        outcomes = batch.build_all(
+            configs, load=lambda path: _load(path, options), build=one, started=started, done=done
+        )
     _say("== summary ==")
     for line in batch.summary_lines(outcomes):
         _say(line)

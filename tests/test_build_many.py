@@ -270,3 +270,44 @@ def test_ctrl_c_stops_the_builds_and_still_prints_the_summary(
     assert ended["state"] == "interrupted"
     assert ended["result"]["exit_code"] == 130
     assert not (tmp_path / "releases" / "later.status.json").exists()  # never started
+
+
+# A Ctrl-C that Python loses (raised inside a weakref callback it is printed as "Exception
+# ignored"), made certain: the third decode sends SIGINT to its own process and swallows it.
+SWALLOWED_MANY = """
+    import os, signal, sys, time
+    import h5etl.images
+    original = h5etl.images.decode_field
+    calls = [0]
+    def swallowing(*args, **kwargs):
+        calls[0] += 1
+        if calls[0] == 3:
+            try:
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.5)  # the handler raises in here, and the exception is lost
+            except KeyboardInterrupt:
+                pass
+        return original(*args, **kwargs)
+    h5etl.images.decode_field = swallowing
+    from h5etl.cli import main
+    sys.argv = ["h5etl", "build", sys.argv[1], "--jobs", "1", "--quiet"]
+    main()
+"""
+
+
+def test_a_ctrl_c_python_swallowed_still_stops_the_builds_of_a_folder(
+    tmp_path: Path, raw: RawFolder, write_config: WriteConfig
+) -> None:
+    add_config(tmp_path, write_config, "a.yaml")
+    add_config(tmp_path, write_config, "b.yaml", name="later")
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(SWALLOWED_MANY), str(tmp_path / "configs")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 130, proc.stderr
+    assert [row[1:3] for row in summary(proc.stdout)[1:]] == [["cells", "failed"], ["later", "not"]]
+    assert proc.stderr.strip().endswith("a.yaml: interrupted; nothing was published")
+    assert not (tmp_path / "releases" / "cells.h5").exists()
+    assert not (tmp_path / "releases" / "later.h5").exists()
