@@ -24,7 +24,8 @@ from h5etl.errors import LockHeld, ReleaseError, io_problem
 logger = logging.getLogger(__name__)
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` of this host exists (another user's counts as alive)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -144,7 +145,7 @@ class BuildLock:
             return False
         if holder.get("host") != socket.gethostname():
             return True  # its pid means nothing here
-        return isinstance(pid, int) and _pid_alive(pid)
+        return isinstance(pid, int) and pid_alive(pid)
 
     def _raise_held(self) -> NoReturn:
         holder = self._read_lock()

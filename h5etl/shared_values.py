@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import mmap
-import os
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from h5etl.buildlock import pid_alive
 from h5etl.records import BatchResult, EncodedChunk, EncodedRows, RaggedRows
 
 SHM = Path("/dev/shm")
@@ -157,16 +157,6 @@ def sweep(owner: int | None = None) -> None:
             pid = int(path.name[len(PREFIX) + 1 :].split("-", 1)[0])
         except ValueError:
             continue
-        if pid == owner or not _alive(pid):
+        if pid == owner or not pid_alive(pid):
             with contextlib.suppress(OSError):
                 path.unlink()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's process
-    return True

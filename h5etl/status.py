@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from h5etl import reproducible
+from h5etl.buildlock import pid_alive
 from h5etl.errors import H5EtlError, UsageError
 from h5etl.records import BatchResult, Reject
 from h5etl.release import OutputFolder
@@ -251,15 +252,7 @@ def _alive(data: dict[str, Any], lock: Path) -> bool | None:
     if data.get("host") != socket.gethostname():
         return None
     pid = data.get("pid")
-    if not isinstance(pid, int):
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return isinstance(pid, int) and pid_alive(pid)
 
 
 def read_statuses(target: Path) -> list[StatusView]:
