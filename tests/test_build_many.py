@@ -221,19 +221,28 @@ def test_the_exit_code_is_the_worst_outcomes(codes: list[int], expected: int) ->
     assert batch.exit_code(outcomes) == expected
 
 
-# The CLI over a folder, the first build slowed down so that Ctrl-C lands in it.
-SLOW_MANY = """
-    import sys, time
-    import h5etl.images
-    original = h5etl.images.decode_field
-    def slow(*args, **kwargs):
-        time.sleep(0.05)
-        return original(*args, **kwargs)
-    h5etl.images.decode_field = slow
-    from h5etl.cli import main
-    sys.argv = ["h5etl", "build", sys.argv[1], "--jobs", "1", "--quiet"]
-    main()
+def cli_with_decode(before: str) -> str:
+    """A child script: ``h5etl build FOLDER --jobs 1`` with ``before`` (code run at the start
+    of every image decode, ``calls[0]`` counting them) put in front of the decoder."""
+    body = textwrap.indent(textwrap.dedent(before).strip(), " " * 4)
+    return f"""
+import os, signal, sys, time
+import h5etl.images
+original = h5etl.images.decode_field
+calls = [0]
+def patched(*args, **kwargs):
+    calls[0] += 1
+{body}
+    return original(*args, **kwargs)
+h5etl.images.decode_field = patched
+from h5etl.cli import main
+sys.argv = ["h5etl", "build", sys.argv[1], "--jobs", "1", "--quiet"]
+main()
 """
+
+
+# The CLI over a folder, the first build slowed down so that Ctrl-C lands in it.
+SLOW_MANY = cli_with_decode("time.sleep(0.05)")
 
 
 def test_ctrl_c_stops_the_builds_and_still_prints_the_summary(
@@ -242,7 +251,7 @@ def test_ctrl_c_stops_the_builds_and_still_prints_the_summary(
     add_config(tmp_path, write_config, "a.yaml")
     add_config(tmp_path, write_config, "b.yaml", name="later")
     proc = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(SLOW_MANY), str(tmp_path / "configs")],
+        [sys.executable, "-c", SLOW_MANY, str(tmp_path / "configs")],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -274,25 +283,16 @@ def test_ctrl_c_stops_the_builds_and_still_prints_the_summary(
 
 # A Ctrl-C that Python loses (raised inside a weakref callback it is printed as "Exception
 # ignored"), made certain: the third decode sends SIGINT to its own process and swallows it.
-SWALLOWED_MANY = """
-    import os, signal, sys, time
-    import h5etl.images
-    original = h5etl.images.decode_field
-    calls = [0]
-    def swallowing(*args, **kwargs):
-        calls[0] += 1
-        if calls[0] == 3:
-            try:
-                os.kill(os.getpid(), signal.SIGINT)
-                time.sleep(0.5)  # the handler raises in here, and the exception is lost
-            except KeyboardInterrupt:
-                pass
-        return original(*args, **kwargs)
-    h5etl.images.decode_field = swallowing
-    from h5etl.cli import main
-    sys.argv = ["h5etl", "build", sys.argv[1], "--jobs", "1", "--quiet"]
-    main()
-"""
+SWALLOWED_MANY = cli_with_decode(
+    """
+    if calls[0] == 3:
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.5)  # the handler raises in here, and the exception is lost
+        except KeyboardInterrupt:
+            pass
+    """
+)
 
 
 def test_a_ctrl_c_python_swallowed_still_stops_the_builds_of_a_folder(
@@ -301,7 +301,7 @@ def test_a_ctrl_c_python_swallowed_still_stops_the_builds_of_a_folder(
     add_config(tmp_path, write_config, "a.yaml")
     add_config(tmp_path, write_config, "b.yaml", name="later")
     proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(SWALLOWED_MANY), str(tmp_path / "configs")],
+        [sys.executable, "-c", SWALLOWED_MANY, str(tmp_path / "configs")],
         capture_output=True,
         text=True,
         timeout=120,
