@@ -8,6 +8,7 @@ nothing else moves split. Expectations come from the written arrays and from a f
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 from types import SimpleNamespace
@@ -23,6 +24,7 @@ from h5etl import build, carry, fileformat, load_spec
 from h5etl.check import check_release
 from h5etl.examples.volumes import ct_case, write_dicom_series, write_nifti
 from h5etl.report import BuildReport
+from h5etl.spec import Spec
 
 
 def _path(report: BuildReport) -> Path:
@@ -222,10 +224,9 @@ def test_windows_of_a_recording_carry_and_decode_together(
     assert check_release(_path(third), deep=True).ok
 
 
-def test_a_stem_recording_whose_other_channel_changed_is_decoded_again(tmp_path: Path) -> None:
-    """In stem mode a sample's own file is its first channel's; the others are found by
-    stem. Their stamps are the plan's too: a corrected volts.csv beside an untouched
-    accel.npy must not be carried from the parent."""
+def stem_recordings(tmp_path: Path) -> tuple[Path, dict[str, Any], Spec]:
+    """Recordings as files sharing a stem (``a_accel.npy``, ``a_volts.csv``...) in
+    ``raw/rec``: the folder, each recording's written channels, the config (stem mode)."""
     raw = tmp_path / "raw" / "rec"
     truth = {
         n: write_recording(raw, s, i, prefix=f"{n}_") for i, (n, s) in enumerate(LENGTHS.items())
@@ -238,6 +239,14 @@ def test_a_stem_recording_whose_other_channel_changed_is_decoded_again(tmp_path:
             field={"recording": "stem", "channels": channels},
         )
     )
+    return raw, truth, config
+
+
+def test_a_stem_recording_whose_other_channel_changed_is_decoded_again(tmp_path: Path) -> None:
+    """In stem mode a sample's own file is its first channel's; the others are found by
+    stem. Their stamps are the plan's too: a corrected volts.csv beside an untouched
+    accel.npy must not be carried from the parent."""
+    raw, truth, config = stem_recordings(tmp_path)
     first = build(config, jobs=1)
     volts = raw / "c_volts.csv"
     corrected = np.round(truth["c"]["volts"].astype(np.float64) + 0.5, 2)
@@ -309,19 +318,7 @@ def test_a_touched_stem_recording_is_decoded_not_hashed(
     """A recording's lineage digest is its kind's (over every channel read), so a touched
     file of equal bytes cannot be matched by hashing it: it is decoded again, and carry
     does not read it for nothing first."""
-    import os
-
-    raw = tmp_path / "raw" / "rec"
-    for i, (n, s) in enumerate(LENGTHS.items()):
-        write_recording(raw, s, i, prefix=f"{n}_")
-    channels = {name: {**spec, "file": "_" + spec["file"]} for name, spec in CHANNELS.items()}
-    config = load_spec(
-        series_config(
-            tmp_path,
-            source={"entries": "files", "glob": "*_accel.npy"},
-            field={"recording": "stem", "channels": channels},
-        )
-    )
+    raw, _, config = stem_recordings(tmp_path)
     build(config, jobs=1)
     touched = raw / "b_accel.npy"
     info = touched.stat()
