@@ -102,23 +102,21 @@ def test_same_file_for_any_number_of_threads_and_any_finishing_order(
     assert (tmp_path / "one.h5").read_bytes() == (tmp_path / "four.h5").read_bytes()
 
 
+@pytest.mark.parametrize(
+    ("error", "raised"),
+    [
+        pytest.param(MemoryError("no memory for the block"), MemoryError, id="memory-as-is"),
+        pytest.param(RuntimeError("codec refused the block"), SinkError, id="sink-error"),
+    ],
+)
 def test_a_block_that_fails_on_a_thread_fails_the_write_cleanly(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, error: Exception, raised: type[Exception]
 ) -> None:
-    def broken(layout: ChunkLayout, rows: np.ndarray) -> Any:
-        raise MemoryError("no memory for the block")
+    """A MemoryError stays one; any other failure reaches the build as a SinkError."""
 
-    monkeypatch.setattr(h5etl.chunkpool, "encode_direct", broken)
-    with pytest.raises(MemoryError, match="no memory"):
-        _write(tmp_path / "t.h5", _batches(), threads=2, codec=BLOSC)
-
-
-def test_a_write_error_reaches_the_build_as_a_sink_error(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
     def failing(layout: ChunkLayout, rows: np.ndarray) -> Any:
-        raise RuntimeError("codec refused the block")
+        raise error
 
     monkeypatch.setattr(h5etl.chunkpool, "encode_direct", failing)
-    with pytest.raises(SinkError, match="codec refused the block"):
+    with pytest.raises(raised, match=str(error)):
         _write(tmp_path / "t.h5", _batches(), threads=2, codec=BLOSC)
