@@ -148,6 +148,7 @@ class _BuildOptions:
     shards: int = 1
     vds: bool = False
     notes: str | None = None  # release notes for every config built (instead of their notes:)
+    pooled: bool = False  # the worker pool was started (warm_up): it can import ahead
 
 
 @app.command()
@@ -217,10 +218,11 @@ def build(
     if scheduler is not None:
         _check_scheduler(scheduler)
     single = len(configs) == 1 and not configs[0].is_dir()
-    if scheduler in (None, "local") and not (single and not full and _has_link(configs[0])):
+    pooled = scheduler in (None, "local") and not (single and not full and _has_link(configs[0]))
+    if pooled:
         workers.warm_up(jobs)  # a config naming a cluster leaves these idle; they time out
     options = _BuildOptions(
-        jobs, dry_run, decode, resume, quiet, full, scheduler, shards, vds, notes
+        jobs, dry_run, decode, resume, quiet, full, scheduler, shards, vds, notes, pooled
     )
     if single:
         spec = _run(lambda: _load(configs[0], options))
@@ -239,6 +241,10 @@ def _load(path: Path, options: _BuildOptions) -> Spec:
 
 
 def _build_spec(spec: Spec, options: _BuildOptions, bars: _Bars) -> BuildReport:
+    if options.pooled:
+        from h5etl.kinds.registry import worker_modules
+
+        workers.preload(options.jobs, worker_modules(spec))  # while the pipeline imports
     from h5etl import pipeline, records
 
     try:

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import contextlib
 import mmap
+import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -85,9 +86,7 @@ def _share_chunks(result: BatchResult, name: str, rows: EncodedRows, owner: int)
         return
     path = SHM / f"{PREFIX}-{owner}-{uuid.uuid4().hex}"
     try:
-        with open(path, "xb") as handle:
-            for chunk in chunks:
-                handle.write(chunk.data)
+        _write_all(path, [chunk.data for chunk in chunks])
     except OSError:
         with contextlib.suppress(OSError):
             path.unlink()
@@ -98,6 +97,29 @@ def _share_chunks(result: BatchResult, name: str, rows: EncodedRows, owner: int)
         [EncodedChunk(c.offset, c.filter_mask, b"", c.sha256) for c in block]
         for block in rows.blocks
     ]
+
+
+IOV_MAX = 1024  # buffers per writev (Linux's limit)
+
+
+def _write_all(path: Path, buffers: Sequence[bytes | memoryview]) -> None:
+    """Write ``buffers`` end to end to a new file, ``IOV_MAX`` to a system call: a CT case
+    is thousands of chunks of a few KB, and a write each cost a third more (36 against
+    27 ms for 3,200 chunks of 14 KB)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    try:
+        pending: list[bytes | memoryview] = [b for b in buffers if len(b)]
+        while pending:
+            written = os.writev(fd, pending[:IOV_MAX])
+            done = 0  # whole buffers written; a short write resumes inside the next
+            while done < len(pending) and written >= len(pending[done]):
+                written -= len(pending[done])
+                done += 1
+            pending = pending[done:]
+            if written:
+                pending[0] = memoryview(pending[0])[written:]
+    finally:
+        os.close(fd)
 
 
 def attach(result: BatchResult) -> BatchResult:

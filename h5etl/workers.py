@@ -51,9 +51,30 @@ def _import_decode_stack() -> None:
     import h5etl.decode  # noqa: F401  (the import is the work)
 
 
+def _import_modules(modules: tuple[str, ...]) -> None:
+    import contextlib
+    import importlib
+
+    for module in modules:
+        # a missing library: the decode that needs it rejects, naming the extra to install
+        with contextlib.suppress(ImportError):
+            importlib.import_module(module)
+
+
 def warm_up(jobs: int) -> None:
     """Start the workers now and have each import the decode stack; returns at once."""
     if jobs > 1:
         executor = pool(jobs)
         for _ in range(jobs):
             executor.submit(_import_decode_stack)
+
+
+def preload(jobs: int, modules: tuple[str, ...]) -> None:
+    """Have each worker import ``modules`` (a config's kinds and the libraries they read
+    with: pydicom for a CT series) while this process still imports the pipeline and
+    plans; returns at once. Otherwise each worker's first task paid them (0.35 s of a
+    200-slice case's 1.2)."""
+    if jobs > 1 and modules:
+        executor = pool(jobs)
+        for _ in range(jobs):
+            executor.submit(_import_modules, modules)

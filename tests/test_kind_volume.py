@@ -4,6 +4,7 @@ check --deep; resume after a kill; the readers. Expectations are the arrays writ
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import signal
 from pathlib import Path
@@ -276,3 +277,25 @@ def test_split_statistics_cover_every_voxel(tmp_path: Path) -> None:
         values, counts = np.unique(labels, return_counts=True)
         assert list(mask["histogram_values"]) == values.tolist()
         assert list(mask["histogram_counts"]) == counts.tolist()
+
+
+def test_workers_import_the_readers_of_the_forms_a_config_can_meet(tmp_path: Path) -> None:
+    from h5etl.kinds.registry import worker_modules
+
+    (tmp_path / "raw" / "ct").mkdir(parents=True)
+    (tmp_path / "raw" / "masks").mkdir()
+    named = worker_modules(
+        h5etl.load_spec(ct_config(tmp_path, ct={"form": "dicom"}, mask={"form": "nifti"}))
+    )
+    assert "pydicom" in named
+    assert "nibabel" in named
+    assert "h5etl.volumes.slices" not in named
+    assert len(named) == len(set(named))
+    no_dicom = worker_modules(
+        h5etl.load_spec(ct_config(tmp_path, ct={"form": "slices"}, mask={"form": "nifti"}))
+    )
+    assert "nibabel" in no_dicom
+    assert "pydicom" not in no_dicom
+    any_form = worker_modules(h5etl.load_spec(ct_config(tmp_path)))  # auto: all three
+    assert {"h5etl.volumes.dicom", "h5etl.volumes.nifti", "h5etl.volumes.slices"} <= set(any_form)
+    assert all(importlib.util.find_spec(m) is not None for m in any_form)

@@ -162,6 +162,32 @@ def test_compressed_chunks_come_back_as_views_of_shared_memory() -> None:
     assert [[c.data for c in b] for b in unshared.blocks] == kept
 
 
+def test_chunks_survive_short_writes_to_shared_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """writev may write less than asked (a signal, a full tmpfs page): the rest follows,
+    from inside the buffer it stopped in, and the file is the chunks end to end."""
+    real = os.writev
+    calls: list[int] = []
+
+    def short(fd: int, buffers: list[bytes]) -> int:
+        calls.append(len(buffers))
+        total = sum(len(b) for b in buffers)
+        return real(fd, [b"".join(bytes(b) for b in buffers)[: max(1, total // 3)]])
+
+    monkeypatch.setattr(os, "writev", short)
+    owner = os.getpid()
+    sizes = [[400_000, 0, 7], [300_000, 500_000], *[[900]] * 2000]  # more than IOV_MAX
+    result, data = _encoded(sizes)
+    shared_values.share(result, owner)
+    assert list(result.shared) == ["image"]
+    assert len(calls) > 3
+    assert max(calls) <= shared_values.IOV_MAX
+    shared_values.attach(result)
+    rows = result.columns["image"]
+    assert isinstance(rows, EncodedRows)
+    assert [[bytes(c.data) for c in block] for block in rows.blocks] == data
+    assert _ours(owner) == []
+
+
 def test_an_image_build_is_the_same_through_shared_memory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

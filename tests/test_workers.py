@@ -5,6 +5,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
 
 from h5etl import workers
 
@@ -44,3 +48,29 @@ def test_the_cli_limits_threads_before_numpy_is_imported() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "1"
+
+
+def test_imported_ahead_means_imported_and_a_missing_library_is_left_to_the_decode(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "h5etl_test_ahead.py").write_text("LOADED = True\n", encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "h5etl_test_ahead", raising=False)
+    workers._import_modules(("h5etl_no_such_library", "h5etl_test_ahead"))
+    assert sys.modules["h5etl_test_ahead"].LOADED
+
+
+def test_preload_asks_every_worker_and_returns_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    submitted: list[tuple[Any, ...]] = []
+
+    class Recorder:
+        def submit(self, *call: Any) -> None:
+            submitted.append(call)
+
+    monkeypatch.setattr(workers, "pool", lambda jobs: Recorder())
+    workers.preload(3, ("pydicom",))
+    assert submitted == [(workers._import_modules, ("pydicom",))] * 3
+    submitted.clear()
+    workers.preload(1, ("pydicom",))  # --jobs 1 decodes in this process: no pool
+    workers.preload(2, ())
+    assert submitted == []

@@ -206,6 +206,12 @@ class Kind:
         return {self.name: self.column}
 
     @property
+    def worker_modules(self) -> tuple[str, ...]:
+        """The modules a worker imports to decode this field (its own, and the libraries it
+        reads with), which the pool can import before the first task arrives."""
+        return (type(self).__module__,)
+
+    @property
     def multi_column(self) -> bool:
         """Whether ``decode`` returns a dict by column name (not the one column's value)."""
         columns = self.columns

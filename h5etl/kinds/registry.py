@@ -186,6 +186,11 @@ def kinds_of(spec: Spec) -> tuple[Kind, ...]:
     return tuple(BUILDERS[type(field)](spec, name) for name, field in spec.fields.items())
 
 
+def worker_modules(spec: Spec) -> tuple[str, ...]:
+    """What a worker imports to decode ``spec``'s fields, each module once."""
+    return tuple(dict.fromkeys(m for kind in kinds_of(spec) for m in kind.worker_modules))
+
+
 def decode_order(kinds: Sequence[Kind]) -> tuple[int, ...]:
     """Positions of ``kinds`` in an order where each comes after the fields it depends on."""
     by_name = {kind.name: i for i, kind in enumerate(kinds)}
