@@ -359,7 +359,8 @@ def _write(
                 lines = provenance.fingerprint_lines(result)
                 fingerprint.update("".join(lines).encode())
                 checkpoints.note(result, lines)
-                checkpoints.maybe_write(sink)
+                if not cutter.finished:  # after the last result the build ends at once
+                    checkpoints.maybe_write(sink)
                 if checkpoints.due_for_trim():
                     schedule.release_free_memory()
                 worker_seconds += result.seconds

@@ -119,6 +119,12 @@ class TaskCutter:
         return not any(self._plan.splits.values())
 
     @property
+    def finished(self) -> bool:
+        """Whether every sample of every split is consumed (the last result was noted):
+        nothing more is cut, so a checkpoint now would only delay the build's end."""
+        return all(queue.consumed >= queue.length for queue in self.queues.values())
+
+    @property
     def geometry(self) -> list[int]:
         """How tasks are cut (rows, reserve, block): a resume must cut them the same way."""
         return [self.rows, self.reserve, self.block]

@@ -49,9 +49,14 @@ def _simulated_worker(rejected: frozenset[str], decoded: list[str] | None = None
 
 
 def _run_cutter(
-    cutter: TaskCutter, worker: Any, window: int, stop_after: int | None = None
+    cutter: TaskCutter,
+    worker: Any,
+    window: int,
+    stop_after: int | None = None,
+    finished: list[bool] | None = None,
 ) -> tuple[list[BatchResult], list[DecodeTask]]:
-    """Cut and 'decode' through the real ordered window, feeding the cutter as a build does."""
+    """Cut and 'decode' through the real ordered window, feeding the cutter as a build does
+    (``finished``: what the cutter said after each result)."""
     tasks: list[DecodeTask] = []
 
     def submit(task: DecodeTask) -> Future[BatchResult]:
@@ -64,6 +69,8 @@ def _run_cutter(
     for result in schedule.in_order(cutter, submit, lambda _, f: f.result(), window):
         cutter.note(result)
         results.append(result)
+        if finished is not None:
+            finished.append(cutter.finished)
         if stop_after is not None and len(results) == stop_after:
             break
     return results, tasks
@@ -113,6 +120,30 @@ def test_tasks_store_every_sample_once_in_whole_chunks_whatever_the_window(
             assert split_results[-1].task.final
     cutter = TaskCutter(plan, block)
     assert all(len(t.samples) <= cutter.rows + cutter.reserve for t in tasks)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    sizes=st.lists(st.integers(0, 120), min_size=1, max_size=3),
+    block=st.sampled_from([1, 3, 32]),
+    window=st.integers(1, 6),
+    data=st.data(),
+)
+def test_the_cutter_is_finished_after_the_last_result_only(
+    sizes: list[int], block: int, window: int, data: st.DataObject
+) -> None:
+    """What lets the build skip its checkpoint after the last result: rejects and the rounds
+    of deferred samples they cause never make the cutter finished early."""
+    plan = _plan(sizes)
+    everyone = [s.key for members in plan.splits.values() for s in members]
+    rejected = frozenset(
+        data.draw(st.lists(st.sampled_from(everyone), unique=True)) if everyone else []
+    )
+    finished: list[bool] = []
+    cutter = TaskCutter(plan, block)
+    results, _ = _run_cutter(cutter, _simulated_worker(rejected), window, finished=finished)
+    assert finished == [False] * (len(results) - 1) + [True] * bool(results)
+    assert cutter.finished
 
 
 @settings(max_examples=100, deadline=None)
