@@ -742,3 +742,39 @@ def test_a_ctrl_c_python_swallowed_still_stops_the_build_before_it_publishes(
     assert folder_state(folder)["files"] == PUBLISHED_V1
     assert file_sha(folder / "cells-v0001.h5") == before
     assert not interrupts._requested  # reset once the build is left
+
+
+def test_a_swallowed_ctrl_c_prints_no_traceback_and_other_lost_errors_still_do(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The one line a Ctrl-C gets is the CLI's: the "Exception ignored" traceback of a
+    KeyboardInterrupt lost in a weakref callback is not printed (``check`` raises it
+    again); any other exception lost that way still is."""
+    import weakref
+
+    from h5etl import interrupts
+
+    class Thing:
+        pass
+
+    def lose(error: BaseException) -> None:
+        def callback(_: object) -> None:
+            raise error
+
+        thing = Thing()
+        ref = weakref.ref(thing, callback)
+        del thing  # the callback runs here; what it raises is "ignored"
+        assert ref() is None
+
+    printed: list[BaseException | None] = []  # what the hook before the build's is given
+    monkeypatch.setattr(sys, "unraisablehook", lambda info: printed.append(info.exc_value))
+    with interrupts.catching():
+        with pytest.raises(KeyboardInterrupt):  # the handler records the request and raises
+            interrupts._handler(signal.SIGINT, None)
+        lose(KeyboardInterrupt())
+        lose(ValueError("a real lost error"))
+        with pytest.raises(KeyboardInterrupt):
+            interrupts.check()
+    assert [type(e) for e in printed] == [ValueError]
+    lose(KeyboardInterrupt())  # outside a build: printed as Python would
+    assert [type(e) for e in printed] == [ValueError, KeyboardInterrupt]
