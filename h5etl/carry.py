@@ -33,6 +33,7 @@ from h5etl.fileformat import SAMPLE_KEY, LayoutRecord
 from h5etl.parent import Parent, ParentSplit
 from h5etl.records import BatchResult, Sample, text_bytes, valid_text
 from h5etl.release import OutputFolder
+from h5etl.sink_carry import Seed, runs
 from h5etl.tallies import Tallies
 
 if TYPE_CHECKING:
@@ -66,10 +67,24 @@ class CarryPlan:
     blocks: dict[str, list[CarriedBlock]] = field(default_factory=dict)
     decode: Plan | None = None
     rate: float | None = None  # the parent's decode seconds per sample (``h5etl.inprocess``)
+    block: int = 1  # rows of one block (``plan_block``)
 
     @property
     def samples(self) -> int:
         return sum(b.rows for blocks in self.blocks.values() for b in blocks)
+
+    def seed(self) -> Seed:
+        """The rows the sink copies with its datasets (``sink_carry.Seed``): a split's first
+        run of carried blocks, when it starts at row 0 and leaves at most one block of the
+        parent's split out (the copy of a dataset is whole, then cut: more would be copied
+        for nothing; the other runs are copied chunk by chunk)."""
+        rows = {}
+        for split, blocks in self.blocks.items():
+            first = runs([(b.start, b.rows) for b in blocks])[:1]
+            if first and first[0][0] == 0:
+                left = len(self.parent.splits[split].keys) - first[0][1]
+                rows[split] = first[0][1] if left <= self.block else 0
+        return Seed(self.parent.path, rows)
 
 
 def carry_key(split_name: str, key: str) -> str:
@@ -225,7 +240,7 @@ def plan_carry(
     plan: Plan, parent: Parent, record: Mapping[str, Any], stamps: Mapping[str, str], block: int
 ) -> CarryPlan:
     """Split the plan into the parent blocks to copy and the plan of samples to decode."""
-    carry = CarryPlan(parent, rate=inprocess.per_sample_seconds(record))
+    carry = CarryPlan(parent, rate=inprocess.per_sample_seconds(record), block=block)
     decode: dict[str, list[Sample]] = {}
     known: Mapping[str, list[Any]] = record.get("samples", {})
     tallies: Mapping[str, list[Any]] = record.get("blocks", {})

@@ -315,9 +315,15 @@ def _write(
     annotate = Annotator(None if linked is None else linked[1])  # the change label
     try:
         with (
-            Sink(temp, sink_layout(spec, plan), virtual=virtual) as sink,
-            # with chunks to copy first, the workers decode meanwhile (a thread pulls them)
+            # with chunks to copy first, the workers decode meanwhile (a thread pulls them),
+            # from before the sink copies the parent's first rows with its datasets
             buildparts.results(cutter, recipe, run.decoder, early=carried is not None) as results,
+            Sink(
+                temp,
+                sink_layout(spec, plan),
+                virtual=virtual,
+                seed=None if carried is None else carried.seed(),
+            ) as sink,
         ):
             if earlier is not None:
                 restored = earlier.restore(sink, checkpoints)

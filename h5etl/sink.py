@@ -23,10 +23,11 @@ import h5py
 import numpy as np
 
 from h5etl import fileformat, sink_disk
+from h5etl.chunkcodec import ChunkLayout
 from h5etl.chunkpool import ChunkPool
 from h5etl.errors import SinkError, io_problem
 from h5etl.records import BatchResult, EncodedRows, RaggedRows, Reject
-from h5etl.sink_carry import copy_parent_columns, parent_rows
+from h5etl.sink_carry import Seed, copy_parent_columns, open_seed, parent_rows, seed_dataset
 from h5etl.sink_chunks import DatasetStats, ImageWriter, StoredChunks
 from h5etl.sink_datasets import create_split
 from h5etl.sink_journal import JournalSide
@@ -46,9 +47,13 @@ class Sink(JournalSide):
     _created = False  # the file exists because this sink created it: its own to abandon
     _abandoned = False  # its bytes were given up after a failed write (see _abandon)
 
-    def __init__(self, path: Path, layout: SinkLayout, *, virtual: bool = False):
+    def __init__(
+        self, path: Path, layout: SinkLayout, *, virtual: bool = False, seed: Seed | None = None
+    ):
         """``virtual``: the array datasets map onto part files (``sink_virtual``) instead of
-        holding chunks; ``write`` then takes no array rows."""
+        holding chunks; ``write`` then takes no array rows. ``seed``: the fixed arrays' first
+        rows of each split come as copies of a parent's datasets (``sink_carry.Seed``); the
+        ``carry`` of those rows then counts them."""
         self.path = path
         self.layout = layout
         self.virtual: dict[tuple[str, str], VirtualColumn] | None = {} if virtual else None
@@ -67,6 +72,8 @@ class Sink(JournalSide):
         self._runs: list[tuple[str, int]] = []
         self._journaled_chunks = 0
         self.writeback = sink_disk.Writeback(path)  # so the closing fsync has little to wait for
+        self.seed = seed
+        self._seeded: dict[tuple[str, str], int] = {}  # rows a dataset was created holding
 
     def __enter__(self) -> Sink:
         try:
@@ -84,8 +91,10 @@ class Sink(JournalSide):
                 rdcc_nbytes=WRITE_CACHE_BYTES,
             )
             self._created = True
-            for split in self.layout.splits:
-                self._create_split(self.file, split)
+            source = open_seed(self.seed if self.virtual is None else None)
+            with source if source is not None else contextlib.nullcontext():
+                for split in self.layout.splits:
+                    self._create_split(self.file, split, source)
             self.rows = SmallRows(self.file, self.layout, self.stats, on_run=self._note_run)
         except (OSError, RuntimeError) as exc:
             self._abandon()  # only if it got as far as creating the file
@@ -155,8 +164,19 @@ class Sink(JournalSide):
             error, detail = short
             raise self._failed(action, error, detail)
 
-    def _create_split(self, file: h5py.File, split: str) -> None:
-        created = create_split(file, self.layout, split, self._stored, self.pool)
+    def _create_split(self, file: h5py.File, split: str, source: h5py.File | None) -> None:
+        rows = 0 if source is None or self.seed is None else self.seed.rows.get(split, 0)
+
+        def seed(name: str, path: str, chunked: ChunkLayout) -> h5py.Dataset | None:
+            assert source is not None
+            dataset = seed_dataset(file, source, path, rows, chunked)
+            if dataset is not None:
+                self._seeded[(split, name)] = rows
+            return dataset
+
+        created = create_split(
+            file, self.layout, split, self._stored, self.pool, seed if rows else None
+        )
         if self.virtual is not None:
             map_arrays(file, self.layout, created, self.virtual)
         self.images.update(created.writers)
@@ -221,9 +241,10 @@ class Sink(JournalSide):
         if not blocks:
             return 0
         try:
+            seeded = {n: self._seeded.pop((s, n)) for s, n in list(self._seeded) if s == split}
             with h5py.File(parent, "r") as source:
                 copied, ends = copy_parent_columns(
-                    source, self.layout, self.images, split, blocks, between
+                    source, self.layout, self.images, split, blocks, between, seeded
                 )
                 small, lineage = parent_rows(source, self.layout, split, blocks)
             small.update(record)
@@ -273,6 +294,7 @@ class Sink(JournalSide):
         return dataset stats. ``annotate`` reads the file once its data and attrs are in
         and returns more file attrs (the change from the parent release, h5etl.diff)."""
         assert self.file is not None
+        assert not self._seeded, f"rows copied with {sorted(self._seeded)} were never carried"
         self._ensure_room(self._finish_bytes(rejects), "finishing the file")
         try:
             self._small.flush()

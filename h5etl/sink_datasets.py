@@ -5,12 +5,14 @@ column's values chunked as their layout says, written whole chunks at a time
 (``ImageWriter``), a ragged column's offsets beside its values (their first row, 0, written
 now; the rest appended with the small rows' runs), scalars and texts appended in runs
 (``sink_rows``); then the split's lineage. A column's ``attrs``
-go on its dataset at once.
+go on its dataset at once. A fixed array's dataset may start as a copy of another file's
+(``seed``: an incremental build's first carried rows, ``sink_carry.seed_dataset``).
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +20,7 @@ import h5py
 import numpy as np
 
 from h5etl import fileformat
+from h5etl.chunkcodec import ChunkLayout
 from h5etl.chunkpool import ChunkPool
 from h5etl.kinds.base import ArrayColumn, RaggedColumn, ScalarColumn
 from h5etl.sink_chunks import DatasetStats, ImageWriter, StoredChunks
@@ -51,19 +54,31 @@ def _offsets(file: h5py.File, path: str, rows: int) -> DatasetStats:
     return stats
 
 
+# Given a fixed array's name, path and chunk layout: its dataset created as a copy, or None
+Seeder = Callable[[str, str, ChunkLayout], h5py.Dataset | None]
+
+
 def create_split(
-    file: h5py.File, layout: SinkLayout, split: str, stored: StoredChunks, pool: ChunkPool
+    file: h5py.File,
+    layout: SinkLayout,
+    split: str,
+    stored: StoredChunks,
+    pool: ChunkPool,
+    seed: Seeder | None = None,
 ) -> CreatedSplit:
-    """Create every dataset of ``split``, empty and extendable along the first axis; the
-    chunk writers note what they store in ``stored`` and compress on ``pool`` (the sink's,
-    shared)."""
+    """Create every dataset of ``split``, empty and extendable along the first axis (a fixed
+    array's as ``seed`` copies it, if it does); the chunk writers note what they store in
+    ``stored`` and compress on ``pool`` (the sink's, shared)."""
     out = CreatedSplit()
     rows = layout.rows_per_chunk
     for name, column in layout.columns.items():
         path = layout.path(split, name)
         if isinstance(column, ArrayColumn | RaggedColumn):
             chunked = column.layout
-            dataset = _create(
+            seeded = None
+            if seed is not None and isinstance(column, ArrayColumn):
+                seeded = seed(name, path, chunked)
+            dataset = seeded or _create(
                 file,
                 path,
                 shape=(0, *chunked.shape),
