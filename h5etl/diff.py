@@ -342,15 +342,18 @@ def _class_changes(a: Snapshot, b: Snapshot) -> list[Change]:
 
 def _keyed(snapshot: Snapshot, identity: Identity, common: list[str]) -> dict[str, SampleFacts]:
     """The samples by the identity both releases carry; equal files twice get ``#2``, ``#3``."""
-    out: dict[str, SampleFacts] = {}
+    if identity == "key":
+        keys = [str(sample.key) for sample in snapshot.samples]
+    elif identity == "filename":
+        keys = [str(sample.filename) for sample in snapshot.samples]
+    else:
+        keys = [",".join(s.sources.get(c, "") for c in common) for s in snapshot.samples]
+    out = dict(zip(keys, snapshot.samples, strict=True))
+    if len(out) == len(keys):
+        return out  # every key once (a release's keys are unique): no counting
+    out = {}
     seen: Counter[str] = Counter()
-    for sample in snapshot.samples:
-        if identity == "key":
-            key = str(sample.key)
-        elif identity == "filename":
-            key = str(sample.filename)
-        else:
-            key = ",".join(sample.sources.get(c, "") for c in common)
+    for key, sample in zip(keys, snapshot.samples, strict=True):
         seen[key] += 1
         out[key if seen[key] == 1 else f"{key}#{seen[key]}"] = sample
     return out
@@ -373,7 +376,7 @@ def _compare_samples(out: ReleaseDiff) -> None:
             out.regrouped.append(Moved(key, was.group, sample.group))
         if contents and was.content != sample.content:
             out.changed.append(SampleChange(key, sample.split, ("content",)))
-        elif not contents:
+        elif not contents and was.sources != sample.sources:  # most are equal: one comparison
             what = tuple(c for c in common if was.sources.get(c) != sample.sources.get(c))
             if what:
                 out.changed.append(SampleChange(key, sample.split, what))
@@ -406,12 +409,19 @@ def _sources(snapshot: Snapshot) -> list[str]:
 
 def _reordered(before: Mapping[str, SampleFacts], after: Mapping[str, SampleFacts]) -> list[str]:
     """Splits whose samples kept in place come in another relative order."""
+    kept_before: dict[str, list[str]] = {}
+    kept_after: dict[str, list[str]] = {}
+    for key, sample in before.items():
+        if key in after:
+            kept_before.setdefault(sample.split, []).append(key)
+    for key, sample in after.items():
+        if key in before:
+            kept_after.setdefault(sample.split, []).append(key)
     out = []
     splits = _union((s.split for s in before.values()), (s.split for s in after.values()))
     for split in splits:
-        kept_after = [k for k, s in after.items() if s.split == split and k in before]
-        kept_before = [k for k, s in before.items() if s.split == split and k in after]
-        kept = set(kept_after) & set(kept_before)
-        if [k for k in kept_before if k in kept] != [k for k in kept_after if k in kept]:
+        was, now = kept_before.get(split, []), kept_after.get(split, [])
+        kept = set(was) & set(now)
+        if [k for k in was if k in kept] != [k for k in now if k in kept]:
             out.append(split)
     return out

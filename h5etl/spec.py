@@ -267,8 +267,12 @@ class Spec(Strict):
         return math.lcm(*rows)
 
 
+_LAST_TEXT: list[tuple[Spec, str]] = []  # the last spec's text: a build asks five times
+
+
 def spec_text(spec: Spec) -> str:
-    """The resolved config as YAML, as stored in every release it builds.
+    """The resolved config as YAML, as stored in every release it builds (a spec is frozen:
+    its text is made once for the spec asked last, 7 ms of YAML a time here).
 
     Paths the config wrote relative to its folder stay relative, so a moved or copied project
     stores (and hashes) the same text. ``decode`` (where decoding runs) is left out: a build on
@@ -276,6 +280,9 @@ def spec_text(spec: Spec) -> str:
     the notes: they are the release's own attribute, and new notes must not make a build's
     config another (``--resume``).
     """
+    last = _LAST_TEXT[:1]
+    if last and last[0][0] is spec:
+        return last[0][1]
     data = spec.model_dump(mode="json", by_alias=True, exclude={"notes"})
     del data["decode"]  # where decoding ran: how the release was built, not what it holds
     data["fields"] = {
@@ -294,7 +301,9 @@ def spec_text(spec: Spec) -> str:
         if table is not None:
             key = ("fields", name, "from", "table")
             data["fields"][name]["from"]["table"] = spec.stored_path(key, table)
-    return yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
+    text = yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
+    _LAST_TEXT[:] = [(spec, text)]
+    return text
 
 
 def spec_sha256(spec: Spec) -> str:

@@ -391,3 +391,25 @@ def test_samples_in_another_group_are_shown_and_major(
     code, out, _ = _cli("diff", first, second)
     assert code == 0
     assert f"regrouped: {expected[0][0]}: {expected[0][1]!r} -> {expected[0][2]!r}" in out
+
+
+def test_a_new_write_order_and_equal_files_twice(tmp_path: Path, write_config: WriteConfig) -> None:
+    keys = [f"pt{p:02d}_{i}" for p in range(4) for i in range(3)]
+    add_pairs(tmp_path, keys)
+    before = read_snapshot(_build(write_config(tmp_path)))
+    train = [s for s in before.samples if s.split == "train"]
+    others = [s for s in before.samples if s.split != "train"]
+    # the same samples, train's in reverse: nothing added or removed, the order changed
+    reversed_train = replace(before, samples=(*reversed(train), *others))
+    found = diff_releases(before, reversed_train)
+    assert found.reordered == ["train"]
+    assert (found.added, found.removed, found.moved) == ([], [], [])
+    assert found.summary() == "patch: write order"
+    assert diff_releases(before, replace(before, samples=(*train, *reversed(others)))).reordered
+    # matched by their files' SHA-256: a second sample of the same files is one more (#2)
+    twice = replace(before, samples=(*before.samples, train[0]), identities=("sources",))
+    found = diff_releases(before, twice)
+    assert found.identity == "sources"
+    assert [c.key for c in found.added] == [",".join(train[0].sources.values()) + "#2"]
+    assert found.removed == []
+    assert found.reordered == []

@@ -351,3 +351,18 @@ def test_spec_is_frozen_and_its_text_round_trips(raw_root: Path, write_config: W
     assert yaml.safe_load(text)["name"] == "cells"
     assert len(spec_sha256(spec)) == 64
     assert spec_sha256(spec) == spec_sha256(load_spec(write_config(raw_root)))
+
+
+def test_the_config_text_is_each_specs_own(
+    tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig
+) -> None:
+    # spec_text keeps the text of the spec asked last: a copy with another value, asked
+    # between two asks of the first, must still get its own text, and the first its own
+    make_raw(tmp_path, n=2)
+    spec = load_spec(write_config(tmp_path))
+    first = spec_text(spec)
+    other = spec.model_copy(update={"seed": 5})
+    assert yaml.safe_load(spec_text(other))["seed"] == 5
+    assert spec_text(spec) == first
+    assert yaml.safe_load(first)["seed"] == spec.seed != 5
+    assert spec_sha256(spec) == spec_sha256(spec.model_copy())
