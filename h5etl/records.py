@@ -77,6 +77,15 @@ class Sample:
     name: str = ""  # the name its split is seeded by, when not its key (a renamed key)
     group: str = ""  # its group (``splits.group_by``); "" when splits are not grouped
 
+    def __reduce__(self) -> tuple[type[Sample], tuple[Any, ...]]:
+        # A call of the class: a slotted dataclass's own state functions cost 3x more, and
+        # every task sends its samples to a worker (see ``DecodeTask.__reduce__``).
+        return Sample, self.fields()
+
+    def fields(self) -> tuple[Any, ...]:
+        """The constructor's arguments, in order (``Sample(*sample.fields())`` is a copy)."""
+        return (self.key, self.relpaths, self.roots, self.extras, self.name, self.group)
+
     @classmethod
     def of(cls, key: str, files: tuple[SourceFile, ...]) -> Sample:
         return cls(key, tuple(f.relpath for f in files), tuple((f.source, f.root) for f in files))
@@ -161,6 +170,31 @@ class DecodeTask:
     @property
     def end(self) -> int:
         return self.start + len(self.samples)
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # The single parent pickles every task for the pool (loky's pickler calls back into
+        # Python for each object that is not a plain container): its samples go as tuples
+        # of their fields, one call for the task. At 30,000 pairs that cut the parent's
+        # pickling from 0.29 to 0.09 ms a task and the worker's unpickling by half.
+        samples = tuple(sample.fields() for sample in self.samples)
+        fields = (self.split, self.start, samples, self.rows, self.block, self.final)
+        return _task, (*fields, self.members, self.raw)
+
+
+def _task(
+    split: str,
+    start: int,
+    samples: tuple[tuple[Any, ...], ...],
+    rows: int,
+    block: int,
+    final: bool,
+    members: tuple[int, ...],
+    raw: bool,
+) -> DecodeTask:
+    """A ``DecodeTask`` from its pickled form (``DecodeTask.__reduce__``)."""
+    return DecodeTask(
+        split, start, tuple(Sample(*fields) for fields in samples), rows, block, final, members, raw
+    )
 
 
 @dataclass(frozen=True, slots=True)

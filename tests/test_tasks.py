@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 from concurrent.futures import Future
 from typing import Any
 
@@ -263,3 +264,34 @@ def test_chunks_of_one_sample_need_no_reserves_and_one_round(
         assert stored == [s.key for s in members if s.key not in rejected]  # write order
     assert all(set(queue.rounds) == {queue.size} for queue in cutter.queues.values())  # one
     assert len(cut) == sum(-(-size // cutter.rows) for size in sizes)
+
+
+_texts = st.text(max_size=8)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    samples=st.lists(
+        st.tuples(_texts, st.lists(_texts, max_size=3), _texts, _texts, st.booleans()),
+        max_size=6,
+    ),
+    final=st.booleans(),
+    raw=st.booleans(),
+)
+def test_a_task_goes_to_a_worker_and_back_unchanged(
+    samples: list[tuple[str, list[str], str, str, bool]], final: bool, raw: bool
+) -> None:
+    # a task is pickled as tuples of its samples' fields (records.DecodeTask.__reduce__):
+    # every field of every sample must arrive, the shared roots tuple once
+    from joblib.externals.loky.backend.reduction import dumps
+
+    roots = (("image", "/data/images"), ("mask", "/data/masks"))
+    made = tuple(
+        Sample(key, tuple(relpaths), roots, (key, 3) if extra else (), name, group)
+        for key, relpaths, name, group, extra in samples
+    )
+    task = DecodeTask("train", 7, made, 4, 2, final, tuple(range(len(made))), raw)
+    back = pickle.loads(dumps(task))
+    assert back == task
+    assert [s.fields() for s in back.samples] == [s.fields() for s in made]
+    assert all(s.roots is back.samples[0].roots for s in back.samples)
