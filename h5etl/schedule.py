@@ -24,6 +24,9 @@ from joblib.externals.loky.process_executor import BrokenProcessPool
 
 from h5etl import decode, shared_values, workers
 from h5etl.records import Barrier, BatchResult, DecodeTask, Reject, Sample, sample_rejects
+from h5etl.window import WINDOW_BYTES as WINDOW_BYTES  # (their home before h5etl.window)
+from h5etl.window import Window as Window
+from h5etl.window import window_for as window_for
 
 PROBE_STAGE = "clean"  # header probes belong to cleaning (clean.STAGE)
 In = TypeVar("In")
@@ -50,51 +53,6 @@ def release_free_memory() -> None:
             ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
-# Decoded bytes that the tasks in flight may hold together: the bound that matters when a
-# sample is a CT case of a few hundred MB (README "Volumes": peak RSS below 3x the largest
-# case at any --jobs: two cases of 512 x 512 x 512 in flight); for images (tasks of at most
-# 64 MiB) it allows 8 tasks in flight, 2 * jobs + 1 up to --jobs 3.
-WINDOW_BYTES = 512 * 2**20
-
-
-def window_for(jobs: int, task_bytes: int) -> int:
-    """Tasks in flight: ``2 * jobs + 1`` (every worker busy and a result waiting for each),
-    fewer when so many would hold more than ``WINDOW_BYTES`` of decoded samples, never
-    fewer than 2 (one decoding while the writer stores the other)."""
-    full = 2 * jobs + 1
-    if task_bytes <= 0:
-        return full
-    return max(min(2, full), min(full, WINDOW_BYTES // task_bytes))
-
-
-class Window:
-    """The tasks in flight: ``window_for`` a task's bytes as the task cutter estimates its
-    decoded samples, or, once results have arrived, as twice the largest result seen if
-    that allows more (a result is held twice on its way: in its worker beside the pickled
-    copy it sends, in this process as the bytes received and the objects made of them).
-
-    A task's result is its real size: a CT case streamed by its kind is never whole decoded,
-    and is only as large as it compresses (a 200-slice case came to 45 MiB against an
-    estimate of 256 MiB, which held two workers to a window of 2 and made them wait for the
-    writer). Results only widen the window: image tasks (at most 64 MiB decoded) keep the
-    window they had, whatever they compress to."""
-
-    def __init__(self, jobs: int, task_bytes: int):
-        self.jobs = jobs
-        self.estimate = task_bytes
-        self.largest = 0  # of the results seen, ``decode.result_nbytes``
-
-    def limit(self) -> int:
-        planned = window_for(self.jobs, self.estimate)
-        if not self.largest:
-            return planned
-        return max(planned, window_for(self.jobs, 2 * self.largest))
-
-    def noted(self, result: BatchResult) -> BatchResult:
-        self.largest = max(self.largest, decode.result_nbytes(result))
-        return result
-
-
 def run_tasks(
     tasks: Iterable[DecodeTask | Barrier],
     recipe: decode.DecodeRecipe,
@@ -116,12 +74,15 @@ def run_tasks(
         finally:
             decode.drop_buffers()  # inline, the buffers would outlive the build in this process
         return
-    pool = _Pool(jobs, worker, recipe)
     owner = os.getpid()
+    # slots for the tasks in flight and the results held beside them; past that, files
+    slots = shared_values.Slots(owner, most=4 * jobs + 4)
+    pool = _Pool(jobs, worker, recipe, slots)
     with (
         decode.collecting_less(),
         _removed(decode.send_lock_path(owner)),
         shared_values.swept(owner),
+        contextlib.closing(slots),
     ):
         if isinstance(window, Window):
             sized = window
@@ -219,17 +180,20 @@ def _submit(jobs: int, fn: Callable[..., Got], *args: object) -> Future[Got]:
 
 
 def rerun_after_crash(
-    future: Future[Got], again: Callable[[], Future[Got]], isolate: Callable[[], Got]
+    future: Future[Got],
+    again: Callable[[], Future[Got]],
+    isolate: Callable[[], Got],
+    collect: Callable[[Future[Got]], Got] = Future.result,
 ) -> Got:
-    """The future's result; if its worker died, the same work once more (it may only have
-    shared a pool with the crash), and if that dies too, ``isolate()``: the work split so
-    that a crash costs only what causes it."""
+    """The future's result (``collect``-ed); if its worker died, the same work once more (it
+    may only have shared a pool with the crash), and if that dies too, ``isolate()``: the
+    work split so that a crash costs only what causes it."""
     try:
-        return future.result()
+        return collect(future)
     except BrokenProcessPool:
         pass
     try:
-        return again().result()
+        return collect(again())
     except BrokenProcessPool:
         return isolate()
 
@@ -335,13 +299,18 @@ def run_remote(worker: Worker, task: DecodeTask, recipe: decode.DecodeRecipe) ->
 
 
 def run_pooled(
-    worker: Worker, task: DecodeTask, recipe: decode.DecodeRecipe, owner: int
+    worker: Worker,
+    task: DecodeTask,
+    recipe: decode.DecodeRecipe,
+    owner: int,
+    slot: str | None = None,
 ) -> BatchResult:
-    """``run_remote`` in a worker of the local pool: raw ragged values go back through shared
-    memory (``shared_values``), not the pipe, and a big result still waits for its turn to
-    be sent before the pool copies it (``decode.send_one_at_a_time``)."""
+    """``run_remote`` in a worker of the local pool: compressed chunks and raw ragged values
+    go back through shared memory (``shared_values``: the ``slot`` the parent lent this
+    task, or files of their own), not the pipe, and a big result still waits for its turn
+    to be sent before the pool copies it (``decode.send_one_at_a_time``)."""
     with decode.busy():  # its heap is trimmed once it idles, not between two cases
-        result = shared_values.share(run_remote(worker, task, recipe), owner)
+        result = shared_values.share(run_remote(worker, task, recipe), owner, slot)
     decode.send_one_at_a_time(result)
     return result
 
@@ -356,22 +325,49 @@ def _removed(path: str) -> Iterator[None]:
 
 
 class _Pool:
-    """joblib's reusable loky executor, re-created after a worker dies."""
+    """joblib's reusable loky executor, re-created after a worker dies; each task is lent a
+    slot of shared memory for its result (``shared_values.Slots``)."""
 
-    def __init__(self, jobs: int, worker: Worker, recipe: decode.DecodeRecipe):
+    def __init__(
+        self,
+        jobs: int,
+        worker: Worker,
+        recipe: decode.DecodeRecipe,
+        slots: shared_values.Slots | None = None,
+    ):
         self.jobs = jobs
         self.worker = worker
         self.recipe = recipe
+        self.slots = slots
+        self._lent: dict[Future[BatchResult], str] = {}
 
     def submit(self, task: DecodeTask) -> Future[BatchResult]:
-        return _submit(self.jobs, run_pooled, self.worker, task, self.recipe, os.getpid())
+        slot = self.slots.take() if self.slots is not None else None
+        future = _submit(self.jobs, run_pooled, self.worker, task, self.recipe, os.getpid(), slot)
+        if slot is not None:
+            self._lent[future] = slot
+        return future
+
+    def collect(self, future: Future[BatchResult]) -> BatchResult:
+        """The future's result with its shared values attached; the slot of a task that
+        failed is retired (a worker may still be writing there)."""
+        slot = self._lent.pop(future, None)
+        try:
+            got = future.result()
+        except BaseException:
+            if slot is not None and self.slots is not None:
+                self.slots.retire(slot)
+            raise
+        return shared_values.attach(got, self.slots, slot)
 
     def result(self, task: DecodeTask, future: Future[BatchResult]) -> BatchResult:
-        alone = lambda part: shared_values.attach(self.submit(part).result())  # noqa: E731
+        alone = lambda part: self.collect(self.submit(part))  # noqa: E731
         got = rerun_after_crash(
-            future, lambda: self.submit(task), lambda: isolate(task, self.recipe, alone)
+            future,
+            lambda: self.submit(task),
+            lambda: isolate(task, self.recipe, alone),
+            self.collect,
         )
-        got = shared_values.attach(got)
         got.task = task
         return got
 

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import h5py
 import numpy as np
@@ -38,13 +39,15 @@ splits: {train: 1.0}
 
 
 def _spy_on_attach(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The columns every result the parent attaches came with through shared memory."""
+    """The columns every result the parent attaches came with through shared memory (and
+    again, marked, those in a slot the parent lent)."""
     taken: list[str] = []
     original = shared_values.attach
 
-    def attach(result: BatchResult) -> BatchResult:
+    def attach(result: BatchResult, *lent: Any) -> BatchResult:
         taken.extend(result.shared)
-        return original(result)
+        taken.extend(f"{name} (in a lent slot)" for name, r in result.shared.items() if r.slot)
+        return original(result, *lent)
 
     monkeypatch.setattr(shared_values, "attach", attach)
     return taken
@@ -220,9 +223,98 @@ def test_an_image_build_is_the_same_through_shared_memory(
     assert two.path is not None
     assert dataset_digests(two.path) == expected
     assert "image" in taken  # the image chunks came through /dev/shm
+    assert "image (in a lent slot)" in taken  # in a recycled file, not one of their own
     assert _ours(os.getpid()) == []
     with h5py.File(two.path, "r") as handle:
         names = [n.decode() for n in handle["train/filename"][...]]
         stored = handle["train/image"][names.index("s03.png")]
     original_pixels = np.asarray(Image.open(tmp_path / "images" / "s03.png")).transpose(2, 0, 1)
     np.testing.assert_array_equal(stored[:, 12:212, 7:217], original_pixels)
+
+
+def test_a_lent_slot_comes_back_only_once_no_view_of_its_result_is_left() -> None:
+    owner = os.getpid()
+    slots = shared_values.Slots(owner, most=2)
+    try:
+        slot = slots.take()
+        assert slot is not None
+        first, data = _encoded([[700_000, 500_000]])
+        shared_values.share(first, owner, slot)
+        assert [ref.slot for ref in first.shared.values()] == [True]
+        assert len(_ours(owner)) == 1  # the slot itself: no file of the result's own
+        shared_values.attach(first, slots, slot)
+        rows = first.columns["image"]
+        assert isinstance(rows, EncodedRows)
+        kept = rows.blocks[0][1].data  # a view of the slot, held past its result
+        del first, rows
+        other = slots.take()  # the slot is still in use: another one is made
+        assert other not in (None, slot)
+        assert slots.take() is None  # at most 2: a task then makes its own files
+        assert bytes(kept) == data[0][1]
+        del kept
+        assert slots.take() == slot  # its last view is gone: lent again
+        second, again = _encoded([[300_000, 800_000]])  # shorter first chunk: no stale bytes
+        shared_values.share(second, owner, slot)
+        shared_values.attach(second, slots, slot)
+        rows = second.columns["image"]
+        assert isinstance(rows, EncodedRows)
+        assert [[bytes(c.data) for c in b] for b in rows.blocks] == again
+    finally:
+        slots.close()
+    assert _ours(owner) == []
+
+
+def test_what_does_not_fit_a_slot_or_finds_it_gone_gets_files_of_its_own() -> None:
+    owner = os.getpid()
+    slots = shared_values.Slots(owner, most=4)
+    try:
+        big = slots.take()
+        assert big is not None
+        rows = shared_values.SLOT_BYTES // 12 + 1  # float32 x 3: just over a slot
+        result = shared_values.share(_result(rows), owner, big)
+        assert [ref.slot for ref in result.shared.values()] == [False]
+        shared_values.attach(result, slots, big)  # the slot, unused, is back at once
+        assert slots.take() == big
+        gone = slots.take()
+        assert gone is not None
+        slots.retire(gone)  # a task that failed: its slot is never lent again
+        result = shared_values.share(_result(200_000), owner, gone)
+        assert [ref.slot for ref in result.shared.values()] == [False]
+        shared_values.attach(result)
+        values = result.columns["big"]
+        assert isinstance(values, RaggedRows)
+        np.testing.assert_array_equal(
+            values.values, np.arange(600_000, dtype=np.float32).reshape(200_000, 3)
+        )
+    finally:
+        slots.close()
+    assert _ours(owner) == []
+
+
+def test_ragged_values_in_a_slot_are_read_only_views_at_their_offset() -> None:
+    owner = os.getpid()
+    slots = shared_values.Slots(owner, most=1)
+    try:
+        slot = slots.take()
+        assert slot is not None
+        result = _result(200_000)
+        chunks, data = _encoded([[1_100_000]])
+        result.columns["image"] = chunks.columns["image"]  # two columns in one slot
+        shared_values.share(result, owner, slot)
+        refs = result.shared
+        assert sorted(refs) == ["big", "image"]
+        assert {ref.name for ref in refs.values()} == {slot}
+        assert sorted(ref.offset for ref in refs.values()) == [0, 2_400_000]
+        shared_values.attach(result, slots, slot)
+        values = result.columns["big"]
+        assert isinstance(values, RaggedRows)
+        assert isinstance(values.values, np.ndarray)
+        assert not values.values.flags.writeable
+        np.testing.assert_array_equal(
+            values.values, np.arange(600_000, dtype=np.float32).reshape(200_000, 3)
+        )
+        image = result.columns["image"]
+        assert isinstance(image, EncodedRows)
+        assert bytes(image.blocks[0][0].data) == data[0][0]
+    finally:
+        slots.close()
