@@ -18,54 +18,24 @@ from typing import Any
 
 import h5py
 import hdf5plugin  # noqa: F401  (registers the Blosc/Zstd filters for reading)
-import numpy as np
 
-from h5etl import check_ragged, digest, fileformat, hdf5info
+from h5etl import check_deep, check_ragged, fileformat, hdf5info
 from h5etl.check_fields import field_lines, group_lines
 from h5etl.fileformat import (
     BLOCK_DIGESTS,
     DIAGNOSTICS,
     DIAGNOSTICS_DATASETS,
     LINEAGE,
-    NODE_BLOCK_ROWS,
     NODE_DATASET,
     NODE_RATIO,
     NODE_RAW_BYTES,
-    NODE_SHA256,
     NODE_STORED_BYTES,
     REQUIRED_ATTRS,
     LayoutRecord,
 )
-from h5etl.units import human_size
 
 # What reading a damaged file, or one h5etl did not write, raises from h5py and numpy
 _DAMAGE = (OSError, KeyError, ValueError, TypeError, RuntimeError)
-
-
-@dataclass(slots=True)
-class DeepTally:
-    """What ``deep`` recomputed: datasets, blocks and uncompressed bytes hashed."""
-
-    datasets: int = 0
-    blocks: int = 0
-    nbytes: int = 0
-    differ: list[str] = field(default_factory=list)
-    unreadable: list[str] = field(default_factory=list)
-
-    @property
-    def line(self) -> str:
-        hashed = human_size(self.nbytes)
-        done = f"deep: {self.datasets} datasets, {self.blocks} blocks, {hashed} hashed"
-        if not self.differ and not self.unreadable:
-            return f"{done}, all SHA-256 digests equal"
-        if self.differ:
-            done += (
-                f", SHA-256 digests differ in {len(self.differ)} of {self.datasets}: "
-                + ", ".join(self.differ)
-            )
-        if self.unreadable:
-            done += f"; {len(self.unreadable)} unreadable: " + ", ".join(self.unreadable)
-        return done
 
 
 @dataclass(slots=True)
@@ -76,7 +46,7 @@ class CheckReport:
     lines: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
-    deep: DeepTally | None = None
+    deep: check_deep.DeepTally | None = None
     missing: set[str] = field(default_factory=set)  # dataset paths reported missing
 
     @property
@@ -163,54 +133,6 @@ def _diagnostics(handle: h5py.File, report: CheckReport) -> dict[str, dict[str, 
     return out
 
 
-def _recompute(dataset: h5py.Dataset, info: dict[str, Any]) -> tuple[str, list[str], int]:
-    """The dataset's digest, block digests and bytes hashed, recomputed from the stored data."""
-    if dataset.dtype.kind == "O":
-        texts = [r.decode("utf-8") if isinstance(r, bytes) else r for r in dataset[...]]
-        data = digest.text_rows_bytes(texts)
-        block = hashlib.sha256(data).digest()
-        return digest.combine([block]), [block.hex()], len(data)
-    if not info.get(NODE_BLOCK_ROWS):
-        # the sink hashes these (lineage) as one stream: one block, even when empty
-        array = np.ascontiguousarray(dataset[...])
-        block = digest.block_digest(array)
-        return digest.combine([block]), [block.hex()], array.nbytes
-    step = int(info[NODE_BLOCK_ROWS])
-    blocks, nbytes = [], 0
-    for start in range(0, len(dataset), step):
-        try:
-            rows = np.ascontiguousarray(dataset[start : start + step])
-        except OSError as exc:
-            raise OSError(f"rows {start}..{start + step - 1} unreadable: {exc}") from exc
-        blocks.append(digest.block_digest(rows))
-        nbytes += rows.nbytes
-    return digest.combine(blocks), [b.hex() for b in blocks], nbytes
-
-
-def _deep_verify(dataset: h5py.Dataset, info: dict[str, Any], report: CheckReport) -> None:
-    tally = report.deep
-    assert tally is not None, "a deep check starts with a tally"
-    tally.datasets += 1
-    try:
-        sha, blocks, nbytes = _recompute(dataset, info)
-    except OSError as exc:
-        tally.unreadable.append(dataset.name)
-        report.problem(f"{dataset.name}: {exc}")
-        return
-    tally.blocks += len(blocks)
-    tally.nbytes += nbytes
-    stored = str(info[NODE_SHA256])
-    if sha == stored:
-        return
-    tally.differ.append(dataset.name)
-    bad = [i for i, (a, b) in enumerate(zip(blocks, info[BLOCK_DIGESTS], strict=False)) if a != b]
-    rows = int(info[NODE_BLOCK_ROWS])
-    where = f" (first bad block {bad[0]}, rows from {bad[0] * rows})" if bad else ""
-    report.problem(
-        f"{dataset.name}: SHA-256 mismatch{where}: stored {stored[:16]}..., computed {sha[:16]}..."
-    )
-
-
 def check_release(path: Path, *, deep: bool = False) -> CheckReport:
     """Inspect a release without modifying it.
 
@@ -221,7 +143,7 @@ def check_release(path: Path, *, deep: bool = False) -> CheckReport:
         ConfigError: ``path`` is no file: missing, a folder, a link to nothing, a FIFO.
         CheckFailed: the file is not HDF5, or HDF5 cannot open it (truncated, overwritten).
     """
-    report = CheckReport(path, deep=DeepTally() if deep else None)
+    report = CheckReport(path, deep=check_deep.DeepTally() if deep else None)
     with hdf5info.open_file(path) as handle:
         with _section(report, "file attrs"):
             _attrs_section(handle, report)
@@ -410,7 +332,10 @@ def _dataset_section(
     if info is None:
         report.problem(f"{dataset.name}: no digest in /{DIAGNOSTICS}")
     elif deep:
-        _deep_verify(dataset, info, report)
+        assert report.deep is not None, "a deep check starts with a tally"
+        problem = check_deep.verify(dataset, info, report.deep)
+        if problem is not None:
+            report.problem(problem)
 
 
 # --- the overall ratio ------------------------------------------------------------------
