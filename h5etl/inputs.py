@@ -44,6 +44,34 @@ def _open_problem(path: str, exc: OSError) -> RejectError:
     return linked or RejectError("unreadable", f"{type(exc).__name__}: {exc}", path=path)
 
 
+def _open_regular(path: str) -> tuple[int, int]:
+    """A descriptor of ``path`` opened for reading, and its size, if it is a regular file:
+    opened without blocking and judged by what was opened (fstat). The caller closes it.
+
+    Raises:
+        RejectError: as ``opened``.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise _open_problem(path, exc) from exc
+    try:
+        info = os.fstat(fd)
+    except OSError as exc:
+        os.close(fd)
+        raise _open_problem(path, exc) from exc
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        what = kind_of(info.st_mode) or f"of mode {info.st_mode:o}"
+        raise RejectError(
+            "not_a_file",
+            f"not a regular file but {what} (it changed after the folder was listed); "
+            "only regular files are read",
+            path=path,
+        )
+    return fd, info.st_size
+
+
 @contextlib.contextmanager
 def opened(path: str) -> Iterator[BinaryIO]:
     """``path`` opened for reading, if it is a regular file: never a wait.
@@ -55,26 +83,13 @@ def opened(path: str) -> Iterator[BinaryIO]:
         RejectError: ``not_a_file`` for a FIFO, socket, device or folder; ``symlink_loop``,
             ``dangling_symlink`` or ``unreadable`` when it cannot be opened.
     """
+    fd, _ = _open_regular(path)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        raise _open_problem(path, exc) from exc
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            what = kind_of(mode) or f"of mode {mode:o}"
-            raise RejectError(
-                "not_a_file",
-                f"not a regular file but {what} (it changed after the folder was listed); "
-                "only regular files are read",
-                path=path,
-            )
         handle = os.fdopen(fd, "rb")
-    except OSError as exc:
+    except BaseException as exc:
         os.close(fd)
-        raise _open_problem(path, exc) from exc
-    except BaseException:
-        os.close(fd)
+        if isinstance(exc, OSError):
+            raise _open_problem(path, exc) from exc
         raise
     with handle:
         yield handle
@@ -83,16 +98,24 @@ def opened(path: str) -> Iterator[BinaryIO]:
 def read_file(path: str) -> bytes:
     """All bytes of the regular file ``path``, without ever blocking (see ``opened``).
 
+    Plain system calls, no file object: every decoded sample reads its files here, and the
+    generator context and buffered reader around one ``read`` cost the workers about 10 us
+    a file (0.6 CPU-s at 60,000 files).
+
     Raises:
         RejectError: ``not_a_file``, ``dangling_symlink``, ``symlink_loop`` or ``unreadable``.
     """
-    with opened(path) as handle:
-        try:
-            return handle.read()
-        except OSError as exc:
-            raise RejectError(
-                "unreadable", f"cannot read: {exc.strerror or exc}", path=path
-            ) from exc
+    fd, size = _open_regular(path)
+    try:
+        parts, want = [], size + 1
+        while part := os.read(fd, want):  # to the end, as the file is now (it may grow)
+            parts.append(part)
+            want = 1 << 16
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+    except OSError as exc:
+        raise RejectError("unreadable", f"cannot read: {exc.strerror or exc}", path=path) from exc
+    finally:
+        os.close(fd)
 
 
 def is_folder(entry: os.DirEntry[str]) -> bool:

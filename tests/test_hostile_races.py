@@ -134,6 +134,30 @@ def test_reading_a_file_that_is_not_regular_is_a_reject(tmp_path: Path, kind: st
         assert got.value.path == str(path)
 
 
+@pytest.mark.parametrize("size", [0, 1, 70_000, 300_000])
+def test_a_file_is_read_whole_even_when_it_grew_after_its_fstat(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, size: int
+) -> None:
+    # read_file reads with plain system calls, sized by the fstat of what it opened: bytes
+    # written after that fstat (a file still being copied in) are read too, not cut off
+    path = tmp_path / "growing.png"
+    data = np.random.default_rng(size).bytes(size)
+    path.write_bytes(data)
+    assert inputs.read_file(str(path)) == data
+    real = os.fstat
+
+    def stale(fd: int) -> os.stat_result:
+        info = real(fd)
+        return os.stat_result((info.st_mode, *info[1:6], info.st_size // 3, *info[7:]))
+
+    monkeypatch.setattr(os, "fstat", stale)
+    assert inputs.read_file(str(path)) == data
+    missing = tmp_path / "gone.png"
+    with pytest.raises(RejectError) as got:
+        inputs.read_file(str(missing))
+    assert got.value.reason == "unreadable"
+
+
 class _Hostile(Exception):
     """What no step of decoding expects: a library's own error for a crafted file."""
 
