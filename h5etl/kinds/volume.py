@@ -95,8 +95,8 @@ class VolumeKind(Kind):
 
     @property
     def worker_modules(self) -> tuple[str, ...]:
-        forms = FORM_LIBRARIES if self.form == "auto" else {self.form: ()}  # auto: any form
-        readers = [f"h5etl.volumes.{form}" for form in forms]
+        forms = tuple(FORM_LIBRARIES) if self.form == "auto" else (self.form,)  # auto: any
+        readers = (f"h5etl.volumes.{form}" for form in forms)
         return (__name__, *readers, *(lib for form in forms for lib in FORM_LIBRARIES[form]))
 
     @property
