@@ -108,10 +108,8 @@ def threads(count: int) -> schedule.Decoder:
         def submit(task: DecodeTask) -> Future[BatchResult]:
             return pool.submit(decode.decode_batch, task, recipe)
 
-        def result(task: DecodeTask, future: Future[BatchResult]) -> BatchResult:
-            got = future.result()
-            got.task = task
-            return got
+        def result(_: DecodeTask, future: Future[BatchResult]) -> BatchResult:
+            return future.result()  # (names its task: nothing was pickled)
 
         try:
             yield from schedule.in_order(tasks, submit, result, 2 * count + 1)

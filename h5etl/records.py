@@ -282,13 +282,19 @@ class BatchResult:
     shared: dict[str, Any] = field(default_factory=dict)
 
 
+def values_nbytes(values: Any) -> int:
+    """The bytes of one column's values: its compressed chunks, or its raw rows (0 for
+    anything else: texts, scalars)."""
+    if isinstance(values, EncodedRows):
+        return sum(len(chunk.data) for block in values.blocks for chunk in block)
+    if isinstance(values, np.ndarray):
+        return int(values.nbytes)
+    return 0
+
+
 def array_nbytes(result: BatchResult) -> int:
     """The bytes of a result's array columns: its compressed chunks, or its raw rows."""
-    total = 0
-    for rows in result.columns.values():
-        values = rows.values if isinstance(rows, RaggedRows) else rows
-        if isinstance(values, EncodedRows):
-            total += sum(len(chunk.data) for block in values.blocks for chunk in block)
-        elif isinstance(values, np.ndarray):
-            total += values.nbytes
-    return total
+    return sum(
+        values_nbytes(rows.values if isinstance(rows, RaggedRows) else rows)
+        for rows in result.columns.values()
+    )

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from h5etl.buildlock import pid_alive
-from h5etl.records import BatchResult, EncodedChunk, EncodedRows, RaggedRows
+from h5etl.records import BatchResult, EncodedChunk, EncodedRows, RaggedRows, values_nbytes
 
 SHM = Path("/dev/shm")
 PREFIX = "h5etl-values"
@@ -78,7 +78,7 @@ def _shareable(result: BatchResult) -> list[tuple[str, Any, int]]:
         shareable = isinstance(values, EncodedRows) or (
             isinstance(values, np.ndarray) and isinstance(rows, RaggedRows)
         )
-        if shareable and (nbytes := _nbytes(values)) >= MIN_BYTES:
+        if shareable and (nbytes := values_nbytes(values)) >= MIN_BYTES:
             out.append((name, values, nbytes))
     return out
 
@@ -111,12 +111,6 @@ def _write_all(fd: int, buffers: Sequence[bytes | memoryview]) -> None:
         pending = pending[done:]
         if written:
             pending[0] = memoryview(pending[0])[written:]
-
-
-def _nbytes(values: Any) -> int:
-    if isinstance(values, EncodedRows):
-        return sum(len(chunk.data) for block in values.blocks for chunk in block)
-    return int(values.nbytes)
 
 
 def _emptied(result: BatchResult, name: str, values: Any) -> None:

@@ -146,26 +146,25 @@ def _children(pid: int) -> list[int]:
     return found
 
 
-def _status_rss(pid: int) -> int:
+def _kib_field(path: str, name: str) -> int:
+    """The bytes of a ``name: <n> kB`` line of a /proc file (0 if the process is gone)."""
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
+        for line in Path(path).read_text().splitlines():
+            if line.startswith(name):
                 return int(line.split()[1]) * 1024
     except OSError:
         pass
     return 0
+
+
+def _status_rss(pid: int) -> int:
+    return _kib_field(f"/proc/{pid}/status", "VmRSS:")
 
 
 def _pss(pid: int) -> int:
     """A process's proportional set size: its private pages, and each page it shares (a
     library's, a mapping of /dev/shm) divided by the processes that map it."""
-    try:
-        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-            if line.startswith("Pss:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
+    return _kib_field(f"/proc/{pid}/smaps_rollup", "Pss:")
 
 
 SHM = Path("/dev/shm")
