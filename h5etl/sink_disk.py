@@ -10,11 +10,13 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import functools
 import os
 import resource
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 from h5etl.records import BatchResult, array_nbytes
 
@@ -82,12 +84,21 @@ def start_writeback(path: Path, start: int) -> int:
     with contextlib.suppress(OSError, AttributeError), open(path, "rb") as handle:
         end = os.fstat(handle.fileno()).st_size
         if end > start:
-            libc = ctypes.CDLL(None, use_errno=True)
-            call = libc.sync_file_range
-            call.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
-            call(handle.fileno(), start, end - start, _SYNC_FILE_RANGE_WRITE)
+            _sync_file_range()(handle.fileno(), start, end - start, _SYNC_FILE_RANGE_WRITE)
         return end
     return start
+
+
+@functools.cache
+def _sync_file_range() -> Any:
+    """libc's ``sync_file_range``, looked up once (a build calls it every 16 MiB written).
+
+    Raises:
+        AttributeError: the C library has none.
+    """
+    call = ctypes.CDLL(None, use_errno=True).sync_file_range
+    call.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
+    return call
 
 
 class Writeback:
