@@ -14,7 +14,8 @@ when the sink creates them, each is HDF5's own copy of the parent's (``H5Ocopy``
 the raw chunks with their filter masks, never decoded), cut to the run's rows. A chunk loop
 in Python hands the GIL back and forth twice per chunk, and while this process decodes a
 small increment in its threads (``h5etl.inprocess``) every hand-back waited for a decoder:
-170 MiB took 0.25-0.33 s so, 0.08-0.12 s as one object copy.
+170 MiB took 0.25-0.33 s so, 0.08-0.12 s as one object copy, which runs without the GIL
+(``sink_objcopy``): the decoders go on meanwhile.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from h5etl.chunkcodec import ChunkLayout
 from h5etl.kinds.base import ArrayColumn, ScalarColumn
 from h5etl.sink_chunks import ImageWriter
 from h5etl.sink_copy import copy_rows
+from h5etl.sink_objcopy import copy_object
 from h5etl.sink_rows import SinkLayout
 
 logger = logging.getLogger(__name__)
@@ -116,7 +118,7 @@ def seed_dataset(
     group, name = path.rsplit("/", 1) if "/" in path else ("", path)
     if group and group not in file:
         file.create_group(group, track_order=True, track_times=False)
-    file.copy(node, file[group or "/"], name=name, without_attrs=True)
+    copy_object(node, file[group or "/"], name, without_attrs=True)  # the decoders go on
     dataset: h5py.Dataset = file[path]
     dataset.resize(rows, axis=0)  # the chunks past it are dropped whole
     return dataset
