@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import math
 import re
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -85,16 +86,23 @@ def _shape_text(trailing: Sequence[int]) -> str:
 
 # -- .npy -------------------------------------------------------------------------------------
 
+# numpy reads a .npy header with ast.literal_eval, and CPython 3.11 may raise SystemError ("AST
+# constructor recursion depth mismatch", cpython#106905) when two threads parse at once: the
+# plan probes headers in threads, and a small increment decodes in threads (a series build
+# failed so). Every .npy header is parsed under this lock.
+NPY_HEADER_LOCK = threading.Lock()
+
 
 def npy_header(data: bytes, path: str) -> tuple[tuple[int, ...], np.dtype[Any], int]:
     """(shape, dtype, offset of the first value) from the start of a ``.npy`` file."""
     stream = io.BytesIO(data)
     try:
         version = np.lib.format.read_magic(stream)
-        if version == (1, 0):
-            shape, fortran, dtype = np.lib.format.read_array_header_1_0(stream)
-        else:
-            shape, fortran, dtype = np.lib.format.read_array_header_2_0(stream)
+        with NPY_HEADER_LOCK:
+            if version == (1, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_1_0(stream)
+            else:
+                shape, fortran, dtype = np.lib.format.read_array_header_2_0(stream)
     except (ValueError, OSError, SyntaxError) as exc:
         raise RejectError("unreadable", f"not a .npy file: {exc}", path=path) from exc
     if dtype.hasobject or dtype.fields is not None:

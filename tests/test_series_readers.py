@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import pickle
 from pathlib import Path
 
@@ -128,3 +129,18 @@ def test_a_preview_tile_plots_each_channel(
     with h5py.File(path, "r") as handle:
         tile = draw(PreviewSample(handle, fileformat.read_layout(handle), "train", 0), "rec")
     assert tile.height == 3 * (PLOT_H + TITLE)  # accel, volts, temp
+
+
+def test_npy_headers_parse_in_many_threads_at_once() -> None:
+    # CPython 3.11 raised SystemError ("AST constructor recursion depth mismatch") in a series
+    # build whose header probes ran in threads: numpy parses the header with ast.literal_eval
+    from concurrent.futures import ThreadPoolExecutor
+
+    from h5etl.series import npy_header
+
+    buffer = io.BytesIO()
+    np.save(buffer, np.zeros((200, 3), np.float32))
+    data = buffer.getvalue()
+    with ThreadPoolExecutor(4) as pool:
+        found = list(pool.map(lambda _: npy_header(data, "a.npy")[:2], range(2000)))
+    assert set(found) == {((200, 3), np.dtype(np.float32))}

@@ -25,6 +25,7 @@ import numpy as np
 from h5etl import inputs
 from h5etl.errors import RejectError
 from h5etl.pixels import rejecting_surprises
+from h5etl.series import NPY_HEADER_LOCK
 from h5etl.volumes.case import (
     SLICE_SUFFIXES,
     Case,
@@ -118,7 +119,8 @@ def decode_slice(data: bytes, path: str) -> np.ndarray:
     if path.lower().endswith(".npy"):
         with rejecting_surprises(path, "read the .npy slice"):
             try:
-                array = np.load(io.BytesIO(data), allow_pickle=False)
+                with NPY_HEADER_LOCK:  # (a slice is small: its copy under the lock is too)
+                    array = np.load(io.BytesIO(data), allow_pickle=False)
             except ValueError as exc:
                 raise RejectError("unreadable", f"not a .npy array: {exc}", path=path) from exc
         if array.dtype.kind not in "iufb":
