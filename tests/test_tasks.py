@@ -184,17 +184,34 @@ def test_a_journal_of_tasks_cut_otherwise_is_refused() -> None:
 @pytest.mark.parametrize(
     ("block", "rows"),
     [
-        pytest.param(1, 64, id="chunks of 1 sample"),
-        pytest.param(8, 64, id="chunks of 8"),
-        pytest.param(32, 64, id="chunks of 32"),
-        pytest.param(64, 64, id="chunks of 64"),
+        pytest.param(1, 128, id="chunks of 1 sample"),
+        pytest.param(8, 128, id="chunks of 8"),
+        pytest.param(32, 128, id="chunks of 32"),
+        pytest.param(64, 128, id="chunks of 64"),
         pytest.param(100, 100, id="chunks of 100"),
     ],
 )
 def test_a_task_carries_several_chunks_whatever_the_chunk_size(block: int, rows: int) -> None:
     # chunk_samples: 8 built at half the speed of 32, because a task held one chunk's rows
     assert tasks.task_rows(block) == rows
+    assert tasks.task_rows(block, samples=tasks.SMALL_PLAN) == rows
     assert tasks.task_reserve(rows) >= 2
+
+
+@pytest.mark.parametrize(
+    ("block", "samples", "rows"),
+    [
+        pytest.param(32, 174, 64, id="an increment of 174"),
+        pytest.param(32, tasks.SMALL_PLAN - 1, 64, id="just under"),
+        pytest.param(32, tasks.SMALL_PLAN, 128, id="at the bound"),
+        pytest.param(1, 10, 64, id="chunks of 1"),
+        pytest.param(100, 10, 100, id="a chunk bigger than a small task"),
+    ],
+)
+def test_a_small_plan_is_cut_in_smaller_tasks(block: int, samples: int, rows: int) -> None:
+    # 174 new pairs of an incremental build made tasks of 120 and 54 for two threads
+    assert tasks.task_rows(block, samples=samples) == rows
+    assert TaskCutter(_plan([samples // 2, samples - samples // 2]), block).rows == rows
 
 
 @settings(max_examples=100, deadline=None)
