@@ -323,6 +323,7 @@ def _write(
                 sink_layout(spec, plan),
                 virtual=virtual,
                 seed=None if carried is None else carried.seed(),
+                on_rows=annotate.rows,
             ) as sink,
         ):
             if earlier is not None:

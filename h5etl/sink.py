@@ -31,7 +31,7 @@ from h5etl.sink_carry import Seed, copy_parent_columns, open_seed, parent_rows, 
 from h5etl.sink_chunks import DatasetStats, ImageWriter, StoredChunks
 from h5etl.sink_datasets import create_split
 from h5etl.sink_journal import JournalSide
-from h5etl.sink_rows import SinkLayout, SmallRows, store_rejects
+from h5etl.sink_rows import RowsWatcher, SinkLayout, SmallRows, store_rejects
 from h5etl.sink_virtual import VirtualColumn, create_virtual, map_arrays
 
 __all__ = ["LIBVER", "Sink", "SinkLayout"]
@@ -48,12 +48,19 @@ class Sink(JournalSide):
     _abandoned = False  # its bytes were given up after a failed write (see _abandon)
 
     def __init__(
-        self, path: Path, layout: SinkLayout, *, virtual: bool = False, seed: Seed | None = None
+        self,
+        path: Path,
+        layout: SinkLayout,
+        *,
+        virtual: bool = False,
+        seed: Seed | None = None,
+        on_rows: RowsWatcher | None = None,
     ):
         """``virtual``: the array datasets map onto part files (``sink_virtual``) instead of
         holding chunks; ``write`` then takes no array rows. ``seed``: the fixed arrays' first
         rows of each split come as copies of a parent's datasets (``sink_carry.Seed``); the
-        ``carry`` of those rows then counts them."""
+        ``carry`` of those rows then counts them. ``on_rows``: shown every append of small
+        rows (``sink_rows.RowsWatcher``), as they go to the file."""
         self.path = path
         self.layout = layout
         self.virtual: dict[tuple[str, str], VirtualColumn] | None = {} if virtual else None
@@ -74,6 +81,7 @@ class Sink(JournalSide):
         self.writeback = sink_disk.Writeback(path)  # so the closing fsync has little to wait for
         self.seed = seed
         self._seeded: dict[tuple[str, str], int] = {}  # rows a dataset was created holding
+        self.on_rows = on_rows
 
     def __enter__(self) -> Sink:
         try:
@@ -95,7 +103,9 @@ class Sink(JournalSide):
             with source if source is not None else contextlib.nullcontext():
                 for split in self.layout.splits:
                     self._create_split(self.file, split, source)
-            self.rows = SmallRows(self.file, self.layout, self.stats, on_run=self._note_run)
+            self.rows = SmallRows(
+                self.file, self.layout, self.stats, on_run=self._note_run, on_rows=self.on_rows
+            )
         except (OSError, RuntimeError) as exc:
             self._abandon()  # only if it got as far as creating the file
             self._close_quietly()

@@ -65,6 +65,11 @@ class SinkLayout:
         return out
 
 
+RowsWatcher = Callable[[str, Sequence[str], dict[str, list[Any]], np.ndarray], None]
+"""Shown each append of a split's rows: the split, the lineage's source names, the text
+columns' values and the lineage rows (S64 digests)."""
+
+
 class SmallRows:
     """Buffers and appends the rows of the small columns of every split, in order."""
 
@@ -74,11 +79,13 @@ class SmallRows:
         layout: SinkLayout,
         stats: dict[str, DatasetStats],
         on_run: Callable[[str], None] = lambda split: None,
+        on_rows: RowsWatcher | None = None,
     ):
         self.file = file
         self.layout = layout
         self.stats = stats
         self.on_run = on_run  # told of each run appended, by split: the journal places it
+        self.on_rows = on_rows  # shown each append's texts and lineage (snapshot.WrittenRows)
         self._unjournaled_rows: dict[str, list[Any]] = {}  # by dataset path
         self._unjournaled_lineage: dict[str, list[list[str]]] = {}
         self._pending_rows: dict[str, dict[str, list[Any]]] = {}  # split -> field -> rows
@@ -86,6 +93,7 @@ class SmallRows:
         # a ragged column's offsets are these running ends (one row per sample, after the 0
         # written at creation): (split, offsets key) -> the values rows given so far
         self._ends: dict[tuple[str, str], int] = {}
+        self._scalars = {n for n in layout.small if isinstance(layout.columns[n], ScalarColumn)}
 
     def add(self, split: str, result: BatchResult) -> None:
         """Buffer a result's rows (journaled from now on); append whole runs of a thousand."""
@@ -223,6 +231,9 @@ class SmallRows:
         dataset = self.file[lineage_path]
         dataset.resize(start + count, axis=0)
         dataset[start : start + count] = lineage
+        if self.on_rows is not None:
+            texts = {n: small[n] for n in self.layout.small if n not in self._scalars}
+            self.on_rows(split, self.layout.sources, texts, lineage)
         stats = self.stats[dataset.name]
         stats.stream.update(lineage.tobytes())
         stats.raw_bytes += lineage.nbytes

@@ -22,7 +22,7 @@ import h5py
 from h5etl import fileformat
 from h5etl.errors import ConfigError, H5EtlError
 from h5etl.records import Reject
-from h5etl.snapshot import Snapshot, plain
+from h5etl.snapshot import Snapshot, WrittenRows, plain
 from h5etl.spec import Spec
 from h5etl.storable import Text
 
@@ -116,6 +116,9 @@ class Annotator:
         self.parent = parent
         self.attrs: dict[str, Any] = {}
         self._before: Snapshot | H5EtlError | None = None  # the parent's, once read
+        # the new file's samples as the sink appends them (the sink's ``on_rows``): no
+        # label without a parent, so nothing to collect then
+        self.rows: WrittenRows | None = None if parent is None else WrittenRows()
 
     def prepare(self) -> None:
         """Read the parent's snapshot now: a build waiting for its decoders has the time,
@@ -156,7 +159,8 @@ class Annotator:
             # the parent stays as it is; the new release just cannot say what changed
             logger.warning("cannot read the parent release (%s); no change label", before)
             return {fileformat.CHANGE_SUMMARY_ATTR: f"the parent {self.parent.name} is unreadable"}
-        change = diff_releases(before, snapshot_of(handle, Path(handle.filename)))
+        written = None if self.rows is None else self.rows.samples
+        change = diff_releases(before, snapshot_of(handle, Path(handle.filename), written=written))
         out: dict[str, Any] = {
             fileformat.CHANGE_ATTR: change.label,
             fileformat.CHANGE_SUMMARY_ATTR: change.summary(),

@@ -9,11 +9,12 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import h5py
 import pytest
 import yaml
-from conftest import ALL_BROKEN, MakeRaw, WriteConfig
+from conftest import ALL_BROKEN, MakeRaw, WriteConfig, add_pairs
 from typer.testing import CliRunner
 
 from h5etl import pipeline
@@ -270,3 +271,44 @@ def test_h5dump_reads_the_rejects_table(
     assert done.returncode == 0, done.stderr
     assert done.stdout.count('"mask_values"') == 2
     assert f'"{raw.mask("broken_mask_128").relative_to(tmp_path)}"' in done.stdout
+
+
+def test_the_change_label_takes_the_written_rows_which_are_the_files_samples(
+    tmp_path: Path, write_config: WriteConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from h5etl import snapshot
+    from h5etl.diff import diff_paths
+
+    compared: list[tuple[dict[str, int], int]] = []
+    read_back = snapshot.snapshot_of
+
+    def both_ways(handle: h5py.File, path: Path, *, written: Any = None) -> snapshot.Snapshot:
+        taken = read_back(handle, path, written=written)
+        if written is not None:  # the label's snapshot: the rows the sink appended
+            assert taken.samples == read_back(handle, path).samples
+            compared.append(({s: len(r) for s, r in written.items()}, len(taken.samples)))
+        return taken
+
+    monkeypatch.setattr(snapshot, "snapshot_of", both_ways)
+    # 41 pairs in chunks of 4: both splits end in a partial block, so the next build's
+    # carried rows, decoded rows and last partial runs all come through the watcher
+    add_pairs(tmp_path, [f"s{i:03d}" for i in range(41)])
+    config = load_spec(write_config(tmp_path, storage={"chunk_samples": 4}, fields={}))
+    first = pipeline.build(config)
+    assert not compared  # a first release has no parent to compare with
+    add_pairs(tmp_path, [f"new{i}" for i in range(5)], seed=3)
+    add_pairs(tmp_path, ["s007"], seed=4)  # changed
+    (tmp_path / "raw" / "images" / "s011.png").unlink()  # withdrawn
+    (tmp_path / "raw" / "masks" / "s011.png").unlink()
+    second = pipeline.build(config)
+    assert second.path is not None
+    assert first.path is not None
+    assert second.reused > 0  # carried rows came through the watcher too
+    [(written, stored)] = compared
+    assert sum(written.values()) == stored == 45  # read from the watcher, not the file
+    with h5py.File(second.path, "r") as handle:
+        label, summary = handle.attrs["change"], handle.attrs["change_summary"]
+    change = diff_paths(first.path, second.path)
+    assert (label, summary) == (change.label, change.summary())
+    assert summary == "major: 1 sample removed"  # s011 was withdrawn
+    assert [len(change.added), len(change.changed), len(change.removed)] == [5, 1, 1]
