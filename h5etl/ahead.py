@@ -33,8 +33,12 @@ class Ahead(Generic[T]):
     """Iterate ``source`` in a daemon thread, up to ``depth`` items ahead; a context manager
     (its exit stops the thread and closes ``source`` there, cancelling what it submitted)."""
 
-    def __init__(self, source: Iterator[T], depth: int = 2):
+    def __init__(
+        self, source: Iterator[T], depth: int = 2, *, start: threading.Event | None = None
+    ):
+        """``start``: the thread pulls nothing before it is set (or the consumer gives up)."""
         self._source = source
+        self._start = start
         self._items: queue.Queue[T | _End] = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
         self._done = False
@@ -52,6 +56,9 @@ class Ahead(Generic[T]):
 
     def _pull(self) -> None:
         try:
+            while self._start is not None and not self._start.wait(_POLL_SECONDS):
+                if self._stop.is_set():
+                    return
             for item in self._source:
                 if not self._put(item):
                     return

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -165,16 +166,24 @@ def decoded(
 
 @contextlib.contextmanager
 def results(
-    cutter: tasks.TaskCutter, recipe: decode.DecodeRecipe, decoder: LazyDecoder, *, early: bool
+    cutter: tasks.TaskCutter,
+    recipe: decode.DecodeRecipe,
+    decoder: LazyDecoder,
+    *,
+    early: bool,
+    start: threading.Event | None = None,
 ) -> Iterator[Iterator[BatchResult]]:
-    """The decode results in order (``decoded``); ``early``: pulled from now on by a thread
-    (``h5etl.ahead``), so the workers start and decode while this process works on (copies
-    a parent's chunks). Decoding in this process (``--jobs 1``) is pulled as it is used."""
+    """The decode results in order (``decoded``); ``early``: pulled by a thread (``h5etl.ahead``)
+    once ``start`` is set, so the workers decode while this process works on (copies a
+    parent's chunks). The build sets it once its temp file exists: a sample that kills this
+    process's decoding threads must leave that file, or the next build would not know to
+    decode in workers (``h5etl.inprocess``). Decoding in this process (``--jobs 1``) is pulled
+    as it is used."""
     source = decoded(cutter, recipe, decoder)
     if not early or not decoder.parallel or cutter.empty:
         yield source
         return
-    with Ahead(source) as ahead:
+    with Ahead(source, start=start) as ahead:
         yield ahead
 
 

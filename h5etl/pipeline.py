@@ -6,6 +6,7 @@ import functools
 import hashlib
 import json
 import logging
+import threading
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -313,17 +314,21 @@ def _write(
     virtual = isinstance(earlier, Shards) and earlier.virtual
     linked = run.output.current_release()  # the parent, as for the splits
     annotate = Annotator(None if linked is None else linked[1])  # the change label
+    created = threading.Event()
     try:
         with (
             # with chunks to copy first, the workers decode meanwhile (a thread pulls them),
-            # from before the sink copies the parent's first rows with its datasets
-            buildparts.results(cutter, recipe, run.decoder, early=carried is not None) as results,
+            # from once the file exists, while the sink copies the parent's first rows
+            buildparts.results(
+                cutter, recipe, run.decoder, early=carried is not None, start=created
+            ) as results,
             Sink(
                 temp,
                 sink_layout(spec, plan),
                 virtual=virtual,
                 seed=None if carried is None else carried.seed(),
                 on_rows=annotate.rows,
+                on_created=created.set,
             ) as sink,
         ):
             if earlier is not None:

@@ -55,12 +55,14 @@ class Sink(JournalSide):
         virtual: bool = False,
         seed: Seed | None = None,
         on_rows: RowsWatcher | None = None,
+        on_created: Callable[[], None] = lambda: None,
     ):
         """``virtual``: the array datasets map onto part files (``sink_virtual``) instead of
         holding chunks; ``write`` then takes no array rows. ``seed``: the fixed arrays' first
         rows of each split come as copies of a parent's datasets (``sink_carry.Seed``); the
         ``carry`` of those rows then counts them. ``on_rows``: shown every append of small
-        rows (``sink_rows.RowsWatcher``), as they go to the file."""
+        rows (``sink_rows.RowsWatcher``), as they go to the file. ``on_created``: called once
+        the file exists, before its datasets are made (a seed copy takes a while)."""
         self.path = path
         self.layout = layout
         self.virtual: dict[tuple[str, str], VirtualColumn] | None = {} if virtual else None
@@ -82,6 +84,7 @@ class Sink(JournalSide):
         self.seed = seed
         self._seeded: dict[tuple[str, str], int] = {}  # rows a dataset was created holding
         self.on_rows = on_rows
+        self.on_created = on_created
 
     def __enter__(self) -> Sink:
         try:
@@ -99,6 +102,7 @@ class Sink(JournalSide):
                 rdcc_nbytes=WRITE_CACHE_BYTES,
             )
             self._created = True
+            self.on_created()
             source = open_seed(self.seed if self.virtual is None else None)
             with source if source is not None else contextlib.nullcontext():
                 for split in self.layout.splits:

@@ -21,6 +21,26 @@ def test_items_come_out_in_order_and_the_thread_ends() -> None:
         assert list(ahead) == []  # exhausted stays exhausted
 
 
+def test_nothing_is_pulled_before_the_start_event_and_a_consumer_can_give_up_first() -> None:
+    pulled: list[int] = []
+
+    def source() -> Iterator[int]:
+        for i in range(3):
+            pulled.append(i)
+            yield i
+
+    start = threading.Event()
+    with Ahead(source(), start=start) as ahead:
+        assert not start.wait(0.2)
+        assert pulled == []  # the thread waits for the event
+        start.set()
+        assert list(ahead) == [0, 1, 2]
+    never = threading.Event()
+    with Ahead(source(), start=never):
+        pass  # leaving while the thread waits stops it (the exit joins it)
+    assert pulled == [0, 1, 2]
+
+
 def test_an_error_in_the_source_comes_out_of_next_after_the_items_before_it() -> None:
     def source() -> Iterator[int]:
         yield 1
@@ -70,9 +90,11 @@ def test_an_incremental_build_decoding_beside_the_copy_is_the_same_at_any_jobs(
     pulled: list[int] = []
 
     class Counted(Ahead[object]):
-        def __init__(self, source: Iterator[object], depth: int = 2):
+        def __init__(
+            self, source: Iterator[object], depth: int = 2, *, start: threading.Event | None = None
+        ):
             pulled.append(depth)
-            super().__init__(source, depth)
+            super().__init__(source, depth, start=start)
 
     monkeypatch.setattr(buildparts, "Ahead", Counted)
     folders = []

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -245,6 +246,39 @@ def test_a_sample_that_kills_this_process_is_a_workers_reject_in_the_next_build(
         keys = {str(k) for s in ("train", "valid") for k in handle[f"{s}/sample_key"].asstr()[...]}
     assert {"fine", "later"} <= keys
     assert "doomed" not in keys
+
+
+def test_this_processs_decoders_start_once_the_temp_file_exists(
+    tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sample that kills this process must leave the build's temp file behind, or the next
+    build would decode it here again: the decoders wait for the file, however slowly the
+    sink makes it (here: 0.3 s late)."""
+    from h5etl import decode, sink
+
+    make_raw(tmp_path, n=30)
+    config = write_config(tmp_path, storage={"chunk_samples": 4})
+    build(load_spec(config), jobs=1)
+    releases = tmp_path / "releases"
+    add_pairs(tmp_path, [f"new{i}" for i in range(5)])
+    seen: list[bool] = []
+    real_decode, real_enter = decode.decode_batch, sink.Sink.__enter__
+
+    def watched(task: Any, recipe: Any) -> Any:
+        left = OutputFolder(releases, "cells").stale_partials()
+        seen.append(any(p.suffix == ".h5" for p in left))  # the temp file, not its journal
+        return real_decode(task, recipe)
+
+    def slow_enter(self: sink.Sink) -> sink.Sink:
+        time.sleep(0.3)
+        return real_enter(self)
+
+    monkeypatch.setattr(decode, "decode_batch", watched)
+    monkeypatch.setattr(sink.Sink, "__enter__", slow_enter)
+    here = build(load_spec(config), jobs=2)
+    assert facts(here)["decoded_in"] == HERE
+    assert seen
+    assert all(seen)  # every decode ran with the temp file on disk
 
 
 def test_the_rule_in_figures() -> None:
