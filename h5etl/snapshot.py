@@ -144,11 +144,8 @@ def snapshot_of(
     counts: dict[str, int] = {}
     fallback = hdf5info.sample_counts(handle)  # samples of a split without lineage
     for split in layout.splits:
-        known = (written or {}).get(split)
-        lineage = handle.get(layout.lineage_path(split))
-        stored = len(lineage) if isinstance(lineage, h5py.Dataset) else -1
-        rows = list(known) if known is not None and len(known) == stored else None
-        if rows is None:
+        rows = (written or {}).get(split)
+        if rows is None or len(rows) != _lineage_rows(handle, layout, split):
             rows = _samples(handle, layout, split)
         counts[split] = len(rows) if rows else fallback[split]
         samples.extend(rows)
@@ -218,6 +215,12 @@ def _texts(node: object) -> list[str] | None:
     if not isinstance(node, h5py.Dataset) or h5py.check_string_dtype(node.dtype) is None:
         return None
     return [str(v) for v in node.asstr("utf-8", "backslashreplace")[...]]
+
+
+def _lineage_rows(handle: h5py.File, layout: LayoutRecord, split: str) -> int:
+    """Rows of the split's lineage dataset (-1: it has none)."""
+    lineage = handle.get(layout.lineage_path(split))
+    return len(lineage) if isinstance(lineage, h5py.Dataset) else -1
 
 
 def _samples(handle: h5py.File, layout: LayoutRecord, split: str) -> list[SampleFacts]:

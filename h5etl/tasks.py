@@ -38,6 +38,7 @@ def task_rows(block: int, sample_bytes: int = 0, samples: int | None = None) -> 
     ``TASK_BYTES`` of decoded rows, and never less than one block. A function of the plan
     alone, as where each sample lands must be."""
     small = samples is not None and samples < SMALL_PLAN
+    # never more than TASK_SAMPLES: lowering it (a test's small tasks) lowers both
     wanted = min(TASK_SAMPLES, SMALL_TASK_SAMPLES) if small else TASK_SAMPLES
     blocks = max(1, round(wanted / block))
     if sample_bytes:

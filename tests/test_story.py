@@ -290,8 +290,8 @@ def test_the_change_label_takes_the_written_rows_which_are_the_files_samples(
         return taken
 
     monkeypatch.setattr(snapshot, "snapshot_of", both_ways)
-    # 41 pairs in chunks of 4: both splits end in a partial block, so the next build's
-    # carried rows, decoded rows and last partial runs all come through the watcher
+    # the second build appends carried rows, then decoded ones (new, changed, and those of
+    # blocks a change touched): all come through the watcher
     add_pairs(tmp_path, [f"s{i:03d}" for i in range(41)])
     config = load_spec(write_config(tmp_path, storage={"chunk_samples": 4}, fields={}))
     first = pipeline.build(config)
