@@ -20,7 +20,7 @@ import h5py
 import hdf5plugin  # noqa: F401  (registers the Blosc/Zstd filters for reading)
 
 from h5etl import check_deep, check_ragged, fileformat, hdf5info
-from h5etl.check_fields import field_lines, group_lines
+from h5etl.check_fields import field_lines, grid_problems, group_lines
 from h5etl.fileformat import (
     BLOCK_DIGESTS,
     DIAGNOSTICS,
@@ -294,6 +294,7 @@ def _split_section(
             if columns[name].column == "ragged" and offsets is not None:
                 check_ragged.check_offsets(dataset, offsets, report.problem)
             report.lines.extend(field_lines(name, columns[name], dataset, report.problem))
+    grid_problems(record, datasets, report.problem)
     return count
 
 

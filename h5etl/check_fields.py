@@ -161,3 +161,34 @@ def group_lines(handle: h5py.File, record: fileformat.LayoutRecord, problem: Pro
         shown = ", ".join(f"{split} {count}" for split, count in splits.items())
         problem(f"group {group!r} is in {len(splits)} splits ({shown}): leakage between splits")
     return [f"groups: {len(where)}, {len(leaked)} in more than one split"]
+
+
+def grid_problems(
+    record: fileformat.LayoutRecord, datasets: dict[str, h5py.Dataset], problem: Problem
+) -> None:
+    """A problem for each label volume whose stored affines are not its image's (``of``) in
+    one split: its voxels would be read as lying where they do not."""
+    from h5etl.volumes import orient
+
+    for name, field in record.fields.items():
+        of = field.extra.get("of") if field.kind == "volume" else None
+        columns = [f"{name}_affine", f"{of}_affine", f"{of}_spacing"]
+        if not of or not all(c in datasets for c in columns):
+            continue
+        mine, theirs, spacing = (datasets[c][...] for c in columns)
+        off = [
+            i
+            for i in range(min(len(mine), len(theirs), len(spacing)))
+            if orient.disagreement(mine[i], theirs[i], tuple(spacing[i])) is not None
+        ]
+        if not off:
+            continue
+        first = off[0]
+        keys = datasets.get(fileformat.SAMPLE_KEY)
+        which = repr(keys.asstr()[first]) if keys is not None else f"#{first}"
+        problem(
+            f"{datasets[columns[0]].name}: {len(off)} of {len(mine)} cases lie on another "
+            f"grid than their image {of} (first {which}: "
+            f"{orient.described(mine[first], tuple(spacing[first]))} vs "
+            f"{orient.described(theirs[first], tuple(spacing[first]))})"
+        )

@@ -22,7 +22,7 @@ from test_kind_volume import SHAPE, SPACING, ct_config, make_ct, names_for
 
 from h5etl import build, carry, fileformat, load_spec
 from h5etl.check import check_release
-from h5etl.examples.volumes import ct_case, write_dicom_series, write_nifti
+from h5etl.examples.volumes import ct_case, series_affine, write_dicom_series, write_nifti
 from h5etl.report import BuildReport
 from h5etl.spec import Spec
 
@@ -94,7 +94,7 @@ def rewrite_case(root: Path, name: str, seed: int) -> dict[str, np.ndarray]:
         root / "raw/ct" / name, volume, spacing=SPACING, series=f"{name}-again",
         names=names_for(rng, slices),
     )  # fmt: skip
-    write_nifti(root / "raw/masks" / f"{name}.nii.gz", labels, spacing=SPACING)
+    write_nifti(root / "raw/masks" / f"{name}.nii.gz", labels, affine=series_affine(SPACING))
     return {"ct": volume, "mask": labels}
 
 

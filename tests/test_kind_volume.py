@@ -21,7 +21,7 @@ import h5etl
 from h5etl import fileformat
 from h5etl.check import check_release
 from h5etl.errors import ConfigError
-from h5etl.examples.volumes import ct_case, write_dicom_series, write_nifti
+from h5etl.examples.volumes import ct_case, series_affine, write_dicom_series, write_nifti
 
 SHAPE = (16, 16)  # (y, x) of every slice
 SPACING = (2.5, 0.8, 0.7)
@@ -44,7 +44,7 @@ def make_ct(root: Path, cases: int = 6, *, seed: int = 0) -> dict[str, dict[str,
             root / "raw/ct" / name, volume, spacing=SPACING, series=name,
             names=names_for(rng, slices),
         )  # fmt: skip
-        write_nifti(root / "raw/masks" / f"{name}.nii.gz", labels, spacing=SPACING)
+        write_nifti(root / "raw/masks" / f"{name}.nii.gz", labels, affine=series_affine(SPACING))
         truth[name] = {"ct": volume, "mask": labels, "uid": uid}
     return truth
 
@@ -162,20 +162,21 @@ def test_broken_cases_of_every_kind_are_rejects_naming_the_file(tmp_path: Path) 
     truth = make_ct(tmp_path, cases=3)
     rng = np.random.default_rng(9)
     volume, labels = ct_case(rng, (6, *SHAPE))
+    grid = series_affine()  # the series below have the default spacing and origin
     positions = [0, 2.5, 5, 10, 12.5, 15]
     write_dicom_series(tmp_path / "raw/ct/gap", volume, positions=positions, series="gap")
-    write_nifti(tmp_path / "raw/masks/gap.nii.gz", labels)
+    write_nifti(tmp_path / "raw/masks/gap.nii.gz", labels, affine=grid)
     write_dicom_series(
         tmp_path / "raw/ct/uneven", volume, positions=[0, 2.5, 5, 7.5, 10, 13.4], series="u"
     )
-    write_nifti(tmp_path / "raw/masks/uneven.nii.gz", labels)
+    write_nifti(tmp_path / "raw/masks/uneven.nii.gz", labels, affine=grid)
     write_dicom_series(tmp_path / "raw/ct/shape", volume, series="shape")
-    write_nifti(tmp_path / "raw/masks/shape.nii.gz", labels[:5])  # a slice short
+    write_nifti(tmp_path / "raw/masks/shape.nii.gz", labels[:5], affine=grid)  # a slice short
     write_dicom_series(tmp_path / "raw/ct/junk", volume, series="junk")
     (tmp_path / "raw/ct/junk/IM0003.dcm").write_text("not DICOM")
-    write_nifti(tmp_path / "raw/masks/junk.nii.gz", labels)
+    write_nifti(tmp_path / "raw/masks/junk.nii.gz", labels, affine=grid)
     write_dicom_series(tmp_path / "raw/ct/label", volume, series="label")
-    write_nifti(tmp_path / "raw/masks/label.nii.gz", np.where(labels == 2, 7, labels))
+    write_nifti(tmp_path / "raw/masks/label.nii.gz", np.where(labels == 2, 7, labels), affine=grid)
     report = build(ct_config(tmp_path), jobs=2)
     assert report.path is not None
     reasons = {(Path(r.path).name, r.reason) for r in report.rejects}

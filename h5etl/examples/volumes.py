@@ -47,11 +47,12 @@ def write_dicom_series(
     series: str = "1",
     names: Sequence[str] | None = None,
     first: int = 0,
+    orientation: Sequence[float] = (1, 0, 0, 0, 1, 0),
 ) -> str:
     """One CT slice file per z of ``volume`` (HU), stored as ``(hu - intercept) / slope``
     unsigned; ``positions`` (mm along z) default to ``spacing[0]`` apart. ``first``: the
-    slice number of ``volume[0]`` (to write a series a slice at a time). Returns the
-    SeriesInstanceUID."""
+    slice number of ``volume[0]`` (to write a series a slice at a time); ``orientation``:
+    ImageOrientationPatient. Returns the SeriesInstanceUID."""
     from pydicom.dataset import Dataset, FileMetaDataset
     from pydicom.uid import CTImageStorage, ExplicitVRLittleEndian, generate_uid
 
@@ -75,7 +76,7 @@ def write_dicom_series(
         ds.Rows, ds.Columns = plane.shape
         ds.PixelSpacing = [spacing[1], spacing[2]]
         ds.SliceThickness = spacing[0]
-        ds.ImageOrientationPatient = [1, 0, 0, 0, 1, 0]
+        ds.ImageOrientationPatient = list(orientation)
         ds.ImagePositionPatient = [origin[0], origin[1], float(where[index])]
         ds.SamplesPerPixel = 1
         ds.PhotometricInterpretation = "MONOCHROME2"
@@ -92,11 +93,30 @@ def write_dicom_series(
     return str(series_uid)
 
 
-def write_nifti(path: Path, volume: np.ndarray, *, spacing: Spacing = (2.5, 0.8, 0.8)) -> None:
-    """``volume`` (z, y, x) as a NIfTI file of (x, y, z) voxels, affine diag(spacing)."""
+def series_affine(
+    spacing: Spacing = (2.5, 0.8, 0.8), origin: tuple[float, float, float] = (-100.0, -120.0, 0.0)
+) -> np.ndarray:
+    """The affine (voxel (x, y, z) -> RAS+ mm) of a series ``write_dicom_series`` writes with
+    its default orientation, first slice at ``origin`` (LPS mm): a NIfTI label volume written
+    with it lies on that series' grid."""
+    affine = np.diag([-spacing[2], -spacing[1], spacing[0], 1.0])  # LPS: x and y flip
+    affine[:3, 3] = [-origin[0], -origin[1], origin[2]]
+    return affine
+
+
+def write_nifti(
+    path: Path,
+    volume: np.ndarray,
+    *,
+    spacing: Spacing = (2.5, 0.8, 0.8),
+    affine: np.ndarray | None = None,
+) -> None:
+    """``volume`` (z, y, x) as a NIfTI file of (x, y, z) voxels, affine diag(spacing) unless
+    given (``series_affine``: the grid of a DICOM series)."""
     import nibabel
 
-    affine = np.diag([spacing[2], spacing[1], spacing[0], 1.0])
+    if affine is None:
+        affine = np.diag([spacing[2], spacing[1], spacing[0], 1.0])
     voxels = np.ascontiguousarray(volume.transpose(2, 1, 0))
     image = nibabel.Nifti1Image(voxels, affine)
     image.header.set_xyzt_units("mm")
@@ -154,7 +174,9 @@ def ct_volumes(raw: Path, *, samples: int = 6, seed: int = 13) -> dict[str, Brok
             raw / "ct" / name, volume, positions=positions, series=name, names=names[: len(volume)]
         )
         write_nifti(
-            raw / "masks" / f"{name}.nii.gz", labels[:, :20] if name == "case_902" else labels
+            raw / "masks" / f"{name}.nii.gz",
+            labels[:, :20] if name == "case_902" else labels,
+            affine=series_affine(),  # the grid of its DICOM series
         )
         if name == "case_903":
             (raw / "ct" / name / names[1]).write_bytes(b"not a DICOM file\n")

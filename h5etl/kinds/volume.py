@@ -11,7 +11,7 @@ slab at a time, and gives decode the lineage digest of what it read.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -30,8 +30,10 @@ from h5etl.kinds.base import (
     TextColumn,
 )
 from h5etl.records import EncodedRows
-from h5etl.volumes import Case, CaseHeader, open_case
+from h5etl.volumes import CaseHeader, open_case, orient
 from h5etl.volumes import resample as resampling
+from h5etl.volumes.case import SLAB_ROWS
+from h5etl.volumes.orient import Reorientation
 
 if TYPE_CHECKING:
     from h5etl.fieldspecs.volume import ResampleSpec, VolumeField
@@ -51,10 +53,11 @@ GEOMETRY_TOLERANCE = 1e-3  # relative: spacings of an image and its labels must 
 class _Geometry:
     """What a volume field learnt of its case, for the label volume that follows it."""
 
-    shape: tuple[int, int, int]  # as read, before any resampling
+    shape: tuple[int, int, int]  # as stored before any resampling (a label: turned)
     spacing: tuple[float, float, float]
     affine: np.ndarray
     path: str
+    affine_known: bool  # False: a slice folder's (spacing only)
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,28 +111,47 @@ class VolumeKind(Kind):
         assert self.source_index is not None
         path = context.path(self.source_index)
         case = open_case(path, self.form)  # type: ignore[arg-type]
-        header = case.header
-        image = context.notes.get(self.of) if self.of is not None else None
-        self._check_header(header, image, path)
-        known = image if image is not None and not header.geometry_known else None
-        spacing = known.spacing if known is not None else header.spacing
-        affine = known.affine if known is not None else header.affine
-        context.notes[self.name] = _Geometry(header.shape, spacing, affine, path)
+        turn = self._placed(case.header, path, context.notes)
+        geometry: _Geometry = context.notes[self.name]
+        spacing, affine = geometry.spacing, geometry.affine
         value: np.ndarray | EncodedValue
-        if self._streams(context):
-            value = self._encoded(case, path)
+        if turn is None and self._streams(context):
+            value = self._encoded(case.slabs(self.layout.dtype), case.header.shape[0], path)
         else:
             voxels = case.read(self.layout.dtype)
             if self.values is not None:
-                check_labels(voxels, self.values, path)
-            value, spacing, affine = self._fitted(voxels, spacing, affine, image, path)
+                check_labels(voxels, self.values, path)  # as the files lie: z as they say
+            if turn is not None:
+                voxels = turn.apply(voxels)  # onto its image's grid, exactly
+            if self._streams(context):
+                value = self._encoded(_slabs_of(voxels), len(voxels), path, checked=True)
+            else:
+                value, spacing, affine = self._fitted(voxels, spacing, affine, geometry, path)
         context.digests[self.source_index] = case.digest()
         return {
             self.name: value,
             f"{self.name}_spacing": np.asarray(spacing, dtype=np.float64),
             f"{self.name}_affine": np.asarray(affine, dtype=np.float64),
-            f"{self.name}_series_uid": header.series_uid,
+            f"{self.name}_series_uid": case.header.series_uid,
         }
+
+    def probe_header(self, path: str, notes: dict[str, Any]) -> Reorientation | None:
+        """Check the case's headers (no voxel decoded) against the field and, for a label
+        volume, against its image's (``notes[self.of]``); note the geometry it is stored
+        with in ``notes[self.name]``. Returns how a label volume in another voxel order
+        gets onto its image's grid (None: it lies on it)."""
+        return self._placed(open_case(path, self.form).header, path, notes)  # type: ignore[arg-type]
+
+    def _placed(self, header: CaseHeader, path: str, notes: dict[str, Any]) -> Reorientation | None:
+        image = notes.get(self.of) if self.of is not None else None
+        turn = self._check_header(header, image, path)
+        # a label volume that passed lies on its image's grid: it has the image's geometry
+        notes[self.name] = (
+            _Geometry(header.shape, header.spacing, header.affine, path, header.affine_known)
+            if image is None
+            else _Geometry(image.shape, image.spacing, image.affine, path, image.affine_known)
+        )
+        return turn
 
     def _streams(self, context: SampleContext) -> bool:
         """Whether the case is compressed as it is read, never whole in memory: one slice per
@@ -138,16 +160,24 @@ class VolumeKind(Kind):
         resampled = self.resample_spacing is not None or self.resample_shape is not None
         return self.layout.rows == 1 and not resampled and not context.raw
 
-    def _encoded(self, case: Case, path: str) -> EncodedValue:
-        """The case's slices compressed a slab at a time, with its digests and statistics."""
+    def _encoded(
+        self,
+        slabs: Iterable[tuple[int, np.ndarray, str]],
+        rows: int,
+        path: str,
+        *,
+        checked: bool = False,
+    ) -> EncodedValue:
+        """The case's slices compressed a slab at a time, with its digests and statistics
+        (``checked``: its labels were checked already)."""
         from h5etl import digest, stats
         from h5etl.chunkcodec import BlockEncoder
 
         blocks, digests = [], []
         found: Any = None
         with BlockEncoder(self.layout) as encoder:
-            for start, slab, _ in case.slabs(self.layout.dtype):
-                if self.values is not None:
+            for start, slab, _ in slabs:
+                if self.values is not None and not checked:
                     check_labels(slab, self.values, path, first=start)
                 if self.with_stats:
                     part: Any = (
@@ -160,27 +190,13 @@ class VolumeKind(Kind):
                     block = slab[row : row + 1]
                     digests.append(digest.block_digest(block))
                     blocks.append(encoder.encode(block))
-        return EncodedValue(case.header.shape[0], EncodedRows(blocks, digests), found)
+        return EncodedValue(rows, EncodedRows(blocks, digests), found)
 
-    def _check_header(self, header: CaseHeader, image: _Geometry | None, path: str) -> None:
+    def _check_header(
+        self, header: CaseHeader, image: _Geometry | None, path: str
+    ) -> Reorientation | None:
         if image is not None:
-            if header.shape != image.shape:
-                raise RejectError(
-                    "size_mismatch",
-                    f"the label volume is {_zyx(header.shape)} (z, y, x), its image "
-                    f"{self.of} {_zyx(image.shape)} ({image.path})",
-                    path=path,
-                )
-            if header.geometry_known and not np.allclose(
-                header.spacing, image.spacing, rtol=GEOMETRY_TOLERANCE
-            ):
-                raise RejectError(
-                    "geometry_mismatch",
-                    f"spacing {_zyx(header.spacing)} mm, its image {self.of} has "
-                    f"{_zyx(image.spacing)} mm ({image.path})",
-                    path=path,
-                )
-            return
+            return self._against_image(header, image, path)
         if not header.geometry_known:
             raise RejectError(
                 "no_geometry",
@@ -197,21 +213,68 @@ class VolumeKind(Kind):
                 "to keep cases of other sizes",
                 path=path,
             )
+        return None
+
+    def _against_image(
+        self, header: CaseHeader, image: _Geometry, path: str
+    ) -> Reorientation | None:
+        """A label volume's grid against its image's: the same (None), the same in another
+        voxel order (how to turn it), else a ``size_mismatch`` or ``geometry_mismatch``."""
+        if not (header.affine_known and image.affine_known):  # a slice folder: spacing only
+            self._same_size(header.shape, image, path)
+            if header.geometry_known and not np.allclose(
+                header.spacing, image.spacing, rtol=GEOMETRY_TOLERANCE
+            ):
+                raise RejectError(
+                    "geometry_mismatch",
+                    f"spacing {_zyx(header.spacing)} mm, its image {self.of} has "
+                    f"{_zyx(image.spacing)} mm ({image.path})",
+                    path=path,
+                )
+            return None
+        if orient.disagreement(header.affine, image.affine, image.spacing) is None:
+            self._same_size(header.shape, image, path)
+            return None
+        turn = orient.reorientation(header.affine, header.shape, image.affine)
+        turned = "" if orient.is_identity(turn) else " in its image's voxel order"
+        self._same_size(turn.shape, image, path, turned)
+        affine = orient.reoriented_affine(header.affine, turn, header.shape)
+        if orient.disagreement(affine, image.affine, image.spacing) is not None:
+            raise RejectError(
+                "geometry_mismatch",
+                f"{self.name} {orient.described(header.affine, header.spacing)} vs its image "
+                f"{self.of} {orient.described(image.affine, image.spacing)} ({image.path}): "
+                "not the same grid, nor the same in another voxel order",
+                path=path,
+            )
+        return None if orient.is_identity(turn) else turn
+
+    def _same_size(
+        self, shape: tuple[int, int, int], image: _Geometry, path: str, turned: str = ""
+    ) -> None:
+        if shape != image.shape:
+            raise RejectError(
+                "size_mismatch",
+                f"the label volume is {_zyx(shape)} (z, y, x){turned}, its image "
+                f"{self.of} {_zyx(image.shape)} ({image.path})",
+                path=path,
+            )
 
     def _fitted(
         self,
         voxels: np.ndarray,
         spacing: tuple[float, float, float],
         affine: np.ndarray,
-        image: _Geometry | None,
+        geometry: _Geometry,
         path: str,
     ) -> tuple[np.ndarray, tuple[float, float, float], np.ndarray]:
-        """The voxels resampled as asked (a label volume as its image is), else as read."""
+        """The voxels resampled as asked (a label volume as its image is: it has its
+        image's geometry by now), else as read."""
         if self.resample_spacing is None and self.resample_shape is None:
             return voxels, spacing, affine
         shape = resampling.target_shape(
             voxels.shape,
-            image.spacing if image is not None else spacing,
+            geometry.spacing,
             to_spacing=self.resample_spacing,
             to_shape=self.resample_shape,
         )
@@ -222,6 +285,11 @@ class VolumeKind(Kind):
         fill = self.fill if self.values is None else 0
         voxels, affine = resampling.centre_plane(voxels, affine, plane, fill)
         return voxels, spacing, affine
+
+
+def _slabs_of(voxels: np.ndarray) -> Iterator[tuple[int, np.ndarray, str]]:
+    for start in range(0, len(voxels), SLAB_ROWS):
+        yield start, voxels[start : start + SLAB_ROWS], ""
 
 
 def _zyx(values: tuple[float, ...]) -> str:

@@ -52,6 +52,8 @@ class CaseHeader:
     affine: np.ndarray  # (4, 4): voxel (x, y, z, 1) -> RAS+ mm
     series_uid: str  # DICOM SeriesInstanceUID; "" for the other forms
     geometry_known: bool = True  # False: a slice folder without a sidecar (a mask's)
+    # False: the affine says nothing of orientation and origin (a slice folder: spacing only)
+    affine_known: bool = True
 
 
 @dataclass(frozen=True, slots=True)

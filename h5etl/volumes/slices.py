@@ -161,6 +161,7 @@ def open_slices(folder: str) -> SliceCase:
         np.diag([spacing[2], spacing[1], spacing[0], 1.0]),
         "",
         geometry_known=sidecar is not None,
+        affine_known=False,
     )
     slope = float((sidecar or {}).get("slope", 1))
     intercept = float((sidecar or {}).get("intercept", 0))
