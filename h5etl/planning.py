@@ -32,7 +32,11 @@ def dry_run(
 ) -> BuildReport:
     """A dry run; with a ``decoder``, every sample is decoded as a build would."""
     report, plan, watch, _ = plan_only(spec, hook, jobs, headers=decoder is None)
-    report.checks = list(PLAN_CHECKS if decoder is None else (PLAN_CHECKS[0], *DECODE_CHECKS))
+    report.checks = (
+        [*PLAN_CHECKS, *header_checks(spec)]
+        if decoder is None
+        else [PLAN_CHECKS[0], *DECODE_CHECKS]
+    )
     enforce_limit(spec, report.rejects, report.inputs)
     if decoder is not None:
         counts = dict.fromkeys(plan.splits, 0)
@@ -47,15 +51,39 @@ def dry_run(
         report.samples = counts
         watch.lap("decode")
     else:
-        report.warnings.append(
-            "pixel data, mask values and JSON sidecars were not checked (a header probe "
-            "cannot see them): the build may reject more; --dry-run --decode predicts it exactly"
-        )
+        report.warnings.extend(unchecked(spec))
     require_samples(spec, report.samples, report)
     report.warnings.extend(plan.warnings)
     report.warnings.extend(empty_split_warnings(spec, report.samples, planned(plan)))
     report.seconds = {**watch.seconds, "total": watch.total()}
     return report
+
+
+def header_checks(spec: Spec) -> list[str]:
+    """What the header probes of ``spec``'s kinds check beyond image headers, each once."""
+    from h5etl.kinds.registry import kinds_of
+
+    return list(dict.fromkeys(k.header_checks for k in kinds_of(spec) if k.probes_headers))
+
+
+def unchecked(spec: Spec) -> list[str]:
+    """What a dry run without ``--decode`` could not check, by field: what no header shows,
+    and the fields that read files no header probe reads."""
+    from h5etl.kinds.registry import kinds_of
+
+    probed = {k.name for k in kinds_of(spec) if k.probes_headers or k.probe_target()}
+    blind = [n for n, f in spec.fields.items() if f.reads_files and n not in probed]
+    lines = [
+        "pixel and voxel data, mask and label values and JSON sidecars were not checked (no "
+        "header shows them): the build may reject more; --dry-run --decode predicts it exactly"
+    ]
+    if blind:
+        shown = ", ".join(f"{n} ({spec.kind_of(n)})" for n in blind)
+        lines.append(
+            f"fields {shown}: no header probe: only their files' presence was checked without "
+            "--decode"
+        )
+    return lines
 
 
 def plan_only(

@@ -11,7 +11,7 @@ import os
 import stat
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from h5etl import geometry, images, inputs
 from h5etl.errors import RejectError
@@ -46,6 +46,7 @@ class ProbeRules:
     folders: frozenset[int] = frozenset()  # sources whose entries are folders
     # (source index, kind) of kinds that read files beside their source's (Kind.companion_paths)
     companions: tuple[tuple[int, Kind], ...] = ()
+    headers: tuple[Kind, ...] = ()  # kinds with a header probe of their own, in decode order
 
     @classmethod
     def of(cls, spec: Spec, kinds: Sequence[Kind]) -> ProbeRules:
@@ -60,11 +61,15 @@ class ProbeRules:
             for k in kinds
             if k.source_index is not None and type(k).companion_paths is not Kind.companion_paths
         )
+        from h5etl.kinds.registry import decode_order  # the parent's, as this method
+
+        ordered = (kinds[i] for i in decode_order(kinds))
         return cls(
             spec.pad.oversize == "reject",
             tuple(t for t in targets if t is not None),
             folders,
             companions,
+            tuple(k for k in ordered if k.probes_headers and k.source_index is not None),
         )
 
 
@@ -138,6 +143,14 @@ def _probe_sample(sample: Sample, rules: ProbeRules) -> ProbeOutcome:
         except RejectError as exc:
             return reject_sample(sample, exc.reason, exc.message, path)
         sizes[target.name] = (header.height, header.width)
+    notes: dict[str, Any] = {}
+    for kind in rules.headers:
+        assert kind.source_index is not None
+        path = files[kind.source_index].path
+        try:
+            kind.probe_header(path, notes)
+        except RejectError as exc:
+            return reject_sample(sample, exc.reason, exc.message, str(exc.path or path))
     stamped = _stamp_sample(sample, rules)
     if isinstance(stamped, list):
         return stamped

@@ -297,6 +297,20 @@ class Kind:
             return total
         return None
 
+    header_checks: ClassVar[str] = ""  # what ``probe_header`` checks, for the dry run's summary
+
+    def probe_header(self, path: str, notes: dict[str, Any]) -> object:
+        """A dry run's check of what this field's headers show, without decoding (a kind
+        that reads its own files: a volume's slice order, shapes, grid): raise
+        ``RejectError`` as ``decode`` would, with the same reason; ``notes`` as in decode
+        (what the fields probed before it learnt). Kinds that override it set
+        ``header_checks``; the others have none (``probes_headers``)."""
+        return None
+
+    @property
+    def probes_headers(self) -> bool:
+        return type(self).probe_header is not Kind.probe_header
+
     def probe_target(self) -> ProbeTarget | None:
         """What a header probe can check of this field without decoding it; None: nothing
         (the field reads no image file)."""

@@ -63,6 +63,11 @@ class _Geometry:
 @dataclass(frozen=True, slots=True)
 class VolumeKind(Kind):
     kind: ClassVar[str] = "volume"
+    header_checks: ClassVar[str] = (
+        "volume headers (files that are no DICOM or NIfTI, mixed series, missing or uneven "
+        "slices, NIfTI shape and size, slice_shape, a label volume's shape and grid against "
+        "its image's)"
+    )
     layout: ChunkLayout  # shape: the (y, x) of a slice; chunks (slices, tile y, tile x)
     form: str = "auto"
     values: tuple[int, ...] | None = None

@@ -90,6 +90,8 @@ def open_nifti(path: str) -> NiftiCase:
         try:
             stream = gzip.GzipFile(fileobj=handle) if magic == _GZIP_MAGIC else handle
             head = stream.read(_HEAD)
+            # a plain .nii shows its truncation in its size (a .nii.gz only when read)
+            size = None if magic == _GZIP_MAGIC else handle.seek(0, io.SEEK_END)
         except (OSError, EOFError, zlib.error) as exc:
             raise RejectError("unreadable", f"cannot read: {exc}", path=path) from exc
     header = _parse_header(nibabel, head, path)
@@ -104,6 +106,9 @@ def open_nifti(path: str) -> NiftiCase:
     case_header = CaseHeader(
         "nifti", _shape(header, path), (zooms[2], zooms[1], zooms[0]), affine, ""
     )
+    end = int(header.get_data_offset()) + int(np.prod(case_header.shape)) * dtype.itemsize
+    if size is not None and size < end:
+        raise RejectError("truncated", f"the file ends {end - size} bytes early", path=path)
     return NiftiCase(
         path,
         case_header,
