@@ -25,9 +25,11 @@ __all__ = ["app", "main"]
 def validate(config: ConfigArgument) -> None:
     """Check CONFIG without building."""
     from h5etl.config import check_tables, load_spec
+    from h5etl.kinds.registry import check_installed
 
     spec = _run(lambda: load_spec(config))
     _run(lambda: check_tables(spec))  # a broken table is the config's problem, found now
+    _run(lambda: check_installed(spec))  # a missing extra too
     fields = ", ".join(f"{name} ({spec.kind_of(name)})" for name in spec.fields)
     _say(f"{config}: OK ({spec.name}: fields {fields}; splits {', '.join(spec.splits)})")
     for name, kind in spec.inferred_kinds.items():
@@ -114,6 +116,7 @@ def demo_command(
         _say(examples.names_line())
         raise typer.Exit(2)
     _run(lambda: examples.find(example))
+    _run(lambda: examples.check_installed(example))  # before anything is made
     where = folder if folder is not None else examples.default_folder(example)
     config = _run(lambda: examples.prepare(where, example))
     _say(f"demo config: {config}")

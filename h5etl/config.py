@@ -225,8 +225,10 @@ def inferred_kinds(data: Mapping[str, Any]) -> dict[str, str]:
     }
 
 
-def parse_spec(data: Mapping[str, Any], *, config_path: Path) -> Spec:
-    """Validate an already-parsed config mapping, as ``load_spec`` does after reading YAML.
+def parse_spec(data: Mapping[str, Any], *, config_path: Path, check_paths: bool = True) -> Spec:
+    """Validate an already-parsed config mapping, as ``load_spec`` does after reading YAML;
+    ``check_paths=False``: its folders and tables need not exist yet (an example's, before
+    ``demo`` writes them).
 
     Raises:
         ConfigError: one line per problem, naming the file and the dotted key.
@@ -249,6 +251,8 @@ def parse_spec(data: Mapping[str, Any], *, config_path: Path) -> Spec:
         written_paths=written,
         inferred_kinds=inferred_kinds(merged),
     )
+    if not check_paths:
+        return spec
     missing = [
         origin.line(Found((("sources", name, "dir"),), f"folder does not exist: {src.dir}"))
         for name, src in spec.sources.items()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from collections.abc import Callable
@@ -86,6 +87,7 @@ def lay_out(folder: Path, shipped_config: Path, write: Callable[[Path], object])
     """
     config = folder / shipped_config.name
     shipped = shipped_config.read_bytes()
+    made: list[Path] = []  # what this call created, undone if writing the raw folder fails
     if config.is_symlink() or config.exists():
         if not config.is_file() or config.read_bytes() != shipped:
             raise UsageError(
@@ -101,12 +103,25 @@ def lay_out(folder: Path, shipped_config: Path, write: Callable[[Path], object])
                 f"demo; give --dir a new or empty folder",
                 path=folder,
             )
+        if not folder.exists():
+            made.append(folder)
         folder.mkdir(parents=True, exist_ok=True)
         _write_atomically(config, shipped)
+        made.append(config)
     if not (folder / "raw").exists():
         staging = folder / f".raw.partial-{os.getpid()}"
         shutil.rmtree(staging, ignore_errors=True)
-        write(staging)
+        try:
+            write(staging)
+        except BaseException:  # no half-made demo folder, whatever stopped the writer
+            shutil.rmtree(staging, ignore_errors=True)
+            for path in reversed(made):
+                with contextlib.suppress(OSError):
+                    if path.is_dir():
+                        path.rmdir()  # only if empty: nothing of anyone else's goes
+                    else:
+                        path.unlink()
+            raise
         os.replace(staging, folder / "raw")  # a demo killed while writing leaves no raw/
     return config
 

@@ -38,6 +38,7 @@ from h5etl.buildparts import (
     source_roots,
 )
 from h5etl.errors import BuildFailed, ResumeMismatch
+from h5etl.kinds import registry
 from h5etl.planning import ProgressHook
 from h5etl.release import OutputFolder
 from h5etl.report import (
@@ -97,12 +98,14 @@ def build(
         BuildFailed: rejects under ``on_error: fail`` or past ``max_rejects``, or nothing to
             store; a real build writes the per-file rejects first (``BuildFailed.report``).
         LockHeld: another build of the same name is writing to the same folder.
+        ConfigError: an optional library the fields are read with is not installed.
         SinkError, ReleaseError: the file could not be written or published.
         ClusterError: the Dask cluster cannot run the build.
         ShardError: a shard writer died twice, or a shard does not hold what it committed.
     """
     hook = progress or (lambda stage, advance, total: None)
     epoch = reproducible.source_date_epoch()  # a malformed one fails now, not after the work
+    registry.check_installed(spec)  # a missing extra too, not as a reject per sample
     if dry_run and not decode:
         workers.warm_up(jobs)  # the header probes run there
         return planning.dry_run(spec, hook, jobs, None)

@@ -28,6 +28,7 @@ __all__ = [
     "Broken",
     "Example",
     "Maker",
+    "check_installed",
     "default_folder",
     "find",
     "names_line",
@@ -72,6 +73,23 @@ def default_folder(name: str) -> Path:
     """Where ``h5etl demo`` puts an example without ``--dir``: ``h5etl-demo`` for the cells,
     ``h5etl-<name>`` for the others."""
     return Path("h5etl-demo" if name == DEFAULT else f"h5etl-{name}")
+
+
+def check_installed(name: str) -> None:
+    """The optional libraries example ``name``'s fields are read with (and its raw folder is
+    written with) are installed: checked before ``prepare`` makes anything.
+
+    Raises:
+        ConfigError: one line naming the libraries and the extra (exit code 2).
+    """
+    import yaml
+
+    from h5etl.config import parse_spec
+    from h5etl.kinds.registry import check_installed as installed
+
+    shipped = resources.example_config(find(name).config)
+    data = yaml.safe_load(shipped.read_text(encoding="utf-8"))
+    installed(parse_spec(data, config_path=shipped, check_paths=False))
 
 
 def prepare(folder: Path, name: str = DEFAULT) -> Path:

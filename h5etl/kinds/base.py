@@ -212,6 +212,12 @@ class Kind:
         return (type(self).__module__,)
 
     @property
+    def optional_modules(self) -> tuple[str, ...]:
+        """The optional libraries (an extra of h5etl, ``h5etl.extras``) this field is read
+        with: a config whose libraries are missing is refused before any work."""
+        return ()
+
+    @property
     def multi_column(self) -> bool:
         """Whether ``decode`` returns a dict by column name (not the one column's value)."""
         columns = self.columns

@@ -9,7 +9,9 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from h5etl import extras
 from h5etl.chunkcodec import ChunkLayout, Codec
+from h5etl.errors import ConfigError
 from h5etl.fieldspecs import (
     ImageField,
     LabelField,
@@ -189,6 +191,30 @@ def kinds_of(spec: Spec) -> tuple[Kind, ...]:
 def worker_modules(spec: Spec) -> tuple[str, ...]:
     """What a worker imports to decode ``spec``'s fields, each module once."""
     return tuple(dict.fromkeys(m for kind in kinds_of(spec) for m in kind.worker_modules))
+
+
+def check_installed(spec: Spec) -> None:
+    """Every optional library ``spec``'s fields are read with is installed (``h5etl
+    validate``, every build and dry run, ``demo``): found before any work, not as a reject
+    per sample.
+
+    Raises:
+        ConfigError: one line naming the fields, the libraries and the extra to install.
+    """
+    missing: dict[str, list[str]] = {}  # module -> the fields that need it
+    for kind in kinds_of(spec):
+        for module in kind.optional_modules:
+            if not extras.installed(module):
+                missing.setdefault(module, []).append(kind.name)
+    if not missing:
+        return
+    fields = dict.fromkeys(name for names in missing.values() for name in names)
+    kinds = dict.fromkeys(spec.kind_of(name) for name in fields)
+    raise ConfigError(
+        f"fields {', '.join(fields)} ({', '.join(kinds)}) are read with "
+        f"{' and '.join(missing)}, not installed here: {extras.install_hint(missing)}",
+        path=spec.config_file,
+    )
 
 
 def decode_order(kinds: Sequence[Kind]) -> tuple[int, ...]:

@@ -108,6 +108,16 @@ class VolumeKind(Kind):
         return (__name__, *readers, *(lib for form in forms for lib in FORM_LIBRARIES[form]))
 
     @property
+    def optional_modules(self) -> tuple[str, ...]:
+        forms = tuple(FORM_LIBRARIES) if self.form == "auto" else (self.form,)  # auto: any
+        found = [lib for form in forms for lib in FORM_LIBRARIES[form]]
+        if self.values is not None and self.form != "slices":
+            found.append("nibabel")  # brings a label volume onto its image's grid (orient)
+        if self.resample_spacing is not None or self.resample_shape is not None:
+            found.append("scipy")
+        return tuple(dict.fromkeys(found))
+
+    @property
     def sample_nbytes(self) -> int:
         y, x = self.layout.shape
         return TYPICAL_SLICES * y * x * np.dtype(self.layout.dtype).itemsize
