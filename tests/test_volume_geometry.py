@@ -30,7 +30,8 @@ IMAGE_AFFINE = np.array(
 def flip_x(affine: np.ndarray, width: int) -> np.ndarray:
     """The affine of the same grid stored with its x axis reversed: voxel x' = width - 1 - x."""
     step = np.array([[-1, 0, 0, width - 1], [0, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1]], float)
-    return affine @ step
+    out: np.ndarray = affine @ step
+    return out
 
 
 NIFTI = {"glob": "*.nii.gz"}
@@ -148,13 +149,13 @@ def test_a_mask_on_another_grid_is_a_geometry_mismatch_in_build_and_dry_runs(
     flipped = IMAGE_AFFINE @ np.diag([-1.0, 1.0, 1.0, 1.0])
     write_nifti(tmp_path / "raw/masks/flipped.nii.gz", labels[:, :, ::-1], affine=flipped)
     spec = h5etl.load_spec(config(tmp_path))
-    for kwargs in ({"dry_run": True}, {"dry_run": True, "decode": True}, {}):
-        report = h5etl.build(spec, jobs=1, **kwargs)
+    for dry_run, decode in ((True, False), (True, True), (False, False)):
+        report = h5etl.build(spec, jobs=1, dry_run=dry_run, decode=decode)
         reasons = {Path(r.path).name: r.reason for r in report.rejects}
         assert reasons == {
             "shifted.nii.gz": "geometry_mismatch",
             "flipped.nii.gz": "geometry_mismatch",
-        }, kwargs
+        }, (dry_run, decode)
         detail = {Path(r.path).name: r.detail for r in report.rejects}
         assert "mask RAS" in detail["shifted.nii.gz"]
         assert "origin (-35, 12, 30)" in detail["shifted.nii.gz"]

@@ -84,8 +84,9 @@ def reorientation(affine: np.ndarray, shape: Shape, image_affine: np.ndarray) ->
 def reoriented_affine(affine: np.ndarray, turn: Reorientation, shape: Shape) -> np.ndarray:
     """``affine`` of a volume of ``shape`` (z, y, x) after ``turn``: the same world points."""
     orientations = medical("nibabel").orientations
-    step: np.ndarray = orientations.inv_ornt_aff(turn.transform, shape[::-1])
-    return np.asarray(affine, dtype=np.float64) @ step
+    step = np.asarray(orientations.inv_ornt_aff(turn.transform, shape[::-1]), np.float64)
+    out: np.ndarray = np.asarray(affine, dtype=np.float64) @ step
+    return out
 
 
 def is_identity(turn: Reorientation) -> bool:
