@@ -108,3 +108,31 @@ def test_the_dry_run_says_what_it_checked_and_what_not(tmp_path: Path) -> None:
     assert "volume headers (" in out
     assert "voxel data" in out  # what no header shows, said plainly
     assert "--dry-run --decode predicts it exactly" in out
+
+
+def test_the_dry_run_names_fields_no_header_probe_reads(tmp_path: Path) -> None:
+    # a sensor series has no header probe: the dry run says so, naming the field
+    for name in ("a", "b"):
+        folder = tmp_path / "raw/rec" / name
+        folder.mkdir(parents=True)
+        np.save(folder / "accel.npy", np.zeros((100, 3), np.float32))
+    data: dict[str, Any] = {
+        "name": "vib",
+        "pipeline": "series",
+        "sources": {"rec": {"dir": "raw/rec", "entries": "folders"}},
+        "splits": {"train": 1.0},
+        "fields": {
+            "rec": {
+                "kind": "series",
+                "channels": {"accel": {"file": "accel.npy", "rate_hz": 50, "shape": [3]}},
+            },
+            "filename": {"kind": "text"},
+        },
+    }
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False), "utf-8")
+    report = h5etl.build(h5etl.load_spec(path), jobs=1, dry_run=True)
+    assert any(w.startswith("fields rec (series): no header probe") for w in report.warnings), (
+        report.warnings
+    )
+    assert not any(c.startswith("volume headers") for c in report.checks)
