@@ -296,11 +296,12 @@ def check_tables(spec: Spec) -> None:
             raise ConfigError(f"{exc.message} (fields.{name}.from.table)", path=exc.path) from exc
 
 
-def load_spec(path: Path | str) -> Spec:
+def load_spec(path: Path | str, *, check_paths: bool = True) -> Spec:
     """Read, merge and validate a build config.
 
     Parameters:
         path: the config YAML; relative paths inside it are resolved against its folder.
+        check_paths: False: its source folders and tables need not exist (yet).
 
     Returns:
         The frozen ``Spec``.
@@ -309,4 +310,5 @@ def load_spec(path: Path | str) -> Spec:
         ConfigError: the file is missing, not YAML, or breaks a rule (exit code 2).
     """
     config_path = Path(path).absolute()
-    return parse_spec(_read_yaml_mapping(config_path, "config"), config_path=config_path)
+    data = _read_yaml_mapping(config_path, "config")
+    return parse_spec(data, config_path=config_path, check_paths=check_paths)

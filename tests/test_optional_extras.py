@@ -102,6 +102,7 @@ def test_the_demo_without_the_medical_extra_makes_no_folder(tmp_path: Path) -> N
         str(target),
     )
     line = one_line(done)
+    assert line.startswith("h5etl: error: example ct-volumes: fields ct, mask (volume)")
     assert "pydicom and nibabel" in line
     assert not target.exists()
 

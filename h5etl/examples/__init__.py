@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 
 from h5etl import demo, resources
-from h5etl.errors import UsageError
+from h5etl.errors import ConfigError, UsageError
 from h5etl.examples import classify as classify
 from h5etl.examples import medical as medical
 from h5etl.examples import scenes as scenes
@@ -82,14 +82,14 @@ def check_installed(name: str) -> None:
     Raises:
         ConfigError: one line naming the libraries and the extra (exit code 2).
     """
-    import yaml
-
-    from h5etl.config import parse_spec
+    from h5etl.config import load_spec
     from h5etl.kinds.registry import check_installed as installed
 
     shipped = resources.example_config(find(name).config)
-    data = yaml.safe_load(shipped.read_text(encoding="utf-8"))
-    installed(parse_spec(data, config_path=shipped, check_paths=False))
+    try:
+        installed(load_spec(shipped, check_paths=False))
+    except ConfigError as exc:  # the example by its name, not the shipped file's path
+        raise ConfigError(f"example {name}: {exc.message}") from exc
 
 
 def prepare(folder: Path, name: str = DEFAULT) -> Path:
