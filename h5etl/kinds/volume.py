@@ -4,8 +4,10 @@ Its columns: the voxels (a ragged column: values of every case end to end, chunk
 in-plane tiles, offsets beside), and row-aligned per case ``<field>_spacing`` (z, y, x) mm,
 ``<field>_affine`` (4, 4) (voxel (x, y, z, 1) -> RAS+ mm, nibabel's convention) and
 ``<field>_series_uid`` (DICOM SeriesInstanceUID, "" for the other forms). A label volume
-(``values``) must have the shape of its image volume (``of``), checked on the headers before
-any of its voxels is decoded. The kind reads its own files (a folder is no byte string), a
+(``values``) must lie on its image volume's (``of``) voxel grid, checked on the headers before
+any of its voxels is decoded (``probe_header``, which a dry run runs alone): one stored in
+another voxel order is turned onto it exactly (``h5etl.volumes.orient``), and is stored with
+its image's spacing and affine. The kind reads its own files (a folder is no byte string), a
 slab at a time, and gives decode the lineage digest of what it read.
 """
 
