@@ -5,6 +5,7 @@ Real NIfTI (nibabel) and DICOM (pydicom) files; expectations from the arrays wri
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ import h5etl
 from h5etl import fileformat
 from h5etl.check import check_release
 from h5etl.examples.volumes import AIR, BONE, TISSUE, ct_case, write_dicom_series, write_nifti
+from h5etl.volumes import orient
 
 SHAPE = (6, 12, 14)  # (z, y, x)
 SPACING = (2.5, 0.8, 0.7)
@@ -197,3 +199,40 @@ def test_the_flipped_test_file_is_the_same_grid_to_nibabel(
     canonical = nibabel.as_closest_canonical(image)
     assert np.allclose(canonical.affine, IMAGE_AFFINE)
     assert np.array_equal(np.asarray(canonical.dataobj).transpose(2, 1, 0), labels)
+
+
+def test_every_voxel_order_is_brought_back_exactly() -> None:
+    # the pure rule, for all 48 axis orders and flips of a (z, y, x) label volume: a voxel
+    # stored elsewhere lands where its world position says (the index maps are computed
+    # here from np.indices, independently of nibabel)
+    labels = np.arange(3 * 4 * 5, dtype=np.uint8).reshape(3, 4, 5)  # (z, y, x), all distinct
+    xyz = labels.transpose(2, 1, 0)
+    where = np.indices(xyz.shape)  # (3, x, y, z): each voxel's own (x, y, z) index
+    for axes in itertools.permutations(range(3)):
+        for flips in itertools.product((False, True), repeat=3):
+            moved, index = xyz.transpose(axes), where.transpose(0, *(a + 1 for a in axes))
+            for axis, flip in enumerate(flips):
+                if flip:
+                    moved, index = np.flip(moved, axis), np.flip(index, axis + 1)
+            # the stored voxel j holds the image's voxel index[:, j]: an affine map
+            step = np.eye(4)
+            step[:3, 3] = index[:, 0, 0, 0]
+            origin = index[:, 0, 0, 0]
+            step[:3, 0] = index[:, 1, 0, 0] - origin
+            step[:3, 1] = index[:, 0, 1, 0] - origin
+            step[:3, 2] = index[:, 0, 0, 1] - origin
+            affine = IMAGE_AFFINE @ step
+            stored = np.ascontiguousarray(moved.transpose(2, 1, 0))  # (z, y, x) as filed
+            shape = (stored.shape[0], stored.shape[1], stored.shape[2])
+            turn = orient.reorientation(affine, shape, IMAGE_AFFINE)
+            assert turn is not None
+            assert np.array_equal(turn.apply(stored), labels), (axes, flips)
+            back = orient.reoriented_affine(affine, turn, shape)
+            assert orient.disagreement(back, IMAGE_AFFINE, SPACING) is None
+
+
+def test_a_degenerate_affine_is_no_voxel_order() -> None:
+    flat = IMAGE_AFFINE @ np.diag([0.0, 1.0, 1.0, 1.0])  # an x axis of length 0
+    assert orient.reorientation(flat, SHAPE, IMAGE_AFFINE) is None
+    assert orient.axis_codes(flat) == "?AS"
+    assert orient.disagreement(flat, IMAGE_AFFINE, SPACING) == "orientation"

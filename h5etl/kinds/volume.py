@@ -253,18 +253,23 @@ class VolumeKind(Kind):
             self._same_size(header.shape, image, path)
             return None
         turn = orient.reorientation(header.affine, header.shape, image.affine)
+        if turn is None:
+            raise self._off_grid(header, image, path)
         turned = "" if orient.is_identity(turn) else " in its image's voxel order"
         self._same_size(turn.shape, image, path, turned)
         affine = orient.reoriented_affine(header.affine, turn, header.shape)
         if orient.disagreement(affine, image.affine, image.spacing) is not None:
-            raise RejectError(
-                "geometry_mismatch",
-                f"{self.name} {orient.described(header.affine, header.spacing)} vs its image "
-                f"{self.of} {orient.described(image.affine, image.spacing)} ({image.path}): "
-                "not the same grid, nor the same in another voxel order",
-                path=path,
-            )
+            raise self._off_grid(header, image, path)
         return None if orient.is_identity(turn) else turn
+
+    def _off_grid(self, header: CaseHeader, image: _Geometry, path: str) -> RejectError:
+        return RejectError(
+            "geometry_mismatch",
+            f"{self.name} {orient.described(header.affine, header.spacing)} vs its image "
+            f"{self.of} {orient.described(image.affine, image.spacing)} ({image.path}): "
+            "not the same grid, nor the same in another voxel order",
+            path=path,
+        )
 
     def _same_size(
         self, shape: tuple[int, int, int], image: _Geometry, path: str, turned: str = ""

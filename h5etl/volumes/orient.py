@@ -45,7 +45,7 @@ def axis_codes(affine: np.ndarray) -> str:
     codes = []
     for column in np.asarray(affine, dtype=np.float64)[:3, :3].T:
         axis = int(np.argmax(np.abs(column)))
-        codes.append(letters[axis][int(column[axis] > 0)])
+        codes.append(letters[axis][int(column[axis] > 0)] if column[axis] else "?")
     return "".join(codes)
 
 
@@ -67,13 +67,19 @@ def disagreement(affine: np.ndarray, other: np.ndarray, spacing: tuple[float, ..
     return None
 
 
-def reorientation(affine: np.ndarray, shape: Shape, image_affine: np.ndarray) -> Reorientation:
+def reorientation(
+    affine: np.ndarray, shape: Shape, image_affine: np.ndarray
+) -> Reorientation | None:
     """The transform that puts a volume of ``shape`` (z, y, x) and ``affine`` into the voxel
-    order of ``image_affine`` (identity when they already share it)."""
+    order of ``image_affine`` (identity when they already share it); None when no axis
+    order maps one onto the other (a degenerate affine: an axis of length 0)."""
     orientations = medical("nibabel").orientations
-    transform = orientations.ornt_transform(
-        orientations.io_orientation(affine), orientations.io_orientation(image_affine)
-    )
+    try:
+        transform = orientations.ornt_transform(
+            orientations.io_orientation(affine), orientations.io_orientation(image_affine)
+        )
+    except ValueError:  # nibabel: "Unable to find out axis ..." (a NaN row)
+        return None
     xyz = shape[::-1]
     after = [0, 0, 0]
     for axis, (target, _) in enumerate(transform):
