@@ -88,6 +88,10 @@ class VolumeKind(Kind):
         if self.values is not None:
             attrs["values"] = list(self.values)
             attrs["of"] = self.of or ""
+            # its voxels lie on its image's grid (turned there if stored otherwise); older
+            # releases stored them as they lay, so their layout differs and no build carries
+            # their label volumes forward
+            attrs["on_grid_of"] = self.of or ""
         return {
             self.name: RaggedColumn(self.layout, attrs, stats, None),
             f"{self.name}_spacing": ScalarColumn("float64", (3,), {"axes": "zyx", "units": "mm"}),
