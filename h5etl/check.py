@@ -19,7 +19,7 @@ from typing import Any
 import h5py
 import hdf5plugin  # noqa: F401  (registers the Blosc/Zstd filters for reading)
 
-from h5etl import check_deep, check_ragged, fileformat, hdf5info
+from h5etl import check_deep, check_ragged, fileformat, hdf5info, partfiles
 from h5etl.check_fields import field_lines, grid_problems, group_lines
 from h5etl.fileformat import (
     BLOCK_DIGESTS,
@@ -150,6 +150,8 @@ def check_release(path: Path, *, deep: bool = False) -> CheckReport:
         record = LayoutRecord(fileformat.DEFAULT_TEMPLATE, (), {}, inferred=True)
         with _section(report, f"root attr {fileformat.LAYOUT_ATTR!r}"):
             record = _layout(handle, report)
+        with _section(report, f"root attr {fileformat.PARTS_ATTR!r}"):
+            _parts_section(handle, report)
         expected = _diagnostics(handle, report)
         if not expected:
             report.problem(f"no /{DIAGNOSTICS_DATASETS}: not an h5etl release, or damaged")
@@ -169,6 +171,20 @@ def check_release(path: Path, *, deep: bool = False) -> CheckReport:
             report.lines.append(report.deep.line)
     _empty_section(counts, report)
     return report
+
+
+def _parts_section(handle: h5py.File, report: CheckReport) -> None:
+    """A virtual release's part files: each there, of its recorded size and identity, holding
+    what is mapped onto it (HDF5 would read a missing part's rows as zeros, silently)."""
+    names = partfiles.mapped_files(handle)
+    if not names:
+        return
+    problems = partfiles.part_problems(handle, thorough=True)
+    for problem in problems:
+        report.problem(problem)
+    state = f"{len(problems)} with a problem" if problems else "all there and as built"
+    files = f"{len(names)} part file{'s' * (len(names) != 1)}"
+    report.lines.append(f"parts: the release maps {files} beside it, {state}")
 
 
 def _splits_section(

@@ -216,13 +216,15 @@ def prune(
 def prune_lines(plan: PrunePlan) -> list[str]:
     lines = []
     for entry in plan.entries:
-        name = entry.files[0].name
+        name = entry.files[0].name if entry.files else f"v{entry.version:04d}"
         if entry.kept:
             lines.append(f"keep    {name}  ({entry.kept})")
         else:
             verb = "deleted" if plan.applied else "delete"
             extra = "".join(f" + {path.name}" for path in entry.files[1:])
-            lines.append(f"{verb:<7} {name}{extra}  {human_size(entry.size)}")
+            held = ", ".join(path.name for path in entry.held)
+            kept = f"  (keeps {held}: a release that stays maps it)" if held else ""
+            lines.append(f"{verb:<7} {name}{extra}  {human_size(entry.size)}{kept}")
     count, size = len(plan.removed), human_size(plan.freed)
     if plan.applied:
         lines.append(f"deleted {count} releases, {size} freed")

@@ -43,6 +43,7 @@ BOOKKEEPING = frozenset(
         fileformat.FINGERPRINT_ATTR,
         fileformat.SPLIT_POLICY_ATTR,  # its choices are config keys; its counts, the samples'
         fileformat.PARENT_ATTR,  # what an incremental build reused: bookkeeping
+        fileformat.PARTS_ATTR,  # a virtual release's part files: named after its version
         *fileformat.STORY_ATTRS,
     }
 )

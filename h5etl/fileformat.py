@@ -27,6 +27,7 @@ __all__ = [
     "LAYOUT_ATTR",
     "LINEAGE",
     "PARENT_ATTR",
+    "PARTS_ATTR",
     "REJECTS_DATASET",
     "REJECT_COLUMNS",
     "REQUIRED_ATTRS",
@@ -77,6 +78,11 @@ SPLIT_POLICY_ATTR = "split_policy"
 # version, source_fingerprint, samples_reused, bytes_reused (stored chunk bytes copied),
 # samples_decoded; absent when the build decoded everything
 PARENT_ATTR = "parent"
+# Root attribute, JSON, of a virtual release (build --shards K --vds): its part files in write
+# order, each {file, bytes, shard, index} (h5etl.partfiles); the identity is what each part
+# carries as its own root attributes SHARD_ATTR and SHARD_INDEX_ATTR.
+PARTS_ATTR = "parts"
+SHARD_ATTR, SHARD_INDEX_ATTR = "h5etl_shard", "shard_index"
 # The release's story (root attributes; releases before them carry none): its notes, the
 # release it was built after and the semantic label of the change from it (h5etl.diff).
 NOTES_ATTR = "notes"

@@ -388,6 +388,8 @@ def _write(
             attrs = provenance.file_attrs(spec, version, fingerprint, report.created_at)
             attrs[fileformat.LAYOUT_ATTR] = record.to_json()
             attrs[fileformat.SPLIT_POLICY_ATTR] = json.dumps(plan.policy)
+            if isinstance(earlier, Shards) and virtual:  # what check and the readers verify
+                attrs[fileformat.PARTS_ATTR] = earlier.part_record()
             if carried is not None:
                 facts = carry.facts(carried, report.reused_bytes, sum(report.samples.values()))
                 attrs[fileformat.PARENT_ATTR] = json.dumps(facts)

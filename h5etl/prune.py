@@ -2,7 +2,9 @@
 
 ``prune(folder, keep=N)`` plans: per release name, the N newest versions stay, and so does the
 version the link points at, however old; the other releases go, each with the files beside
-it (rejects report, build facts; such files left without their release go too). A dry run
+it (rejects report, build facts, carry record, a virtual release's part files; such files
+left without their release go too). A part goes with its release, but never while a release
+that stays still maps it (``partfiles``: its record and its virtual datasets). A dry run
 by default; with ``apply`` it takes each name's build lock (a running build is never pruned
 under), plans again under it and deletes through ``release.py``, the only module that
 deletes release files.
@@ -10,10 +12,13 @@ deletes release files.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from h5etl import release
+import h5py
+
+from h5etl import partfiles, release
 from h5etl.errors import ReleaseUsageError
 
 __all__ = ["PrunePlan", "Pruned", "prune"]
@@ -21,13 +26,15 @@ __all__ = ["PrunePlan", "Pruned", "prune"]
 
 @dataclass(frozen=True, slots=True)
 class Pruned:
-    """One version of one name: kept (and why) or deleted, with its files and their bytes."""
+    """One version of one name: kept (and why) or deleted, with its files and their bytes
+    (planned; once applied, the files deleted and the bytes that freed)."""
 
     name: str
     version: int
     files: tuple[Path, ...]
     size: int
     kept: str = ""  # why it stays: "newest 3", "linked"; empty when it goes
+    held: tuple[Path, ...] = ()  # its files that stay: a release that stays maps them
 
 
 @dataclass(slots=True)
@@ -46,7 +53,7 @@ class PrunePlan:
         return sum(e.size for e in self.removed)
 
 
-def _size(paths: list[Path]) -> int:
+def _size(paths: Iterable[Path]) -> int:
     total = 0
     for path in paths:
         try:
@@ -56,13 +63,27 @@ def _size(paths: list[Path]) -> int:
     return total
 
 
+def _mapped(path: Path) -> list[Path]:
+    """The part files the release at ``path`` maps or records, that are in its folder (a
+    release that cannot be read maps none: its own parts are still found by name)."""
+    try:
+        with h5py.File(path, "r") as handle:
+            names = partfiles.mapped_files(handle)
+            names += [part.file for part in partfiles.read_parts(handle) or []]
+    except (OSError, ValueError):
+        return []
+    found = (path.parent / name for name in dict.fromkeys(names))
+    return [p for p in found if p.parent == path.parent and p.is_file()]
+
+
 def _plan_name(output: release.OutputFolder, keep: int) -> list[Pruned]:
     existing = release.versions(output.folder, output.name)
     linked = release.current_version(output.link)
     newest = set(sorted(existing)[-keep:])
     out = []
     for version, path in existing.items():
-        files = [path, *release.companions(output.folder, output.name, version)]
+        beside = release.companions(output.folder, output.name, version)
+        files = list(dict.fromkeys([path, *beside, *_mapped(path)]))
         why = ", ".join(
             reason
             for reason, holds in (
@@ -74,7 +95,35 @@ def _plan_name(output: release.OutputFolder, keep: int) -> list[Pruned]:
         out.append(Pruned(output.name, version, tuple(files), _size(files), why))
     for version, left in release.orphans(output.folder, output.name).items():
         out.append(Pruned(output.name, version, tuple(left), _size(left)))
-    return sorted(out, key=lambda e: e.version)
+    needed = {path for entry in out if entry.kept for path in entry.files}
+    out = [_without(entry, needed) for entry in out]
+    return sorted((e for e in out if e.files), key=lambda e: e.version)
+
+
+def _without(entry: Pruned, needed: set[Path]) -> Pruned:
+    """A release that goes, without the files a release that stays needs (its parts)."""
+    if entry.kept:
+        return entry
+    if entry.files[0] in needed:  # a release that stays maps onto this one's file itself
+        return Pruned(entry.name, entry.version, entry.files, entry.size, "a kept release maps it")
+    files = tuple(p for p in entry.files if p not in needed)
+    held = tuple(p for p in entry.files if p in needed)
+    return Pruned(entry.name, entry.version, files, _size(files), held=held)
+
+
+def _apply(output: release.OutputFolder, entries: list[Pruned]) -> list[Pruned]:
+    """Delete what ``entries`` plan; each entry then lists what was deleted and freed."""
+    out = []
+    for entry in entries:
+        if entry.kept:
+            out.append(entry)
+            continue
+        removed = output.remove_release(entry.version, entry.files)
+        files = tuple(path for path, _ in removed)
+        out.append(
+            Pruned(entry.name, entry.version, files, sum(n for _, n in removed), "", entry.held)
+        )
+    return out
 
 
 def prune(folder: Path, *, keep: int, apply: bool = False) -> PrunePlan:
@@ -96,9 +145,5 @@ def prune(folder: Path, *, keep: int, apply: bool = False) -> PrunePlan:
             plan.entries.extend(_plan_name(output, keep))
             continue
         with output.locked():  # planned again under the lock: a build may just have ended
-            entries = _plan_name(output, keep)
-            for entry in entries:
-                if not entry.kept:
-                    output.remove_release(entry.version)
-        plan.entries.extend(entries)
+            plan.entries.extend(_apply(output, _plan_name(output, keep)))
     return plan

@@ -24,6 +24,7 @@ from h5etl.release_naming import (
     ReleaseInfo,
     current_version,
     facts_filename,
+    is_release_name,
     link_filename,
     part_filename,
     rejects_filename,
@@ -209,11 +210,15 @@ class OutputFolder:
             return None
         return record if isinstance(record, dict) else None
 
-    def remove_release(self, version: int) -> list[Path]:
-        """Delete release ``version`` and the files beside it; call under the lock (prune).
+    def remove_release(self, version: int, beside: Iterable[Path] = ()) -> list[tuple[Path, int]]:
+        """Delete release ``version`` (when it is there), then the files ``beside`` it that
+        the caller found (its report, facts, carry record, parts: ``prune``); call under the
+        lock. Returns each file deleted with the bytes that freed (0 for a file that has
+        other hard links: its data stays).
 
         Raises:
-            ReleaseUsageError: the link points at that version (exit code 2).
+            ReleaseUsageError: the link points at that version, or a file ``beside`` is not
+                in this folder or is a release itself (exit code 2).
             ReleaseError: a file could not be deleted.
         """
         if current_version(self.link) == version:
@@ -221,22 +226,27 @@ class OutputFolder:
                 f"v{version:04d} is the release {self.link.name} points at; it is never deleted",
                 path=self.folder,
             )
+        files = [self.folder / release_filename(self.name, version)]
+        for path in beside:
+            if path == files[0]:
+                continue
+            if path.parent != self.folder or is_release_name(path.name) or path == self.link:
+                raise ReleaseUsageError(
+                    "not a file beside a release of this folder; never deleted", path=path
+                )
+            files.append(path)
         removed = []
         # the release first: a prune stopped half-way leaves a report, never a release
-        # whose report is gone
-        for path in (
-            self.folder / release_filename(self.name, version),
-            self.folder / rejects_filename(self.name, version),
-            self.folder / facts_filename(self.name, version),
-            self.carry_path(version),
-        ):
+        # whose report (or part) is gone
+        for path in dict.fromkeys(files):
             try:
+                info = path.lstat()
                 path.unlink()
             except FileNotFoundError:
                 continue
             except OSError as exc:
                 raise ReleaseError(f"cannot delete it: {io_problem(exc)}", path=path) from exc
-            removed.append(path)
+            removed.append((path, info.st_size if info.st_nlink <= 1 else 0))
         _fsync_dir(self.folder)
         return removed
 

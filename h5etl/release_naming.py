@@ -32,6 +32,11 @@ class ReleaseInfo:
     rejects: Path | None
 
 
+def is_release_name(filename: str) -> bool:
+    """Whether ``filename`` is a release's own name (``<name>-vNNNN.h5``)."""
+    return _VERSION.match(filename) is not None
+
+
 def link_filename(name: str) -> str:
     """The link training code opens: it points at the newest release (or the rolled-back one)."""
     return f"{name}.h5"

@@ -20,7 +20,7 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
-from h5etl import buildparts, errors, shards, sink_copy
+from h5etl import buildparts, errors, partfiles, shards, sink_copy
 from h5etl.clean import Plan
 from h5etl.decode import DecodeRecipe
 from h5etl.errors import H5EtlError, ShardError, UsageError
@@ -76,6 +76,11 @@ class Shards:
     def parts(self) -> list[Path]:
         """The files a virtual release maps onto, in write order (the shards, the tail)."""
         return [path for path, _ in self._parts()]
+
+    def part_record(self) -> str:
+        """The parts as the release records them (``partfiles.record``)."""
+        named = zip(self.part_names, self._parts(), strict=True)
+        return partfiles.record([(name, path, manifest) for name, (path, manifest) in named])
 
     def _parts(self) -> list[tuple[Path, dict[str, Any]]]:
         return [*self.files, *([self.tail] if self.tail is not None else [])]

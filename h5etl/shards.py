@@ -30,6 +30,7 @@ from typing import Any
 from h5etl import cluster, journal, workers
 from h5etl.decode import DecodeRecipe
 from h5etl.errors import H5EtlError, ShardError
+from h5etl.fileformat import SHARD_ATTR, SHARD_INDEX_ATTR
 from h5etl.provenance import fingerprint_lines
 from h5etl.records import BatchResult, DecodeTask, Reject
 from h5etl.release import write_atomically
@@ -128,7 +129,7 @@ def write_shard(job: ShardJob, cutter: TaskCutter | None = None) -> dict[str, An
             worker_seconds += result.seconds
         sink.store_partial_chunks()  # a ragged column's last chunk: in the manifest like the others
         delta = sink.checkpoint()
-        sink.finish({"h5etl_shard": job.ident, "shard_index": job.index}, {}, None)
+        sink.finish({SHARD_ATTR: job.ident, SHARD_INDEX_ATTR: job.index}, {}, None)
     sink.sync()
     chunks: dict[str, list[list[Any]]] = {}
     for record in journal.unpack_chunks(delta["chunks"]):

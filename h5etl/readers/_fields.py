@@ -15,7 +15,7 @@ from typing import Any
 import h5py
 import numpy as np
 
-from h5etl import fileformat
+from h5etl import fileformat, partfiles
 from h5etl.errors import ReaderError
 from h5etl.fileformat import LayoutRecord
 from h5etl.readers._layout import FieldInfo, field_info
@@ -48,6 +48,19 @@ def read_record(handle: h5py.File, path: Path) -> LayoutRecord:
         ) from exc
 
 
+def require_parts(handle: h5py.File, path: Path) -> None:
+    """A virtual release (``build --vds``) whose part is missing or of another size would
+    read that part's rows as zeros, silently: a ReaderError naming the part instead (a
+    ``stat`` per part; ``h5etl check`` looks closer)."""
+    try:
+        problems = partfiles.part_problems(handle)
+    except ValueError as exc:
+        raise ReaderError(str(exc), path=path) from exc
+    if problems:
+        more = f" (and {len(problems) - 1} more; h5etl check lists them)" * (len(problems) > 1)
+        raise ReaderError(f"{problems[0]}{more}", path=path)
+
+
 def resolve(
     handle: h5py.File,
     path: Path,
@@ -61,6 +74,7 @@ def resolve(
             it lists is missing, or the fields differ in length.
     """
     record = read_record(handle, path)
+    require_parts(handle, path)
     if split not in record.splits:
         raise ReaderError(
             f"no split {split!r}; the release has: {', '.join(record.splits)}", path=path

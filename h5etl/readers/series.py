@@ -21,6 +21,7 @@ import numpy as np
 
 from h5etl import fileformat
 from h5etl.errors import ReaderError
+from h5etl.readers._fields import require_parts
 
 KIND = "series"
 
@@ -82,6 +83,7 @@ class SeriesReader:
                 record = fileformat.read_layout(handle)
             except ValueError as exc:
                 raise ReaderError(str(exc), path=self.path) from exc
+            require_parts(handle, self.path)
             if split not in record.splits:
                 raise ReaderError(
                     f"no split {split!r}; it has {list(record.splits)}", path=self.path
