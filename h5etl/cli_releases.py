@@ -17,6 +17,7 @@ from h5etl.units import human_size
 
 if TYPE_CHECKING:
     from h5etl.diff import Change, ReleaseDiff
+    from h5etl.diff_rejects import RejectChange
     from h5etl.prune import PrunePlan
     from h5etl.release_naming import ReleaseInfo
 
@@ -163,6 +164,7 @@ def diff_lines(found: ReleaseDiff) -> list[str]:
         counts.append(f"{split} {_count(was)} -> {_count(now)}{delta}")
     lines.append(f"samples per split: {', '.join(counts)}")
     lines += _sample_lines(found)
+    lines += _reject_lines(found)
     if found.classes:
         lines.append("classes (samples per label class, pixels per mask value):")
         lines += [
@@ -174,6 +176,36 @@ def diff_lines(found: ReleaseDiff) -> list[str]:
 
 def _count(value: int | None) -> str:
     return "-" if value is None else str(value)
+
+
+def _reject_lines(found: ReleaseDiff) -> list[str]:
+    """The rejects section: what was fixed (with the reason it had), newly rejected (with its
+    reason), rejected for another reason, or cleared; nothing when neither rejects a file."""
+    rejects = found.rejects
+    if rejects is None or (rejects.empty and not any(rejects.counts)):
+        return []
+    before, after = rejects.counts
+    if rejects.empty:
+        return [f"rejects: {before} -> {after} files, the same inputs for the same reasons"]
+    tally = ", ".join(f"{len(items)} {kind}" for kind, items in rejects.kinds() if items)
+    lines = [f"rejects: {before} -> {after} files; {tally}"]
+    for kind, changes in rejects.kinds():
+        lines += [f"  {kind}: {_reject_change(kind, c)}" for c in changes[:SHOWN_SAMPLES]]
+        if len(changes) > SHOWN_SAMPLES:
+            lines.append(f"  ... {len(changes) - SHOWN_SAMPLES} more {kind} (--json lists all)")
+    return lines
+
+
+def _reject_change(kind: str, change: RejectChange) -> str:
+    where = f"{change.path}: {change.detail}" if change.detail else change.path
+    if kind == "fixed":
+        return f"{change.key} (now in {change.split}): was {change.before}: {where}"
+    if kind == "cleared":
+        return f"{change.key}: was {change.before}: {where} (neither stored nor rejected now)"
+    if kind == "another reason":
+        return f"{change.key}: {change.before} -> {change.after}: {where}"
+    stored = f" (was in {change.split})" if change.split else ""
+    return f"{change.key}: {change.after}: {where}{stored}"
 
 
 def _sample_lines(found: ReleaseDiff) -> list[str]:

@@ -22,6 +22,7 @@ from typing import Any, Literal
 import yaml
 
 from h5etl import fileformat
+from h5etl.diff_rejects import RejectsDiff, compare_rejects, reject_notes
 from h5etl.snapshot import (
     FILENAME_FIELD,
     DatasetFacts,
@@ -113,11 +114,13 @@ class ReleaseDiff:
     regrouped: list[Moved] = field(default_factory=list)  # its group (splits.group_by) changed
     reordered: list[str] = field(default_factory=list)  # splits whose kept samples moved place
     classes: list[Change] = field(default_factory=list)
+    rejects: RejectsDiff | None = None  # None: a release stores no rejects table
 
     @property
     def empty(self) -> bool:
         return not (
-            self.layout
+            (self.rejects is not None and not self.rejects.empty)
+            or self.layout
             or self.attrs
             or self.config
             or self.added
@@ -152,6 +155,7 @@ class ReleaseDiff:
         patch = [f"storage {c.where}" for c in self.layout]
         patch += ["attributes"] * bool(self.attrs) + ["config"] * bool(self.config)
         patch += ["write order"] * bool(self.reordered)
+        patch += ["rejects"] * (self.rejects is not None and not self.rejects.empty)
         return "patch", patch or ["no change"]
 
     def summary(self) -> str:
@@ -182,6 +186,7 @@ class ReleaseDiff:
             },
             "reordered": self.reordered,
             "classes": [c.as_json() for c in self.classes],
+            "rejects": None if self.rejects is None else self.rejects.as_json(),
         }
 
 
@@ -230,6 +235,8 @@ def diff_releases(a: Snapshot, b: Snapshot) -> ReleaseDiff:
     }
     _compare_samples(out)
     out.classes = _class_changes(a, b)
+    out.rejects = compare_rejects(a, b)
+    out.notes += reject_notes(a, b)
     return out
 
 

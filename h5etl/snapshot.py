@@ -25,6 +25,7 @@ from h5etl.fileformat import FieldRecord, LayoutRecord
 __all__ = [
     "DatasetFacts",
     "Identity",
+    "RejectFacts",
     "SampleFacts",
     "Snapshot",
     "WrittenRows",
@@ -69,6 +70,18 @@ class SampleFacts:
 
 
 @dataclass(frozen=True, slots=True)
+class RejectFacts:
+    """One row of a release's ``/diagnostics/rejects``: a file left out, and why (paths as
+    the release stores them, ``story.stored_rejects``)."""
+
+    path: str
+    stage: str
+    reason: str
+    detail: str = ""
+    key: str = ""  # the sample's key, as its stored samples carry it
+
+
+@dataclass(frozen=True, slots=True)
 class Snapshot:
     """A release as ``diff`` sees it."""
 
@@ -84,6 +97,7 @@ class Snapshot:
     samples: tuple[SampleFacts, ...]
     classes: Mapping[str, Mapping[str, Mapping[str, int]]]  # split -> field -> class -> n
     identities: tuple[Identity, ...]  # how its samples can be told apart, strongest first
+    rejects: tuple[RejectFacts, ...] | None = None  # None: it stores no rejects table
 
     @property
     def has_content_hashes(self) -> bool:
@@ -168,7 +182,24 @@ def snapshot_of(
         samples=tuple(samples),
         classes={split: _classes(handle, layout, split) for split in layout.splits},
         identities=tuple(identities),
+        rejects=_rejects(handle),
     )
+
+
+def _rejects(handle: h5py.File) -> tuple[RejectFacts, ...] | None:
+    """The rows of ``/diagnostics/rejects``; None for a release without the table (before
+    0.2, or one being written: the sink stores it after the change label is made)."""
+    node = handle.get(f"{fileformat.DIAGNOSTICS}/{fileformat.REJECTS_DATASET}")
+    if not isinstance(node, h5py.Dataset) or node.dtype.names is None:
+        return None
+    columns = [c for c in fileformat.REJECT_COLUMNS if c in node.dtype.names]
+    rows = node[...] if len(node) else []
+    out = []
+    for row in rows:
+        values = dict.fromkeys(fileformat.REJECT_COLUMNS, "")
+        values.update((c, str(plain(row[c]))) for c in columns)
+        out.append(RejectFacts(**values))
+    return tuple(out)
 
 
 BLOSC_CNAMES = ("blosclz", "lz4", "lz4hc", "snappy", "zlib", "zstd")  # Blosc's codes 0..5
