@@ -81,7 +81,8 @@ def test_the_release_records_its_parts(folder: Path) -> None:
 
 def _mapped_part(folder: Path) -> Path:
     with h5py.File(folder / "cells-v0003.h5") as handle:
-        return folder / handle["train/image"].virtual_sources()[0].file_name
+        name: str = handle["train/image"].virtual_sources()[0].file_name
+    return folder / name
 
 
 def test_plain_check_names_a_missing_part_and_readers_refuse(folder: Path) -> None:
