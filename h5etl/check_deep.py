@@ -10,7 +10,7 @@ from typing import Any
 import h5py
 import numpy as np
 
-from h5etl import digest
+from h5etl import digest, partfiles
 from h5etl.fileformat import BLOCK_DIGESTS, NODE_BLOCK_ROWS, NODE_SHA256
 from h5etl.units import human_size
 
@@ -59,7 +59,9 @@ def _recompute(dataset: h5py.Dataset, info: dict[str, Any]) -> tuple[str, list[s
         try:
             rows = np.ascontiguousarray(dataset[start : start + step])
         except OSError as exc:
-            raise OSError(f"rows {start}..{start + step - 1} unreadable: {exc}") from exc
+            part = partfiles.part_of_row(dataset, start)
+            held = f" (in part {part})" if part else ""
+            raise OSError(f"rows {start}..{start + step - 1} unreadable{held}: {exc}") from exc
         blocks.append(digest.block_digest(rows))
         nbytes += rows.nbytes
     return digest.combine(blocks), [b.hex() for b in blocks], nbytes
@@ -83,7 +85,9 @@ def verify(dataset: h5py.Dataset, info: dict[str, Any], tally: DeepTally) -> str
     tally.differ.append(dataset.name)
     bad = [i for i, (a, b) in enumerate(zip(blocks, info[BLOCK_DIGESTS], strict=False)) if a != b]
     rows = int(info[NODE_BLOCK_ROWS])
-    where = f" (first bad block {bad[0]}, rows from {bad[0] * rows})" if bad else ""
+    part = partfiles.part_of_row(dataset, bad[0] * rows) if bad else None
+    held = f", in part {part}" if part else ""  # a virtual release: the part to look at
+    where = f" (first bad block {bad[0]}, rows from {bad[0] * rows}{held})" if bad else ""
     return (
         f"{dataset.name}: SHA-256 mismatch{where}: stored {stored[:16]}..., computed {sha[:16]}..."
     )

@@ -23,7 +23,7 @@ import h5py
 
 from h5etl import fileformat
 
-__all__ = ["Part", "mapped_files", "part_problems", "read_parts", "record"]
+__all__ = ["Part", "mapped_files", "part_of_row", "part_problems", "read_parts", "record"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +88,17 @@ def mapped_files(handle: h5py.File) -> list[str]:
     """The names of the files the release's virtual datasets map onto, in their order."""
     names = [s.file_name for d in _virtual(handle) for s in d.virtual_sources()]
     return list(dict.fromkeys(names))
+
+
+def part_of_row(dataset: h5py.Dataset, row: int) -> str | None:
+    """The part file that holds ``row`` of a virtual dataset (None: not virtual, unmapped)."""
+    if not dataset.is_virtual:
+        return None
+    for source in dataset.virtual_sources():
+        low, high = source.vspace.get_select_bounds()
+        if low[0] <= row <= high[0]:
+            return str(source.file_name)
+    return None
 
 
 def folder_of(handle: h5py.File) -> Path:

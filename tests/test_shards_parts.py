@@ -177,3 +177,20 @@ def test_prune_keeps_a_part_that_a_release_that_stays_maps(folder: Path) -> None
     assert not any(p.exists() for p in gone)
     assert f"(keeps {part.name}: a release that stays maps it)" in out.splitlines()[0]
     assert out.splitlines()[-1] == f"deleted 2 releases, {human_size(sum(gone.values()))} freed"
+
+
+def test_deep_check_names_the_part_whose_bytes_changed(folder: Path) -> None:
+    # a part of its size and identity whose chunk bytes changed: plain check cannot see it
+    # (it reads no data); --deep names the part
+    part = _mapped_part(folder)
+    with h5py.File(part, "r") as handle:
+        info = handle["train/image"].id.get_chunk_info(0)
+    with open(part, "r+b") as raw:
+        raw.seek(info.byte_offset + info.size // 2)
+        byte = raw.read(1)
+        raw.seek(info.byte_offset + info.size // 2)
+        raw.write(bytes([byte[0] ^ 0xFF]))
+    code, out = _cli("check", folder / "cells.h5", "--deep")
+    assert code == 1, out
+    problem = next(line for line in out.splitlines() if line.startswith("PROBLEM /train/image"))
+    assert f"in part {part.name}" in problem
