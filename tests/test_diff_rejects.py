@@ -102,10 +102,10 @@ def test_diff_shows_fixed_newly_rejected_and_another_reason(
     ]
 
 
-def test_the_same_rejects_show_as_the_same(
+def test_the_same_rejects_show_as_the_same_and_a_gone_input_as_cleared(
     tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig
 ) -> None:
-    make_raw(tmp_path, n=12, broken={"bad1": "truncated"})
+    raw = make_raw(tmp_path, n=12, broken={"bad1": "truncated"})
     config = write_config(tmp_path)
     v1 = _build(config)
     add_pairs(tmp_path, ["new1"], seed=5)
@@ -114,3 +114,15 @@ def test_the_same_rejects_show_as_the_same(
     assert code == 0, out
     assert "rejects: 2 -> 2 files, the same inputs for the same reasons" in out.splitlines()
     assert "change: minor: 1 sample added" in out.splitlines()
+    # the broken input is gone (and a pair added, so the build has something to store)
+    raw.image("bad1").unlink()
+    raw.mask("bad1").unlink()
+    add_pairs(tmp_path, ["new2"], seed=6)
+    v3 = _build(config)
+    code, out = _cli("diff", v2, v3)
+    assert code == 0, out
+    lines = out.splitlines()
+    assert "rejects: 2 -> 0 files; 1 cleared" in lines
+    cleared = next(line for line in lines if line.startswith("  cleared: "))
+    assert cleared.startswith(f"  cleared: bad1: was {BROKEN_REASONS['truncated']}: raw/images/")
+    assert cleared.endswith("(neither stored nor rejected now)")
