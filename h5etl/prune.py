@@ -104,7 +104,8 @@ def _without(entry: Pruned, needed: set[Path]) -> Pruned:
     """A release that goes, without the files a release that stays needs (its parts)."""
     if entry.kept:
         return entry
-    if entry.files[0] in needed:  # a release that stays maps onto this one's file itself
+    own = entry.files[0].name == release.release_filename(entry.name, entry.version)
+    if own and entry.files[0] in needed:  # a release that stays maps this one's file itself
         return Pruned(entry.name, entry.version, entry.files, entry.size, "a kept release maps it")
     files = tuple(p for p in entry.files if p not in needed)
     held = tuple(p for p in entry.files if p in needed)
