@@ -194,3 +194,19 @@ def test_deep_check_names_the_part_whose_bytes_changed(folder: Path) -> None:
     assert code == 1, out
     problem = next(line for line in out.splitlines() if line.startswith("PROBLEM /train/image"))
     assert f"in part {part.name}" in problem
+
+
+def test_prune_deletes_the_parts_an_earlier_prune_left(folder: Path) -> None:
+    # what the prune of before left: the release and the files beside it gone, its parts not
+    for path in _release_files(folder, 1):
+        if ".part-" not in path.name:
+            path.unlink()
+    left = _release_files(folder, 1)
+    assert len(left) == 3
+    code, out = _cli("prune", folder, "--keep", "2", "--yes")
+    assert code == 0, out
+    assert not any(p.exists() for p in left)
+    assert out.splitlines()[-1] == f"deleted 1 releases, {human_size(sum(left.values()))} freed"
+    code, out = _cli("prune", folder, "--keep", "2", "--yes")
+    assert out.splitlines()[-1] == "deleted 0 releases, 0 B freed"
+    assert not any(line.startswith("deleted cells") for line in out.splitlines())
