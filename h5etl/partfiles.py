@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -73,20 +73,23 @@ def read_parts(handle: h5py.File) -> list[Part] | None:
 
 
 def _virtual(handle: h5py.File) -> Iterator[h5py.Dataset]:
-    """Every virtual dataset of the file (a release's are its splits' array fields)."""
-    found: list[h5py.Dataset] = []
+    """Every virtual dataset among the splits' datasets: at the root or one group down
+    (``/train/image``, ``/x_train``), never in ``/diagnostics`` (a walk of the whole file
+    took a reader's open from 2.3 to 9 ms)."""
+    for name, node in handle.items():
+        if name == fileformat.DIAGNOSTICS:
+            continue
+        children = node.values() if isinstance(node, h5py.Group) else [node]
+        for child in children:
+            if isinstance(child, h5py.Dataset) and child.is_virtual:
+                yield child
 
-    def visit(_: str, node: object) -> None:
-        if isinstance(node, h5py.Dataset) and node.is_virtual:
-            found.append(node)
 
-    handle.visititems(visit)
-    yield from found
-
-
-def mapped_files(handle: h5py.File) -> list[str]:
-    """The names of the files the release's virtual datasets map onto, in their order."""
-    names = [s.file_name for d in _virtual(handle) for s in d.virtual_sources()]
+def mapped_files(handle: h5py.File, datasets: Iterable[h5py.Dataset] | None = None) -> list[str]:
+    """The names of the files the release's virtual datasets (of ``datasets`` only, when
+    given) map onto, in their order."""
+    found = _virtual(handle) if datasets is None else (d for d in datasets if d.is_virtual)
+    names = [s.file_name for d in found for s in d.virtual_sources()]
     return list(dict.fromkeys(names))
 
 
@@ -106,9 +109,14 @@ def folder_of(handle: h5py.File) -> Path:
     return Path(os.path.realpath(handle.filename)).parent
 
 
-def part_problems(handle: h5py.File, *, thorough: bool = False) -> list[str]:
+def part_problems(
+    handle: h5py.File,
+    *,
+    datasets: Iterable[h5py.Dataset] | None = None,
+    thorough: bool = False,
+) -> list[str]:
     """What is wrong with the parts of the open release, one line per part (none: all is well,
-    or the release has no parts).
+    or the release has no parts). ``datasets``: only the parts these map (a reader's fields).
 
     Always: each part is there and of the size recorded (a ``stat`` each). With ``thorough``
     (``check``): each opens, carries the identity recorded, and holds every dataset mapped
@@ -118,7 +126,7 @@ def part_problems(handle: h5py.File, *, thorough: bool = False) -> list[str]:
         ValueError: the release's ``parts`` attribute is damaged.
     """
     folder = folder_of(handle)
-    mapped = mapped_files(handle)  # a part that holds no rows of the release is mapped by none
+    mapped = mapped_files(handle, datasets)  # a part that holds no rows: mapped by none
     recorded = {part.file: part for part in read_parts(handle) or []}
     # an older virtual release records nothing: its mapping names its parts, with no sizes
     parts = [recorded.get(name, Part(name, -1, "", -1)) for name in mapped]

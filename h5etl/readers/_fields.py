@@ -7,7 +7,7 @@ inferred), so a field's dataset is ``record.path(split, field)`` whatever the te
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,12 +48,12 @@ def read_record(handle: h5py.File, path: Path) -> LayoutRecord:
         ) from exc
 
 
-def require_parts(handle: h5py.File, path: Path) -> None:
+def require_parts(handle: h5py.File, path: Path, datasets: Iterable[h5py.Dataset]) -> None:
     """A virtual release (``build --vds``) whose part is missing or of another size would
-    read that part's rows as zeros, silently: a ReaderError naming the part instead (a
-    ``stat`` per part; ``h5etl check`` looks closer)."""
+    read that part's rows as zeros, silently: a ReaderError naming the part ``datasets``
+    map instead (a ``stat`` per part; ``h5etl check`` looks closer)."""
     try:
-        problems = partfiles.part_problems(handle)
+        problems = partfiles.part_problems(handle, datasets=datasets)
     except ValueError as exc:
         raise ReaderError(str(exc), path=path) from exc
     if problems:
@@ -74,7 +74,6 @@ def resolve(
             it lists is missing, or the fields differ in length.
     """
     record = read_record(handle, path)
-    require_parts(handle, path)
     if split not in record.splits:
         raise ReaderError(
             f"no split {split!r}; the release has: {', '.join(record.splits)}", path=path
@@ -104,6 +103,7 @@ def resolve(
             path=path,
         )
     found = {n: handle[p] for n, p in paths.items()}
+    require_parts(handle, path, found.values())
     lengths = {n: len(d) for n, d in found.items() if n not in ragged}
     lengths.update((n, len(handle[p]) - 1) for n, p in ragged.items())
     if len(set(lengths.values())) > 1:

@@ -83,7 +83,6 @@ class SeriesReader:
                 record = fileformat.read_layout(handle)
             except ValueError as exc:
                 raise ReaderError(str(exc), path=self.path) from exc
-            require_parts(handle, self.path)
             if split not in record.splits:
                 raise ReaderError(
                     f"no split {split!r}; it has {list(record.splits)}", path=self.path
@@ -91,6 +90,8 @@ class SeriesReader:
             self.field = _series_field(record, field, self.path)
             self.channels: dict[str, ChannelInfo] = {}
             self._columns = self._find_columns(record, handle)
+            columns = [handle.get(c.path) for c in self._columns]
+            require_parts(handle, self.path, [c for c in columns if isinstance(c, h5py.Dataset)])
             first = self._columns[0]
             dataset = handle[first.path]
             self.length = (
