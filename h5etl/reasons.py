@@ -17,39 +17,46 @@ __all__ = ["TABLE", "Reason", "damaged", "ends_early", "looks_whole"]
 
 @dataclass(frozen=True, slots=True)
 class Reason:
-    """A reject reason of an image, mask or label input: the defect it names, and whether
-    a plain dry run's header probe finds it (``"headers"``) or only decoding does."""
+    """A reject reason of a file-per-sample input: the defect it names, and which stage
+    finds it first (a plain dry run, or only decoding: a build, ``--dry-run --decode``)."""
 
     code: str
     defect: str
     found_by: str
 
 
+DRY_RUN, DECODE = "dry run", "decode"
+_BOTH = "dry run (a table), decode (a sidecar)"
+
 # The order a sample's defects are named in: the first one found by this order wins.
 TABLE: tuple[Reason, ...] = (
-    Reason("orphan", "no partner file with the same stem in another source", "headers"),
-    Reason("duplicate_key", "two files give the same sample key", "headers"),
-    Reason("not_a_file", "a FIFO, socket, device or linked folder", "headers"),
-    Reason("dangling_symlink", "a symbolic link that points nowhere", "headers"),
-    Reason("symlink_loop", "a symbolic link loop", "headers"),
-    Reason("unreadable", "cannot be read, empty, or not an image (no known format)", "headers"),
-    Reason(
-        "truncated",
-        "a PNG, JPEG, GIF, WebP or BMP that ends before its image does, wherever it was cut",
-        "headers",
-    ),
-    Reason("decompression_bomb", "more pixels than Pillow's MAX_IMAGE_PIXELS", "headers"),
-    Reason("empty_image", "zero width or height", "headers"),
-    Reason("size_mismatch", "a mask's height x width differs from its image's", "headers"),
-    Reason("scale_mismatch", "not exactly `scale.factor` times the other field", "headers"),
-    Reason("oversize", "larger than the field's shape (`pad.oversize: reject`)", "headers"),
-    Reason("decode_error", "a complete file whose pixels cannot be decoded", "pixels"),
-    Reason("unsupported_mode", "a pixel mode the field cannot take", "pixels"),
-    Reason("lossy_conversion", "values the field's dtype cannot hold exactly", "pixels"),
-    Reason("mask_not_single_channel", "a colour mask whose R, G and B differ", "pixels"),
-    Reason("mask_values", "mask labels outside the field's `values`", "pixels"),
-    Reason("unknown_color", "a mask colour missing from `colors`", "pixels"),
-    Reason("memory_error", "ran out of memory decoding it", "pixels"),
+    Reason("orphan", "no partner file with the same stem in another source", DRY_RUN),
+    Reason("duplicate_key", "two files give the same sample key", DRY_RUN),
+    Reason("not_a_file", "a FIFO, socket, device or linked folder", DRY_RUN),
+    Reason("dangling_symlink", "a symbolic link that points nowhere", DRY_RUN),
+    Reason("symlink_loop", "a symbolic link loop", DRY_RUN),
+    Reason("unreadable", "cannot be read, empty, or no image format known", DRY_RUN),
+    Reason("truncated", "a PNG, JPEG, GIF, WebP or BMP cut short, wherever it was cut", DRY_RUN),
+    Reason("decompression_bomb", "more pixels than Pillow's `MAX_IMAGE_PIXELS`", DRY_RUN),
+    Reason("empty_image", "zero width or height", DRY_RUN),
+    Reason("size_mismatch", "a mask's height x width is not its image's", DRY_RUN),
+    Reason("scale_mismatch", "not exactly `scale.factor` times the other field", DRY_RUN),
+    Reason("oversize", "larger than the field's shape (`pad.oversize: reject`)", DRY_RUN),
+    Reason("no_label", "a label field finds no class for the file", DRY_RUN),
+    Reason("unknown_class", "a class that `classes` does not list", DRY_RUN),
+    Reason("ambiguous_row", "a table key that matches files in two places", DRY_RUN),
+    Reason("no_group", "no value of `splits.group_by` to group by", DRY_RUN),
+    Reason("no_value", "no value for a field (no table row, no sidecar key)", _BOTH),
+    Reason("bad_value", "a value the field's dtype cannot hold", _BOTH),
+    Reason("bad_sidecar", "a JSON sidecar that is no JSON object", DECODE),
+    Reason("decode_error", "a whole file whose pixels cannot be decoded", DECODE),
+    Reason("unsupported_mode", "a pixel mode the field cannot take", DECODE),
+    Reason("lossy_conversion", "values the field's dtype cannot hold exactly", DECODE),
+    Reason("mask_not_single_channel", "a colour mask whose R, G and B differ", DECODE),
+    Reason("mask_values", "mask labels outside the field's `values`", DECODE),
+    Reason("unknown_color", "a mask colour missing from `colors`", DECODE),
+    Reason("memory_error", "ran out of memory decoding it", DECODE),
+    Reason("worker_crashed", "its decoder kills the worker process", DECODE),
 )
 
 _PNG = b"\x89PNG\r\n\x1a\n"
