@@ -8,6 +8,8 @@ Typos come first; what they likely caused is left out. Reads no file and builds 
 from __future__ import annotations
 
 import difflib
+import functools
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +29,7 @@ from h5etl.spec import (
     source_for,
     unknown_source,
 )
+from h5etl.specparts import GroupBy
 
 __all__ = ["Found", "Key", "Origin", "find_typos", "from_validation", "problem_lines"]
 
@@ -39,17 +42,48 @@ def _keys(model: type[BaseModel]) -> list[str]:
     return [info.alias or name for name, info in model.model_fields.items()]
 
 
-# The keys of the mapping at each key path (None: any name), for "did you mean".
-_MODELS: list[tuple[tuple[str | None, ...], list[str]]] = [
-    ((), _keys(Spec)),
-    (("storage",), _keys(StorageSpec)),
-    (("pad",), _keys(PadSpec)),
-    (("decode",), _keys(DecodeSpec)),
-    (("sources", None), _keys(SourceSpec)),
-    (("fields", None), sorted({k for m in FIELD_MODELS.values() for k in _keys(m)})),
-    (("storage", "compression"), _keys(Compression)),
-    (("fields", None, "compression"), _keys(Compression)),
+_FIELD_KEYS = sorted({k for m in FIELD_MODELS.values() for k in _keys(m)})
+
+# The keys of the mapping at each key path (None: any name), and how a message says where
+# that mapping is: for "did you mean", and for "belongs under" when a key is in the wrong one.
+_SECTIONS: list[tuple[tuple[str | None, ...], list[str], str]] = [
+    ((), [k for k in _keys(Spec) if k != "group_by"], "at the top level"),
+    (("storage",), _keys(StorageSpec), "under storage:"),
+    (("pad",), _keys(PadSpec), "under pad:"),
+    (("decode",), _keys(DecodeSpec), "under decode:"),
+    (("splits",), ["group_by"], "under splits:"),
+    (("splits", "group_by"), _keys(GroupBy), "under splits.group_by:"),
+    (("sources", None), _keys(SourceSpec), "under a source, sources.<name>:"),
+    (("fields", None), _FIELD_KEYS, "under a field, fields.<name>:"),
+    (("storage", "compression"), _keys(Compression), "under storage.compression:"),
+    (("fields", None, "compression"), _keys(Compression), "under fields.<name>.compression:"),
 ]
+# Mappings of user-named entries: what one entry is called, and an example of the map.
+_NAMED = {
+    "sources": ("source", "sources: {images: {dir: raw/images, glob: '*.png'}}"),
+    "fields": ("field", "fields: {image: {shape: [3, 224, 224]}}"),
+    "splits": ("split", "splits: {train: 0.8, valid: 0.2}"),
+}
+
+
+def _matches(pattern: tuple[str | None, ...], parent: Key) -> bool:
+    return len(pattern) == len(parent) and all(
+        want is None or want == part for want, part in zip(pattern, parent, strict=True)
+    )
+
+
+def _belongs(name: str, parent: Key) -> str | None:
+    """Where a key that ``parent``'s mapping does not take belongs, if any other does:
+    ``"compression belongs under storage: (or under a field, fields.<name>:)"``."""
+    places = [
+        where
+        for pattern, keys, where in _SECTIONS
+        if name in keys and not _matches(pattern, parent)
+    ]
+    if not places:
+        return None
+    more = f" (or {', '.join(places[1:3])})" if len(places) > 1 else ""
+    return f"{name} belongs {places[0]}{more}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,10 +97,12 @@ class Found:
 
 def _unknown_key(key: Key) -> str:
     parent, name = key[:-1], str(key[-1])
-    for pattern, keys in _MODELS:
-        if len(pattern) == len(parent) and all(
-            want is None or want == part for want, part in zip(pattern, parent, strict=True)
-        ):
+    belongs = _belongs(name, parent)
+    if belongs is not None:
+        here = next((where for pattern, _, where in _SECTIONS if _matches(pattern, parent)), "")
+        return f"{belongs}, not {here}" if here else belongs
+    for pattern, keys, _ in _SECTIONS:
+        if _matches(pattern, parent):
             close = difflib.get_close_matches(name, keys, n=1)
             if close:
                 return (
@@ -91,20 +127,69 @@ def _unknown_field_key(kind: str, name: str, *, inferred: bool = False) -> str:
             f"a {kind} field takes no {name} (that is a key of {' and '.join(others)} fields; "
             f"a {kind} field's keys: {', '.join(keys)})"
         )
+    belongs = _belongs(name, ("fields", ""))
+    if belongs is not None:
+        return f"{'an' if kind[0] in 'aeiou' else 'a'} {kind} field takes no {name}: {belongs}"
     close = difflib.get_close_matches(name, keys, n=1)
     if close:
         return f"unknown key; did you mean {close[0]!r}? (a {kind} field's keys: {', '.join(keys)})"
     return f"unknown key (a {kind} field's keys: {', '.join(keys)})"
 
 
+def _entry_like(section: str, value: Any) -> bool:
+    """Whether ``value`` can be one entry of a named map: a mapping, a split's fraction."""
+    if section == "splits":
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    return isinstance(value, Mapping)
+
+
+def _misplaced_entries(data: Mapping[str, Any]) -> list[Found]:
+    """Keys of a map of named entries (sources, fields, splits) that are no entry's name but
+    a key written at the wrong level: an entry's own keys (``sources: {dir: x}``), or a key
+    of another section (``splits: {..., stratify: label}``). One line per map, or per key."""
+    found = []
+    for section, (entry, example) in _NAMED.items():
+        named = data.get(section)
+        if not isinstance(named, Mapping):
+            continue
+        odd = [
+            str(key)
+            for key, value in named.items()
+            if isinstance(key, str) and key != "group_by" and not _entry_like(section, value)
+        ]
+        own_keys = (
+            next(keys for pattern, keys, _ in _SECTIONS if pattern == (section, None))
+            if section != "splits"
+            else []
+        )
+        own = [key for key in odd if key in own_keys]
+        if own:
+            message = (
+                f"{section} maps each {entry}'s name to its keys ({example}); "
+                f"{', '.join(own)} {'is a key' if len(own) == 1 else 'are keys'} of one {entry}"
+            )
+            found.append(Found(tuple((section, key) for key in own), message, "unknown_key"))
+        for key in odd:
+            belongs = _belongs(key, (section, ""))
+            if key not in own and belongs is not None:
+                message = f"{key} is no {entry}: {belongs}, not under {section}:"
+                found.append(Found(((section, key),), message, "unknown_key"))
+    return found
+
+
 def find_typos(data: Mapping[str, Any], merged: Mapping[str, Any]) -> list[Found]:
-    """Unknown top-level keys and fields reading no source: the likely cause of the rest."""
+    """Unknown top-level keys, keys at the wrong level and fields reading no source: the
+    likely cause of the rest."""
     found = [
         Found(((key,),), _unknown_key((key,)), "unknown_key")
         for key in data
         if key not in Spec.model_fields
     ]
+    misplaced = _misplaced_entries(data)
+    found.extend(misplaced)
     sources, fields = merged.get("sources"), merged.get("fields")
+    if any(f.keys[0][0] == "sources" for f in misplaced):
+        return found  # the sources are not what the fields could read: that is the problem
     if not isinstance(sources, Mapping) or not sources or not isinstance(fields, Mapping):
         return found
     names = [str(name) for name in sources]
@@ -223,6 +308,32 @@ def _inferred(merged: Mapping[str, Any] | None, field_name: Any) -> bool:
     return isinstance(field, Mapping) and field.get("kind") is None
 
 
+@functools.cache
+def _model_names() -> frozenset[str]:
+    """The names of every config model class: internal words no message may show."""
+    names, todo = set(), [BaseModel]
+    while todo:
+        for model in todo.pop().__subclasses__():
+            todo.append(model)
+            if model.__module__.startswith("h5etl."):
+                names.add(model.__name__)
+    return frozenset(names)
+
+
+_INSTANCE_OF = re.compile(
+    r"(a valid dictionary or )?(object to extract fields from|instance of \w+)"
+)
+
+
+def _plain_words(message: str) -> str:
+    """A pydantic message in the config's words: no model class names (``instance of
+    SourceSpec`` is "a mapping of keys to values")."""
+    message = _INSTANCE_OF.sub("a mapping of keys to values", message)
+    for name in _model_names():
+        message = re.sub(rf"\b{name}\b", "a mapping", message) if name in message else message
+    return message
+
+
 def from_validation(exc: ValidationError, merged: Mapping[str, Any] | None = None) -> list[Found]:
     errors, found = _collapse_unions(list(exc.errors(include_url=False)))
     for error in errors:
@@ -324,6 +435,7 @@ class Origin:
         return any(0 < _depth(self.config, key) >= _depth(self.recipe, key) for key in keys)
 
     def line(self, found: Found) -> str:
+        found = Found(found.keys, _plain_words(found.message), found.kind)
         if self.from_recipe(found.keys):
             shown = ", ".join(".".join(map(str, ("defaults", *key))) for key in found.keys)
             return (
@@ -347,8 +459,13 @@ class Origin:
 def problem_lines(origin: Origin, typos: list[Found], found: list[Found]) -> list[str]:
     """Typos first; beside one, only what the config itself wrote (the rest is likely their
     side effect: ``feilds:`` leaves the recipe's fields without shapes)."""
-    seen = {typo.keys for typo in typos}
-    found = [f for f in found if f.keys not in seen]
+    # a problem at or under a key a typo names is that typo's
+    seen = {key for typo in typos for key in typo.keys}
+    found = [
+        f
+        for f in found
+        if not any(key[:n] in seen for key in f.keys for n in range(1, len(key) + 1))
+    ]
     typos = typos + [f for f in found if f.kind != "other"]
     others = [f for f in found if f.kind == "other"]
     if typos:
