@@ -8,8 +8,6 @@ Typos come first; what they likely caused is left out. Reads no file and builds 
 from __future__ import annotations
 
 import difflib
-import functools
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,73 +15,20 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError
 
+from h5etl.config_places import NAMED, SECTIONS, belongs, keys_of, matches, plain_words
 from h5etl.fieldspecs import FIELD_MODELS, JsonRef, TableRef, inferred_kind
 from h5etl.spec import (
-    Compression,
-    DecodeSpec,
-    PadSpec,
-    SourceSpec,
     Spec,
     SpecProblems,
-    StorageSpec,
     source_for,
     unknown_source,
 )
-from h5etl.specparts import GroupBy
 
 __all__ = ["Found", "Key", "Origin", "find_typos", "from_validation", "problem_lines"]
 
 
 Key = tuple[str | int, ...]
 Kind = Literal["unknown_key", "unknown_source", "other"]
-
-
-def _keys(model: type[BaseModel]) -> list[str]:
-    return [info.alias or name for name, info in model.model_fields.items()]
-
-
-_FIELD_KEYS = sorted({k for m in FIELD_MODELS.values() for k in _keys(m)})
-
-# The keys of the mapping at each key path (None: any name), and how a message says where
-# that mapping is: for "did you mean", and for "belongs under" when a key is in the wrong one.
-_SECTIONS: list[tuple[tuple[str | None, ...], list[str], str]] = [
-    ((), [k for k in _keys(Spec) if k != "group_by"], "at the top level"),
-    (("storage",), _keys(StorageSpec), "under storage:"),
-    (("pad",), _keys(PadSpec), "under pad:"),
-    (("decode",), _keys(DecodeSpec), "under decode:"),
-    (("splits",), ["group_by"], "under splits:"),
-    (("splits", "group_by"), _keys(GroupBy), "under splits.group_by:"),
-    (("sources", None), _keys(SourceSpec), "under a source, sources.<name>:"),
-    (("fields", None), _FIELD_KEYS, "under a field, fields.<name>:"),
-    (("storage", "compression"), _keys(Compression), "under storage.compression:"),
-    (("fields", None, "compression"), _keys(Compression), "under fields.<name>.compression:"),
-]
-# Mappings of user-named entries: what one entry is called, and an example of the map.
-_NAMED = {
-    "sources": ("source", "sources: {images: {dir: raw/images, glob: '*.png'}}"),
-    "fields": ("field", "fields: {image: {shape: [3, 224, 224]}}"),
-    "splits": ("split", "splits: {train: 0.8, valid: 0.2}"),
-}
-
-
-def _matches(pattern: tuple[str | None, ...], parent: Key) -> bool:
-    return len(pattern) == len(parent) and all(
-        want is None or want == part for want, part in zip(pattern, parent, strict=True)
-    )
-
-
-def _belongs(name: str, parent: Key) -> str | None:
-    """Where a key that ``parent``'s mapping does not take belongs, if any other does:
-    ``"compression belongs under storage: (or under a field, fields.<name>:)"``."""
-    places = [
-        where
-        for pattern, keys, where in _SECTIONS
-        if name in keys and not _matches(pattern, parent)
-    ]
-    if not places:
-        return None
-    more = f" (or {', '.join(places[1:3])})" if len(places) > 1 else ""
-    return f"{name} belongs {places[0]}{more}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,12 +42,12 @@ class Found:
 
 def _unknown_key(key: Key) -> str:
     parent, name = key[:-1], str(key[-1])
-    belongs = _belongs(name, parent)
-    if belongs is not None:
-        here = next((where for pattern, _, where in _SECTIONS if _matches(pattern, parent)), "")
-        return f"{belongs}, not {here}" if here else belongs
-    for pattern, keys, _ in _SECTIONS:
-        if _matches(pattern, parent):
+    place = belongs(name, parent)
+    if place is not None:
+        here = next((where for pattern, _, where in SECTIONS if matches(pattern, parent)), "")
+        return f"{place}, not {here}" if here else place
+    for pattern, keys, _ in SECTIONS:
+        if matches(pattern, parent):
             close = difflib.get_close_matches(name, keys, n=1)
             if close:
                 return (
@@ -114,9 +59,9 @@ def _unknown_key(key: Key) -> str:
 
 def _unknown_field_key(kind: str, name: str, *, inferred: bool = False) -> str:
     """An unknown key of a field: its kind's own keys, and which kind takes it if another."""
-    keys = _keys(FIELD_MODELS[kind])
+    keys = keys_of(FIELD_MODELS[kind])
     # a key of another kind is a key the user meant: say so before guessing a typo
-    others = [k for k, model in FIELD_MODELS.items() if name in _keys(model)]
+    others = [k for k, model in FIELD_MODELS.items() if name in keys_of(model)]
     if others and inferred and kind == "image":  # no kind and no clue: the old default guess
         return (
             f"{name} is a key of {' and '.join(others)} fields, but this field has no kind: and "
@@ -127,9 +72,9 @@ def _unknown_field_key(kind: str, name: str, *, inferred: bool = False) -> str:
             f"a {kind} field takes no {name} (that is a key of {' and '.join(others)} fields; "
             f"a {kind} field's keys: {', '.join(keys)})"
         )
-    belongs = _belongs(name, ("fields", ""))
-    if belongs is not None:
-        return f"{'an' if kind[0] in 'aeiou' else 'a'} {kind} field takes no {name}: {belongs}"
+    place = belongs(name, ("fields", ""))
+    if place is not None:
+        return f"{'an' if kind[0] in 'aeiou' else 'a'} {kind} field takes no {name}: {place}"
     close = difflib.get_close_matches(name, keys, n=1)
     if close:
         return f"unknown key; did you mean {close[0]!r}? (a {kind} field's keys: {', '.join(keys)})"
@@ -148,7 +93,7 @@ def _misplaced_entries(data: Mapping[str, Any]) -> list[Found]:
     a key written at the wrong level: an entry's own keys (``sources: {dir: x}``), or a key
     of another section (``splits: {..., stratify: label}``). One line per map, or per key."""
     found = []
-    for section, (entry, example) in _NAMED.items():
+    for section, (entry, example) in NAMED.items():
         named = data.get(section)
         if not isinstance(named, Mapping):
             continue
@@ -158,7 +103,7 @@ def _misplaced_entries(data: Mapping[str, Any]) -> list[Found]:
             if isinstance(key, str) and key != "group_by" and not _entry_like(section, value)
         ]
         own_keys = (
-            next(keys for pattern, keys, _ in _SECTIONS if pattern == (section, None))
+            next(keys for pattern, keys, _ in SECTIONS if pattern == (section, None))
             if section != "splits"
             else []
         )
@@ -170,9 +115,9 @@ def _misplaced_entries(data: Mapping[str, Any]) -> list[Found]:
             )
             found.append(Found(tuple((section, key) for key in own), message, "unknown_key"))
         for key in odd:
-            belongs = _belongs(key, (section, ""))
-            if key not in own and belongs is not None:
-                message = f"{key} is no {entry}: {belongs}, not under {section}:"
+            place = belongs(key, (section, ""))
+            if key not in own and place is not None:
+                message = f"{key} is no {entry}: {place}, not under {section}:"
                 found.append(Found(((section, key),), message, "unknown_key"))
     return found
 
@@ -285,7 +230,7 @@ def _member_problems(
 ) -> list[Found]:
     """A mapping's errors against the union member it came closest to; a misspelled key
     first, and not also the required key it misspells."""
-    keys = _keys(model)
+    keys = keys_of(model)
     missing = {str(rest[-1]) for rest, e in errors if e["type"] == "missing" and rest}
     typos, others = [], []
     for rest, error in errors:
@@ -306,32 +251,6 @@ def _inferred(merged: Mapping[str, Any] | None, field_name: Any) -> bool:
     fields = merged.get("fields") if merged is not None else None
     field = fields.get(field_name) if isinstance(fields, Mapping) else None
     return isinstance(field, Mapping) and field.get("kind") is None
-
-
-@functools.cache
-def _model_names() -> frozenset[str]:
-    """The names of every config model class: internal words no message may show."""
-    names, todo = set(), [BaseModel]
-    while todo:
-        for model in todo.pop().__subclasses__():
-            todo.append(model)
-            if model.__module__.startswith("h5etl."):
-                names.add(model.__name__)
-    return frozenset(names)
-
-
-_INSTANCE_OF = re.compile(
-    r"(a valid dictionary or )?(object to extract fields from|instance of \w+)"
-)
-
-
-def _plain_words(message: str) -> str:
-    """A pydantic message in the config's words: no model class names (``instance of
-    SourceSpec`` is "a mapping of keys to values")."""
-    message = _INSTANCE_OF.sub("a mapping of keys to values", message)
-    for name in _model_names():
-        message = re.sub(rf"\b{name}\b", "a mapping", message) if name in message else message
-    return message
 
 
 def from_validation(exc: ValidationError, merged: Mapping[str, Any] | None = None) -> list[Found]:
@@ -435,7 +354,7 @@ class Origin:
         return any(0 < _depth(self.config, key) >= _depth(self.recipe, key) for key in keys)
 
     def line(self, found: Found) -> str:
-        found = Found(found.keys, _plain_words(found.message), found.kind)
+        found = Found(found.keys, plain_words(found.message), found.kind)
         if self.from_recipe(found.keys):
             shown = ", ".join(".".join(map(str, ("defaults", *key))) for key in found.keys)
             return (

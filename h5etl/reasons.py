@@ -88,11 +88,19 @@ def ends_early(data: bytes) -> bool:
         return not data.endswith(b"\xff\xd9")  # EOI: a decoder that failed did not find it
     if data.startswith(_GIFS):
         return not data.endswith(b";")
-    if data.startswith(b"RIFF") and data[8:12] == b"WEBP":
-        return struct.unpack_from("<I", data, 4)[0] + 8 > len(data)
-    if data.startswith(b"BM") and len(data) >= 6:
-        return struct.unpack_from("<I", data, 2)[0] > len(data)
-    return False
+    declared = _declared_size(data)
+    return declared is not None and declared > len(data)
+
+
+def _declared_size(head: bytes) -> int | None:
+    """The size a WebP (RIFF) or BMP header says its file has, else None."""
+    if head.startswith(b"RIFF") and head[8:12] == b"WEBP":
+        size: int = struct.unpack_from("<I", head, 4)[0]
+        return size + 8
+    if head.startswith(b"BM") and head[6:10] == b"\0\0\0\0":  # BMP's reserved bytes
+        size = struct.unpack_from("<I", head, 2)[0]
+        return size
+    return None
 
 
 _IEND = b"\x00\x00\x00\x00IEND\xaeB`\x82"
@@ -108,11 +116,8 @@ def looks_whole(head: bytes, tail: bytes, size: int) -> bool:
         return tail.endswith(b"\xff\xd9")
     if head.startswith(_GIFS):
         return tail.endswith(b";")
-    if head.startswith(b"RIFF") and head[8:12] == b"WEBP":
-        return struct.unpack_from("<I", head, 4)[0] + 8 <= size
-    if head.startswith(b"BM") and len(head) >= 6:
-        return struct.unpack_from("<I", head, 2)[0] <= size
-    return True
+    declared = _declared_size(head)
+    return declared is None or declared <= size
 
 
 def damaged(data: bytes, error: str, *, unidentified: bool) -> tuple[str, str]:
