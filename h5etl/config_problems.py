@@ -8,6 +8,7 @@ Typos come first; what they likely caused is left out. Reads no file and builds 
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,6 +89,24 @@ def _entry_like(section: str, value: Any) -> bool:
     return isinstance(value, Mapping)
 
 
+def _odd_entries(section: str, named: Mapping[Any, Any]) -> list[str]:
+    """The names in a map of named entries that are no entries: values no entry takes, and
+    in splits a key of another section whose number the fractions do without (``seed: 3``)."""
+    odd = [
+        key
+        for key, value in named.items()
+        if isinstance(key, str) and key != "group_by" and not _entry_like(section, value)
+    ]
+    if section == "splits":
+        fractions = {k: v for k, v in named.items() if k not in odd and k != "group_by"}
+        for key in fractions:
+            rest = [v for k, v in fractions.items() if k != key]
+            known = isinstance(key, str) and belongs(key, ("splits", "")) is not None
+            if known and rest and abs(math.fsum(rest) - 1) < 1e-6:
+                odd.append(key)
+    return odd
+
+
 def _misplaced_entries(data: Mapping[str, Any]) -> list[Found]:
     """Keys of a map of named entries (sources, fields, splits) that are no entry's name but
     a key written at the wrong level: an entry's own keys (``sources: {dir: x}``), or a key
@@ -97,11 +116,7 @@ def _misplaced_entries(data: Mapping[str, Any]) -> list[Found]:
         named = data.get(section)
         if not isinstance(named, Mapping):
             continue
-        odd = [
-            str(key)
-            for key, value in named.items()
-            if isinstance(key, str) and key != "group_by" and not _entry_like(section, value)
-        ]
+        odd = _odd_entries(section, named)
         own_keys = (
             next(keys for pattern, keys, _ in SECTIONS if pattern == (section, None))
             if section != "splits"

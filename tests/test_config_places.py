@@ -75,6 +75,11 @@ def _with(**changes: Any) -> dict[str, Any]:
             id="stratify-in-splits",
         ),
         pytest.param(
+            _with(splits__seed=3),
+            "splits.seed: seed is no split: seed belongs at the top level, not under splits:",
+            id="seed-in-splits",
+        ),
+        pytest.param(
             _with(sources={"dir": "raw/images", "glob": "*.png"}),
             "sources.dir, sources.glob: sources maps each source's name to its keys "
             "(sources: {images: {dir: raw/images, glob: '*.png'}}); dir, glob are keys of one "
