@@ -8,7 +8,10 @@ known here at once: a key written in the wrong section is told where it belongs
 from __future__ import annotations
 
 import functools
+import math
 import re
+from collections.abc import Mapping
+from typing import Any
 
 from pydantic import BaseModel
 
@@ -89,3 +92,71 @@ def plain_words(message: str) -> str:
     for name in _model_names():
         message = re.sub(rf"\b{name}\b", "a mapping", message) if name in message else message
     return message
+
+
+def _entry_like(section: str, value: Any) -> bool:
+    """Whether ``value`` can be one entry of a named map: a mapping, a split's fraction."""
+    if section == "splits":
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    return isinstance(value, Mapping)
+
+
+def _odd_entries(section: str, named: Mapping[Any, Any]) -> list[str]:
+    """The names in a map of named entries that are no entries: values no entry takes, and
+    in splits a key of another section whose number the fractions do without (``seed: 3``)."""
+    odd = [
+        key
+        for key, value in named.items()
+        if isinstance(key, str) and key != "group_by" and not _entry_like(section, value)
+    ]
+    if section == "splits":
+        fractions = {k: v for k, v in named.items() if k not in odd and k != "group_by"}
+        for key in fractions:
+            rest = [v for k, v in fractions.items() if k != key]
+            known = isinstance(key, str) and belongs(key, ("splits", "")) is not None
+            if known and rest and abs(math.fsum(rest) - 1) < 1e-6:
+                odd.append(key)
+    return odd
+
+
+def misplaced_entries(data: Mapping[str, Any]) -> list[tuple[tuple[Key, ...], str]]:
+    """Keys of a map of named entries (sources, fields, splits) that are no entry's name but
+    a key written at the wrong level: an entry's own keys (``sources: {dir: x}``), or a key
+    of another section (``splits: {..., stratify: label}``). One line per map, or per key."""
+    found: list[tuple[tuple[Key, ...], str]] = []
+    for section, (entry, example) in NAMED.items():
+        named = data.get(section)
+        if not isinstance(named, Mapping):
+            continue
+        odd = _odd_entries(section, named)
+        own_keys = (
+            next(keys for pattern, keys, _ in SECTIONS if pattern == (section, None))
+            if section != "splits"
+            else []
+        )
+        own = [key for key in odd if key in own_keys]
+        if own:
+            message = (
+                f"{section} maps each {entry}'s name to its keys ({example}); "
+                f"{', '.join(own)} {'is a key' if len(own) == 1 else 'are keys'} of one {entry}"
+            )
+            found.append((tuple((section, key) for key in own), message))
+        for key in odd:
+            place = belongs(key, (section, ""))
+            if key not in own and place is not None:
+                message = f"{key} is no {entry}: {place}, not under {section}:"
+                found.append((((section, key),), message))
+    return found
+
+
+def stray_entry(name: str, value: Any) -> str | None:
+    """A top-level key whose mapping holds only a source's or a field's keys: an entry
+    written outside its map (``image: {shape: [3, 224, 224]}`` beside ``fields:``)."""
+    if not isinstance(value, Mapping) or not value:
+        return None
+    for section in ("sources", "fields"):
+        keys = next(keys for pattern, keys, _ in SECTIONS if pattern == (section, None))
+        if all(key in keys for key in value):
+            entry = NAMED[section][0]
+            return f"a {entry} belongs under {section}: ({section}: {{{name}: {{...}}}})"
+    return None

@@ -8,7 +8,6 @@ Typos come first; what they likely caused is left out. Reads no file and builds 
 from __future__ import annotations
 
 import difflib
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +15,15 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError
 
-from h5etl.config_places import NAMED, SECTIONS, belongs, keys_of, matches, plain_words
+from h5etl.config_places import (
+    SECTIONS,
+    belongs,
+    keys_of,
+    matches,
+    misplaced_entries,
+    plain_words,
+    stray_entry,
+)
 from h5etl.fieldspecs import FIELD_MODELS, JsonRef, TableRef, inferred_kind
 from h5etl.spec import (
     Spec,
@@ -82,70 +89,15 @@ def _unknown_field_key(kind: str, name: str, *, inferred: bool = False) -> str:
     return f"unknown key (a {kind} field's keys: {', '.join(keys)})"
 
 
-def _entry_like(section: str, value: Any) -> bool:
-    """Whether ``value`` can be one entry of a named map: a mapping, a split's fraction."""
-    if section == "splits":
-        return isinstance(value, int | float) and not isinstance(value, bool)
-    return isinstance(value, Mapping)
-
-
-def _odd_entries(section: str, named: Mapping[Any, Any]) -> list[str]:
-    """The names in a map of named entries that are no entries: values no entry takes, and
-    in splits a key of another section whose number the fractions do without (``seed: 3``)."""
-    odd = [
-        key
-        for key, value in named.items()
-        if isinstance(key, str) and key != "group_by" and not _entry_like(section, value)
-    ]
-    if section == "splits":
-        fractions = {k: v for k, v in named.items() if k not in odd and k != "group_by"}
-        for key in fractions:
-            rest = [v for k, v in fractions.items() if k != key]
-            known = isinstance(key, str) and belongs(key, ("splits", "")) is not None
-            if known and rest and abs(math.fsum(rest) - 1) < 1e-6:
-                odd.append(key)
-    return odd
-
-
-def _misplaced_entries(data: Mapping[str, Any]) -> list[Found]:
-    """Keys of a map of named entries (sources, fields, splits) that are no entry's name but
-    a key written at the wrong level: an entry's own keys (``sources: {dir: x}``), or a key
-    of another section (``splits: {..., stratify: label}``). One line per map, or per key."""
-    found = []
-    for section, (entry, example) in NAMED.items():
-        named = data.get(section)
-        if not isinstance(named, Mapping):
-            continue
-        odd = _odd_entries(section, named)
-        own_keys = (
-            next(keys for pattern, keys, _ in SECTIONS if pattern == (section, None))
-            if section != "splits"
-            else []
-        )
-        own = [key for key in odd if key in own_keys]
-        if own:
-            message = (
-                f"{section} maps each {entry}'s name to its keys ({example}); "
-                f"{', '.join(own)} {'is a key' if len(own) == 1 else 'are keys'} of one {entry}"
-            )
-            found.append(Found(tuple((section, key) for key in own), message, "unknown_key"))
-        for key in odd:
-            place = belongs(key, (section, ""))
-            if key not in own and place is not None:
-                message = f"{key} is no {entry}: {place}, not under {section}:"
-                found.append(Found(((section, key),), message, "unknown_key"))
-    return found
-
-
 def find_typos(data: Mapping[str, Any], merged: Mapping[str, Any]) -> list[Found]:
     """Unknown top-level keys, keys at the wrong level and fields reading no source: the
     likely cause of the rest."""
     found = [
-        Found(((key,),), _unknown_key((key,)), "unknown_key")
+        Found(((key,),), stray_entry(key, data[key]) or _unknown_key((key,)), "unknown_key")
         for key in data
         if key not in Spec.model_fields
     ]
-    misplaced = _misplaced_entries(data)
+    misplaced = [Found(keys, message, "unknown_key") for keys, message in misplaced_entries(data)]
     found.extend(misplaced)
     sources, fields = merged.get("sources"), merged.get("fields")
     if any(f.keys[0][0] == "sources" for f in misplaced):

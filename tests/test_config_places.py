@@ -93,6 +93,11 @@ def _with(**changes: Any) -> dict[str, Any]:
             id="fields-without-names",
         ),
         pytest.param(
+            _with(depth={"shape": [1, 24, 24], "dtype": "uint16"}),
+            "depth: a field belongs under fields: (fields: {depth: {...}})",
+            id="a-field-outside-fields",
+        ),
+        pytest.param(
             _with(storage__fill=0),
             "storage.fill: fill belongs under pad: (or under a field, fields.<name>:), "
             "not under storage:",
