@@ -29,7 +29,7 @@ logger = logging.getLogger(__name__)
 
 def recipe_of(plan: clean.Plan) -> decode.DecodeRecipe:
     """What workers decode with: the plan's kinds (bound to the inputs), in decode order."""
-    return decode.DecodeRecipe.of(plan.kinds, decode_order(plan.kinds))
+    return decode.DecodeRecipe.of(plan.kinds, decode_order(plan.kinds), plan.probes)
 
 
 def layouts_of(spec: Spec) -> dict[str, ChunkLayout]:

@@ -68,6 +68,7 @@ class Plan:
     warnings: list[str] = field(default_factory=list)
     policy: dict[str, Any] = field(default_factory=dict)  # how splits were assigned (JSON)
     stamps: dict[str, str] = field(default_factory=dict)  # key -> its files' sizes and mtimes
+    probes: ProbeRules | None = None  # what a decode reject re-checks (h5etl.reasons)
 
     @property
     def total(self) -> int:
@@ -186,7 +187,7 @@ def plan(
         ordered[name] = [members[i] for i in rng.permutation(len(members))]
     stamps = {sample.key: outcome.stamp for pairs in by_split.values() for sample, outcome in pairs}
     return Plan(
-        ordered, rejects, renamed, digest.hexdigest(), tuple(bound), warnings, policy, stamps
+        ordered, rejects, renamed, digest.hexdigest(), tuple(bound), warnings, policy, stamps, rules
     )
 
 

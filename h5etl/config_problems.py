@@ -15,15 +15,19 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError
 
+from h5etl.config_places import (
+    SECTIONS,
+    belongs,
+    keys_of,
+    matches,
+    misplaced_entries,
+    plain_words,
+    stray_entry,
+)
 from h5etl.fieldspecs import FIELD_MODELS, JsonRef, TableRef, inferred_kind
 from h5etl.spec import (
-    Compression,
-    DecodeSpec,
-    PadSpec,
-    SourceSpec,
     Spec,
     SpecProblems,
-    StorageSpec,
     source_for,
     unknown_source,
 )
@@ -33,23 +37,6 @@ __all__ = ["Found", "Key", "Origin", "find_typos", "from_validation", "problem_l
 
 Key = tuple[str | int, ...]
 Kind = Literal["unknown_key", "unknown_source", "other"]
-
-
-def _keys(model: type[BaseModel]) -> list[str]:
-    return [info.alias or name for name, info in model.model_fields.items()]
-
-
-# The keys of the mapping at each key path (None: any name), for "did you mean".
-_MODELS: list[tuple[tuple[str | None, ...], list[str]]] = [
-    ((), _keys(Spec)),
-    (("storage",), _keys(StorageSpec)),
-    (("pad",), _keys(PadSpec)),
-    (("decode",), _keys(DecodeSpec)),
-    (("sources", None), _keys(SourceSpec)),
-    (("fields", None), sorted({k for m in FIELD_MODELS.values() for k in _keys(m)})),
-    (("storage", "compression"), _keys(Compression)),
-    (("fields", None, "compression"), _keys(Compression)),
-]
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,10 +50,12 @@ class Found:
 
 def _unknown_key(key: Key) -> str:
     parent, name = key[:-1], str(key[-1])
-    for pattern, keys in _MODELS:
-        if len(pattern) == len(parent) and all(
-            want is None or want == part for want, part in zip(pattern, parent, strict=True)
-        ):
+    place = belongs(name, parent)
+    if place is not None:
+        here = next((where for pattern, _, where in SECTIONS if matches(pattern, parent)), "")
+        return f"{place}, not {here}" if here else place
+    for pattern, keys, _ in SECTIONS:
+        if matches(pattern, parent):
             close = difflib.get_close_matches(name, keys, n=1)
             if close:
                 return (
@@ -78,9 +67,9 @@ def _unknown_key(key: Key) -> str:
 
 def _unknown_field_key(kind: str, name: str, *, inferred: bool = False) -> str:
     """An unknown key of a field: its kind's own keys, and which kind takes it if another."""
-    keys = _keys(FIELD_MODELS[kind])
+    keys = keys_of(FIELD_MODELS[kind])
     # a key of another kind is a key the user meant: say so before guessing a typo
-    others = [k for k, model in FIELD_MODELS.items() if name in _keys(model)]
+    others = [k for k, model in FIELD_MODELS.items() if name in keys_of(model)]
     if others and inferred and kind == "image":  # no kind and no clue: the old default guess
         return (
             f"{name} is a key of {' and '.join(others)} fields, but this field has no kind: and "
@@ -91,6 +80,9 @@ def _unknown_field_key(kind: str, name: str, *, inferred: bool = False) -> str:
             f"a {kind} field takes no {name} (that is a key of {' and '.join(others)} fields; "
             f"a {kind} field's keys: {', '.join(keys)})"
         )
+    place = belongs(name, ("fields", ""))
+    if place is not None:
+        return f"{'an' if kind[0] in 'aeiou' else 'a'} {kind} field takes no {name}: {place}"
     close = difflib.get_close_matches(name, keys, n=1)
     if close:
         return f"unknown key; did you mean {close[0]!r}? (a {kind} field's keys: {', '.join(keys)})"
@@ -98,13 +90,18 @@ def _unknown_field_key(kind: str, name: str, *, inferred: bool = False) -> str:
 
 
 def find_typos(data: Mapping[str, Any], merged: Mapping[str, Any]) -> list[Found]:
-    """Unknown top-level keys and fields reading no source: the likely cause of the rest."""
+    """Unknown top-level keys, keys at the wrong level and fields reading no source: the
+    likely cause of the rest."""
     found = [
-        Found(((key,),), _unknown_key((key,)), "unknown_key")
+        Found(((key,),), stray_entry(key, data[key]) or _unknown_key((key,)), "unknown_key")
         for key in data
         if key not in Spec.model_fields
     ]
+    misplaced = [Found(keys, message, "unknown_key") for keys, message in misplaced_entries(data)]
+    found.extend(misplaced)
     sources, fields = merged.get("sources"), merged.get("fields")
+    if any(f.keys[0][0] == "sources" for f in misplaced):
+        return found  # the sources are not what the fields could read: that is the problem
     if not isinstance(sources, Mapping) or not sources or not isinstance(fields, Mapping):
         return found
     names = [str(name) for name in sources]
@@ -200,7 +197,7 @@ def _member_problems(
 ) -> list[Found]:
     """A mapping's errors against the union member it came closest to; a misspelled key
     first, and not also the required key it misspells."""
-    keys = _keys(model)
+    keys = keys_of(model)
     missing = {str(rest[-1]) for rest, e in errors if e["type"] == "missing" and rest}
     typos, others = [], []
     for rest, error in errors:
@@ -324,6 +321,7 @@ class Origin:
         return any(0 < _depth(self.config, key) >= _depth(self.recipe, key) for key in keys)
 
     def line(self, found: Found) -> str:
+        found = Found(found.keys, plain_words(found.message), found.kind)
         if self.from_recipe(found.keys):
             shown = ", ".join(".".join(map(str, ("defaults", *key))) for key in found.keys)
             return (
@@ -347,8 +345,13 @@ class Origin:
 def problem_lines(origin: Origin, typos: list[Found], found: list[Found]) -> list[str]:
     """Typos first; beside one, only what the config itself wrote (the rest is likely their
     side effect: ``feilds:`` leaves the recipe's fields without shapes)."""
-    seen = {typo.keys for typo in typos}
-    found = [f for f in found if f.keys not in seen]
+    # a problem at or under a key a typo names is that typo's
+    seen = {key for typo in typos for key in typo.keys}
+    found = [
+        f
+        for f in found
+        if not any(key[:n] in seen for key in f.keys for n in range(1, len(key) + 1))
+    ]
     typos = typos + [f for f in found if f.kind != "other"]
     others = [f for f in found if f.kind == "other"]
     if typos:

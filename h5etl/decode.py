@@ -11,6 +11,7 @@ writer only writes. Scheduling the tasks is ``h5etl.schedule``'s job.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import hashlib
 import os
@@ -24,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from h5etl import inputs
+from h5etl import inputs, probes
 from h5etl.decode_gather import _encoded_rows as _encoded_rows  # tests import it from here
 from h5etl.decode_gather import gather as gather
 from h5etl.decode_gather import join_results as join_results
@@ -36,9 +37,11 @@ from h5etl.kinds.base import (
     Kind,
     SampleContext,
 )
+from h5etl.probes import ProbeRules
 from h5etl.records import (
     BatchResult,
     DecodeTask,
+    Reject,
     Sample,
     array_nbytes,
     sample_rejects,
@@ -59,9 +62,12 @@ class DecodeRecipe:
     arrays: tuple[tuple[Kind, str, ArrayColumn], ...] = ()  # the fixed array columns
     multi: frozenset[str] = frozenset()  # kinds whose decode returns a dict by column
     self_read: frozenset[int] = frozenset()  # sources their kinds read themselves
+    probes: ProbeRules | None = None  # the header probes that name a rejected sample's defect
 
     @classmethod
-    def of(cls, kinds: Sequence[Kind], order: Sequence[int]) -> DecodeRecipe:
+    def of(
+        cls, kinds: Sequence[Kind], order: Sequence[int], probes: ProbeRules | None = None
+    ) -> DecodeRecipe:
         planned = tuple(kind.name for kind in kinds if kind.plan_side)
         columns = tuple(
             (kind, name, column) for kind in kinds for name, column in kind.columns.items()
@@ -77,7 +83,7 @@ class DecodeRecipe:
             for kind in kinds
             if kind.reads_own_files and kind.source_index is not None
         )
-        return cls(tuple(kinds), tuple(order), planned, columns, arrays, multi, self_read)
+        return cls(tuple(kinds), tuple(order), planned, columns, arrays, multi, self_read, probes)
 
 
 @dataclass(slots=True)
@@ -123,6 +129,17 @@ def _decode_sample(
         context.conversions,
     )
     return decoded
+
+
+def _rejects_of(sample: Sample, exc: RejectError, recipe: DecodeRecipe) -> list[Reject]:
+    """A rejected sample's rejects, named as a dry run's header probe names them when the
+    headers show a defect: they come first (``h5etl.reasons``), so one damage gets one
+    reason whichever stage finds it. Only rejected samples pay for the probe."""
+    if recipe.probes is not None:
+        found = probes.probe_samples([sample], recipe.probes)[0]
+        if isinstance(found, list):
+            return [dataclasses.replace(reject, stage=STAGE) for reject in found]
+    return sample_rejects(sample, STAGE, exc.reason, exc.message, str(exc.path or ""))
 
 
 def _column_values(kind: Kind, found: Any) -> dict[str, Any]:
@@ -182,9 +199,7 @@ def decode_batch(task: DecodeTask, recipe: DecodeRecipe) -> BatchResult:
         try:
             decoded = _decode_sample(sample, recipe, position, raw=task.raw)
         except RejectError as exc:
-            result.rejects.extend(
-                sample_rejects(sample, STAGE, exc.reason, exc.message, str(exc.path or ""))
-            )
+            result.rejects.extend(_rejects_of(sample, exc, recipe))
             continue
         except MemoryError:
             result.rejects.extend(

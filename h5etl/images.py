@@ -21,7 +21,7 @@ import imagecodecs
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from h5etl import inputs, pixels, plainpng
+from h5etl import inputs, pixels, plainpng, reasons
 from h5etl.errors import RejectError
 
 # ``X as X``: re-exported, the stages call them as images.X
@@ -52,7 +52,9 @@ class ImageHeader:
     bits: int = 8
 
 
-def _open_error(path: str, exc: BaseException) -> RejectError:
+def _damage(path: str, exc: BaseException, data: bytes | None) -> RejectError:
+    """What a file Pillow or libpng could not open or decode is called: one rule for the
+    header probe and the decoders (``h5etl.reasons``); ``data`` None reads the file."""
     if isinstance(exc, Image.DecompressionBombError | Image.DecompressionBombWarning):
         return RejectError(
             "decompression_bomb",
@@ -61,40 +63,59 @@ def _open_error(path: str, exc: BaseException) -> RejectError:
         )
     if isinstance(exc, OSError) and (linked := inputs.link_problem(path, exc)) is not None:
         return linked
-    if "truncated" in str(exc):
-        return RejectError("truncated", "file ends before the image does", path=path)
-    if isinstance(exc, UnidentifiedImageError):
-        size = os.path.getsize(path) if os.path.exists(path) else 0
-        what = "empty file" if size == 0 else "not an image Pillow can identify"
-        return RejectError("unreadable", what, path=path)
-    return RejectError("unreadable", f"{type(exc).__name__}: {exc}", path=path)
+    if data is None:  # a probe's error path: the whole file says whether it was cut short
+        try:
+            data = inputs.read_file(path)
+        except RejectError as problem:
+            return problem
+    unidentified = isinstance(exc, UnidentifiedImageError)
+    reason, detail = reasons.damaged(data, str(exc), unidentified=unidentified)
+    return RejectError(reason, detail, path=path)
 
 
 def probe(path: str) -> ImageHeader:
     """Read the header only (no pixel decode): size after EXIF orientation, mode, format.
 
+    A file whose last bytes are not where its format ends (``reasons.looks_whole``) is
+    decoded too, so that a dry run finds a file cut anywhere, as a build does.
+
     Raises:
         RejectError: missing, dangling, looping, not a regular file, empty, unidentifiable,
-            undecodable or too large.
+            truncated, undecodable or too large.
     """
-    plain = _probe_plain_png(path)
-    if plain is not None:
-        return plain
     with inputs.opened(path) as handle:
-        return _probe_with_pillow(handle, path)
-
-
-def _probe_plain_png(path: str) -> ImageHeader | None:
-    """The header of a plain PNG from its first bytes (a tenth of Pillow's cost), or None."""
-    try:
-        with inputs.opened(path) as handle:
+        try:
             head = handle.read(_PROBE_BYTES)
-    except (RejectError, OSError):
-        return None  # Pillow's probe words the error
+            size = handle.seek(0, os.SEEK_END)
+            if size > len(head):
+                handle.seek(-min(size, 16), os.SEEK_END)
+            tail = handle.read() if size > len(head) else head
+            handle.seek(0)
+        except OSError as exc:
+            problem = f"cannot read: {exc.strerror or exc}"
+            raise RejectError("unreadable", problem, path=path) from exc
+        header = _probe_plain_png(head)
+        if header is None:
+            header = _probe_with_pillow(handle, path)
+    if not reasons.looks_whole(head, tail, size):
+        _decodes_whole(path)
+    return header
+
+
+def _probe_plain_png(head: bytes) -> ImageHeader | None:
+    """The header of a plain PNG from its first bytes (a tenth of Pillow's cost), or None."""
     shape = plainpng.shape_of(head, header_only=True)
     if shape is None:
         return None
     return ImageHeader(shape[0], shape[1], plainpng.MODES[shape[2]], "PNG")
+
+
+def _decodes_whole(path: str) -> None:
+    """Decode a file that may be cut short, as a build would (the rare case: its end is not
+    where its format ends); raises its reject if it does not decode."""
+    data = inputs.read_file(path)
+    with _rejecting(path, data), _pillow_image(data, path):
+        pass
 
 
 def _probe_with_pillow(handle: BinaryIO, path: str) -> ImageHeader:
@@ -117,7 +138,7 @@ def _probe_with_pillow(handle: BinaryIO, path: str) -> ImageHeader:
         Image.DecompressionBombError,
         Image.DecompressionBombWarning,
     ) as exc:
-        raise _open_error(path, exc) from exc
+        raise _damage(path, exc, None) from exc
     except MemoryError:
         raise
     except Exception as exc:  # a plugin's or the EXIF parser's own error: see decode
@@ -153,7 +174,7 @@ def decode(
     Raises:
         RejectError: undecodable, truncated, too large or of an unsupported pixel mode.
     """
-    with _rejecting(path):
+    with _rejecting(path, data):
         array = plainpng.decode(data, mode, path=path, mask_labels=mask_labels)
         if array is None:
             with _pillow_image(data, path) as (opened, _):
@@ -208,7 +229,7 @@ def decode_field(
     # the 8-bit path: what decode returns for these, colours for a colour table
     eight_bit: Mode = "RGB" if colour_table else mode
     labels = frozenset[int]() if role == "mask" and not colour_table else None
-    with _rejecting(path):
+    with _rejecting(path, data):
         native = plainpng.decode(data, eight_bit, path=path, mask_labels=labels)
         source: str = eight_bit
         if native is None:
@@ -259,8 +280,9 @@ def _nonempty(array: np.ndarray, path: str) -> np.ndarray:
 
 
 @contextlib.contextmanager
-def _rejecting(path: str) -> Iterator[None]:
-    """What decoding a file raises, as that file's ``RejectError`` (``MemoryError`` passes)."""
+def _rejecting(path: str, data: bytes) -> Iterator[None]:
+    """What decoding ``data`` (the bytes of ``path``) raises, as that file's ``RejectError``
+    named by ``_damage`` (``MemoryError`` passes)."""
     try:
         yield
     except RejectError as exc:
@@ -268,18 +290,16 @@ def _rejecting(path: str) -> Iterator[None]:
         raise
     except MemoryError:
         raise  # the decode stage rejects the sample as memory_error
-    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
-        raise _open_error(path, exc) from exc
-    except UnidentifiedImageError as exc:
-        raise _open_error(path, exc) from exc
-    except (OSError, ValueError, SyntaxError, EOFError) as exc:
-        if "truncated" in str(exc):
-            raise _open_error(path, exc) from exc
-        raise RejectError("decode_error", f"cannot decode: {exc}", path=path) from exc
-    except imagecodecs.PngError as exc:  # libpng refused what Pillow read
-        if "too small" in str(exc):  # libpng's words for a file cut short
-            raise RejectError("truncated", "file ends before the image does", path=path) from exc
-        raise RejectError("decode_error", f"cannot decode: {exc}", path=path) from exc
+    except (
+        Image.DecompressionBombError,
+        Image.DecompressionBombWarning,
+        OSError,
+        ValueError,
+        SyntaxError,
+        EOFError,
+        imagecodecs.PngError,  # libpng refused what Pillow read
+    ) as exc:
+        raise _damage(path, exc, data) from exc
 
 
 @contextlib.contextmanager

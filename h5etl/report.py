@@ -17,7 +17,7 @@ from h5etl.spec import Spec
 
 PLAN_CHECKS = (
     "discovery and pairing (orphans, duplicates, unreadable folders, links)",
-    "file headers (format, size, size mismatch, oversize)",
+    "file headers and ends (format, truncation, size, size mismatch, oversize)",
 )
 DECODE_CHECKS = (
     "decoding (format, truncation, pixel data, modes, sizes, size mismatch, oversize, fit)",

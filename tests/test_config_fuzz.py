@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ import yaml
 from conftest import base_config
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_config_places import model_names
 from typer.testing import CliRunner
 
 from h5etl.cli import app
@@ -86,6 +88,7 @@ DOCUMENTS = st.recursive(
 )
 
 tried = {"documents": 0}
+MODEL_NAMES = model_names()
 
 
 def outcome(path: Path, text: str) -> Spec | ConfigError:
@@ -98,6 +101,9 @@ def outcome(path: Path, text: str) -> Spec | ConfigError:
     message = str(error)
     assert message.strip(), "a config error must say what is wrong"
     assert "Traceback" not in message
+    # internal model names (SourceSpec, StorageSpec...) are no words of the config
+    leaked = [name for name in MODEL_NAMES if re.search(rf"\b{name}\b", message)]
+    assert not leaked, message
     return error
 
 

@@ -112,7 +112,8 @@ def test_an_empty_split_is_a_warning(
 
 
 def _messy(tmp_path: Path, make_raw: MakeRaw) -> None:
-    """Broken files of which only decoding can tell (and one a header probe catches)."""
+    """Broken files of which only decoding can tell (masks), and ones a header probe catches
+    (a text file; PNGs cut short, whose last bytes are not IEND's)."""
     make_raw(
         tmp_path,
         n=20,
@@ -137,7 +138,7 @@ def test_a_dry_run_says_what_it_did_not_check(
     _messy(tmp_path, make_raw)
     spec = load_spec(write_config(tmp_path))
     dry = build(spec, dry_run=True)
-    assert {r.reason for r in dry.rejects} == {"unreadable"}
+    assert {r.reason for r in dry.rejects} == {"unreadable", "truncated"}
     assert any("--dry-run --decode" in w for w in dry.warnings)
     assert all("decod" not in check for check in dry.checks)
     assert not (tmp_path / "releases").exists()

@@ -18,6 +18,7 @@ from h5etl.fieldspecs.base import FieldModel, Key, key_problem
 from h5etl.specparts import Compression, PadSpec, Problem, SpecProblems, Strict
 
 IMAGE_MODES: dict[str, int] = {"RGB": 3, "L": 1}
+MODE_OF_CHANNELS = {channels: mode for mode, channels in IMAGE_MODES.items()}
 ImageDtype = Literal["uint8", "uint16", "int16", "float32"]
 MaskDtype = Literal["uint8", "uint16"]
 ResizeFilter = Literal["nearest", "bilinear", "bicubic", "lanczos", "area"]
@@ -119,6 +120,18 @@ class ImageField(ArrayField):
             )
         ]
 
+    @model_validator(mode="before")
+    @classmethod
+    def _mode_of_shape(cls, data: Any) -> Any:
+        """No mode: the shape's channels give it (1: L, 3: RGB), as the README says."""
+        if not isinstance(data, Mapping) or data.get("mode") is not None:
+            return data
+        shape = data.get("shape")
+        channels = shape[0] if isinstance(shape, list | tuple) and len(shape) == 3 else None
+        if isinstance(channels, int) and channels in MODE_OF_CHANNELS:
+            return {**data, "mode": MODE_OF_CHANNELS[channels]}
+        return data
+
     def references(self) -> list[tuple[Key, str]]:
         found: list[tuple[Key, str]] = []
         if self.derive is not None:
@@ -129,8 +142,14 @@ class ImageField(ArrayField):
 
     @model_validator(mode="after")
     def _consistent(self) -> ImageField:
+        if self.mode is None and self.shape is not None:
+            raise key_problem(
+                "shape",
+                f"an image field has 3 channels (mode RGB) or 1 (mode L), channels first: "
+                f"[3, H, W] or [1, H, W], got {list(self.shape)}",
+            )
         if self.mode is None:
-            raise key_problem("mode", "an image field needs a mode: RGB or L")
+            raise key_problem("shape", "an image field needs a shape, e.g. [3, 224, 224]")
         found = self._shape_problem(self.mode, "an image field")
         if found is not None:
             raise found
