@@ -142,6 +142,19 @@ def _main(
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING, format="h5etl: %(message)s"
     )
+    _dask_logs(verbose)
+
+
+def _dask_logs(shown: bool) -> None:
+    """dask.distributed's own records (a lost scheduler's reconnect attempts, with their
+    tracebacks) reach the terminal only with ``-v``: the build says what went wrong in one
+    line. Its loggers get a handler that drops them, so that logging's last resort (stderr)
+    does not print them either."""
+    for name in ("distributed", "tornado"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(h, logging.NullHandler) for h in logger.handlers):
+            logger.addHandler(logging.NullHandler())
+        logger.propagate = shown
 
 
 def main() -> None:

@@ -299,17 +299,12 @@ def _build_many(paths: list[Path], options: _BuildOptions) -> None:
 
 
 def _check_scheduler(address: str) -> None:
-    import re
+    """A scheduler address that cannot work is a usage error, found before connecting."""
+    from h5etl.addresses import scheduler_problem
 
-    from h5etl.specparts import SCHEDULER_PATTERN
-
-    if not re.match(SCHEDULER_PATTERN, address):
-        raise _fail(
-            UsageError(
-                f"--scheduler: not a scheduler address: {address!r}; give tcp://host:8786 "
-                f"(what `dask scheduler` prints) or local"
-            )
-        )
+    problem = scheduler_problem(address)
+    if problem is not None:
+        raise _fail(UsageError(f"--scheduler: {problem}"))
 
 
 def _render_build(report: BuildReport, *, dry_run: bool) -> None:

@@ -13,22 +13,27 @@ workers is split sample by sample as locally, so a crash costs only the sample t
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import os
+import re
 import socket
 from collections.abc import Iterable, Iterator, Sequence
 from types import TracebackType
 from typing import Any
 
-from h5etl import __version__, decode, schedule, workers
-from h5etl.errors import ClusterError
-from h5etl.records import Barrier, BatchResult, DecodeTask, Roots
+from h5etl import __version__, addresses, decode, schedule, sourceviews, workers
+from h5etl.addresses import scheduler_problem
+from h5etl.errors import ClusterError, ClusterLost
+from h5etl.records import Barrier, BatchResult, DecodeTask
 
-LOCAL = "local"
+LOCAL = addresses.LOCAL
 EXTRA = "pip install 'h5etl[dask]'"
 CONNECT_SECONDS = 10.0  # reaching the scheduler
 WORKERS_SECONDS = 30.0  # for the first worker to join a scheduler that has none yet
-_SEEN: set[str] = set()  # in a worker process: source folders it has already found
+Views = tuple[tuple[str, sourceviews.View], ...]
+"""(source folder, the build's view of it): what every worker must see alike."""
+_SEEN: set[tuple[str, sourceviews.View]] = set()  # in a worker: folders it saw as the build
 
 
 def _distributed() -> Any:
@@ -52,49 +57,40 @@ def _where(dask_worker: Any = None) -> str:
     return f"worker {dask_worker.address} on host {socket.gethostname()}"
 
 
-def visible(folder: str) -> bool:
-    """Whether this process sees ``folder`` (a test hides one from a worker here)."""
-    return os.path.isdir(folder)
-
-
-def unseen_source(roots: Sequence[str]) -> str | None:
-    """The first of ``roots`` (source folders) this process cannot see, or None."""
-    for root in roots:
-        if root in _SEEN:
+def _checked(views: Views, dask_worker: Any = None) -> str | None:
+    """A line saying how this worker sees a source folder otherwise than the build (``views``),
+    or None; a folder it saw alike once is not looked at again by this process."""
+    for root, expected in views:
+        if (root, expected) in _SEEN:
             continue
-        if not visible(root):
-            return root
-        _SEEN.add(root)
+        different = sourceviews.difference(root, expected)
+        if different is not None:
+            return (
+                f"{_where(dask_worker)} {different}: every worker must see the same sources "
+                f"at the same path (a shared file system mounted alike on every host)"
+            )
+        _SEEN.add((root, expected))
     return None
 
 
-def _not_shared(root: str, dask_worker: Any = None) -> str:
-    return (
-        f"{_where(dask_worker)} cannot see the source folder {root}: every worker must see "
-        f"the sources at the same path (a shared file system mounted alike on every host)"
-    )
-
-
-def worker_facts(roots: Sequence[str], dask_worker: Any = None) -> tuple[str, str, str | None]:
+def worker_facts(views: Views, dask_worker: Any = None) -> tuple[str, str, str | None]:
     """Run on every worker up front (``Client.run`` passes ``dask_worker``): where it is, its
-    h5etl version, and a source folder it cannot see."""
-    missing = unseen_source(roots)
-    problem = None if missing is None else _not_shared(missing, dask_worker)
-    return _where(dask_worker), __version__, problem
+    h5etl version, and how it sees a source folder otherwise than the build (or None)."""
+    return _where(dask_worker), __version__, _checked(views, dask_worker)
 
 
 def decode_on_worker(
-    worker: schedule.Worker, task: DecodeTask, recipe: decode.DecodeRecipe
+    worker: schedule.Worker, task: DecodeTask, recipe: decode.DecodeRecipe, views: Views
 ) -> BatchResult:
-    """A decode task as a Dask worker runs it: sources checked once per process, then decoded.
+    """A decode task as a Dask worker runs it: the sources compared with the build's once per
+    process (a worker that joined after the up-front check), then decoded.
 
     Raises:
-        ClusterError: this worker cannot see a source folder (not a reject per file).
+        ClusterError: this worker sees a source folder otherwise (not a reject per file).
     """
-    roots: Roots = task.samples[0].roots if task.samples else ()
-    missing = unseen_source([root for _, root in roots])
-    if missing is not None:
-        raise ClusterError(_not_shared(missing))
+    problem = _checked(views)
+    if problem is not None:
+        raise ClusterError(problem)
     return schedule.run_remote(worker, task, recipe)
 
 
@@ -103,7 +99,7 @@ class Cluster:
 
     Parameters:
         address: the scheduler, ``tcp://host:8786``.
-        roots: the source folders every worker must see.
+        roots: the source folders every worker must see as this process does.
     """
 
     def __init__(self, address: str, roots: Sequence[str], *, timeout: float | None = None):
@@ -112,17 +108,21 @@ class Cluster:
         self.timeout = CONNECT_SECONDS if timeout is None else timeout
         self.client: Any = None
         self.threads = 0
+        self.views: Views = ()
 
     def __enter__(self) -> Cluster:
+        problem = scheduler_problem(self.address)
+        if problem is not None:  # distributed would wait 20 s to close the failed client
+            raise ClusterError(problem)
         distributed = _distributed()
         try:
             self.client = distributed.Client(
                 self.address, timeout=self.timeout, set_as_default=False
             )
-        except (OSError, TimeoutError) as exc:
+        except (OSError, TimeoutError, ValueError) as exc:
             raise ClusterError(
-                f"cannot reach the Dask scheduler at {self.address} ({exc}); start one with "
-                f"`dask scheduler` and give its address"
+                f"cannot reach the Dask scheduler at {self.address} ({_one_line(exc)}); start "
+                f"one with `dask scheduler` and give its address"
             ) from exc
         try:
             self._check_workers()
@@ -146,19 +146,29 @@ class Cluster:
                 f"the Dask scheduler at {self.address} has no workers after "
                 f"{WORKERS_SECONDS:.0f} s; start some with `dask worker {self.address}`"
             ) from exc
+        # the build's own view of its sources, before any worker is asked for its
+        self.views = tuple((root, sourceviews.view_of(root)) for root in self.roots)
+        self._ask_workers()
+        self.threads = sum(self.client.nthreads().values())
+
+    def _ask_workers(self) -> None:
+        """Every worker runs ``worker_facts``: one that cannot (no h5etl there), runs another
+        h5etl or sees the sources otherwise fails the build in one line naming it."""
         try:
-            facts = self.client.run(worker_facts, self.roots)
-        except ImportError as exc:  # the worker cannot unpickle h5etl's function
-            raise _cannot_run(exc) from exc
-        for where, version, problem in facts.values():
+            facts = self.client.run(worker_facts, self.views, on_error="return")
+        except OSError as exc:
+            raise self._lost(exc) from exc
+        for address, got in sorted(facts.items()):
+            if isinstance(got, BaseException):
+                raise _cannot_run(got, address) from got
+            where, version, problem = got
             if problem is not None:
                 raise ClusterError(problem)
             if version != __version__:
                 raise ClusterError(
                     f"{where} runs h5etl {version}, this build {__version__}: install the same "
-                    f"h5etl on every worker"
+                    f"h5etl on every worker ({_install()})"
                 )
-        self.threads = sum(self.client.nthreads().values())
 
     def run_tasks(
         self,
@@ -172,7 +182,10 @@ class Cluster:
         assert self.client is not None, "Cluster used outside its with-block"
         distributed = _distributed()
         killed = distributed.KilledWorker
-        shared = self.client.scatter(recipe, broadcast=True, hash=False)
+        try:
+            shared = self.client.scatter(recipe, broadcast=True, hash=False)
+        except OSError as exc:
+            raise self._lost(exc) from exc
 
         def submit(task: DecodeTask) -> Any:
             return self.client.submit(
@@ -180,6 +193,7 @@ class Cluster:
                 worker,
                 task,
                 shared,
+                self.views,
                 pure=False,
                 key=f"h5etl-decode-{task.split}-{task.start}-{os.urandom(4).hex()}",
             )
@@ -200,7 +214,8 @@ class Cluster:
         try:
             yield from schedule.in_order(tasks, submit, result, limit)
         finally:
-            shared.release()
+            with contextlib.suppress(Exception):  # a lost scheduler: the error above says so
+                shared.release()
 
     def _collect(self, future: Any) -> Any:
         """A future's result; the cluster's own failures become one ``ClusterError`` line."""
@@ -209,13 +224,18 @@ class Cluster:
             return future.result()
         except (ClusterError, distributed.KilledWorker):
             raise
-        except ImportError as exc:
+        except ImportError as exc:  # a worker that joined late without h5etl
+            self._ask_workers()  # names it, while it is there
             raise _cannot_run(exc) from exc
         except (OSError, distributed.client.FutureCancelledError) as exc:
-            raise ClusterError(
-                f"lost the Dask scheduler at {self.address} mid-build ({exc}); nothing was "
-                f"published: --resume continues from the last checkpoint"
-            ) from exc
+            raise self._lost(exc) from exc
+
+    def _lost(self, exc: BaseException) -> ClusterLost:
+        reason = getattr(exc, "reason", None) or _one_line(exc)
+        return ClusterLost(
+            f"lost the Dask scheduler at {self.address} mid-build ({reason}); nothing was "
+            f"published: --resume continues from the last checkpoint"
+        )
 
 
 @contextlib.contextmanager
@@ -230,8 +250,28 @@ def decoding(address: str, jobs: int, roots: Sequence[str]) -> Iterator[schedule
         yield remote.run_tasks
 
 
-def _cannot_run(exc: BaseException) -> ClusterError:
-    return ClusterError(
-        f"a Dask worker cannot run h5etl's tasks ({type(exc).__name__}: {exc}); install this "
-        f"h5etl ({__version__}) with its extras on every worker"
-    )
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def _install() -> str:
+    return f"pip install 'h5etl[dask]=={__version__}' with the extras your fields need"
+
+
+# Client.run sends back a worker's error as Exception("ImportError('...')"): its text only
+_WRAPPED = re.compile(r"^(\w+)\((.*)\)$", re.DOTALL)
+
+
+def _cannot_run(exc: BaseException, address: str | None = None) -> ClusterError:
+    """One line for a worker that cannot run h5etl's functions (``address``: which)."""
+    kind, text = type(exc).__name__, _one_line(exc)
+    wrapped = _WRAPPED.match(text) if kind == "Exception" else None
+    if wrapped is not None:
+        kind, text = wrapped[1], wrapped[2].strip("'\"")
+    who = f"the Dask worker {address}" if address else "a Dask worker"
+    if issubclass(getattr(builtins, kind, Exception), ImportError):
+        return ClusterError(
+            f"{who} cannot import h5etl ({kind}: {text}): install h5etl {__version__} in that "
+            f"worker's environment ({_install()}) and restart it"
+        )
+    return ClusterError(f"{who} cannot run h5etl's tasks ({kind}: {text})")

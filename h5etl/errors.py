@@ -16,8 +16,10 @@
     │   └── ReleaseUsageError       (also UsageError) no such folder, not a link, no such
     │                               version to roll back to; exit code 2
     ├── ClusterError                the Dask cluster cannot run the build (no scheduler at
-    │                               the address, no workers, a worker that cannot see the
-    │                               sources or run h5etl, the connection lost mid-build)
+    │   │                           the address, no workers, a worker that sees the sources
+    │   │                           otherwise or cannot run h5etl)
+    │   └── ClusterLost             the scheduler was lost mid-build; the temp file and its
+    │                               journal stay for ``--resume``
     ├── ShardError                  a shard of a sharded build does not hold what the plan
     │                               gave it (missing or extra rows, a chunk whose bytes changed)
     ├── CheckFailed                 ``h5etl check`` found a damaged release
@@ -41,6 +43,7 @@ class H5EtlError(Exception):
     """Base of every error h5etl raises on purpose."""
 
     exit_code = 1
+    resumable = False  # the build's temp file and journal stay for --resume (a lost cluster)
 
     def __init__(self, message: str, *, path: Path | str | None = None, key: str | None = None):
         super().__init__(message)
@@ -141,6 +144,16 @@ class ClusterError(H5EtlError):
 
     Raised in workers too (a source a worker cannot see), so it pickles by its message alone.
     """
+
+
+class ClusterLost(ClusterError):
+    """The connection to the Dask scheduler was lost mid-build; nothing was published.
+
+    ``resumable``: the build's temp file and journal stay, so ``--resume`` continues from
+    the last checkpoint, as after a kill.
+    """
+
+    resumable = True
 
 
 class ShardError(H5EtlError):

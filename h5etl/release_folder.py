@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from h5etl.buildlock import BuildLock
-from h5etl.errors import ReleaseError, ReleaseUsageError, io_problem
+from h5etl.errors import H5EtlError, ReleaseError, ReleaseUsageError, io_problem
 from h5etl.records import Reject
 from h5etl.release_naming import (
     PARTIAL_MARK,
@@ -154,15 +154,21 @@ class OutputFolder:
 
     @contextlib.contextmanager
     def staged(self) -> Iterator[Path]:
-        """A temp path for the new file (its journal beside it); both removed at the end.
+        """A temp path for the new file (its journal beside it); both removed at the end,
+        unless the build stopped on an error that leaves it resumable (a lost Dask scheduler):
+        then they stay for ``--resume``, as a killed build's do.
 
         Removing them never raises over the error that ended the build.
         """
         path = self.partial_path()
+        keep = False
         try:
             yield path
+        except H5EtlError as exc:
+            keep = exc.resumable and self.journal_of(path).is_file()
+            raise
         finally:
-            for leftover in (path, self.journal_of(path)):
+            for leftover in () if keep else (path, self.journal_of(path)):
                 try:
                     leftover.unlink()
                 except FileNotFoundError:

@@ -11,7 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+
+from h5etl.addresses import scheduler_problem
 
 __all__ = [
     "Compression",
@@ -106,15 +108,19 @@ class StorageSpec(Strict):
     shuffle: bool = True
 
 
-# Where decoding runs: this machine's cores, or a Dask scheduler (tcp://host:8786, host:8786)
-SCHEDULER_PATTERN = r"^(local|[a-z][a-z0-9+]*://\S+|[^\s:/]+:\d+)$"
+def _valid_scheduler(address: str) -> str:
+    """Where decoding runs: this machine's cores, or a Dask scheduler (tcp://host:8786)."""
+    problem = scheduler_problem(address)
+    if problem is not None:
+        raise ValueError(problem)
+    return address
 
 
 class DecodeSpec(Strict):
     """Where the decode tasks run. Not part of the stored config: it changes how a release is
     built, never what it holds (like ``--jobs``)."""
 
-    scheduler: Annotated[str, Field(pattern=SCHEDULER_PATTERN)] = "local"
+    scheduler: Annotated[str, AfterValidator(_valid_scheduler)] = "local"
 
 
 class PadSpec(Strict):

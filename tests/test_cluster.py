@@ -72,21 +72,22 @@ def _normal_decoding() -> None:
 
 
 def _hide(folder: str) -> None:
-    """In a worker: act as a host that does not mount ``folder``."""
+    """In a worker: act as a host that does not mount ``folder`` (and has checked nothing)."""
     import os.path
 
     import h5etl.cluster
+    import h5etl.sourceviews
 
-    h5etl.cluster._SEEN.discard(folder)
-    h5etl.cluster.visible = lambda path: path != folder and os.path.isdir(path)  # type: ignore[assignment]
+    h5etl.cluster._SEEN.clear()
+    h5etl.sourceviews.visible = lambda path: path != folder and os.path.isdir(path)  # type: ignore[assignment]
 
 
 def _unhide() -> None:
     import os.path
 
-    import h5etl.cluster
+    import h5etl.sourceviews
 
-    h5etl.cluster.visible = os.path.isdir  # type: ignore[assignment]
+    h5etl.sourceviews.visible = os.path.isdir  # type: ignore[assignment]
 
 
 def _release(tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig) -> Path:
@@ -219,12 +220,12 @@ def test_a_worker_joining_late_checks_the_sources_on_its_first_task(
 ) -> None:
     raw = make_raw(tmp_path, n=6)
     spec = load_spec(write_config(tmp_path))
-    run = cluster.Cluster(dask_cluster.scheduler_address, [])  # the up-front check sees nothing
-    client.run(_hide, str(raw.images))
+    run = cluster.Cluster(dask_cluster.scheduler_address, buildparts.source_roots(spec))
     _, plan, _, _ = planning.plan_only(spec, lambda stage, advance, total: None, 1)
     cutter = buildparts.cutter(spec, plan, None)
     try:
-        with run:
+        with run:  # the up-front check passes; then the workers act as ones that joined later
+            client.run(_hide, str(raw.images))
             results = run.run_tasks(cutter, pipeline.recipe_of(plan))
             with pytest.raises(ClusterError, match=r"cannot see the source folder .*images"):
                 list(results)
