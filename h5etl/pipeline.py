@@ -124,17 +124,17 @@ def build(
         LazyDecoder(spec, jobs, scheduler) as decoder,
     ):
         remote = (scheduler or spec.decode.scheduler) != "local"
-        if full or resume or sharding is not None or output.current_release() is None:
-            decoder.start()  # it will decode: the workers start while this process plans
-        elif remote:
-            decoder.start()  # a cluster that cannot be reached fails now, not after planning
 
         def both(stage: str, advance: int, total: int | None) -> None:
             status(stage, advance, total)
             hook(stage, advance, total)
 
         run = _Run(spec, output, jobs, both, status, checkpoint_seconds, epoch, decoder, sharding)
-        try:
+        try:  # the status says how it ended, also when the cluster fails its check
+            if full or resume or sharding is not None or output.current_release() is None:
+                decoder.start()  # it will decode: the workers start while this process plans
+            elif remote:
+                decoder.start()  # a cluster that cannot be reached fails now, not after planning
             return _build_locked(run, resume=resume, full=full or sharding is not None)
         except BaseException as exc:
             status.failed(exc)  # under the lock: the next build's status cannot be overwritten
