@@ -184,6 +184,8 @@ class Cluster:
         killed = distributed.KilledWorker
         try:
             shared = self.client.scatter(recipe, broadcast=True, hash=False)
+            # in a list: a tuple would be scattered item by item
+            (views,) = self.client.scatter([self.views], broadcast=True, hash=False)
         except OSError as exc:
             raise self._lost(exc) from exc
 
@@ -193,7 +195,7 @@ class Cluster:
                 worker,
                 task,
                 shared,
-                self.views,
+                views,
                 pure=False,
                 key=f"h5etl-decode-{task.split}-{task.start}-{os.urandom(4).hex()}",
             )
@@ -216,6 +218,7 @@ class Cluster:
         finally:
             with contextlib.suppress(Exception):  # a lost scheduler: the error above says so
                 shared.release()
+                views.release()
 
     def _collect(self, future: Any) -> Any:
         """A future's result; the cluster's own failures become one ``ClusterError`` line."""
@@ -271,7 +274,7 @@ def _cannot_run(exc: BaseException, address: str | None = None) -> ClusterError:
     who = f"the Dask worker {address}" if address else "a Dask worker"
     if issubclass(getattr(builtins, kind, Exception), ImportError):
         return ClusterError(
-            f"{who} cannot import h5etl ({kind}: {text}): install h5etl {__version__} in that "
+            f"{who} cannot run h5etl ({kind}: {text}): install h5etl {__version__} in that "
             f"worker's environment ({_install()}) and restart it"
         )
     return ClusterError(f"{who} cannot run h5etl's tasks ({kind}: {text})")

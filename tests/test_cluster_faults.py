@@ -173,7 +173,7 @@ def test_a_worker_without_h5etl_is_named_in_one_line(
         cli = _cli(config, "--scheduler", scheduler.scheduler.address)
     assert cli.returncode == 1, cli.stderr
     line = _one_line(cli.stderr)
-    assert f"the Dask worker {address} cannot import h5etl" in line, line
+    assert f"the Dask worker {address} cannot run h5etl" in line, line
     assert "No module named h5etl here" in line
     assert "pip install 'h5etl[dask]==" in line
     _nothing_left(tmp_path / "releases")
