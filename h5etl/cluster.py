@@ -24,7 +24,7 @@ from typing import Any
 
 from h5etl import __version__, addresses, decode, schedule, sourceviews, workers
 from h5etl.addresses import scheduler_problem
-from h5etl.errors import ClusterError, ClusterLost
+from h5etl.errors import ClusterError, ClusterLost, UsageError
 from h5etl.records import Barrier, BatchResult, DecodeTask
 
 LOCAL = addresses.LOCAL
@@ -113,7 +113,7 @@ class Cluster:
     def __enter__(self) -> Cluster:
         problem = scheduler_problem(self.address)
         if problem is not None:  # distributed would wait 20 s to close the failed client
-            raise ClusterError(problem)
+            raise UsageError(f"scheduler: {problem}")
         distributed = _distributed()
         try:
             self.client = distributed.Client(

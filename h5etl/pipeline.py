@@ -100,7 +100,9 @@ def build(
         LockHeld: another build of the same name is writing to the same folder.
         ConfigError: an optional library the fields are read with is not installed.
         SinkError, ReleaseError: the file could not be written or published.
-        ClusterError: the Dask cluster cannot run the build.
+        ClusterError: the Dask cluster cannot run the build (``ClusterLost``: it was lost
+            mid-build; the temp file and journal stay for ``resume``).
+        UsageError: ``scheduler`` is no address a Dask scheduler can have.
         ShardError: a shard writer died twice, or a shard does not hold what it committed.
     """
     hook = progress or (lambda stage, advance, total: None)

@@ -29,7 +29,7 @@ from typer.testing import CliRunner
 from h5etl import journal, pipeline, tasks
 from h5etl.cli import app
 from h5etl.config import load_spec
-from h5etl.errors import ConfigError
+from h5etl.errors import ConfigError, UsageError
 
 distributed = pytest.importorskip("distributed")
 
@@ -203,7 +203,10 @@ def test_a_scheduler_address_that_cannot_work_is_a_usage_error_before_connecting
     assert line.startswith(f"h5etl: error: --scheduler: {problem}"), line
     assert repr(address) in line
     with pytest.raises(ConfigError, match=rf"decode\.scheduler: {problem}"):
-        load_spec(write_config(tmp_path, decode={"scheduler": address}))
+        load_spec(write_config(tmp_path, config_name="bad.yaml", decode={"scheduler": address}))
+    with pytest.raises(UsageError, match=rf"scheduler: {problem}"):
+        pipeline.build(load_spec(config), scheduler=address)
+    _nothing_left(tmp_path / "releases")
 
 
 def test_good_scheduler_addresses_are_accepted(
