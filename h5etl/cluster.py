@@ -4,11 +4,14 @@ The client (the build's process) keeps the task cutter and the single writer. Ta
 scheduler through the same ordered, bounded window as the local pool (``schedule.in_order``:
 at most ``2 * threads + 1`` not yet consumed) and come back as compressed whole chunks with
 their digests. Workers read the sources by path: every worker must see them at the same
-absolute path (a shared file system); one that cannot fails the build with one line naming
-its host and the path, checked on every worker up front and again by each worker on its first
-task (a worker that joins later). A worker that dies mid-task: the scheduler reruns its tasks
-elsewhere (``distributed.scheduler.allowed-failures`` times); a task that killed that many
-workers is split sample by sample as locally, so a crash costs only the sample that causes it.
+absolute path (a shared file system), as the build does (``sourceviews``: not an empty mount
+point, not another copy); one that does not fails the build with one line naming it and the
+folder, checked on every worker up front and by each worker on its first task (a worker that
+joins later), before it decodes anything. A worker that dies mid-task: the scheduler reruns
+its tasks elsewhere (``distributed.scheduler.allowed-failures`` times); a task that killed that
+many workers is split sample by sample as locally, so a crash costs only the sample that
+causes it. The scheduler lost mid-build is ``ClusterLost``: the build keeps its temp file and
+journal for ``--resume``.
 """
 
 from __future__ import annotations
@@ -57,10 +60,13 @@ def _where(dask_worker: Any = None) -> str:
     return f"worker {dask_worker.address} on host {socket.gethostname()}"
 
 
-def _checked(views: Views, dask_worker: Any = None) -> str | None:
+def _checked(views: Views, dask_worker: Any = None, *, again: bool = False) -> str | None:
     """A line saying how this worker sees a source folder otherwise than the build (``views``),
-    or None; a folder it saw alike once is not looked at again by this process."""
+    or None. A folder this process saw alike is not looked at again on its next tasks;
+    ``again``: look all the same (a long-lived worker's share may have gone since)."""
     for root, expected in views:
+        if again:
+            _SEEN.discard((root, expected))
         if (root, expected) in _SEEN:
             continue
         different = sourceviews.difference(root, expected)
@@ -76,7 +82,7 @@ def _checked(views: Views, dask_worker: Any = None) -> str | None:
 def worker_facts(views: Views, dask_worker: Any = None) -> tuple[str, str, str | None]:
     """Run on every worker up front (``Client.run`` passes ``dask_worker``): where it is, its
     h5etl version, and how it sees a source folder otherwise than the build (or None)."""
-    return _where(dask_worker), __version__, _checked(views, dask_worker)
+    return _where(dask_worker), __version__, _checked(views, dask_worker, again=True)
 
 
 def decode_on_worker(

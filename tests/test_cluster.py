@@ -71,14 +71,16 @@ def _normal_decoding() -> None:
         h5etl.decode.decode_batch = original
 
 
-def _hide(folder: str) -> None:
-    """In a worker: act as a host that does not mount ``folder`` (and has checked nothing)."""
+def _hide(folder: str, forget: bool = True) -> None:
+    """In a worker: act as a host that does not mount ``folder`` (``forget``: a worker that
+    has checked nothing yet, one that joined late; else one whose share went away since)."""
     import os.path
 
     import h5etl.cluster
     import h5etl.sourceviews
 
-    h5etl.cluster._SEEN.clear()
+    if forget:
+        h5etl.cluster._SEEN.clear()
     h5etl.sourceviews.visible = lambda path: path != folder and os.path.isdir(path)  # type: ignore[assignment]
 
 
@@ -188,7 +190,9 @@ def test_a_worker_that_cannot_see_the_sources_fails_the_build_in_one_line(
     config = write_config(tmp_path)
     hidden = str(raw.masks)
     address = sorted(client.scheduler_info()["workers"])[0]
-    client.run(_hide, hidden, workers=[address])
+    # a healthy cluster builds; then one host's share goes away (its worker saw it before)
+    assert pipeline.build(load_spec(config), scheduler=dask_cluster.scheduler_address).path
+    client.run(_hide, hidden, False, workers=[address])
     try:
         with pytest.raises(ClusterError) as caught:
             pipeline.build(load_spec(config), scheduler=dask_cluster.scheduler_address)
@@ -212,7 +216,8 @@ def test_a_worker_that_cannot_see_the_sources_fails_the_build_in_one_line(
     assert len(lines) == 1, cli.stderr
     assert hidden in lines[0]
     assert address in lines[0]
-    assert not (tmp_path / "releases" / "cells.h5").exists()  # nothing published
+    releases = sorted(p.name for p in (tmp_path / "releases").glob("cells-v*.h5"))
+    assert releases == ["cells-v0001.h5"]  # nothing more published
 
 
 def test_a_worker_joining_late_checks_the_sources_on_its_first_task(
