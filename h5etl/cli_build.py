@@ -303,6 +303,8 @@ def _check_scheduler(address: str) -> None:
     from h5etl.addresses import scheduler_problem
 
     problem = scheduler_problem(address)
+    if problem is None and address.startswith("inproc://"):
+        problem = f"{address!r} names a scheduler inside another process: give tcp://host:8786"
     if problem is not None:
         raise _fail(UsageError(f"--scheduler: {problem}"))
 

@@ -209,6 +209,16 @@ def test_a_scheduler_address_that_cannot_work_is_a_usage_error_before_connecting
     _nothing_left(tmp_path / "releases")
 
 
+def test_an_inproc_address_is_no_scheduler_for_the_command_line(
+    tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig
+) -> None:
+    make_raw(tmp_path, n=1)
+    command = ["build", str(write_config(tmp_path)), "-q", "--scheduler", "inproc://10.0.0.1/4/1"]
+    result = runner.invoke(app, command)
+    assert result.exit_code == 2, result.output
+    assert "names a scheduler inside another process" in _one_line(result.output)
+
+
 def test_good_scheduler_addresses_are_accepted(
     tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig
 ) -> None:
