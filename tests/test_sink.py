@@ -27,7 +27,6 @@ LAYOUT = SinkLayout(
     ("train", "valid"),
     {"image": ArrayColumn(IMAGE, 0), "mask": ArrayColumn(MASK, 0), "filename": TextColumn()},
     ("image", "mask"),
-    CHUNK,
 )
 
 

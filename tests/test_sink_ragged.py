@@ -32,7 +32,7 @@ def _write(
     path: Path, column: RaggedColumn, batches: list[list[np.ndarray]], *, encoded: bool
 ) -> None:
     layout = SinkLayout(
-        ("train",), {"sig": column, "sig_length": ScalarColumn("int64")}, ("sig",), 3
+        ("train",), {"sig": column, "sig_length": ScalarColumn("int64")}, ("sig",)
     )
     with Sink(path, layout) as sink:
         for number, samples in enumerate(batches):
