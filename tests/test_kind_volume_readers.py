@@ -167,3 +167,53 @@ def test_preview_shows_the_middle_slice_of_each_case(release: tuple[Path, dict[s
     assert picture.width > 0
     pixels = np.asarray(picture)
     assert (pixels != 255).any()  # drawn, not blank
+
+
+def test_every_volume_reader_names_its_case(release: tuple[Path, dict[str, Any]]) -> None:
+    # the readers gave a case's index only: a loss could not be reported by case
+    import torch
+
+    from h5etl.readers.volume_torch import VolumeCaseDataset, VolumeSliceDataset
+
+    path, truth = release  # truth: by case name (the folder case_N), as the keys are
+    with Volumes(path, "train", "ct", mask="mask") as cases:
+        assert sorted(cases.keys) == sorted(truth)
+        for case in cases:
+            assert np.array_equal(case["image"], truth[case["key"]]["ct"])
+            assert cases.keys[case["case"]] == case["key"]
+    for item in SliceSampler(path, "train", "ct", mask="mask"):
+        assert np.array_equal(item["mask"], truth[item["key"]]["mask"][item["z"]])
+    size = (2, 4, 4)
+    for patch in PatchSampler(path, "train", "ct", patch_size=size, foreground=0, length=8):
+        z, y, x = patch["start"]
+        want = truth[patch["key"]]["ct"][z : z + size[0], y : y + size[1], x : x + size[2]]
+        assert np.array_equal(patch["image"][: len(want), : want.shape[1], : want.shape[2]], want)
+    dataset = VolumeCaseDataset(path, "train", "ct")
+    assert {dataset[i]["key"] for i in range(len(dataset))} == set(truth)
+    slices = VolumeSliceDataset(path, "train", "ct", shuffle=False)
+    batch = next(iter(torch.utils.data.DataLoader(slices, batch_size=3)))
+    assert set(batch["key"]) <= set(truth)  # a batch's names: a list of str
+    for key, z, image in zip(batch["key"], batch["z"], batch["image"], strict=True):
+        assert np.array_equal(image[0].numpy(), truth[key]["ct"][int(z)].astype(np.float32))
+
+
+def test_preview_captions_a_case_by_its_name(release: tuple[Path, dict[str, Any]]) -> None:
+    # preview captioned a case by its DICOM SeriesInstanceUID, a column of the ct field
+    import dataclasses
+
+    import h5py
+
+    from h5etl import fileformat
+    from h5etl.preview import caption_fields
+    from h5etl.readers import Release
+
+    path, truth = release
+    with h5py.File(path, "r") as handle:
+        layout = fileformat.read_layout(handle)
+    assert caption_fields(layout) == ("case",)  # the recipe's text field: the case's name
+    without = dataclasses.replace(
+        layout, fields={n: f for n, f in layout.fields.items() if n != "case"}
+    )
+    assert caption_fields(without) == (fileformat.SAMPLE_KEY,)  # else its sample key
+    with Release(path, "train", fields=[fileformat.SAMPLE_KEY]) as release:
+        assert set(release.read_slice(0, len(release))[fileformat.SAMPLE_KEY]) == set(truth)
