@@ -375,6 +375,7 @@ def iter_batches(
     epoch: int = 0,
     drop_last: bool = False,
     prefetch: int = 4,
+    channels_last: bool = False,
 ) -> Generator[dict[str, np.ndarray], None, None]:
     """Yield one epoch of a split as dicts of numpy arrays (for JAX, NumPy or anything else).
 
@@ -394,4 +395,5 @@ def iter_batches(
             epoch=epoch,
             drop_last=drop_last,
             prefetch=prefetch,
+            channels_last=channels_last,
         )
