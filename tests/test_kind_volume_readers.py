@@ -217,3 +217,32 @@ def test_preview_captions_a_case_by_its_name(release: tuple[Path, dict[str, Any]
     assert caption_fields(without) == (fileformat.SAMPLE_KEY,)  # else its sample key
     with Release(path, "train", fields=[fileformat.SAMPLE_KEY]) as release:
         assert set(release.read_slice(0, len(release))[fileformat.SAMPLE_KEY]) == set(truth)
+
+
+def test_small_columns_of_a_volume_release_are_chunked_by_bytes(
+    release: tuple[Path, dict[str, Any]],
+) -> None:
+    # a volume release has no array field whose chunk rows its small columns followed: they
+    # were stored one row a chunk (100k offsets: 4.5 MB, 0.86 s to read whole)
+    import h5py
+
+    from h5etl import fileformat
+
+    path, truth = release
+    with h5py.File(path, "r") as handle:
+        layout = fileformat.read_layout(handle)
+        small = [
+            *(layout.path("train", n) for n in ("ct_spacing", "ct_affine", "ct_series_uid")),
+            fileformat.offsets_path(layout.path("train", "ct")),
+            layout.path("train", "case"),
+            layout.lineage_path("train"),
+            *layout.sample_paths("train").values(),
+        ]
+        for name in small:
+            dataset = handle[name]
+            item = 16 if h5py.check_vlen_dtype(dataset.dtype) else dataset.dtype.itemsize
+            rows = dataset.chunks[0]
+            assert rows >= 64, name  # never a row a chunk
+            assert rows >= len(dataset), name  # a small split: one chunk
+            assert rows * item * int(np.prod(dataset.shape[1:])) <= 64 * 1024, name
+    assert len(truth) == 5
