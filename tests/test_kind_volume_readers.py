@@ -215,8 +215,8 @@ def test_preview_captions_a_case_by_its_name(release: tuple[Path, dict[str, Any]
         layout, fields={n: f for n, f in layout.fields.items() if n != "case"}
     )
     assert caption_fields(without) == (fileformat.SAMPLE_KEY,)  # else its sample key
-    with Release(path, "train", fields=[fileformat.SAMPLE_KEY]) as release:
-        assert set(release.read_slice(0, len(release))[fileformat.SAMPLE_KEY]) == set(truth)
+    with Release(path, "train", fields=[fileformat.SAMPLE_KEY]) as keys:
+        assert set(keys.read_slice(0, len(keys))[fileformat.SAMPLE_KEY]) == set(truth)
 
 
 def test_small_columns_of_a_volume_release_are_chunked_by_bytes(

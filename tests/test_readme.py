@@ -76,4 +76,4 @@ def test_a_readme_snippet_runs_as_written(
     folder = _folder(examples, name, tmp_path_factory.getbasetemp() / "readme")
     monkeypatch.chdir(folder)
     compiled = compile(code, f"README.md:{line}", "exec")
-    exec(compiled, {"__name__": "__readme__"})  # noqa: S102 - the README's own code
+    exec(compiled, {"__name__": "__readme__"})  # the README's own code

@@ -73,7 +73,8 @@ def test_collate_pads_each_channel_and_returns_lengths(
         np.testing.assert_array_equal(row[:n], sample["rec_accel"])
         assert (row[n:] == -7.0).all()
     assert lengths["rec_temp_time"].dtype == np.int64
-    assert np.isnan(batch["rec_temp_time"][lengths["rec_temp_time"].argmin(), -1])  # times pad with NaN
+    shortest = lengths["rec_temp_time"].argmin()
+    assert np.isnan(batch["rec_temp_time"][shortest, -1])  # times pad with NaN
 
 
 def test_collate_torch_gives_tensors_for_a_dataloader(

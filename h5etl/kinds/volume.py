@@ -340,7 +340,8 @@ class LabelCheck:
         stray = sorted(present - set(self.values))
         if self.binary and stray == [255] and 1 not in present and self.one != 1:
             self.one = 255
-            return (voxels == 255).astype(voxels.dtype)
+            binary: np.ndarray = (voxels == 255).astype(voxels.dtype)
+            return binary
         if self.binary and 1 in present and self.one == 255:
             stray = [1]  # 0/255 so far: a 1 now is a third value, as 255 after a 1 is
         elif self.binary and 1 in present:

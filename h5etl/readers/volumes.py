@@ -63,13 +63,17 @@ def column_paths(handle: h5py.File, split: str, field: str) -> dict[str, str]:
             f"no split {split!r} (splits: {', '.join(layout.splits)})", path=handle.filename
         )
     values = layout.path(split, field)
+    record_paths = layout.sample_paths(split)
     return {
         "values": values,
         "offsets": fileformat.offsets_path(values),
         **{suffix: layout.path(split, f"{field}_{suffix}") for suffix in ("spacing", "affine")},
         "series_uid": layout.path(split, f"{field}_series_uid"),
-        **{"key": p for n, p in layout.sample_paths(split).items() if n == fileformat.SAMPLE_KEY},
-    }
+    } | (
+        {"key": record_paths[fileformat.SAMPLE_KEY]}
+        if fileformat.SAMPLE_KEY in record_paths
+        else {}
+    )
 
 
 def _texts(dataset: h5py.Dataset) -> list[str]:

@@ -10,9 +10,9 @@ chunks its small columns now (by bytes, ``sink_datasets.small_chunk_rows``) and 
 before (one row a chunk: a volume or series release has no array field whose chunk rows the
 small columns followed). For each file it prints the offsets dataset's chunks, their bytes,
 the file's bytes (the other small columns, the lineage, and every chunk index included: one
-B-tree entry per chunk), and the median time to open the file and read the offsets whole, as every loader
-worker does when it opens a release (``Release``, ``Volumes``, ``SeriesReader``). Warm page
-cache: the files are read once before timing.
+B-tree entry per chunk), and the median time to open the file and read the offsets whole,
+as every loader worker does when it opens a release (``Release``, ``Volumes``,
+``SeriesReader``). Warm page cache: the files are read once before timing.
 """
 
 from __future__ import annotations
@@ -93,14 +93,16 @@ def main() -> None:
     parser.add_argument("--dir", type=Path, default=None)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(dir=args.dir) as scratch:
-        rows = []
+        rows: list[tuple[str, tuple[int, ...], int, int, float]] = []
         for name, before in (("one row a chunk (before)", True), ("by bytes", False)):
             path = Path(scratch) / f"{len(rows)}.h5"
             with one_row_chunks() if before else contextlib.nullcontext():
                 write(path, args.samples)
             assert np.array_equal(np.diff(read_offsets(path)), np.ones(args.samples))
             rows.append((name, *measure(path, args.repeats)))
-    print(f"### Offsets of {args.samples:,} samples: open and read whole (median of {args.repeats})")
+    print(
+        f"### Offsets of {args.samples:,} samples: open and read whole (median of {args.repeats})"
+    )
     print()
     print("| small columns chunked | chunks | offsets' chunks | file | open + read whole |")
     print("|---|---|---|---|---|")
@@ -109,8 +111,8 @@ def main() -> None:
             f"| {name} | {chunks} | {stored / 1e6:.2f} MB | {size / 1e6:.2f} MB | "
             f"{seconds * 1e3:.2f} ms |"
         )
-    (*_, size_before, before), (*_, size_after, after) = rows
-    print(f"| **before / by bytes** | | | {size_before / size_after:.1f}x | {before / after:.0f}x |")
+    (*_, size_before, slow), (*_, size_after, fast) = rows
+    print(f"| **before / by bytes** | | | {size_before / size_after:.1f}x | {slow / fast:.0f}x |")
 
 
 if __name__ == "__main__":
