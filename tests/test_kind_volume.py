@@ -315,7 +315,9 @@ def test_a_0_255_label_volume_reads_as_0_1_as_a_2d_mask_does(tmp_path: Path) -> 
     }
     written["case_2"][-1, 0, 0] = 1
     for name, labels in written.items():
-        write_nifti(tmp_path / "raw/masks" / f"{name}.nii.gz", labels, spacing=SPACING)
+        write_nifti(
+            tmp_path / "raw/masks" / f"{name}.nii.gz", labels, affine=series_affine(SPACING)
+        )
     config = ct_config(tmp_path, splits={"train": 1.0}, mask={"values": [0, 1]})
     report = build(config, jobs=1)
     assert report.path is not None
