@@ -19,8 +19,8 @@ from h5etl.cli import app
 
 README = Path(__file__).parent.parent / "README.md"
 MARKED = re.compile(r"<!-- readme-test: ([\w-]+) -->\n```python\n(.*?)\n```", re.DOTALL)
-# the sections that must keep a tested snippet (issue 25: a rejects loop that raised, a Keras
-# snippet with no model, series keys that were renamed)
+# at least this many tested snippets per example (issue 25: a rejects loop that raised, a
+# Keras snippet with no model, series keys that were renamed)
 REQUIRED = {"cells": 7, "ct-volumes": 1, "vibration": 2}
 
 
@@ -53,7 +53,8 @@ def test_every_reading_section_keeps_a_marked_snippet() -> None:
     found: dict[str, int] = {}
     for name, _, _ in snippets():
         found[name] = found.get(name, 0) + 1
-    assert found == REQUIRED
+    short = [name for name, count in REQUIRED.items() if found.get(name, 0) < count]
+    assert not short, f"marked snippets {found}, at least {REQUIRED} expected"
 
 
 # Not the snippets' doing: Keras 3 on torch converts tensors to numpy through a deprecated
