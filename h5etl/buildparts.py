@@ -46,8 +46,8 @@ def sink_layout(spec: Spec, plan: clean.Plan) -> SinkLayout:
             **{name: TextColumn() for name in fileformat.SAMPLE_RECORD},  # the sample record
         },
         tuple(spec.sources),
-        spec.batch_samples,
         spec.layout,
+        {split: len(samples) for split, samples in plan.splits.items()},
     )
 
 

@@ -75,12 +75,18 @@ def roles(layout: LayoutRecord) -> Roles:
 
 
 def caption_fields(layout: LayoutRecord) -> tuple[str, ...]:
-    """A label (shown by class name), then a text column (``filename`` first)."""
+    """A label (shown by class name), then the sample's name: a text field of its own
+    (``filename`` first), else its sample key. A column of another field (a volume's
+    ``ct_series_uid``) names no sample for a person: only when nothing else does."""
     columns = layout.storage
     labels = [n for n, f in columns.items() if f.kind == LABEL and not f.shape]
     texts = [n for n, f in columns.items() if f.column == "text"]
-    texts.sort(key=lambda n: n != "filename")
-    return (*labels[:1], *texts[:1])
+    own = sorted(
+        (n for n in texts if fileformat.FIELD_KEY not in columns[n].extra),
+        key=lambda n: n != "filename",
+    )
+    key = [fileformat.SAMPLE_KEY] if fileformat.SAMPLE_KEY in layout.samples else []
+    return (*labels[:1], *(own or key or texts)[:1])
 
 
 def captions(

@@ -8,8 +8,8 @@ journal as plain values as soon as they are buffered.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import h5py
@@ -33,8 +33,10 @@ class SinkLayout:
     splits: tuple[str, ...]
     columns: dict[str, Column]
     sources: tuple[str, ...]
-    rows_per_chunk: int  # for text, scalar and lineage datasets
     template: str = fileformat.DEFAULT_TEMPLATE
+    # samples the plan gives each split: its small columns' chunks hold no more rows than
+    # that needs (a tiny release stays tiny); none known: chunked by bytes alone
+    planned: Mapping[str, int] = field(default_factory=dict)
 
     def path(self, split: str, name: str) -> str:
         return fileformat.dataset_path(self.template, split, name)

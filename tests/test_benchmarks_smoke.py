@@ -338,3 +338,10 @@ def test_ragged_carry_bench_prints_every_build(bench_dir: Path) -> None:
     assert "| one touched |" in text
     assert "| 1 of 2 |" in text
     assert "| shards 2 |" in text
+
+
+def test_small_columns_bench_prints_both_layouts() -> None:
+    text = _run("small_columns.py", "--samples", "300", "--repeats", "1")
+    assert "| one row a chunk (before) | (1,) |" in text
+    assert "| by bytes | (512,) |" in text  # 301 offsets: no more rows than the split needs
+    assert "| **before / by bytes** |" in text

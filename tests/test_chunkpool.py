@@ -36,7 +36,7 @@ def _batches(seed: int = 1) -> list[list[np.ndarray]]:
 
 def _write(path: Path, batches: list[list[np.ndarray]], *, threads: int, codec: Codec) -> None:
     column = RaggedColumn.of("float32", (3,), 64, compression=codec)
-    layout = SinkLayout(("train",), {"sig": column, "n": ScalarColumn("int64")}, ("sig",), 4)
+    layout = SinkLayout(("train",), {"sig": column, "n": ScalarColumn("int64")}, ("sig",))
     sink = Sink(path, layout)
     sink.pool = ChunkPool(threads)
     with sink:

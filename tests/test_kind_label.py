@@ -524,3 +524,19 @@ def test_keras_dataset_gives_int64_labels(pets_release: Path) -> None:
     _, target = default[0]
     default.close()
     assert target.tolist() == [truth[f] for f in files[:4]]
+
+
+def test_labels_chunked_by_bytes_do_not_widen_the_reading_unit(pets_release: Path) -> None:
+    # labels are chunked by bytes (hundreds of rows a chunk): the sampler's unit and Keras's
+    # default batch stay one chunk of the image
+    pytest.importorskip("keras")
+    from h5etl.readers import KerasDataset
+
+    with h5py.File(pets_release, "r") as handle:
+        image_rows = handle["train/image"].chunks[0]
+        assert handle["train/label"].chunks[0] > image_rows
+    with h5etl.readers.Release(pets_release, "train") as reader:
+        assert reader.chunk_rows == image_rows
+    dataset = KerasDataset(pets_release, "train", shuffle=False)
+    assert dataset.batch_size == image_rows
+    dataset.close()

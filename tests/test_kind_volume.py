@@ -300,3 +300,61 @@ def test_workers_import_the_readers_of_the_forms_a_config_can_meet(tmp_path: Pat
     any_form = worker_modules(h5etl.load_spec(ct_config(tmp_path)))  # auto: all three
     assert {"h5etl.volumes.dicom", "h5etl.volumes.nifti", "h5etl.volumes.slices"} <= set(any_form)
     assert all(importlib.util.find_spec(m) is not None for m in any_form)
+
+
+def test_a_0_255_label_volume_reads_as_0_1_as_a_2d_mask_does(tmp_path: Path) -> None:
+    # a 0/255 NIfTI mask was a mask_values reject, where a 0/255 PNG mask becomes 0/1
+    from h5etl.validate import check_mask
+
+    truth = make_ct(tmp_path, cases=3, seed=4)
+    binary = {name: (case["mask"] > 0).astype(np.uint8) for name, case in truth.items()}
+    written = {
+        "case_0": binary["case_0"],  # 0/1
+        "case_1": binary["case_1"] * 255,  # 0/255
+        "case_2": binary["case_2"] * 255,  # 0/255 with one stray 1: a reject, as in 2-D
+    }
+    written["case_2"][-1, 0, 0] = 1
+    for name, labels in written.items():
+        write_nifti(
+            tmp_path / "raw/masks" / f"{name}.nii.gz", labels, affine=series_affine(SPACING)
+        )
+    config = ct_config(tmp_path, splits={"train": 1.0}, mask={"values": [0, 1]})
+    report = build(config, jobs=1)
+    assert report.path is not None
+    reasons = {(Path(r.path).name, r.reason) for r in report.rejects}
+    assert ("case_2.nii.gz", "mask_values") in reasons
+    assert {name for name, _ in reasons} <= {"case_2", "case_2.nii.gz"}  # its ct goes too
+    stored = stored_cases(report.path)
+    assert sorted(stored) == ["case_0", "case_1"]
+    for name in ("case_0", "case_1"):
+        as_2d = np.stack([check_mask(s, (0, 1), path=name) for s in written[name]])
+        assert np.array_equal(stored[name]["mask"], as_2d)
+        assert np.array_equal(stored[name]["mask"], binary[name])
+
+
+@pytest.mark.parametrize(
+    ("slabs", "stored"),
+    [
+        pytest.param([[0, 255], [255, 0]], [[0, 1], [1, 0]], id="0/255 throughout"),
+        pytest.param([[0, 1], [1, 0]], [[0, 1], [1, 0]], id="0/1 throughout"),
+        pytest.param([[0, 255], [1, 0]], None, id="255 then 1"),
+        pytest.param([[0, 1], [255, 0]], None, id="1 then 255"),
+        pytest.param([[0, 0], [0, 7]], None, id="a stray label"),
+    ],
+)
+def test_a_label_volume_is_one_form_over_all_its_slabs(
+    slabs: list[list[int]], stored: list[list[int]] | None
+) -> None:
+    from h5etl.errors import RejectError
+    from h5etl.kinds.volume import LabelCheck
+
+    check = LabelCheck((0, 1), "case.nii.gz")
+    arrays = [np.array(s, dtype=np.uint8).reshape(1, 1, 2) for s in slabs]
+    if stored is None:
+        with pytest.raises(RejectError, match="not among values") as caught:  # noqa: PT012
+            for first, slab in enumerate(arrays):
+                check(slab, first=first)
+        assert caught.value.reason == "mask_values"
+        return
+    out = [check(slab, first=first) for first, slab in enumerate(arrays)]
+    assert [o.ravel().tolist() for o in out] == stored

@@ -167,3 +167,82 @@ def test_preview_shows_the_middle_slice_of_each_case(release: tuple[Path, dict[s
     assert picture.width > 0
     pixels = np.asarray(picture)
     assert (pixels != 255).any()  # drawn, not blank
+
+
+def test_every_volume_reader_names_its_case(release: tuple[Path, dict[str, Any]]) -> None:
+    # the readers gave a case's index only: a loss could not be reported by case
+    import torch
+
+    from h5etl.readers.volume_torch import VolumeCaseDataset, VolumeSliceDataset
+
+    path, truth = release  # truth: by case name (the folder case_N), as the keys are
+    with Volumes(path, "train", "ct", mask="mask") as cases:
+        assert sorted(cases.keys) == sorted(truth)
+        for case in cases:
+            assert np.array_equal(case["image"], truth[case["key"]]["ct"])
+            assert cases.keys[case["case"]] == case["key"]
+    for item in SliceSampler(path, "train", "ct", mask="mask"):
+        assert np.array_equal(item["mask"], truth[item["key"]]["mask"][item["z"]])
+    size = (2, 4, 4)
+    for patch in PatchSampler(path, "train", "ct", patch_size=size, foreground=0, length=8):
+        z, y, x = patch["start"]
+        want = truth[patch["key"]]["ct"][z : z + size[0], y : y + size[1], x : x + size[2]]
+        assert np.array_equal(patch["image"][: len(want), : want.shape[1], : want.shape[2]], want)
+    dataset = VolumeCaseDataset(path, "train", "ct")
+    assert {dataset[i]["key"] for i in range(len(dataset))} == set(truth)
+    slices = VolumeSliceDataset(path, "train", "ct", shuffle=False)
+    batch = next(iter(torch.utils.data.DataLoader(slices, batch_size=3)))
+    assert set(batch["key"]) <= set(truth)  # a batch's names: a list of str
+    for key, z, image in zip(batch["key"], batch["z"], batch["image"], strict=True):
+        assert np.array_equal(image[0].numpy(), truth[key]["ct"][int(z)].astype(np.float32))
+
+
+def test_preview_captions_a_case_by_its_name(release: tuple[Path, dict[str, Any]]) -> None:
+    # preview captioned a case by its DICOM SeriesInstanceUID, a column of the ct field
+    import dataclasses
+
+    import h5py
+
+    from h5etl import fileformat
+    from h5etl.preview import caption_fields
+    from h5etl.readers import Release
+
+    path, truth = release
+    with h5py.File(path, "r") as handle:
+        layout = fileformat.read_layout(handle)
+    assert caption_fields(layout) == ("case",)  # the recipe's text field: the case's name
+    without = dataclasses.replace(
+        layout, fields={n: f for n, f in layout.fields.items() if n != "case"}
+    )
+    assert caption_fields(without) == (fileformat.SAMPLE_KEY,)  # else its sample key
+    with Release(path, "train", fields=[fileformat.SAMPLE_KEY]) as keys:
+        assert set(keys.read_slice(0, len(keys))[fileformat.SAMPLE_KEY]) == set(truth)
+
+
+def test_small_columns_of_a_volume_release_are_chunked_by_bytes(
+    release: tuple[Path, dict[str, Any]],
+) -> None:
+    # a volume release has no array field whose chunk rows its small columns followed: they
+    # were stored one row a chunk (100k offsets: 4.5 MB, 0.86 s to read whole)
+    import h5py
+
+    from h5etl import fileformat
+
+    path, truth = release
+    with h5py.File(path, "r") as handle:
+        layout = fileformat.read_layout(handle)
+        small = [
+            *(layout.path("train", n) for n in ("ct_spacing", "ct_affine", "ct_series_uid")),
+            fileformat.offsets_path(layout.path("train", "ct")),
+            layout.path("train", "case"),
+            layout.lineage_path("train"),
+            *layout.sample_paths("train").values(),
+        ]
+        for name in small:
+            dataset = handle[name]
+            item = 16 if h5py.check_vlen_dtype(dataset.dtype) else dataset.dtype.itemsize
+            rows = dataset.chunks[0]
+            assert rows >= 64, name  # never a row a chunk
+            assert rows >= len(dataset), name  # a small split: one chunk
+            assert rows * item * int(np.prod(dataset.shape[1:])) <= 64 * 1024, name
+    assert len(truth) == 5

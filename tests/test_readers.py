@@ -747,3 +747,30 @@ def test_readers_exports_are_pinned() -> None:
     ]
     for name in readers.__all__:
         assert getattr(readers, name) is not None
+
+
+def test_keras_and_iter_batches_give_channels_last_batches_as_views(release: Path) -> None:
+    # releases are channels first (N, C, H, W); Keras (and Flax) take (N, H, W, C)
+    from h5etl.readers import KerasDataset
+
+    truth = direct(release)
+    plain = KerasDataset(release, "train", x=("image", "filename"), y="mask", shuffle=False)
+    last = KerasDataset(
+        release, "train", x=("image", "filename"), y="mask", shuffle=False, channels_last=True
+    )
+    for step in range(len(plain)):
+        (x, y), (x_last, y_last) = plain[step], last[step]
+        rows = [truth["row"][n] for n in x_last["filename"]]
+        assert x_last["image"].shape[1:] == (24, 24, 3)
+        assert y_last.shape[1:] == (24, 24, 1)
+        np.testing.assert_array_equal(x_last["image"], truth["image"][rows].transpose(0, 2, 3, 1))
+        np.testing.assert_array_equal(y_last, truth["mask"][rows].transpose(0, 2, 3, 1))
+        assert np.moveaxis(x_last["image"], -1, 1).flags.c_contiguous  # a view, not a copy
+        assert x["image"].flags.c_contiguous  # as stored, nothing moved
+        assert x["image"].shape[1] == 3
+        np.testing.assert_array_equal(y, truth["mask"][rows])
+    batches = iter_batches(release, "train", 8, shuffle=False, channels_last=True)
+    for batch in batches:
+        rows = [truth["row"][str(n)] for n in batch["filename"]]
+        np.testing.assert_array_equal(batch["image"], truth["image"][rows].transpose(0, 2, 3, 1))
+        assert batch["mask"].shape[1:] == (24, 24, 1)

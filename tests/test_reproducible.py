@@ -203,7 +203,6 @@ LAYOUT = SinkLayout(
     ("train",),
     {"image": ArrayColumn(IMAGE, 0), "mask": ArrayColumn(MASK, 0), "filename": TextColumn()},
     ("image", "mask"),
-    CHUNK,
 )
 
 
@@ -250,7 +249,7 @@ def test_rows_a_crash_isolation_joined_are_stored_as_a_workers_chunks(tmp_path: 
 def test_small_rows_are_written_in_runs_of_the_row_count_alone(tmp_path: Path) -> None:
     # Text and lineage rows are appended in runs cut by row count, never by batch sizes or
     # checkpoint times (they were flushed at every checkpoint, on the clock).
-    layout = SinkLayout(("train",), {"filename": TextColumn()}, ("image",), CHUNK)
+    layout = SinkLayout(("train",), {"filename": TextColumn()}, ("image",))
     rows = 2 * sink_rows.SMALL_ROWS_PER_WRITE + 12
 
     def written(path: Path, sizes: list[int], checkpoint_every: int) -> bytes:

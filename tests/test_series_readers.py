@@ -39,22 +39,22 @@ def test_a_sample_is_a_dict_of_its_channels(
     path, expected = release
     reader = SeriesReader(path, "train")
     assert len(reader) == len(LENGTHS)
-    assert set(reader.channels) == {"accel", "volts", "temp"}
-    assert reader.channels["accel"].rate_hz == ACCEL_HZ
-    assert reader.channels["accel"].trailing == (3,)
-    assert reader.channels["temp"].units == "degC"
+    assert set(reader.channels) == {"rec_accel", "rec_volts", "rec_temp"}
+    assert reader.channels["rec_accel"].rate_hz == ACCEL_HZ
+    assert reader.channels["rec_accel"].trailing == (3,)
+    assert reader.channels["rec_temp"].units == "degC"
     for index in range(len(reader)):
         want = expected[_name(path, index)]
         sample = reader[index]
-        np.testing.assert_array_equal(sample["accel"], want["accel"])
-        np.testing.assert_array_equal(sample["volts"], want["volts"])
-        np.testing.assert_array_equal(sample["temp_time"], want["time"] - want["time"][0])
-        assert float(sample["start_time"]) == want["time"][0]
-    np.testing.assert_array_equal(reader[-1]["accel"], reader[len(reader) - 1]["accel"])
+        np.testing.assert_array_equal(sample["rec_accel"], want["accel"])
+        np.testing.assert_array_equal(sample["rec_volts"], want["volts"])
+        np.testing.assert_array_equal(sample["rec_temp_time"], want["time"] - want["time"][0])
+        assert float(sample["rec_start_time"]) == want["time"][0]
+    np.testing.assert_array_equal(reader[-1]["rec_accel"], reader[len(reader) - 1]["rec_accel"])
     with pytest.raises(IndexError):
         reader[len(reader)]
     copy = pickle.loads(pickle.dumps(reader))  # a DataLoader worker gets a recipe, not a handle
-    np.testing.assert_array_equal(copy[0]["accel"], reader[0]["accel"])
+    np.testing.assert_array_equal(copy[0]["rec_accel"], reader[0]["rec_accel"])
     reader.close()
 
 
@@ -65,15 +65,16 @@ def test_collate_pads_each_channel_and_returns_lengths(
     with SeriesReader(path) as reader:
         samples = [reader[i] for i in range(3)]
     batch, lengths = collate(samples, pad_value=-7.0)
-    longest = max(len(s["accel"]) for s in samples)
-    assert batch["accel"].shape == (3, longest, 3)
-    assert batch["start_time"].shape == (3,)
-    for row, sample, n in zip(batch["accel"], samples, lengths["accel"], strict=True):
-        assert n == len(sample["accel"])
-        np.testing.assert_array_equal(row[:n], sample["accel"])
+    longest = max(len(s["rec_accel"]) for s in samples)
+    assert batch["rec_accel"].shape == (3, longest, 3)
+    assert batch["rec_start_time"].shape == (3,)
+    for row, sample, n in zip(batch["rec_accel"], samples, lengths["rec_accel"], strict=True):
+        assert n == len(sample["rec_accel"])
+        np.testing.assert_array_equal(row[:n], sample["rec_accel"])
         assert (row[n:] == -7.0).all()
-    assert lengths["temp_time"].dtype == np.int64
-    assert np.isnan(batch["temp_time"][lengths["temp_time"].argmin(), -1])  # times pad with NaN
+    assert lengths["rec_temp_time"].dtype == np.int64
+    shortest = lengths["rec_temp_time"].argmin()
+    assert np.isnan(batch["rec_temp_time"][shortest, -1])  # times pad with NaN
 
 
 def test_collate_torch_gives_tensors_for_a_dataloader(
@@ -83,11 +84,11 @@ def test_collate_torch_gives_tensors_for_a_dataloader(
     path, _ = release
     loader = torch.utils.data.DataLoader(SeriesReader(path), batch_size=4, collate_fn=collate_torch)
     batches = list(loader)
-    assert sum(len(lengths["accel"]) for _, lengths in batches) == len(LENGTHS)
+    assert sum(len(lengths["rec_accel"]) for _, lengths in batches) == len(LENGTHS)
     batch, lengths = batches[0]
-    assert batch["accel"].dtype == torch.float32
-    assert batch["accel"].shape[0] == 4
-    assert lengths["accel"].dtype == torch.int64
+    assert batch["rec_accel"].dtype == torch.float32
+    assert batch["rec_accel"].shape[0] == 4
+    assert lengths["rec_accel"].dtype == torch.int64
 
 
 def test_a_release_without_that_split_or_field_is_a_reader_error(
@@ -151,3 +152,19 @@ def test_npy_headers_are_parsed_under_the_lock(monkeypatch: pytest.MonkeyPatch) 
     assert series.npy_header(buffer.getvalue(), "a.npy")[:2] == ((20, 3), np.dtype(np.uint16))
     assert decode_slice(buffer.getvalue(), "slice.npy").shape == (20, 3)  # np.load's parse
     assert held == [True, True]
+
+
+def test_series_reader_and_release_name_every_column_alike(
+    release: tuple[Path, dict[str, dict[str, np.ndarray]]],
+) -> None:
+    # SeriesReader said "accel" where Release (and the file) said "rec_accel"
+    from h5etl.readers import Release
+
+    path, _ = release
+    with SeriesReader(path, "train") as reader, Release(path, "train", fields=["rec"]) as rows:
+        assert set(reader[0]) == set(rows.fields)
+        assert set(reader.channels) <= set(rows.fields)
+        for index in range(len(reader)):
+            batch = rows.read([index])
+            for name, value in reader[index].items():
+                np.testing.assert_array_equal(value, batch[name][0], err_msg=name)

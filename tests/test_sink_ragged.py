@@ -31,9 +31,7 @@ def _column(chunk_rows: int, trailing: tuple[int, ...], codec: str) -> RaggedCol
 def _write(
     path: Path, column: RaggedColumn, batches: list[list[np.ndarray]], *, encoded: bool
 ) -> None:
-    layout = SinkLayout(
-        ("train",), {"sig": column, "sig_length": ScalarColumn("int64")}, ("sig",), 3
-    )
+    layout = SinkLayout(("train",), {"sig": column, "sig_length": ScalarColumn("int64")}, ("sig",))
     with Sink(path, layout) as sink:
         for number, samples in enumerate(batches):
             task = DecodeTask("train", number, (), 1, 1, final=number == len(batches) - 1)

@@ -141,7 +141,7 @@ class VolumeKind(Kind):
         else:
             voxels = case.read(self.layout.dtype)
             if self.values is not None:
-                check_labels(voxels, self.values, path)  # as the files lie: z as they say
+                voxels = LabelCheck(self.values, path)(voxels)  # as the files lie
             if turn is not None:
                 voxels = turn.apply(voxels)  # onto its image's grid, exactly
             if self._streams(context):
@@ -196,10 +196,11 @@ class VolumeKind(Kind):
 
         blocks, digests = [], []
         found: Any = None
+        labels = None if self.values is None or checked else LabelCheck(self.values, path)
         with BlockEncoder(self.layout) as encoder:
             for start, slab, _ in slabs:
-                if self.values is not None and not checked:
-                    check_labels(slab, self.values, path, first=start)
+                if labels is not None:
+                    slab = labels(slab, first=start)  # a 0/255 case as 0/1
                 if self.with_stats:
                     part: Any = (
                         stats.Histogram.of(slab)
@@ -322,21 +323,38 @@ def _zyx(values: tuple[float, ...]) -> str:
     return "x".join(f"{v:g}" for v in values)
 
 
-def check_labels(voxels: np.ndarray, values: tuple[int, ...], path: str, *, first: int = 0) -> None:
-    """Every voxel holds one of ``values``, else a ``mask_values`` reject naming where
-    (``first``: the slice number of ``voxels[0]``)."""
-    counts = np.bincount(voxels.ravel(), minlength=1)
-    present = np.flatnonzero(counts)
-    stray = sorted(set(present.tolist()) - set(values))
-    if stray:
-        z, y, x = (int(v) for v in np.argwhere(voxels == stray[0])[0])
-        z += first
-        raise RejectError(
-            "mask_values",
-            f"labels {stray} are not among values {list(values)} (first {stray[0]} at "
-            f"z={z}, y={y}, x={x})",
-            path=path,
-        )
+class LabelCheck:
+    """The labels of one case, checked a slab at a time: every voxel one of ``values``, else
+    a ``mask_values`` reject naming where. A binary label volume (``values`` [0, 1]) stored
+    0/255 reads as 0/1, as a 2-D mask does (``validate.check_mask``): over the whole case,
+    so a case holding both 1 and 255 is a reject, whichever slab shows which first."""
+
+    def __init__(self, values: tuple[int, ...], path: str):
+        self.values, self.path = values, path
+        self.binary = set(values) == {0, 1}
+        self.one: int | None = None  # what "1" is written as in this case: 1 or 255
+
+    def __call__(self, voxels: np.ndarray, *, first: int = 0) -> np.ndarray:
+        """``voxels`` as stored (``first``: the slice number of ``voxels[0]``)."""
+        present = set(np.flatnonzero(np.bincount(voxels.ravel(), minlength=1)).tolist())
+        stray = sorted(present - set(self.values))
+        if self.binary and stray == [255] and 1 not in present and self.one != 1:
+            self.one = 255
+            binary: np.ndarray = (voxels == 255).astype(voxels.dtype)
+            return binary
+        if self.binary and 1 in present and self.one == 255:
+            stray = [1]  # 0/255 so far: a 1 now is a third value, as 255 after a 1 is
+        elif self.binary and 1 in present:
+            self.one = 1
+        if stray:
+            z, y, x = (int(v) for v in np.argwhere(voxels == stray[0])[0])
+            raise RejectError(
+                "mask_values",
+                f"labels {stray} are not among values {list(self.values)} (first {stray[0]} "
+                f"at z={z + first}, y={y}, x={x})",
+                path=self.path,
+            )
+        return voxels
 
 
 def from_config(

@@ -28,7 +28,7 @@ from h5etl.readers._chunks import (
     ChunkStore,
     open_stores,
 )
-from h5etl.readers._fields import resolve
+from h5etl.readers._fields import CHANNEL_KINDS, resolve
 from h5etl.readers._fork import _INHERITED
 from h5etl.readers._fork import _OPEN as _OPEN  # re-exported: tests read _core._OPEN
 from h5etl.readers._layout import (
@@ -229,11 +229,21 @@ class Release(_Reading):
 
     @property
     def chunk_rows(self) -> int:
-        """The largest rows-per-chunk of the array fields: the unit the sampler keeps together."""
+        """The largest rows-per-chunk of the compressed fields and of the images and masks:
+        the unit the sampler keeps together (1 when there are none: any order reads alike).
+
+        The small columns (labels, values, a volume's spacing, ...) are chunked by bytes, up
+        to thousands of rows a chunk, and never compressed: read through mmap, their rows
+        cost the same in any order, so they do not widen the unit (nor Keras's batches).
+        """
+        columns = self.layout.storage
         rows = [
             i.chunks[0]
             for n, i in self.info.items()
-            if i.chunks and not i.text and n not in self.ragged  # (those are rows of values)
+            if i.chunks
+            and not i.text
+            and n not in self.ragged  # (those are rows of values)
+            and (i.filtered or (n in columns and columns[n].kind in CHANNEL_KINDS))
         ]
         return max(rows, default=1)
 
@@ -375,6 +385,7 @@ def iter_batches(
     epoch: int = 0,
     drop_last: bool = False,
     prefetch: int = 4,
+    channels_last: bool = False,
 ) -> Generator[dict[str, np.ndarray], None, None]:
     """Yield one epoch of a split as dicts of numpy arrays (for JAX, NumPy or anything else).
 
@@ -394,4 +405,5 @@ def iter_batches(
             epoch=epoch,
             drop_last=drop_last,
             prefetch=prefetch,
+            channels_last=channels_last,
         )

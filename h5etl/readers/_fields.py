@@ -22,6 +22,8 @@ from h5etl.readers._layout import FieldInfo, field_info
 
 LABEL = "label"  # the kind whose values come back as int64 class indices
 INT64 = np.dtype(np.int64)
+# Kinds stored channels first, (N, C, H, W): the ones a channels-last batch moves the axis of
+CHANNEL_KINDS = ("image", "mask")
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +137,28 @@ def _wanted(record: LayoutRecord, fields: Sequence[str] | None) -> list[str]:
         else:
             out.append(name)
     return list(dict.fromkeys(out))
+
+
+def channel_fields(record: LayoutRecord, names: Sequence[str]) -> frozenset[str]:
+    """Which of ``names`` are fixed arrays stored channels first: images and masks."""
+    columns = record.storage
+    return frozenset(
+        n
+        for n in names
+        if n in columns
+        and columns[n].kind in CHANNEL_KINDS
+        and columns[n].column == "fixed"
+        and len(columns[n].shape) >= 2
+    )
+
+
+def channels_last(batch: dict[str, np.ndarray], names: frozenset[str]) -> dict[str, np.ndarray]:
+    """``batch`` with the fields in ``names`` as (N, H, W, C): a transposed view of the
+    channels-first rows (no copy; a framework that needs contiguous rows copies once)."""
+    for name in names:
+        if name in batch:
+            batch[name] = np.moveaxis(batch[name], 1, -1)
+    return batch
 
 
 def as_int64(batch: dict[str, np.ndarray], names: frozenset[str]) -> dict[str, np.ndarray]:

@@ -5,15 +5,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Generator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 import h5py
 import numpy as np
 
+from h5etl.fileformat import LayoutRecord
 from h5etl.readers import _fork
 from h5etl.readers._chunks import ChunkStore, prefetched
-from h5etl.readers._fields import as_int64
+from h5etl.readers._fields import as_int64, channel_fields
+from h5etl.readers._fields import channels_last as _channels_last
 from h5etl.readers._fork import _gated
 from h5etl.readers._layout import FieldInfo, MappedChunks, runs
 from h5etl.readers._ragged import ragged_gather, ragged_slice
@@ -26,6 +28,7 @@ class _Reading:
     if TYPE_CHECKING:
         length: int
         batch_size: int
+        layout: LayoutRecord
         fields: tuple[str, ...]
         info: dict[str, FieldInfo]
         ragged: dict[str, str]
@@ -126,6 +129,7 @@ class _Reading:
         epoch: int = 0,
         drop_last: bool = False,
         prefetch: int = 4,
+        channels_last: bool = False,
     ) -> Generator[dict[str, np.ndarray], None, None]:
         """Yield one epoch of this split as dicts of numpy arrays; the release stays open.
 
@@ -139,7 +143,9 @@ class _Reading:
         reads on demand, as does a release whose fields are all uncompressed (mmap copies are
         faster in one thread). Decoded chunks stay in this reader's cache for later epochs
         as far as ``cache_bytes`` allows. ``batch_size`` defaults to the reader's, which
-        sized its cache: a larger one may decode chunks twice.
+        sized its cache: a larger one may decode chunks twice. Images and masks come as
+        stored, channels first (N, C, H, W); ``channels_last=True`` gives them as
+        (N, H, W, C), a transposed view of the same rows (JAX/Flax and Keras take those).
         """
         batch_size = self.batch_size if batch_size is None else batch_size
         if batch_size < 1:
@@ -151,10 +157,17 @@ class _Reading:
         batches = sampler.batches(batch_size, drop_last=drop_last)
         with _fork._GATE.reading():  # this may open the file: a fork must not copy it half-open
             mapped = self._handles()[1]
+        read: Iterator[dict[str, np.ndarray]]
         if prefetch and len(mapped) < len(self.fields):  # mmap alone gains nothing from it
-            yield from prefetched(self.read, batches, prefetch)
+            read = prefetched(self.read, batches, prefetch)
         else:
-            yield from map(self.read, batches)
+            read = map(self.read, batches)
+        if not channels_last:
+            yield from read
+            return
+        moved = channel_fields(self.layout, self.fields)
+        for batch in read:
+            yield _channels_last(batch, moved)
 
     def _checked(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
         wanted = np.asarray(indices, dtype=np.int64).reshape(-1)

@@ -16,6 +16,7 @@ import numpy as np
 
 from h5etl.errors import ReaderError
 from h5etl.readers._core import CacheBytes, Release
+from h5etl.readers._fields import channel_fields, channels_last
 
 Fields = str | Sequence[str]
 
@@ -64,6 +65,10 @@ class KerasDataset(keras.utils.PyDataset):  # type: ignore[misc]
         batch_size: rows per step; default one chunk of the first field.
         shuffle: reshuffle block and row order every epoch.
         seed: the seed of the per-epoch orders.
+        channels_last: images and masks as (batch, H, W, C), Keras's default
+            ``image_data_format``, instead of as stored, (batch, C, H, W): a transposed
+            view of the rows read (no copy here; none at all without it). The ``transform``
+            sees the batch so.
         transform: applied to each batch dict (field name -> array) before it is split.
         cache_bytes: decoded chunks kept per process (see :class:`Release`); with
             ``"split"`` each chunk is decoded once and later epochs read at memory speed.
@@ -84,6 +89,7 @@ class KerasDataset(keras.utils.PyDataset):  # type: ignore[misc]
         seed: int = 0,
         transform: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None,
         cache_bytes: CacheBytes = None,
+        channels_last: bool = False,
         **kwargs: Any,
     ):
         super().__init__(**kwargs)
@@ -104,6 +110,9 @@ class KerasDataset(keras.utils.PyDataset):  # type: ignore[misc]
         self.seed = seed
         self.transform = transform
         self.epoch = 0
+        self.channels_last = (
+            channel_fields(self.release.layout, names) if channels_last else frozenset()
+        )
 
     def __len__(self) -> int:
         return math.ceil(len(self.release) / self.batch_size)
@@ -125,6 +134,7 @@ class KerasDataset(keras.utils.PyDataset):  # type: ignore[misc]
         if index + 1 < len(self):  # the next block's chunks decode while this one is used
             self.release.prefetch(self.rows(index + 1))
         batch = self.release.read(rows)  # one block of rows, gathered in the order yielded
+        batch = channels_last(batch, self.channels_last)
         if self.transform is not None:
             batch = self.transform(batch)
         ragged = [n for n in self.release.ragged if _per_sample(batch.get(n))]

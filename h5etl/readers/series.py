@@ -1,7 +1,9 @@
 """Read a series field: one dict of arrays per recording (or window), and a padding collate.
 
-``SeriesReader(path, "train")[i]`` is ``{"accel": (n, 3), "temperature": (m,),
-"temperature_time": (m,), "start_time": float, ...}``: each channel read as one contiguous
+``SeriesReader(path, "train")[i]`` is ``{"recording_accel": (n, 3), "recording_temperature":
+(m,), "recording_temperature_time": (m,), "recording_start_time": float, ...}``: keys are the
+release's column names, as ``Release`` and the layout record name them (the field, ``_``, the
+channel: unique however many series fields a release has); each channel read as one contiguous
 slice of its values (``values[offsets[i]:offsets[i + 1]]``; the offsets are read once). It
 is a picklable recipe, opened lazily once per process, so it works as a PyTorch map-style
 dataset as it is: ``DataLoader(reader, batch_size=8, collate_fn=collate_torch)``.
@@ -61,9 +63,11 @@ def _series_field(record: fileformat.LayoutRecord, field: str | None, path: Path
 class SeriesReader:
     """The samples of one series field of one split, as dicts of numpy arrays.
 
-    Keys: each channel by its name, ``<channel>_time`` for a channel with timestamps
-    (seconds from ``start_time``), ``start_time``; with a fixed duration ``<channel>_length``
-    (the real samples before padding); with windows ``recording`` and ``offset`` (seconds).
+    Keys are the storage column names, as ``Release`` reads them (``<field>_<channel>``):
+    each channel, ``<field>_<channel>_time`` for a channel with timestamps (seconds from
+    ``<field>_start_time``), ``<field>_start_time``; with a fixed duration
+    ``<field>_<channel>_length`` (the real samples before padding); with windows
+    ``<field>_recording`` and ``<field>_offset`` (seconds). ``channels`` is keyed the same.
 
     Raises:
         ReaderError: not an HDF5 release, no such split or series field.
@@ -105,15 +109,13 @@ class SeriesReader:
         self._datasets: dict[str, h5py.Dataset] = {}
 
     def _find_columns(self, record: fileformat.LayoutRecord, handle: h5py.File) -> list[_Column]:
-        prefix = f"{self.field}_"
         columns = []
         for name, part in record.fields[self.field].columns.items():
             path = record.path(self.split, name)
-            key = name.removeprefix(prefix)
-            columns.append(_Column(key, path, part.column == "ragged"))
+            columns.append(_Column(name, path, part.column == "ragged"))
             if part.extra.get("role") == "values":
                 rate = part.extra.get("rate_hz")
-                self.channels[key] = ChannelInfo(
+                self.channels[name] = ChannelInfo(
                     None if rate is None else float(rate),
                     str(part.extra.get("units", "")),
                     np.dtype(part.dtype),

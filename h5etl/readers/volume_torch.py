@@ -2,8 +2,9 @@
 
 Images come as float32 tensors with a channel axis ((1, z, y, x) or (1, y, x)), after the
 ``transform`` (e.g. ``Window(40, 400)``) if one is given; label volumes as int64 without a
-channel axis (what ``cross_entropy`` takes). Each loader worker opens the file itself and
-takes its own share of the slices (or its own seed for patches).
+channel axis (what ``cross_entropy`` takes); every item names its case by index (``case``)
+and by name (``key``; a batch's names are a list of str). Each loader worker opens the file
+itself and takes its own share of the slices (or its own seed for patches).
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ def _worker() -> tuple[int, int]:
 
 
 class VolumeCaseDataset:
-    """Map-style: item i is case i (``image``, ``mask``, ``spacing``, ``affine``)."""
+    """Map-style: item i is case i (``case``, its name ``key``, ``image``, ``mask``,
+    ``spacing``, ``affine``)."""
 
     def __init__(
         self,

@@ -8,6 +8,8 @@ draws (z, y, x) patches, a ``foreground`` fraction of them centred on a voxel of
 label present in the case, the rest anywhere (nnU-Net's rule); a patch reads only the chunks
 it covers. ``Window`` is window/level as a read-time transform: the file keeps HU.
 Samplers and datasets open the file themselves, so each loader worker has its own handle.
+Every item names its case twice: ``case`` (its index in the split) and ``key`` (its name,
+the sample key: ``case_007``), so a loss or a metric can be reported by case.
 """
 
 from __future__ import annotations
@@ -43,7 +45,8 @@ class Window:
 
 
 def column_paths(handle: h5py.File, split: str, field: str) -> dict[str, str]:
-    """The datasets of volume ``field`` in ``split``: values, offsets, spacing, affine, uid."""
+    """The datasets of volume ``field`` in ``split``: values, offsets, spacing, affine, uid,
+    and the split's ``key`` (each case's name: its sample key; absent in older releases)."""
     try:
         layout = fileformat.read_layout(handle)
     except ValueError as exc:
@@ -60,12 +63,21 @@ def column_paths(handle: h5py.File, split: str, field: str) -> dict[str, str]:
             f"no split {split!r} (splits: {', '.join(layout.splits)})", path=handle.filename
         )
     values = layout.path(split, field)
+    record_paths = layout.sample_paths(split)
     return {
         "values": values,
         "offsets": fileformat.offsets_path(values),
         **{suffix: layout.path(split, f"{field}_{suffix}") for suffix in ("spacing", "affine")},
         "series_uid": layout.path(split, f"{field}_series_uid"),
-    }
+    } | (
+        {"key": record_paths[fileformat.SAMPLE_KEY]}
+        if fileformat.SAMPLE_KEY in record_paths
+        else {}
+    )
+
+
+def _texts(dataset: h5py.Dataset) -> list[str]:
+    return [v.decode() if isinstance(v, bytes) else str(v) for v in dataset[...]]
 
 
 def _pipeline(dataset: h5py.Dataset) -> Pipeline | None:
@@ -134,9 +146,14 @@ class Volumes:
         self.offsets = np.asarray(self._file[paths["offsets"]][...], dtype=np.int64)
         self.spacing = np.asarray(self._file[paths["spacing"]][...])
         self.affine = np.asarray(self._file[paths["affine"]][...])
-        self.series_uid = [
-            v.decode() if isinstance(v, bytes) else str(v) for v in self._file[paths["series_uid"]]
-        ]
+        self.series_uid = _texts(self._file[paths["series_uid"]])
+        # each case's name (its sample key), what a loss or a metric is reported by; a
+        # release without the sample record names a case by its number
+        self.keys = (
+            _texts(self._file[paths["key"]])
+            if "key" in paths
+            else [str(i) for i in range(len(self.offsets) - 1)]
+        )
         self._decoders = {"values": _pipeline(self.values)}
         self.labels: h5py.Dataset | None = None
         self.label_values: list[int] = []
@@ -171,10 +188,12 @@ class Volumes:
         return (z, int(self.values.shape[1]), int(self.values.shape[2]))
 
     def case(self, case: int) -> dict[str, Any]:
-        """One whole case: ``image`` (z, y, x), ``mask`` if asked, and its geometry."""
+        """One whole case: ``case`` (its index), ``key`` (its name), ``image`` (z, y, x),
+        ``mask`` if asked, and its geometry."""
         start, stop = int(self.offsets[case]), int(self.offsets[case + 1])
         out: dict[str, Any] = {
             "case": case,
+            "key": self.keys[case],
             "image": self.values[start:stop],
             "spacing": self.spacing[case],
             "affine": self.affine[case],
@@ -199,7 +218,7 @@ class Volumes:
         inner = tuple(slice(lo - s, hi - s) for lo, hi, s in zip(low, high, start, strict=True))
         base = int(self.offsets[case])
         box = (slice(base + low[0], base + high[0]), slice(low[1], high[1]), slice(low[2], high[2]))
-        out: dict[str, Any] = {"case": case, "start": start}
+        out: dict[str, Any] = {"case": case, "key": self.keys[case], "start": start}
         inside = all(h > lo for lo, h in zip(low, high, strict=True))
         image = np.full(size, fill, dtype=self.values.dtype)
         if inside:
@@ -262,6 +281,7 @@ class SliceSampler:
                 image = volumes.values[row]
                 out: dict[str, Any] = {
                     "case": case,
+                    "key": volumes.keys[case],
                     "z": int(row - self.offsets[case]),
                     "image": self.transform(image) if self.transform else image,
                     "spacing": volumes.spacing[case],
