@@ -1,4 +1,5 @@
-"""The commands over published releases: ``releases``, ``rollback``, ``diff``, ``prune``.
+"""The commands over published releases: ``releases``, ``rollback``, ``diff``, ``prune``,
+``report``.
 
 Registered on the one app (``h5etl.cli_common``); each parses, calls one library function
 and renders what it returns.
@@ -267,4 +268,31 @@ def prune_lines(plan: PrunePlan) -> list[str]:
     return lines
 
 
-__all__ = ["diff", "diff_lines", "prune", "prune_lines", "releases", "rollback"]
+__all__ = ["diff", "diff_lines", "prune", "prune_lines", "releases", "report", "rollback"]
+
+
+@app.command()
+def report(
+    path: Annotated[
+        Path,
+        typer.Argument(
+            metavar="RELEASE", help="A release file, its link, or a folder of releases."
+        ),
+    ],
+    html: Annotated[
+        Path, typer.Option("--html", metavar="OUT", help="The HTML page to write.")
+    ],
+    name: Annotated[
+        str | None,
+        typer.Option("--name", metavar="NAME", help="Which release of a folder (its name)."),
+    ] = None,
+    n: Annotated[
+        int, typer.Option("--n", min=1, metavar="N", help="Samples per split in the previews.")
+    ] = 16,
+) -> None:
+    """Write one self-contained HTML page explaining RELEASE: layout, splits, classes,
+    statistics, previews, rejects and lineage (no server, no network needed to view it)."""
+    from h5etl.report_html import write_html_report
+
+    written = run(lambda: write_html_report(path, html, name=name, shown=n))
+    say(f"report: {written}")
