@@ -279,9 +279,7 @@ def report(
             metavar="RELEASE", help="A release file, its link, or a folder of releases."
         ),
     ],
-    html: Annotated[
-        Path, typer.Option("--html", metavar="OUT", help="The HTML page to write.")
-    ],
+    html: Annotated[Path, typer.Option("--html", metavar="OUT", help="The HTML page to write.")],
     name: Annotated[
         str | None,
         typer.Option("--name", metavar="NAME", help="Which release of a folder (its name)."),

@@ -150,14 +150,16 @@ def _check_histograms(page: Page, handle: h5py.File) -> None:
     histogram attrs the build stored: over the unpadded pixels)."""
     expected: dict[tuple[str, str], int] = {}
     for split in ("train", "valid"):
-        for name, node in handle[split].items():
+        for node in handle[split].values():
             if node.attrs.get("kind") == "label":
                 names = [str(c) for c in node.attrs["classes"]]
                 counts = np.bincount(node[...], minlength=len(names))
                 expected.update({(split, names[i]): int(n) for i, n in enumerate(counts)})
             elif "histogram_values" in node.attrs and node.attrs.get("kind") != "label":
                 values, counts = node.attrs["histogram_values"], node.attrs["histogram_counts"]
-                expected.update({(split, str(v)): int(n) for v, n in zip(values, counts)})
+                expected.update(
+                    {(split, str(v)): int(n) for v, n in zip(values, counts, strict=True)}
+                )
     shown = {}
     for rows in page.sections["splits"][1:]:
         shown.update({(row[0], row[1]): int(_number(row[2])) for row in rows[1:]})
@@ -171,8 +173,10 @@ def _check_stats(page: Page, handle: h5py.File) -> None:
         for name, node in handle[split].items():
             if "mean" in node.attrs:
                 columns = [np.atleast_1d(node.attrs[k]) for k in ("mean", "std", "min", "max")]
-                for channel in range(len(columns[0])):
-                    expected.append((name, split, channel, [c[channel] for c in columns]))
+                expected += [
+                    (name, split, channel, [c[channel] for c in columns])
+                    for channel in range(len(columns[0]))
+                ]
     assert len(rows) == len(expected) > 0
     for row, (name, split, channel, values) in zip(rows, expected, strict=True):
         assert row[:3] == [name, split, str(channel)]
@@ -218,7 +222,7 @@ def test_the_page_shows_the_numbers_the_file_holds(
     for src in page.images:
         assert src.startswith("data:image/png;base64,")
         picture = Image.open(io.BytesIO(base64.b64decode(src.split(",", 1)[1])))
-        assert picture.width > 32 and picture.height > 32
+        assert min(picture.size) > 32
 
 
 def test_the_page_needs_nothing_from_outside(built: Callable[[str], Path], tmp_path: Path) -> None:
@@ -315,8 +319,10 @@ def test_no_release_is_one_line_and_exit_code_2(tmp_path: Path, given: str, mess
     code, output = _invoke("report", tmp_path / given, "--html", out)
     assert code == 2
     assert len(output.splitlines()) == 1, output
-    assert output.startswith("h5etl: error: ") and message in output, output
-    assert not out.exists() and not list(tmp_path.glob(".page.html*"))
+    assert output.startswith("h5etl: error: "), output
+    assert message in output, output
+    assert not out.exists()
+    assert not list(tmp_path.glob(".page.html*"))
 
 
 def _chromium() -> str | None:
@@ -340,7 +346,8 @@ def test_a_browser_renders_the_page_without_errors(
     ]
     done = subprocess.run(browser, capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
-    console = [line for line in done.stderr.splitlines() if ":CONSOLE" in line or "Uncaught" in line]
+    lines = done.stderr.splitlines()
+    console = [line for line in lines if ":CONSOLE" in line or "Uncaught" in line]
     assert console == []
     pixels = np.asarray(Image.open(shot).convert("RGB"))
     assert pixels.shape[:2] == (2000, 1200)

@@ -54,9 +54,7 @@ def find_release(path: Path, name: str | None = None) -> Path:
     return versions[max(versions)]
 
 
-def write_html_report(
-    path: Path, out: Path, *, name: str | None = None, shown: int = 16
-) -> Path:
+def write_html_report(path: Path, out: Path, *, name: str | None = None, shown: int = 16) -> Path:
     """Write the HTML report of the release at ``path`` to ``out``; return ``out``.
 
     ``out`` appears whole or not at all (written beside it, then renamed).

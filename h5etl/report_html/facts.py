@@ -125,9 +125,7 @@ def _json_attr(handle: h5py.File, name: str) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def _columns(
-    handle: h5py.File, snapshot: Snapshot
-) -> tuple[list[ColumnFacts], list[StatFacts]]:
+def _columns(handle: h5py.File, snapshot: Snapshot) -> tuple[list[ColumnFacts], list[StatFacts]]:
     """Each split's stored datasets in layout order, and the statistics stored on them."""
     layout = snapshot.layout
     columns, stats = [], []

@@ -118,7 +118,7 @@ def _layout(facts: ReleaseFacts) -> Markup:
     head = ["dataset", "field", "kind", "column", "shape", "dtype", "chunks", "codecs", "stored"]
     rows = []
     for c in facts.columns:
-        ratio = f" (×{c.raw / c.stored:.2f})" if c.raw and c.stored else ""
+        ratio = f", ratio {c.raw / c.stored:.2f}" if c.raw and c.stored else ""
         chunks = "contiguous" if c.chunks is None else str(c.chunks)
         rows.append(
             [
@@ -230,9 +230,7 @@ def _lineage(facts: ReleaseFacts) -> Markup:
 
 def _tools(attrs: Mapping[str, object]) -> str:
     names = ("h5etl_version", "h5py_version", "hdf5_version")
-    found: Iterable[str] = (
-        f"{n.removesuffix('_version')} {attrs[n]}" for n in names if n in attrs
-    )
+    found: Iterable[str] = (f"{n.removesuffix('_version')} {attrs[n]}" for n in names if n in attrs)
     return ", ".join(found)
 
 
