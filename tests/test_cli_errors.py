@@ -103,10 +103,8 @@ def test_rollback_to_a_missing_version_is_a_usage_error(
 
 def test_help_is_plain_and_consistent() -> None:
     # --help showed <bool> after flags and mixed {config} with {RELEASE}
-    pages = {
-        command: _invoke(command, "--help")[1]
-        for command in ("build", "validate", "check", "releases", "rollback", "demo", "preview")
-    }
+    commands = ("build", "validate", "check", "releases", "rollback", "demo", "preview", "report")
+    pages = {command: _invoke(command, "--help")[1] for command in commands}
     pages["h5etl"] = _invoke("--help")[1]
     for page in pages.values():
         assert "<bool>" not in page
@@ -120,6 +118,7 @@ def test_help_is_plain_and_consistent() -> None:
     assert usage["releases"] == "Usage: h5etl releases [OPTIONS] FOLDER"
     assert usage["rollback"] == "Usage: h5etl rollback [OPTIONS] LINK"
     assert usage["preview"] == "Usage: h5etl preview [OPTIONS] RELEASE"
+    assert usage["report"] == "Usage: h5etl report [OPTIONS] RELEASE"
     assert re.search(r"^\s+--dry-run\s+Plan", pages["build"], re.MULTILINE)
     assert re.search(r"^\s+-j, --jobs N\s", pages["build"], re.MULTILINE)
     assert re.search(r"^\s+--dir FOLDER\s", pages["demo"], re.MULTILINE)
