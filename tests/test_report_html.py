@@ -236,6 +236,20 @@ def test_the_page_needs_nothing_from_outside(built: Callable[[str], Path], tmp_p
             assert str(attrs["src"]).startswith("data:image/png;base64,")
 
 
+def test_a_release_of_an_older_version_is_explained_too(tmp_path: Path) -> None:
+    # built by h5etl 0.1: no layout record, no rejects table, no story
+    old = Path(__file__).parent / "data" / "cells-0.1-lzf.h5"
+    page, _ = _page(old, tmp_path)
+    assert page.order == list(SECTIONS)
+    with h5py.File(old, "r") as handle:
+        _check_counts(page, handle)
+        _check_layout(page, handle)
+    assert "no layout record" in "".join(page.texts["layout"])
+    assert "stores no rejects table" in "".join(page.texts["rejects"])
+    assert page.pairs("lineage")["parent"] == "not recorded"
+    assert len(page.images) == 2
+
+
 def _hostile(root: Path) -> Path:
     """A class-folder release whose class names, file names, description and notes are
     markup; one broken file among them is rejected. Returns its link."""

@@ -72,7 +72,7 @@ def table(
 def png_uri(picture: Image.Image) -> str:
     """``picture`` as a ``data:image/png;base64,...`` URI (the page carries its images)."""
     buffer = io.BytesIO()
-    picture.save(buffer, format="PNG", optimize=True)
+    picture.save(buffer, format="PNG")
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
 
 

@@ -210,7 +210,9 @@ def _rejects(facts: ReleaseFacts) -> Markup:
 
 def _lineage(facts: ReleaseFacts) -> Markup:
     snap, story = facts.snapshot, facts.story
-    parent = f"v{story.parent:04d}" if story.parent is not None else "none (a first release)"
+    parent = "not recorded" if not story.change else "none (a first release)"
+    if story.parent is not None:
+        parent = f"v{story.parent:04d}"
     rows: list[list[object]] = [
         ["name", snap.name],
         ["version", "" if snap.version is None else snap.version],
