@@ -309,7 +309,7 @@ def test_the_command_takes_a_link_a_file_or_a_folder(
     folder = link.parent
     for given in (link, link.resolve(), folder, folder / "shapes", folder / "shapes-v0001.h5"):
         out = tmp_path / "page.html"
-        code, output = _invoke("report", given, "--html", out)
+        code, output = _invoke("report", given, "--html", out, "--n", "1")
         assert (code, output) == (0, f"report: {out}\n"), given
         assert Page(out.read_text("utf-8")).pairs("summary")["release file"] == "shapes-v0001.h5"
         out.unlink()
