@@ -99,18 +99,28 @@ def _splits(facts: ReleaseFacts) -> Markup:
     for name in named:
         kind = snap.layout.fields[name].kind if name in snap.layout.fields else ""
         what = "samples per class" if kind == "label" else "pixels (voxels) per value"
-        parts.append(tag("h3", f"{name}: {what}"))
-        rows = []
-        for split, per in snap.classes.items():
-            counts = per.get(name, {})
-            total = sum(counts.values()) or 1
-            for value, n in counts.items():
-                bar = tag("span", "", class_="bar", style=f"width:{round(120 * n / total)}px")
-                rows.append([split, value, _count(n), join([bar, f"{100 * n / total:.1f}%"])])
-        parts.append(table(["split", "class" if kind == "label" else "value", "count", ""], rows))
+        parts += [tag("h3", f"{name}: {what}"), _histogram(facts, name, kind)]
     if not named:
         parts.append(tag("p", "no label or mask field: no class histogram", class_="note"))
     return join(parts)
+
+
+def _histogram(facts: ReleaseFacts, name: str, kind: str) -> Markup:
+    """A row per class (value), a column per split: its count, share and a bar."""
+    splits = list(facts.snapshot.classes)
+    per = {split: facts.snapshot.classes[split].get(name, {}) for split in splits}
+    totals = {split: sum(counts.values()) or 1 for split, counts in per.items()}
+    values = list(dict.fromkeys(v for counts in per.values() for v in counts))
+    rows = []
+    for value in values:
+        cells: list[object] = [value]
+        for split in splits:
+            n = per[split].get(value, 0)
+            share = 100 * n / totals[split]
+            bar = tag("span", "", class_="bar", style=f"width:{round(share)}px")
+            cells.append(join([bar, f"{_count(n)} ({share:.1f}%)"]))
+        rows.append(cells)
+    return table(["class" if kind == "label" else "value", *splits], rows)
 
 
 def _layout(facts: ReleaseFacts) -> Markup:
