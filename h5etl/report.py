@@ -161,9 +161,10 @@ def guard(
 ) -> None:
     """Fail a build that would lose data past the loss guards; a lifted guard warns.
 
-    Lost: a split or a class (of a label field) left empty that was not empty in ``before``
-    (the parent release; every empty one in a first build), and more than ``max_shrink``
-    of the parent's samples. ``report.class_counts`` empty: classes not known (a dry run
+    Lost: a split left empty that held samples in ``before`` (the parent release) or whose
+    planned samples were all rejected; a class (of a label field) left empty that was not
+    empty in ``before`` (any, in a first build); more than ``max_shrink`` of the parent's
+    samples. ``report.class_counts`` empty: classes not known (a dry run
     that decodes nothing). Rejects past ``max_rejects`` fail earlier (``enforce_limit``);
     under ``--allow-loss`` they are warned of here.
 
@@ -194,8 +195,8 @@ def guard(
 def _empty_splits(
     spec: Spec, samples: Mapping[str, int], planned: Mapping[str, int], before: Before | None
 ) -> list[tuple[str, bool]]:
-    """Each split that stores nothing, and whether that is new (it was not empty in the
-    parent, or there is none); nothing when the build stores nothing at all."""
+    """Each split that stores nothing, and whether that is a loss (the parent held samples
+    in it, or it had planned samples, all rejected); nothing when the build stores nothing."""
     total = sum(samples.values())
     out = []
     for split, count in samples.items():
@@ -211,7 +212,9 @@ def _empty_splits(
             )
         if held and before is not None:
             text += f" ({before.name} held {held})"
-        out.append((text, held != 0))
+        # lost: what the parent held, or what was planned; too few samples for the
+        # fractions lose nothing (a warning, as ever)
+        out.append((text, bool(held) or (held is None and bool(planned.get(split)))))
     return out
 
 

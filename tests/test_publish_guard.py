@@ -18,7 +18,7 @@ import h5py
 import numpy as np
 import pytest
 import yaml
-from conftest import MakeRaw, RawFolder, WriteConfig, random_pair, save
+from conftest import MakeRaw, RawFolder, WriteConfig, exact_splits, random_pair, save
 from typer.testing import CliRunner, Result
 
 import h5etl
@@ -45,6 +45,12 @@ def refused(config: Path, *args: object) -> str:
     assert lines[0].startswith("h5etl: error: "), lines
     assert "Traceback" not in result.output
     return lines[0]
+
+
+def defaults(write_config: WriteConfig, root: Path, **over: Any) -> Path:
+    """``write_config`` with the loss guards at their defaults (conftest's base config
+    lifts two of them for its tiny broken folders); ``None`` deletes a key."""
+    return write_config(root, **{"max_rejects": None, "allow_empty": None, **over})
 
 
 def releases(config: Path) -> list[str]:
@@ -82,7 +88,7 @@ def test_a_build_rejecting_most_inputs_publishes_nothing_unless_allowed(
     raw = make_raw(tmp_path, n=20)
     for key in raw.keys[:12]:
         truncate(raw.image(key))
-    config = write_config(tmp_path, max_rejects=None)  # None deletes the key: the default
+    config = defaults(write_config, tmp_path)
 
     line = refused(config)
 
@@ -108,7 +114,7 @@ def test_an_incremental_build_past_max_rejects_leaves_the_link(
     tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig
 ) -> None:
     raw = make_raw(tmp_path, n=20)
-    config = write_config(tmp_path, max_rejects=0.1, max_shrink=None)
+    config = defaults(write_config, tmp_path, max_rejects=0.1, max_shrink=None)
     assert h5etl.build(h5etl.load_spec(config), jobs=1).version == 1
     for key in raw.keys[:3]:  # 6 of 40 files: 15 %
         truncate(raw.image(key))
@@ -222,7 +228,7 @@ def test_a_split_the_parent_held_left_empty_fails_an_incremental_build(
     tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig
 ) -> None:
     raw = make_raw(tmp_path, n=10)
-    config = write_config(tmp_path, max_shrink=None)
+    config = defaults(write_config, tmp_path, max_rejects=10, max_shrink=None)
     first = h5etl.build(h5etl.load_spec(config), jobs=1)
     assert first.path is not None and first.samples == {"train": 8, "valid": 2}
     for key in _valid_keys(first.path):
@@ -234,18 +240,33 @@ def test_a_split_the_parent_held_left_empty_fails_an_incremental_build(
     assert releases(config) == ["cells-v0001.h5"] and link_target(config) == "cells-v0001.h5"
 
 
-def test_an_empty_split_fails_a_first_build_and_check_flags_one(
+def test_a_split_whose_samples_are_all_rejected_fails_a_first_build(
+    tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig
+) -> None:
+    make_raw(tmp_path, n=4, broken={"bad": "truncated_late"})
+    config = defaults(write_config, tmp_path, max_rejects=2, splits={"train": 0.8, "valid": 0.2})
+    valid = [
+        k
+        for k, s in exact_splits(
+            [*(f"s{i:03d}" for i in range(4)), "bad"], {"train": 0.8, "valid": 0.2}, 0
+        ).items()
+        if s == "valid"
+    ]
+    assert valid == ["bad"]  # the documented split rule puts the broken pair alone in valid
+
+    line = refused(config)
+
+    assert "split 'valid' is empty: all 1 of its samples were rejected; no release" in line
+    assert releases(config) == []
+
+
+def test_too_few_samples_for_a_split_warn_and_check_flags_the_empty_split(
     tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig
 ) -> None:
     # check said OK (1 warning) about a split that holds no sample
     make_raw(tmp_path, n=1)
-    config = write_config(tmp_path)
+    report = h5etl.build(h5etl.load_spec(defaults(write_config, tmp_path)), jobs=1)
 
-    line = refused(config)
-
-    assert "split 'valid' is empty: none of the 1 samples fell in it (splits.valid: 0.2)" in line
-    assert releases(config) == []
-    report = h5etl.build(h5etl.load_spec(write_config(tmp_path, allow_empty=True)), jobs=1)
     assert report.path is not None and report.samples == {"train": 1, "valid": 0}
     assert report.warnings == [
         "split 'valid' is empty: none of the 1 samples fell in it (splits.valid: 0.2); "
@@ -272,7 +293,7 @@ def test_a_build_storing_far_fewer_samples_than_its_parent_publishes_nothing(
     tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig
 ) -> None:
     raw = make_raw(tmp_path, n=20)
-    config = write_config(tmp_path)
+    config = defaults(write_config, tmp_path)
     assert h5etl.build(h5etl.load_spec(config), jobs=1).version == 1
     _remove(raw, raw.keys[:3])  # 15 % of the samples
 
@@ -301,7 +322,7 @@ def test_max_shrink_zero_refuses_any_lost_sample(
     tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig
 ) -> None:
     raw = make_raw(tmp_path, n=6)
-    config = write_config(tmp_path, max_shrink=0)
+    config = defaults(write_config, tmp_path, max_shrink=0)
     assert h5etl.build(h5etl.load_spec(config), jobs=1).version == 1
     _remove(raw, raw.keys[:1])
 
@@ -324,7 +345,7 @@ def test_a_build_whose_news_are_only_rejects_is_up_to_date(
 ) -> None:
     # a different invalid mask was published as "patch: no change"
     raw = make_raw(tmp_path, n=9, broken={"bad": "mask_128"})
-    config = write_config(tmp_path)
+    config = defaults(write_config, tmp_path, max_rejects=10)
     first = h5etl.build(h5etl.load_spec(config), jobs=1)
     assert first.path is not None
     folder = first.path.parent
