@@ -203,7 +203,9 @@ def _build_locked(run: _Run, *, resume: bool, full: bool) -> BuildReport:
     return report
 
 
-def _up_to_date(run: _Run, report: BuildReport, watch: Stopwatch, warnings: list[str]) -> Any:
+def _up_to_date(
+    run: _Run, report: BuildReport, watch: Stopwatch, warnings: list[str]
+) -> BuildReport:
     """An up-to-date build's end: no release, the linked one named, as ``report`` says."""
     report.seconds = {**watch.seconds, "total": watch.total()}
     report.warnings = warnings

@@ -243,9 +243,14 @@ class Gate:
     def settle(self, report: BuildReport, rejected: Sequence[Reject]) -> None:
         """After ``NothingNew``: ``report`` names the parent; its carry record learns the
         samples decoded and ``rejected`` again, so the next build need not decode them."""
-        assert self._pending is not None and self.record is not None
+        assert self._pending is not None
+        assert self.record is not None
         spec, plan, parent, _, _ = self._pending
-        known = {**self.record.get("rejected", {}), **rejected_of(spec, plan, rejected)}
+        before = self.record.get("rejected")
+        known = {
+            **(before if isinstance(before, dict) else {}),
+            **rejected_of(spec, plan, rejected),
+        }
         self.output.write_carry(parent.version, {**self.record, "rejected": known})
         self._name(report, parent)
 
