@@ -265,6 +265,7 @@ def _build_planned(
                 facts = provenance.build_facts(report, run.jobs)
                 facts["shards"] = run.sharding.count if run.sharding else 0
                 facts["decoded_in"] = run.decoder.where  # "": nothing was decoded
+                facts["allowed_losses"] = [w for w in report.warnings if w.startswith("--allow")]
                 parts = earlier.parts if isinstance(earlier, Shards) and earlier.virtual else []
                 interrupts.check()  # never publish after a Ctrl-C, even one Python lost
                 info = output.publish(

@@ -253,6 +253,7 @@ class Gate:
         }
         self.output.write_carry(parent.version, {**self.record, "rejected": known})
         self._name(report, parent)
+        report.reused = report.reused_bytes = 0  # nothing was copied into a release
 
     def _name(self, report: BuildReport, parent: Parent) -> None:
         info = self.output.info(parent.version)

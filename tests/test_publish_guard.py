@@ -107,6 +107,10 @@ def test_a_build_rejecting_most_inputs_publishes_nothing_unless_allowed(
     assert result.exit_code == 0, result.output
     assert "warning: --allow-loss: 24 of 40 input files rejected (60%)" in result.output
     assert releases(config) == ["cells-v0001.h5"]
+    facts = json.loads((config.parent / "releases" / "cells-v0001.build.json").read_text())
+    assert facts["allowed_losses"] == [
+        "--allow-loss: 24 of 40 input files rejected (60%), over max_rejects 0.05 (truncated 24)"
+    ]
     names = stored_names(config.parent / "releases" / "cells-v0001.h5")
     assert sorted(names["train"] + names["valid"]) == [f"{k}.png" for k in raw.keys[12:]]
 
