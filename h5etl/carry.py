@@ -46,7 +46,17 @@ _WINDOW_SEPARATOR = "\x1f"  # between a recording's split name and its window's 
 FORMAT = 2  # of the carry record (2: each row's carry key, for windows)
 # Config keys that change no stored byte of a sample already in the parent: a parent built
 # with other values still carries (fractions and seed place only new samples).
-VOLATILE_KEYS = ("description", "attrs", "output", "max_rejects", "on_error", "splits", "seed")
+VOLATILE_KEYS = (
+    "description",
+    "attrs",
+    "output",
+    "max_rejects",
+    "max_shrink",
+    "allow_empty",
+    "on_error",
+    "splits",
+    "seed",
+)
 
 
 @dataclass(frozen=True, slots=True)

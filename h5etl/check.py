@@ -20,7 +20,7 @@ import h5py
 import hdf5plugin  # noqa: F401  (registers the Blosc/Zstd filters for reading)
 
 from h5etl import check_deep, check_ragged, fileformat, hdf5info, partfiles
-from h5etl.check_fields import field_lines, grid_problems, group_lines
+from h5etl.check_fields import empty_classes, field_lines, grid_problems, group_lines
 from h5etl.fileformat import (
     BLOCK_DIGESTS,
     DIAGNOSTICS,
@@ -167,6 +167,9 @@ def check_release(path: Path, *, deep: bool = False) -> CheckReport:
             report.lines.append(hdf5info.readers(_filter_ids(handle, record, counts)))
         with _section(report, f"/{DIAGNOSTICS}"):
             _rejects_line(handle, report)
+        with _section(report, "classes"):
+            for problem in empty_classes(handle, record, counts):
+                report.problem(problem)
         if report.deep is not None:
             report.lines.append(report.deep.line)
     _empty_section(counts, report)
@@ -221,8 +224,8 @@ def _splits_section(
 
 
 def _empty_section(counts: dict[str, int], report: CheckReport) -> None:
-    """A release of no sample is a problem (older versions published them); an empty split
-    is a warning."""
+    """A release of no sample is a problem (older versions published them), and so is an
+    empty split (a build publishes one only when told to: ``allow_empty``, ``--allow-loss``)."""
     if not sum(counts.values()):
         report.problem(
             "0 samples in the release: every input was rejected, or none was found; "
@@ -231,7 +234,7 @@ def _empty_section(counts: dict[str, int], report: CheckReport) -> None:
         return
     for split, count in counts.items():
         if not count:
-            report.warn(
+            report.problem(
                 f"split {split}: 0 samples: the split is empty (too few inputs, or all of its "
                 "inputs were rejected)"
             )

@@ -9,7 +9,7 @@ every field of every split.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import h5py
@@ -138,6 +138,33 @@ def field_lines(
         unit = "rows" if record.column == "ragged" else "samples"
         lines.append(_mask_values_line(name, dataset, declared, problem, unit))
     return [line for line in lines if line is not None]
+
+
+def empty_classes(
+    handle: h5py.File, record: fileformat.LayoutRecord, splits: Iterable[str]
+) -> list[str]:
+    """A problem for each class of a label field that none of ``splits`` stores (a class
+    folder whose every file was rejected): a build publishes one only when told to."""
+    out = []
+    for name, field in record.fields.items():
+        if field.kind != "label":
+            continue
+        totals: dict[str, int] = {}
+        for split in splits:
+            node = handle.get(record.path(split, name))
+            if not isinstance(node, h5py.Dataset) or node.ndim != 1 or node.dtype.kind not in "ui":
+                continue  # a missing or damaged dataset is reported with its split
+            classes = fileformat.class_names(field, node)
+            counts = label_counts(node)
+            for i, label in enumerate(classes):
+                totals[label] = totals.get(label, 0) + counts.get(i, 0)
+        out += [
+            f"field {name}: class {label!r} has 0 samples in every split (all of its inputs "
+            "were rejected, or none was found)"
+            for label, count in totals.items()
+            if not count
+        ]
+    return out
 
 
 def group_lines(handle: h5py.File, record: fileformat.LayoutRecord, problem: Problem) -> list[str]:

@@ -149,6 +149,7 @@ class _BuildOptions:
     vds: bool = False
     notes: str | None = None  # release notes for every config built (instead of their notes:)
     pooled: bool = False  # the worker pool was started (warm_up): it can import ahead
+    allow_loss: bool = False  # the loss guards warn instead of failing (Spec.allowing_loss)
 
 
 @app.command()
@@ -208,6 +209,14 @@ def build(
         str | None,
         typer.Option("--notes", metavar="TEXT", help="Release notes (instead of the config's)."),
     ] = None,
+    allow_loss: Annotated[
+        bool,
+        typer.Option(
+            "--allow-loss",
+            help="Publish although the loss guards (max_rejects, max_shrink, allow_empty) "
+            "would refuse: for the one build whose loss is intended; it says what was lost.",
+        ),
+    ] = False,
     quiet: QuietOption = False,
 ) -> None:
     """Build a new release from each CONFIG (a folder: each config in it)."""
@@ -222,8 +231,9 @@ def build(
     if pooled:
         workers.warm_up(jobs)  # a config naming a cluster leaves these idle; they time out
     options = _BuildOptions(
-        jobs, dry_run, decode, resume, quiet, full, scheduler, shards, vds, notes, pooled
-    )
+        jobs, dry_run, decode, resume, quiet, full, scheduler, shards, vds, notes, pooled,
+        allow_loss=allow_loss,
+    )  # fmt: skip
     if single:
         spec = _run(lambda: _load(configs[0], options))
         with _progress(quiet) as bars:
@@ -237,7 +247,8 @@ def _load(path: Path, options: _BuildOptions) -> Spec:
     from h5etl.config import load_spec
     from h5etl.story import with_notes
 
-    return with_notes(load_spec(path), options.notes)
+    spec = with_notes(load_spec(path), options.notes)
+    return spec.allowing_loss() if options.allow_loss else spec
 
 
 def _build_spec(spec: Spec, options: _BuildOptions, bars: _Bars) -> BuildReport:

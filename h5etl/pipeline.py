@@ -41,12 +41,7 @@ from h5etl.errors import BuildFailed, ResumeMismatch
 from h5etl.kinds import registry
 from h5etl.planning import ProgressHook
 from h5etl.release import OutputFolder
-from h5etl.report import (
-    BuildReport,
-    empty_split_warnings,
-    enforce_limit,
-    require_samples,
-)
+from h5etl.report import BuildReport, enforce_limit, guard, require_samples
 from h5etl.sharded import Sharding, Shards, start_sharded
 from h5etl.sink import Sink
 from h5etl.spec import Spec, spec_text
@@ -179,22 +174,14 @@ def _build_locked(run: _Run, *, resume: bool, full: bool) -> BuildReport:
         if killed and not resume
         else []
     )
-    if gate.up_to_date(spec, plan, report, origin):
-        report.seconds = {**watch.seconds, "total": watch.total()}
-        report.warnings = [*plan.warnings, *redone]
-        status.succeeded(
-            version=report.version,
-            path=report.path,
-            samples=report.samples,
-            seconds=watch.total(),
-            up_to_date=True,
-            rejects=report.rejects,  # the release's, decode-time ones too
-        )
-        return report
+    planned_rejects = len(report.rejects)
     try:
-        info = _build_planned(
-            run, plan, report, watch, previous, None if full else origin, record=gate.record
-        )
+        if gate.up_to_date(spec, plan, report, origin):
+            return _up_to_date(run, report, watch, [*plan.warnings, *redone])
+        info = _build_planned(run, plan, report, watch, previous, None if full else origin, gate)
+    except uptodate.NothingNew:  # it decoded only samples the parent does not store: rejected
+        gate.settle(report, report.rejects[planned_rejects:])
+        return _up_to_date(run, report, watch, [*plan.warnings, *redone])
     except BuildFailed as exc:
         path = output.write_failed_rejects(report.rejects)
         raise BuildFailed(
@@ -208,14 +195,27 @@ def _build_locked(run: _Run, *, resume: bool, full: bool) -> BuildReport:
     report.seconds = {**report.seconds, **watch.seconds, "total": watch.total()}
     report.version, report.path, report.link = info.version, info.path, output.link
     report.rejects_path = info.rejects
-    report.warnings = [
-        *plan.warnings,
-        *report.warnings,  # the build's own (why nothing was carried)
-        *empty_split_warnings(spec, report.samples, planned(plan)),
-    ]
-    report.warnings.extend(redone)
+    # the build's own: why nothing was carried, what the loss guard let through
+    report.warnings = [*plan.warnings, *report.warnings, *redone]
     status.succeeded(
         version=info.version, path=info.path, samples=report.samples, seconds=watch.total()
+    )
+    return report
+
+
+def _up_to_date(
+    run: _Run, report: BuildReport, watch: Stopwatch, warnings: list[str]
+) -> BuildReport:
+    """An up-to-date build's end: no release, the linked one named, as ``report`` says."""
+    report.seconds = {**watch.seconds, "total": watch.total()}
+    report.warnings = warnings
+    run.status.succeeded(
+        version=report.version,
+        path=report.path,
+        samples=report.samples,
+        seconds=watch.total(),
+        up_to_date=True,
+        rejects=report.rejects,  # the parent's decode-time ones too
     )
     return report
 
@@ -227,10 +227,9 @@ def _build_planned(
     watch: Stopwatch,
     previous: list[tuple[Path, Path]],
     origin: parent.Parent | None,
-    *,
-    record: dict[str, object] | None = None,
+    gate: uptodate.Gate,
 ) -> Any:
-    spec, output = run.spec, run.output
+    spec, output, record = run.spec, run.output, gate.record
     enforce_limit(spec, report.rejects, report.inputs)
     require_samples(spec, report.samples, report)
     version = output.next_version()
@@ -261,11 +260,12 @@ def _build_planned(
             with output.staged() as temp:
                 written = _write(
                     run, plan, report, temp, version=version, watch=watch, earlier=earlier,
-                    carried=carried,
+                    carried=carried, gate=gate,
                 )  # fmt: skip
                 facts = provenance.build_facts(report, run.jobs)
                 facts["shards"] = run.sharding.count if run.sharding else 0
                 facts["decoded_in"] = run.decoder.where  # "": nothing was decoded
+                facts["allowed_losses"] = [w for w in report.warnings if w.startswith("--allow")]
                 parts = earlier.parts if isinstance(earlier, Shards) and earlier.virtual else []
                 interrupts.check()  # never publish after a Ctrl-C, even one Python lost
                 info = output.publish(
@@ -297,6 +297,7 @@ def _write(
     watch: Stopwatch,
     earlier: resume.Start | None,
     carried: carry.CarryPlan | None = None,
+    gate: uptodate.Gate | None = None,
 ) -> tuple[str, carry.BlockLog] | None:
     """Write the release to ``temp``; return its fingerprint and block tallies (for its carry
     record), or None after a resume or a sharded build (their tallies are not per block)."""
@@ -399,6 +400,7 @@ def _write(
             diagnostics.update(tallies.diagnostics(record))
             report.conversions = tallies.conversions
             report.class_counts = tallies.class_counts(record)
+            guard(spec, report, planned(plan), annotate.before())
             schedule.release_free_memory()
             report.datasets = sink.finish(
                 attrs,
@@ -407,6 +409,8 @@ def _write(
                 rejects=stored_rejects(spec, report.rejects),
                 annotate=annotate,
             )
+            if gate is not None and gate.nothing_new(annotate.same_rows):
+                raise uptodate.NothingNew
             report.change = annotate.line()
             report.chunk_paths = sink.chunk_paths
             checkpoints.drain()

@@ -9,18 +9,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from h5etl import buildparts, clean, discover, parent, schedule
+from h5etl import buildparts, clean, discover, parent, schedule, story
 from h5etl.buildparts import Stopwatch, decoded, planned, processed
 from h5etl.release import OutputFolder
 from h5etl.report import (
     DECODE_CHECKS,
     PLAN_CHECKS,
     BuildReport,
-    empty_split_warnings,
     enforce_limit,
+    guard,
     require_samples,
 )
 from h5etl.spec import Spec
+from h5etl.tallies import Tallies
 
 ProgressHook = Callable[[str, int, int | None], None]
 """``hook(stage, advance, total)``: ``advance=0`` opens the next stage (``total`` steps, or None
@@ -30,7 +31,8 @@ if unknown); stages come one after another: discover, probe, decode+write (or de
 def dry_run(
     spec: Spec, hook: ProgressHook, jobs: int, decoder: schedule.Decoder | None
 ) -> BuildReport:
-    """A dry run; with a ``decoder``, every sample is decoded as a build would."""
+    """A dry run; with a ``decoder``, every sample is decoded as a build would. The loss
+    guard compares with the linked release as the build would (classes only when decoding)."""
     report, plan, watch, _ = plan_only(spec, hook, jobs, headers=decoder is None)
     report.checks = (
         [*PLAN_CHECKS, *header_checks(spec)]
@@ -43,18 +45,22 @@ def dry_run(
         recipe = buildparts.recipe_of(plan)
         hook("decode", 0, plan.total)
         cutter = buildparts.cutter(spec, plan, None)
+        tallies = Tallies()
         for result in decoded(cutter, recipe, decoder):
             counts[result.task.split] += result.accepted
             report.rejects.extend(result.rejects)
             enforce_limit(spec, report.rejects, report.inputs)
+            tallies.add(result)
             hook("decode", processed(result), None)
         report.samples = counts
+        report.class_counts = tallies.class_counts(buildparts.layout_record(spec, plan))
         watch.lap("decode")
     else:
         report.warnings.extend(unchecked(spec))
     require_samples(spec, report.samples, report)
     report.warnings.extend(plan.warnings)
-    report.warnings.extend(empty_split_warnings(spec, report.samples, planned(plan)))
+    linked = OutputFolder(spec.output, spec.name).current_release()
+    guard(spec, report, planned(plan), story.read_before(None if linked is None else linked[1]))
     report.seconds = {**watch.seconds, "total": watch.total()}
     return report
 

@@ -1,12 +1,16 @@
-"""report: what a build did, and the rules that fail it on its rejects.
+"""report: what a build did, and the rules that fail it on its rejects and its losses.
 
-A build fails when rejects pass ``on_error``/``max_rejects`` or when it would store nothing;
-a split left empty is a warning. Dry runs apply the same rules, so they fail as the build would.
+A build fails when rejects pass ``on_error``/``max_rejects`` or when it would store nothing.
+The loss guard (``guard``) fails one that would publish an empty split or class that was not
+empty in the parent release, or store more than ``max_shrink`` fewer samples than the parent;
+``allow_empty`` and ``--allow-loss`` (``Spec.loss_allowed``) turn those into warnings. Dry
+runs apply the same rules where they know the counts, so they fail as the build would.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,10 +69,30 @@ class BuildReport:
         return dict(sorted(Counter(r.reason for r in self.rejects).items()))
 
 
-def _reject_limit(spec: Spec, inputs: int) -> int | None:
+# How an error of the loss guards ends: the one way to publish anyway, for this build only.
+LOSS_HINT = (
+    "if the loss is intended, `h5etl build --allow-loss` publishes it (this build only; "
+    "max_rejects, max_shrink and allow_empty set the guards)"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Before:
+    """The parent release (the link's) as the loss guard compares a build with it."""
+
+    version: int
+    counts: Mapping[str, int]  # samples per split
+    classes: Mapping[str, Mapping[str, int]]  # label field -> class -> samples in all splits
+
+    @property
+    def name(self) -> str:
+        return f"v{self.version:04d}"
+
+
+def _reject_limit(spec: Spec, inputs: int, *, lifted: bool = True) -> int | None:
     if spec.on_error == "fail":
         return 0
-    if spec.max_rejects is None:
+    if spec.max_rejects is None or (lifted and spec.loss_allowed):
         return None
     if isinstance(spec.max_rejects, float):
         return int(spec.max_rejects * inputs)
@@ -92,10 +116,20 @@ def enforce_limit(spec: Spec, rejects: list[Reject], inputs: int) -> None:
             rejects=rejects,
         )
     raise BuildFailed(
-        f"{len(rejects)} of {inputs} input files rejected, over max_rejects {spec.max_rejects} "
-        f"({_tally(rejects)}); no release was made",
+        f"{_over_limit(spec, rejects, inputs, final=False)}; no release was made; {LOSS_HINT}",
         path=spec.config_file,
         rejects=rejects,
+    )
+
+
+def _over_limit(spec: Spec, rejects: list[Reject], inputs: int, *, final: bool = True) -> str:
+    """The rejects past ``max_rejects``; not ``final``: the build stopped there, and the
+    files it did not decode may hold more."""
+    share = f" ({len(rejects) / inputs:.0%})" if inputs else ""
+    return (
+        f"{'' if final else 'at least '}{len(rejects)} of {inputs} input files rejected{share}, "
+        f"over max_rejects "
+        f"{spec.max_rejects} ({_tally(rejects)})"
     )
 
 
@@ -122,20 +156,96 @@ def require_samples(spec: Spec, samples: dict[str, int], report: BuildReport) ->
     )
 
 
-def empty_split_warnings(spec: Spec, samples: dict[str, int], planned: dict[str, int]) -> list[str]:
-    """A warning per split that stores nothing: none planned for it, or all of them rejected."""
+def guard(
+    spec: Spec, report: BuildReport, planned: Mapping[str, int], before: Before | None
+) -> None:
+    """Fail a build that would lose data past the loss guards; a lifted guard warns.
+
+    Lost: a split left empty that held samples in ``before`` (the parent release) or whose
+    planned samples were all rejected; a class (of a label field) left empty that was not
+    empty in ``before`` (any, in a first build); more than ``max_shrink`` of the parent's
+    samples. ``report.class_counts`` empty: classes not known (a dry run
+    that decodes nothing). Rejects past ``max_rejects`` fail earlier (``enforce_limit``);
+    under ``--allow-loss`` they are warned of here.
+
+    Raises:
+        BuildFailed: one line naming every loss and the counts, and how to publish anyway.
+    """
+    empty = _empty_splits(spec, report.samples, planned, before)
+    empty += _empty_classes(report.class_counts, before)
+    shrink = _shrink(spec, sum(report.samples.values()), before)
+    guarded = not spec.loss_allowed
+    failing = [text for text, new in empty if new and not spec.allow_empty and guarded]
+    failing += shrink if guarded else []
+    if failing:
+        raise BuildFailed(
+            f"{'; '.join(failing)}; no release was made; {LOSS_HINT}",
+            path=spec.config_file,
+            rejects=report.rejects,
+        )
+    # published: every loss is said, and which only --allow-loss let through
+    limit = _reject_limit(spec, report.inputs, lifted=False)
+    if spec.loss_allowed and limit is not None and len(report.rejects) > limit:
+        report.warnings.append(f"--allow-loss: {_over_limit(spec, report.rejects, report.inputs)}")
+    for text, new in empty:
+        report.warnings.append(f"--allow-loss: {text}" if new and not spec.allow_empty else text)
+    report.warnings.extend(f"--allow-loss: {text}" for text in shrink)
+
+
+def _empty_splits(
+    spec: Spec, samples: Mapping[str, int], planned: Mapping[str, int], before: Before | None
+) -> list[tuple[str, bool]]:
+    """Each split that stores nothing, and whether that is a loss (the parent held samples
+    in it, or it had planned samples, all rejected); nothing when the build stores nothing."""
     total = sum(samples.values())
-    warnings = []
+    out = []
     for split, count in samples.items():
         if count or not total:
             continue
+        held = None if before is None else before.counts.get(split)
         if planned.get(split):
-            warnings.append(
-                f"split {split!r} is empty: all {planned[split]} of its samples were rejected"
-            )
+            text = f"split {split!r} is empty: all {planned[split]} of its samples were rejected"
         else:
-            warnings.append(
+            text = (
                 f"split {split!r} is empty: none of the {total} samples fell in it "
                 f"(splits.{split}: {spec.splits[split]:g}); add samples or change the fractions"
             )
-    return warnings
+        if held and before is not None:
+            text += f" ({before.name} held {held})"
+        # lost: what the parent held, or what was planned; too few samples for the
+        # fractions lose nothing (a warning, as ever)
+        out.append((text, bool(held) or (held is None and bool(planned.get(split)))))
+    return out
+
+
+def _empty_classes(
+    counts: Mapping[str, Mapping[str, Mapping[str, int]]], before: Before | None
+) -> list[tuple[str, bool]]:
+    """Each class of a label field that no split stores (one the parent held included,
+    when the build no longer knows it), and whether that is new (the parent held some)."""
+    totals: dict[str, Counter[str]] = {}
+    for fields in counts.values():
+        for name, classes in fields.items():
+            totals.setdefault(name, Counter()).update(classes)
+    out = []
+    for name, found in totals.items():
+        held = {} if before is None else before.classes.get(name, {})
+        for label in [*found, *(c for c in held if c not in found)]:
+            if found.get(label, 0):
+                continue
+            was = held.get(label)
+            where = f" ({before.name} held {was})" if was and before is not None else ""
+            out.append((f"class {label!r} of field {name!r} is empty{where}", was != 0))
+    return out
+
+
+def _shrink(spec: Spec, stored: int, before: Before | None) -> list[str]:
+    """More than ``max_shrink`` of the parent's samples lost, said with the counts."""
+    held = 0 if before is None else sum(before.counts.values())
+    if before is None or spec.max_shrink is None or held - stored <= spec.max_shrink * held:
+        return []
+    lost = held - stored
+    return [
+        f"{stored:,} samples stored, {lost:,} ({lost / held:.0%}) fewer than "
+        f"{before.name}'s {held:,}: over max_shrink {spec.max_shrink:g}"
+    ]

@@ -104,11 +104,15 @@ class Spec(Strict):
     pad: PadSpec = PadSpec()
     decode: DecodeSpec = DecodeSpec()
     on_error: Literal["skip", "fail"] = "skip"
-    max_rejects: Annotated[int, Field(ge=0)] | Annotated[float, Field(ge=0, lt=1)] | None = None
+    # the loss guards (h5etl.report): a build that loses more does not publish
+    max_rejects: Annotated[int, Field(ge=0)] | Annotated[float, Field(ge=0, lt=1)] | None = 0.05
+    max_shrink: Annotated[float, Field(ge=0, le=1)] | None = 0.1  # of the parent's samples
+    allow_empty: bool = False  # publish a release with an empty split or class
     _config_file: Path | None = PrivateAttr(default=None)
     _config_dir: Path | None = PrivateAttr(default=None)
     _written_paths: dict[PathKey, str] = PrivateAttr(default_factory=dict)
     _inferred_kinds: dict[str, str] = PrivateAttr(default_factory=dict)
+    _loss_allowed: bool = PrivateAttr(default=False)  # build --allow-loss: not in the config
 
     def located(
         self,
@@ -131,6 +135,17 @@ class Spec(Strict):
         copy._written_paths = dict(written_paths)
         copy._inferred_kinds = dict(inferred_kinds or {})
         return copy
+
+    def allowing_loss(self) -> Spec:
+        """This spec, for a build whose loss is intended (``--allow-loss``): the loss guards
+        warn instead of failing it. Its config text is this one's."""
+        copy = self.model_copy()
+        copy._loss_allowed = True
+        return copy
+
+    @property
+    def loss_allowed(self) -> bool:
+        return self._loss_allowed
 
     @property
     def inferred_kinds(self) -> dict[str, str]:

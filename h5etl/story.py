@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +23,8 @@ import h5py
 from h5etl import fileformat
 from h5etl.errors import ConfigError, H5EtlError
 from h5etl.records import Reject
-from h5etl.snapshot import Snapshot, WrittenRows, plain
+from h5etl.report import Before
+from h5etl.snapshot import SampleFacts, Snapshot, WrittenRows, plain
 from h5etl.spec import Spec
 from h5etl.storable import Text
 
@@ -108,6 +110,44 @@ def with_notes(spec: Spec, notes: str | None) -> Spec:
     return spec.model_copy(update={"notes": notes})
 
 
+def before_of(snapshot: Snapshot) -> Before:
+    """A release as the loss guard compares a build with it: samples per split, and per
+    class of each label field over all splits."""
+    labels = [name for name, record in snapshot.layout.fields.items() if record.kind == "label"]
+    classes: dict[str, Counter[str]] = {name: Counter() for name in labels}
+    for fields in snapshot.classes.values():
+        for name in labels:
+            classes[name].update(fields.get(name, {}))
+    counts = {split: snapshot.counts.get(split, 0) for split in snapshot.layout.splits}
+    return Before(snapshot.version or 0, counts, {n: dict(c) for n, c in classes.items()})
+
+
+def read_before(path: Path | None) -> Before | None:
+    """The release at ``path`` (the link's, None: none) as ``before_of`` sees it; None when
+    it cannot be read (the build then compares with nothing, as a first build)."""
+    if path is None:
+        return None
+    from h5etl.snapshot import read_snapshot
+
+    try:
+        return before_of(read_snapshot(path))
+    except H5EtlError as exc:
+        logger.warning("cannot read the parent release (%s); no loss guard against it", exc)
+        return None
+
+
+def _rows(snapshot: Snapshot) -> dict[str, list[tuple[object, ...]]]:
+    """Each split's samples in row order, as what identifies them: key, name, source digests."""
+    out: dict[str, list[tuple[object, ...]]] = {split: [] for split in snapshot.layout.splits}
+
+    def row(s: SampleFacts) -> tuple[object, ...]:
+        return (s.key, s.filename, s.group, tuple(sorted(s.sources.items())))
+
+    for sample in snapshot.samples:
+        out.setdefault(sample.split, []).append(row(sample))
+    return out
+
+
 class Annotator:
     """What the sink calls on the finished file: the story attributes to add to it (kept in
     ``attrs`` for the build's summary)."""
@@ -119,6 +159,12 @@ class Annotator:
         # the new file's samples as the sink appends them (the sink's ``on_rows``): no
         # label without a parent, so nothing to collect then
         self.rows: WrittenRows | None = None if parent is None else WrittenRows()
+        self.same_rows = False  # the file stores the parent's samples, row for row
+
+    def before(self) -> Before | None:
+        """The parent as the loss guard compares with it; None without one (or unreadable)."""
+        self.prepare()
+        return before_of(self._before) if isinstance(self._before, Snapshot) else None
 
     def prepare(self) -> None:
         """Read the parent's snapshot now: a build waiting for its decoders has the time,
@@ -160,7 +206,11 @@ class Annotator:
             logger.warning("cannot read the parent release (%s); no change label", before)
             return {fileformat.CHANGE_SUMMARY_ATTR: f"the parent {self.parent.name} is unreadable"}
         written = None if self.rows is None else self.rows.samples
-        change = diff_releases(before, snapshot_of(handle, Path(handle.filename), written=written))
+        after = snapshot_of(handle, Path(handle.filename), written=written)
+        change = diff_releases(before, after)
+        # a row-by-row look only where the counts leave it open (an added sample's build
+        # never pays it)
+        self.same_rows = dict(before.counts) == dict(after.counts) and _rows(before) == _rows(after)
         out: dict[str, Any] = {
             fileformat.CHANGE_ATTR: change.label,
             fileformat.CHANGE_SUMMARY_ATTR: change.summary(),

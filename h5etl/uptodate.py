@@ -5,18 +5,23 @@ the build publishes nothing and says so ("up to date"). Input: the plan, the par
 (``h5etl.parent``), its carry record (``h5etl.carry``) and the rejects found before
 decoding. Up to date means: the config text, the notes and the h5etl version are the
 parent's; every sample the parent stores is planned again, in its split, and unchanged
-(stamps, else equal bytes); every other planned sample was rejected by the parent while
-decoding and its files keep their stamps; and the rejects, plan-time and decode-time, are
-the very rows the parent stores in ``/diagnostics/rejects``. The decision is pure, plus
-hashing the files whose stamps changed (as carrying does). ``Gate`` applies it to one
-build: it starts the decoder as soon as something will be decoded, and refreshes the stamps
-of touched files of equal bytes in the carry record of an up-to-date release.
+(stamps, else equal bytes); and every other planned sample was rejected by the parent while
+decoding and its files keep their stamps. Rejects found before decoding (orphans, duplicates)
+store nothing, so they do not count: a build with nothing new to store publishes nothing,
+whatever its reject list. When only samples the parent does not store changed (new ones, or
+rejected ones touched), they are decoded; if the finished file stores the parent's samples
+row for row (all of them rejected again), it is not published either (``NothingNew``). The
+decision is pure, plus hashing the files whose stamps changed (as carrying does). ``Gate``
+applies it to one build: it starts the decoder as soon as something will be decoded, and
+refreshes the carry record of an up-to-date release (the stamps of touched files of equal
+bytes, the samples rejected again) so the next build decides without decoding.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from h5etl import __version__, carry, fileformat, inprocess, sink_disk
@@ -64,45 +69,63 @@ def rejected_of(spec: Spec, plan: Plan, rejects: Sequence[Reject]) -> dict[str, 
     }
 
 
+class NothingNew(Exception):
+    """The file written stores the parent's samples row for row: it is not published."""
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """``why_build``'s answer."""
+
+    reason: str | None  # why a release must be built; None: the parent is up to date
+    touched: dict[str, str] = field(default_factory=dict)  # equal bytes, new stamps
+    rejected: list[Row] = field(default_factory=list)  # the parent's decode-time reject rows
+    # the parent's samples are all planned again unchanged, only others are to decode;
+    # None: not looked at (a new sample was found first, ``thorough`` looks)
+    stored_same: bool | None = False
+
+
 def why_build(
     spec: Spec,
     plan: Plan,
     parent: Parent,
     record: Mapping[str, Any] | None,
-    plan_rejects: Sequence[Reject],
     layout: LayoutRecord,
-) -> tuple[str | None, dict[str, str]]:
-    """Why this build must publish a release (None: ``parent`` is up to date), and the
-    stamps of the parent's samples whose files were touched but hold the same bytes."""
+    *,
+    thorough: bool = False,
+) -> Verdict:
+    """Why this build must publish a release (None: ``parent`` is up to date), with the
+    stamps of the parent's samples whose files were touched but hold the same bytes and
+    the rows of the parent's rejects of the samples planned again. A sample the parent
+    never saw ends the look at once unless ``thorough`` (``stored_same`` is then None)."""
     config = spec_text(spec)
     reason = carry.why_not(parent, record, config, layout, carry.plan_block(plan))
     if reason is not None or record is None:
-        return reason or "no carry record", {}
+        return Verdict(reason or "no carry record")
     if config != parent.config:
-        return f"the config differs from v{parent.version:04d}'s", {}
+        return Verdict(f"the config differs from v{parent.version:04d}'s")
     if spec.notes and spec.notes != parent.notes:
-        return "new release notes", {}
+        return Verdict("new release notes")
     if parent.tool_version != __version__:
-        return f"v{parent.version:04d} was built by h5etl {parent.tool_version or '?'}", {}
-    new = _first_new(plan, record)
+        return Verdict(f"v{parent.version:04d} was built by h5etl {parent.tool_version or '?'}")
+    new = None if thorough else _first_new(plan, record)
     if new is not None:  # found without comparing a stored sample (an added sample's build)
-        return f"{new} is new", {}
+        return Verdict(f"{new} is new", stored_same=None)
     reason, touched, rest = _stored_unchanged(plan, parent, record)
     if reason is not None:
-        return reason, {}
-    expected: list[Row] = reject_rows(spec, plan_rejects)
+        return Verdict(reason)
+    found: list[Row] = []
     rejected: Mapping[str, list[Any]] = record.get("rejected", {})
     for name, sample in rest.items():
         known = rejected.get(name)
         if known is None:
-            return f"{sample.key} is new", {}
+            return Verdict(f"{sample.key} is new", stored_same=True)
         state, rows = carry.rejected_state(known)
         if state != carry.sample_state(sample, plan.stamps[sample.key]):
-            return f"{sample.key} changed since v{parent.version:04d} rejected it", {}
-        expected.extend(rows)
-    if sorted(expected) != sorted(parent.rejects):
-        return f"the rejects differ from v{parent.version:04d}'s", {}
-    return None, touched
+            why = f"{sample.key} changed since v{parent.version:04d} rejected it"
+            return Verdict(why, stored_same=True)
+        found.extend(rows)
+    return Verdict(None, touched, found)
 
 
 def _first_new(plan: Plan, record: Mapping[str, Any]) -> str | None:
@@ -160,6 +183,8 @@ class Gate:
         linked = None if always else output.current_release()
         self.record = None if linked is None else output.read_carry(linked[0])
         self._parent = None if linked is None or self.record is None else linked[1]
+        # what ``nothing_new`` needs of a build that only decodes samples the parent lacks
+        self._pending: tuple[Spec, Plan, Parent, LayoutRecord, bool | None] | None = None
 
     def _will_copy(self) -> None:
         """The build goes on and may carry from the parent: its bytes are asked for now."""
@@ -190,20 +215,52 @@ class Gate:
         if parent is None or record is None:
             return False
         layout = layout_record(spec, plan)
-        reason, touched = why_build(spec, plan, parent, record, report.rejects, layout)
-        if reason is not None:
-            logger.info("building a new release: %s", reason)
+        verdict = why_build(spec, plan, parent, record, layout)
+        if verdict.reason is not None:
+            logger.info("building a new release: %s", verdict.reason)
+            if verdict.stored_same is not False:  # what is decoded may all be rejected again
+                self._pending = (spec, plan, parent, layout, verdict.stored_same)
             self._will_copy()
             return False
-        if touched:  # the next build need not hash them again
-            self.output.write_carry(parent.version, carry.with_stamps(record, touched))
+        if verdict.touched:  # the next build need not hash them again
+            self.output.write_carry(parent.version, carry.with_stamps(record, verdict.touched))
+        self._name(report, parent)
+        # the rejects found before decoding as they are now, the others as the parent's
+        report.rejects = [*report.rejects, *local_rejects(spec, verdict.rejected)]
+        return True
+
+    def nothing_new(self, same_rows: bool) -> bool:
+        """Whether a finished file stores nothing the parent does not: ``same_rows`` (its
+        samples are the parent's, row for row) in a build that found every sample the parent
+        stores unchanged, and decoded only others."""
+        if not same_rows or self._pending is None:
+            return False
+        spec, plan, parent, layout, same = self._pending
+        if same is None:  # a new sample stopped the look: finish it now (rarely needed)
+            same = why_build(spec, plan, parent, self.record, layout, thorough=True).stored_same
+        return bool(same)
+
+    def settle(self, report: BuildReport, rejected: Sequence[Reject]) -> None:
+        """After ``NothingNew``: ``report`` names the parent; its carry record learns the
+        samples decoded and ``rejected`` again, so the next build need not decode them."""
+        assert self._pending is not None
+        assert self.record is not None
+        spec, plan, parent, _, _ = self._pending
+        before = self.record.get("rejected")
+        known = {
+            **(before if isinstance(before, dict) else {}),
+            **rejected_of(spec, plan, rejected),
+        }
+        self.output.write_carry(parent.version, {**self.record, "rejected": known})
+        self._name(report, parent)
+        report.reused = report.reused_bytes = 0  # nothing was copied into a release
+
+    def _name(self, report: BuildReport, parent: Parent) -> None:
         info = self.output.info(parent.version)
         report.up_to_date = True
         report.version, report.path, report.link = parent.version, parent.path, self.output.link
         report.rejects_path = info.rejects
         report.samples = {split: len(rows.keys) for split, rows in parent.splits.items()}
-        report.rejects = local_rejects(spec, parent.rejects)  # as a build reports them
-        return True
 
 
 def message(report: BuildReport) -> str:

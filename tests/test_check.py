@@ -314,23 +314,19 @@ def test_each_problem_is_printed_once(release: Path, tmp_path: Path) -> None:
     )
 
 
-def test_an_empty_split_is_a_warning(
+def test_an_empty_split_is_a_problem(
     tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig
 ) -> None:
-    # check said OK and nothing else about a split that holds no sample
+    # check said OK and nothing else about a split that holds no sample, then OK (1 warning)
     make_raw(tmp_path, n=1)
     built = build(load_spec(write_config(tmp_path)), jobs=1)
     assert built.path is not None
     [empty] = [split for split, count in built.samples.items() if count == 0]
     report = check_release(built.path, deep=True)
-    assert report.ok, report.problems
-    assert len(report.warnings) == 1
-    assert report.warnings[0].startswith(f"split {empty}: 0 samples: the split is empty")
-    assert f"WARNING {report.warnings[0]}" in report.lines
-    result = _invoke("check", str(built.path))
-    assert result.exit_code == 0, result.output
-    assert result.stderr == ""
-    assert result.stdout.splitlines()[-1] == "OK (1 warning)"
+    assert len(report.problems) == 1, report.problems
+    assert report.problems[0].startswith(f"split {empty}: 0 samples: the split is empty")
+    assert f"PROBLEM {report.problems[0]}" in report.lines
+    assert _cli_error(built.path).endswith(": 1 problem (the PROBLEM lines of the report)")
 
 
 EMPTY = hashlib.sha256(b"")
@@ -471,7 +467,7 @@ def test_check_says_which_tools_can_read_the_file(
     expected: str,
 ) -> None:
     # h5dump printed DATA { } for lzf datasets, and nothing in check said why
-    make_raw(tmp_path, n=2)
+    make_raw(tmp_path, n=5)  # a sample in each split: an empty split is a problem
     config = write_config(tmp_path, storage=storage, fields=fields)
     built = build(load_spec(config), jobs=1)
     assert built.path is not None

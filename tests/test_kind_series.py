@@ -76,6 +76,7 @@ def series_config(root: Path, **over: Any) -> Path:
         "seed": 1,
         "fields": {"rec": field, "filename": {"kind": "text"}},
         "storage": {"chunk_samples": 2},
+        "max_rejects": None,  # broken on purpose: past the default share (test_publish_guard)
         **over,
     }
     path = root / "config.yaml"

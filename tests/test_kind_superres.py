@@ -117,6 +117,7 @@ def write_config(root: Path, fields: dict[str, Any], *, low: bool = True) -> Pat
         "storage": {"chunk_samples": 2, "compression": "lzf"},
         "pad": {"fill": 0, "oversize": "reject"},
         "on_error": "skip",
+        "max_rejects": None,  # broken on purpose: past the default share (test_publish_guard)
     }
     path = root / "config.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False), "utf-8")

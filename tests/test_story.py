@@ -153,7 +153,8 @@ def test_releases_shows_size_time_counts_parent_change_and_notes(
     tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig
 ) -> None:
     raw = make_raw(tmp_path, n=6)
-    config = write_config(tmp_path, splits={"train": 1.0})
+    # a withdrawn sample of 6 is 17 %: past the default max_shrink (test_publish_guard)
+    config = write_config(tmp_path, splits={"train": 1.0}, max_shrink=0.5)
     assert _cli("build", config, "-j", "1", "-q", "--notes", "v1")[0] == 0
     code, out, _ = _cli("build", config, "-j", "1", "-q")  # nothing changed: no release
     assert (code, out) == (0, f"cells: nothing changed since cells-v0001 {UP_TO_DATE}\n")
@@ -194,7 +195,8 @@ def test_releases_json_gives_each_release_for_scripts(
     tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig
 ) -> None:
     raw = make_raw(tmp_path, n=5)
-    config = write_config(tmp_path, splits={"train": 1.0})
+    # a withdrawn sample of 5 is 20 %: past the default max_shrink (test_publish_guard)
+    config = write_config(tmp_path, splits={"train": 1.0}, max_shrink=0.5)
     assert _cli("build", config, "-j", "1", "-q", "--notes", "first")[0] == 0
     raw.image("s001").unlink()
     raw.mask("s001").unlink()

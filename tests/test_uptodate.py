@@ -95,10 +95,6 @@ def _remove_sample(raw: RawFolder) -> None:
     raw.mask("s004").unlink()
 
 
-def _new_orphan(raw: RawFolder) -> None:
-    save(raw.image("lonely"), random_pair(np.random.default_rng(7), (8, 8))[0])
-
-
 Change = Callable[[RawFolder], None]
 
 
@@ -108,7 +104,6 @@ Change = Callable[[RawFolder], None]
         pytest.param(_touch_bytes, {}, {}, None, id="a-file-with-other-bytes"),
         pytest.param(_new_sample, {}, {}, None, id="a-new-sample"),
         pytest.param(_remove_sample, {}, {}, None, id="a-removed-sample"),
-        pytest.param(_new_orphan, {}, {}, 6, id="a-new-plan-time-reject"),
         pytest.param(None, {"description": "another"}, {}, 6, id="another-description"),
         pytest.param(None, {"storage": {"chunk_samples": 3}}, {}, 0, id="other-chunks"),
         pytest.param(None, {"notes": "fixed labels"}, {}, 6, id="new-notes"),
@@ -125,13 +120,16 @@ def test_anything_changed_builds_a_new_release(
     reused: int | None,
 ) -> None:
     raw = make_raw(tmp_path, n=6)
-    config = write_config(tmp_path, storage={"chunk_samples": 2})
+    # a sample lost of 6 is 17 %: past the default max_shrink (test_publish_guard)
+    config = write_config(tmp_path, storage={"chunk_samples": 2}, max_shrink=0.5)
     spec = load_spec(config)
     build(spec, jobs=1)
     if change is not None:
         change(raw)
     if overrides:
-        config = write_config(tmp_path, **{"storage": {"chunk_samples": 2}, **overrides})
+        config = write_config(
+            tmp_path, **{"storage": {"chunk_samples": 2}, "max_shrink": 0.5, **overrides}
+        )
     report = build(load_spec(config), jobs=1, **options)
     assert not report.up_to_date
     assert report.version == 2
@@ -214,8 +212,14 @@ def test_build_many_shows_up_to_date_configs(
     raw = make_raw(tmp_path, n=6)
     (tmp_path / "configs").mkdir()
     sources = {"image": {"dir": "../raw/images"}, "mask": {"dir": "../raw/masks"}}
-    for name in ("one", "two"):
-        write_config(tmp_path / "configs", config_name=f"{name}.yaml", name=name, sources=sources)
+    for name in ("one", "two"):  # a sample lost of 6: past the default max_shrink
+        write_config(
+            tmp_path / "configs",
+            config_name=f"{name}.yaml",
+            name=name,
+            sources=sources,
+            max_shrink=0.5,
+        )
     assert cli("build", "configs", "-j", "1", "-q", cwd=tmp_path).returncode == 0
     _remove_sample(raw)
     done = cli("build", "configs", "-j", "1", "-q", cwd=tmp_path)

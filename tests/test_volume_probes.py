@@ -66,6 +66,7 @@ def config(root: Path) -> Path:
             "ct": {"slice_shape": list(SHAPE[1:])},
             "mask": {"slice_shape": list(SHAPE[1:]), "values": [0, 1, 2]},
         },
+        "max_rejects": None,  # broken on purpose: past the default share (test_publish_guard)
     }
     path = root / "config.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False), "utf-8")
