@@ -280,6 +280,9 @@ def _hostile(root: Path) -> Path:
             "filename": {"dtype": "str"},
         },
         "storage": {"chunk_samples": 2},
+        # the broken file is its class folder's only one: a rejected input and an empty class
+        "max_rejects": 1,
+        "allow_empty": True,
     }
     (root / "config.yaml").write_text(yaml.safe_dump(config))
     report = h5etl.build(h5etl.load_spec(root / "config.yaml"), jobs=1)
