@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from tqdm import tqdm
 
-from h5etl import interrupts, workers
+from h5etl import docrefs, interrupts, workers
 from h5etl.cli_common import app
 from h5etl.cli_common import fail as _fail
 from h5etl.cli_common import run as _run
@@ -92,7 +92,9 @@ def _summary(report: BuildReport) -> None:
     _say(f"samples: {splits} (of {report.inputs} input files)")
     if report.rejects:
         reasons = ", ".join(f"{reason} {n}" for reason, n in report.reject_counts.items())
-        _say(f"rejects: {len(report.rejects)} files ({reasons})")
+        counts = report.reject_counts  # one reason: its own section; more: the page
+        see = docrefs.reject(next(iter(counts))) if len(counts) == 1 else docrefs.REJECTS
+        _say(f"rejects: {len(report.rejects)} files ({reasons}); see {see}")
     else:
         _say("rejects: none")
     from h5etl.report import CONVERSIONS

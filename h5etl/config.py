@@ -15,7 +15,7 @@ import yaml
 from pydantic import ValidationError
 
 from h5etl import resources
-from h5etl.config_problems import Found, Origin, find_typos, from_validation, problem_lines
+from h5etl.config_problems import Found, Origin, find_typos, from_validation, shown_problems
 from h5etl.errors import ConfigError
 from h5etl.fieldspecs import TableRef, inferred_kind
 from h5etl.spec import Spec
@@ -242,9 +242,10 @@ def parse_spec(data: Mapping[str, Any], *, config_path: Path, check_paths: bool 
     try:
         spec = Spec.model_validate(resolved)
     except ValidationError as exc:
-        found = from_validation(exc, merged)
-        problems = problem_lines(origin, find_typos(data, merged), found)
-        raise ConfigError(problems[0], problems=problems) from exc
+        shown = shown_problems(origin, find_typos(data, merged), from_validation(exc, merged))
+        problems = [origin.line(f) for f in shown]
+        topic = str(shown[0].keys[0][0]) if shown and shown[0].keys else None
+        raise ConfigError(problems[0], problems=problems, topic=topic) from exc
     spec = spec.located(
         config_dir=config_path.parent,
         config_file=config_path if config_path.is_file() else None,
@@ -253,18 +254,18 @@ def parse_spec(data: Mapping[str, Any], *, config_path: Path, check_paths: bool 
     )
     if not check_paths:
         return spec
-    missing = [
+    dirs = [
         origin.line(Found((("sources", name, "dir"),), f"folder does not exist: {src.dir}"))
         for name, src in spec.sources.items()
         if not src.dir.is_dir()
     ]
-    missing.extend(
+    missing = dirs + [
         origin.line(Found((("fields", name, "from", "table"),), f"no such file: {table}"))
         for name, table in _tables(spec)
         if not table.is_file()
-    )
+    ]
     if missing:
-        raise ConfigError(missing[0], problems=missing)
+        raise ConfigError(missing[0], problems=missing, topic="sources" if dirs else "fields")
     return spec
 
 
@@ -293,7 +294,9 @@ def check_tables(spec: Spec) -> None:
         try:
             tables.load_table(path, key=origin.key, columns=[origin.column])
         except ConfigError as exc:
-            raise ConfigError(f"{exc.message} (fields.{name}.from.table)", path=exc.path) from exc
+            raise ConfigError(
+                f"{exc.message} (fields.{name}.from.table)", path=exc.path, topic="fields"
+            ) from exc
 
 
 def load_spec(path: Path | str, *, check_paths: bool = True) -> Spec:

@@ -32,7 +32,14 @@ from h5etl.spec import (
     unknown_source,
 )
 
-__all__ = ["Found", "Key", "Origin", "find_typos", "from_validation", "problem_lines"]
+__all__ = [
+    "Found",
+    "Key",
+    "Origin",
+    "find_typos",
+    "from_validation",
+    "shown_problems",
+]
 
 
 Key = tuple[str | int, ...]
@@ -58,11 +65,8 @@ def _unknown_key(key: Key) -> str:
         if matches(pattern, parent):
             close = difflib.get_close_matches(name, keys, n=1)
             if close:
-                return (
-                    f"unknown key; did you mean {close[0]!r}? (the README's config reference "
-                    f"lists every key)"
-                )
-    return "unknown key (check the spelling against the README's config reference)"
+                return f"unknown key; did you mean {close[0]!r}?"
+    return "unknown key (check the spelling against the config reference)"
 
 
 def _unknown_field_key(kind: str, name: str, *, inferred: bool = False) -> str:
@@ -342,7 +346,7 @@ class Origin:
         return ""
 
 
-def problem_lines(origin: Origin, typos: list[Found], found: list[Found]) -> list[str]:
+def shown_problems(origin: Origin, typos: list[Found], found: list[Found]) -> list[Found]:
     """Typos first; beside one, only what the config itself wrote (the rest is likely their
     side effect: ``feilds:`` leaves the recipe's fields without shapes)."""
     # a problem at or under a key a typo names is that typo's
@@ -358,4 +362,4 @@ def problem_lines(origin: Origin, typos: list[Found], found: list[Found]) -> lis
         # a model with an unknown key: its complaints about itself are likely the typo's
         parents = {f.keys[0][:-1] for f in typos if f.kind == "unknown_key"}
         others = [f for f in others if origin.written(f.keys) and f.keys[0] not in parents]
-    return [origin.line(f) for f in typos + others]
+    return typos + others

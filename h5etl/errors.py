@@ -38,28 +38,50 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
+from h5etl import docrefs
+
 
 class H5EtlError(Exception):
-    """Base of every error h5etl raises on purpose."""
+    """Base of every error h5etl raises on purpose.
+
+    ``docs``: the reference section that explains this error (``h5etl.docrefs``), named once
+    at the end of the message.
+    """
 
     exit_code = 1
     resumable = False  # the build's temp file and journal stay for --resume (a lost cluster)
 
-    def __init__(self, message: str, *, path: Path | str | None = None, key: str | None = None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: Path | str | None = None,
+        key: str | None = None,
+        docs: str | None = None,
+    ):
         super().__init__(message)
         self.message = message
         self.path = path
         self.key = key
+        self.docs = docs
 
     def __str__(self) -> str:
         where = [str(self.path)] if self.path is not None else []
         if self.key:
             where.append(self.key)
-        return ": ".join([*where, self.message])
+        return ": ".join([*where, self.message]) + self.see()
+
+    def see(self) -> str:
+        """`` (see <docs>)``, or nothing: what ends the message's last line."""
+        return f" (see {self.docs})" if self.docs else ""
 
 
 class ConfigError(H5EtlError):
-    """The config file (or a command-line value) breaks a rule; nothing was built."""
+    """The config file (or a command-line value) breaks a rule; nothing was built.
+
+    ``topic``: the config key whose reference section explains the problem (default: ``key``);
+    the message ends by naming that section once, after the last problem.
+    """
 
     exit_code = 2
 
@@ -70,13 +92,15 @@ class ConfigError(H5EtlError):
         path: Path | str | None = None,
         key: str | None = None,
         problems: list[str] | None = None,
+        topic: str | None = None,
     ):
         super().__init__(message, path=path, key=key)
         self.problems = problems or [H5EtlError.__str__(self)]  # __str__ reads problems
+        self.docs = docrefs.config_key(topic or key)
 
     def __str__(self) -> str:
         if len(self.problems) > 1:
-            return "\n".join(self.problems)
+            return "\n".join(self.problems) + self.see()
         return super().__str__()
 
 
@@ -109,8 +133,9 @@ class BuildFailed(H5EtlError):
         key: str | None = None,
         rejects: Sequence[object] = (),
         report: Path | None = None,
+        docs: str | None = None,
     ):
-        super().__init__(message, path=path, key=key)
+        super().__init__(message, path=path, key=key, docs=docs)
         self.rejects = list(rejects)
         self.report = report
 

@@ -189,6 +189,7 @@ def _build_locked(run: _Run, *, resume: bool, full: bool) -> BuildReport:
             path=exc.path,
             rejects=report.rejects,
             report=path,
+            docs=exc.docs,
         ) from exc
     output.remove_stale_partials()
     watch.lap("publish")

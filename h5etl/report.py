@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from h5etl import docrefs
 from h5etl.errors import BuildFailed
 from h5etl.records import Reject
 from h5etl.spec import Spec
@@ -114,6 +115,7 @@ def enforce_limit(spec: Spec, rejects: list[Reject], inputs: int) -> None:
             f"{first.reason}: {first.detail} (on_error: fail; no release was made)",
             path=first.path,
             rejects=rejects,
+            docs=docrefs.reject(first.reason),
         )
     raise BuildFailed(
         f"{_over_limit(spec, rejects, inputs, final=False)}; no release was made; {LOSS_HINT}",
