@@ -244,8 +244,7 @@ def parse_spec(data: Mapping[str, Any], *, config_path: Path, check_paths: bool 
     except ValidationError as exc:
         shown = shown_problems(origin, find_typos(data, merged), from_validation(exc, merged))
         problems = [origin.line(f) for f in shown]
-        topic = str(shown[0].keys[0][0]) if shown and shown[0].keys else None
-        raise ConfigError(problems[0], problems=problems, topic=topic) from exc
+        raise ConfigError(problems[0], problems=problems, topic=_topic(shown)) from exc
     spec = spec.located(
         config_dir=config_path.parent,
         config_file=config_path if config_path.is_file() else None,
@@ -267,6 +266,16 @@ def parse_spec(data: Mapping[str, Any], *, config_path: Path, check_paths: bool 
     if missing:
         raise ConfigError(missing[0], problems=missing, topic="sources" if dirs else "fields")
     return spec
+
+
+def _topic(shown: list[Found]) -> str:
+    """The config key whose reference section explains the first problem: its top-level
+    key, or the list of every key (an unknown or misplaced top-level key)."""
+    key = shown[0].keys[0] if shown and shown[0].keys else ()
+    top = str(key[0]) if key else ""
+    if top in Spec.model_fields and not (len(key) == 1 and shown[0].kind == "unknown_key"):
+        return top
+    return "top-level"
 
 
 def _tables(spec: Spec) -> list[tuple[str, Path]]:

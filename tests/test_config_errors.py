@@ -140,8 +140,7 @@ def test_misspelled_top_level_key_is_the_only_line(raw_root: Path) -> None:
     data["feilds"] = data.pop("fields")
     config = _write(raw_root / "config.yaml", data)
     assert _problems(config) == [
-        f"{config}: feilds: unknown key; did you mean 'fields'? (the README's config "
-        f"reference lists every key)"
+        f"{config}: feilds: unknown key; did you mean 'fields'?"
     ]
 
 
@@ -152,8 +151,8 @@ def test_misspelled_top_level_key_on_the_command_line(raw_root: Path) -> None:
     result = runner.invoke(app, ["validate", str(config)])
     assert result.exit_code == 2
     assert result.output.splitlines() == [
-        f"h5etl: error: {config}: feilds: unknown key; did you mean 'fields'? (the README's "
-        f"config reference lists every key)"
+        f"h5etl: error: {config}: feilds: unknown key; did you mean 'fields'? "
+        "(see docs/reference/config.md#top-level)"  # the page that lists every key
     ]
 
 
