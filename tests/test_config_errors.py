@@ -139,9 +139,7 @@ def test_misspelled_top_level_key_is_the_only_line(raw_root: Path) -> None:
     data = base_config()
     data["feilds"] = data.pop("fields")
     config = _write(raw_root / "config.yaml", data)
-    assert _problems(config) == [
-        f"{config}: feilds: unknown key; did you mean 'fields'?"
-    ]
+    assert _problems(config) == [f"{config}: feilds: unknown key; did you mean 'fields'?"]
 
 
 def test_misspelled_top_level_key_on_the_command_line(raw_root: Path) -> None:

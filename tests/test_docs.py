@@ -35,10 +35,13 @@ from h5etl.errors import ConfigError
 
 ROOT = Path(__file__).parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
-FENCE = re.compile(r"^(?:<!-- ([\w-]+): ?(.*?) -->\n)?```(\w*)\n(.*?)^```$", re.DOTALL | re.MULTILINE)
+FENCE = re.compile(
+    r"^(?:<!-- ([\w-]+): ?(.*?) -->\n)?```(\w*)\n(.*?)^```$", re.DOTALL | re.MULTILINE
+)
 # at least this many tested snippets per example (issue 25: a rejects loop that raised, a
 # Keras snippet with no model, series keys that were renamed)
 REQUIRED = {"cells": 7, "ct-volumes": 1, "vibration": 2}
+TESTED = ("python", "sh")
 QUICK_STARTS = ("segmentation", "classification", "superres", "volumes", "series", "flat")
 
 
@@ -70,10 +73,11 @@ def marked_snippets() -> list[Fence]:
     seen: set[tuple[str, str]] = set()
     found = []
     for fence in fences():
-        if fence.marker in ("docs-test", "readme-test") and fence.language in ("python", "sh"):
-            if (fence.argument, fence.code) not in seen:
-                seen.add((fence.argument, fence.code))
-                found.append(fence)
+        if fence.marker not in ("docs-test", "readme-test") or fence.language not in TESTED:
+            continue
+        if (fence.argument, fence.code) not in seen:
+            seen.add((fence.argument, fence.code))
+            found.append(fence)
     return found
 
 
@@ -197,3 +201,19 @@ def test_a_config_in_the_docs_validates(fence: Fence, tmp_path: Path) -> None:
         load_spec(path, check_paths=False)
     except ConfigError as exc:
         pytest.fail(f"{fence.where}: {exc}")
+
+
+def test_nothing_the_readme_documented_is_lost() -> None:
+    """Each heading the README had before the move (tests/data/readme_headings.txt) is a
+    heading of a docs page or of CHANGELOG.md."""
+    listed = (ROOT / "tests" / "data" / "readme_headings.txt").read_text("utf-8").splitlines()
+    old = [line for line in listed if line and not line.startswith("#")]
+    pages = [*sorted((ROOT / "docs").rglob("*.md")), ROOT / "CHANGELOG.md"]
+    heading = re.compile(r"^#{1,6} (.*?)(?: \{#[\w-]+\})?$", re.MULTILINE)
+    found = {
+        m[1].strip().strip("[]")
+        for page in pages
+        for m in heading.finditer(page.read_text("utf-8"))
+    }
+    lost = [text for text in old if text not in found]
+    assert not lost, f"README headings with no page: {lost}"

@@ -32,7 +32,8 @@ def _page(relative: str) -> str:
 
 def _hooks() -> Any:
     spec = importlib.util.spec_from_file_location("docs_hooks", ROOT / "tools" / "docs_hooks.py")
-    assert spec is not None and spec.loader is not None
+    assert spec is not None
+    assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -68,8 +69,10 @@ def test_a_config_error_names_its_section_once(
     assert result.exit_code == 2
     lines = result.output.strip().splitlines()
     assert len(lines) == 1, result.output
-    assert lines[0].endswith("storage.chunk_samples: Input should be greater than 0, got 0 "
-                             "(see docs/reference/config.md#storage)"), lines[0]
+    assert lines[0].endswith(
+        "storage.chunk_samples: Input should be greater than 0, got 0 "
+        "(see docs/reference/config.md#storage)"
+    ), lines[0]
 
 
 def test_a_reject_names_its_reason_section(

@@ -105,9 +105,7 @@ def model_table(
     for name, info in model.model_fields.items():
         key = info.alias or name
         notes = comments.get(name, "").replace("|", "\\|")
-        out.append(
-            f"| `{key}` | {_type_text(info.annotation)} | {_default_text(info)} | {notes} |"
-        )
+        out.append(f"| `{key}` | {_type_text(info.annotation)} | {_default_text(info)} | {notes} |")
         nested += [(f"{prefix}.{key}" if prefix else key, m) for m in _models_in(info.annotation)]
     out.append("")
     for path, sub in nested:

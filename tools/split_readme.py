@@ -26,22 +26,34 @@ MOVES: list[tuple[str, str, str]] = [
     ("## Releases that tell their story", "how-to/diff-rollback-prune.md", "Diff, rollback, prune"),
     ("### Reproducible bytes", "how-to/reproducible.md", "Reproducible bytes"),
     ("## Reading a release", "how-to/reading.md", "Reading a release"),
-    ("### Chunk size, chunk cache and compression: what reading costs",
-     "how-to/codec-and-chunks.md", "Choosing codec and chunks"),
+    (
+        "### Chunk size, chunk cache and compression: what reading costs",
+        "how-to/codec-and-chunks.md",
+        "Choosing codec and chunks",
+    ),
     ("### Looking at a release", "how-to/inspect.md", "Looking at a release"),
     ("## Scale-out: a Dask cluster", "how-to/dask.md", "A Dask cluster and shards"),
     ("### Scale-out figures and the model", "benchmarks/scale-out.md", "Scale-out"),
     ("## What h5etl guarantees", "reference/guarantees.md", "Guarantees"),
     ("## Benchmarks", "benchmarks/build.md", "Build throughput"),
-    ("### Incremental builds: what a new release costs", "benchmarks/incremental.md",
-     "Incremental builds"),
-    ("### Carrying CT volumes: what a corrected case costs", "benchmarks/carrying-volumes.md",
-     "Carrying CT volumes"),
+    (
+        "### Incremental builds: what a new release costs",
+        "benchmarks/incremental.md",
+        "Incremental builds",
+    ),
+    (
+        "### Carrying CT volumes: what a corrected case costs",
+        "benchmarks/carrying-volumes.md",
+        "Carrying CT volumes",
+    ),
     ("### Field kinds: what they cost", "benchmarks/field-kinds.md", "Field kinds"),
     ("### Volumes: what a build costs", "benchmarks/volumes.md", "Volumes"),
     ("### Series: ragged columns against HDF5 vlen", "benchmarks/series.md", "Series"),
-    ("### Messy folders, chunk sizes and the 10x corpus", "benchmarks/messy-folders.md",
-     "Messy folders and the 10x corpus"),
+    (
+        "### Messy folders, chunk sizes and the 10x corpus",
+        "benchmarks/messy-folders.md",
+        "Messy folders and the 10x corpus",
+    ),
     ("## How it is built", "internals/architecture.md", "Architecture"),
     ("## Changelog", "", ""),  # CHANGELOG.md
 ]
@@ -55,15 +67,21 @@ def slug(heading: str) -> str:
     return text.replace(" ", "-")
 
 
-def main() -> None:
-    lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
-    heads: list[tuple[int, str]] = []
+def headings(lines: list[str]) -> list[tuple[int, str]]:
+    """(line index, text) of each heading outside fences."""
+    heads = []
     fenced = False
     for i, line in enumerate(lines):
         if FENCE.match(line):
             fenced = not fenced
         elif not fenced and line.startswith("#"):
             heads.append((i, line))
+    return heads
+
+
+def main() -> None:
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    heads = headings(lines)
     starts = {text: i for i, text in heads}
     cuts = sorted((starts[h], page, title) for h, page, title in MOVES)
     anchors: dict[str, tuple[str, str]] = {}  # github slug -> (page, the site's slug)
