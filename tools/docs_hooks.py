@@ -191,7 +191,40 @@ def reasons_table() -> str:
     return "\n".join(out)
 
 
+# --- exit codes ----------------------------------------------------------------------------
+
+
+def exit_codes() -> str:
+    """Each error h5etl raises on purpose, with the exit code the CLI gives it."""
+    from h5etl import errors
+
+    classes = [
+        value
+        for value in vars(errors).values()
+        if isinstance(value, type) and issubclass(value, errors.H5EtlError)
+    ]
+    out = ["| error | exit code | what it means |", "|---|---|---|"]
+    for cls in classes:
+        doc = inspect.cleandoc(cls.__doc__ or "").split("\n\n")[0].replace("\n", " ")
+        out.append(f"| `{cls.__name__}` | {cls.exit_code} | {doc} |")
+    return "\n".join(out)
+
+
+def format_version() -> str:
+    """The layout record's format version, as readers check it."""
+    from h5etl import fileformat
+
+    return (
+        f"This page specifies **format {fileformat.FORMAT}** of the layout record "
+        f"(`h5etl.fileformat.FORMAT`, stored in the root attribute `{fileformat.LAYOUT_ATTR}`). "
+        "A reader refuses a record newer than it knows; releases of older h5etl versions carry "
+        "no record and are read by inferring one from their groups and stored config."
+    )
+
+
 GENERATORS: dict[str, Callable[[], str]] = {
+    "format-version": format_version,
+    "exit-codes": exit_codes,
     "config-keys": config_keys,
     "cli-commands": cli_commands,
     "reasons-table": reasons_table,
