@@ -230,7 +230,7 @@ def write_shards(
 
 def _check_columns(spec: Spec, layout: SinkLayout, *, virtual: bool) -> None:
     """Refuse, up front, a column the stitch cannot carry (one kind added after it), and a
-    ragged column in a virtual release (README: Scale-out, ragged columns)."""
+    ragged column in a virtual release (docs/how-to/dask.md, docs/reference/file-format.md)."""
     carried = (ArrayColumn, ScalarColumn, TextColumn, RaggedColumn)
     for name, column in layout.columns.items():
         if not isinstance(column, carried):

@@ -103,7 +103,7 @@ class StorageSpec(Strict):
     """Chunking and filters for every field, unless a field overrides them."""
 
     chunk_samples: Annotated[int, Field(gt=0, le=65536)] = 32
-    # the recipe's default, chosen by measurement (README "Choosing the codec")
+    # the recipe's default, chosen by measurement (docs/internals/decisions.md#codec)
     compression: Compression = Compression(codec="blosc", cname="lz4", level=5)
     shuffle: bool = True
 

@@ -10,7 +10,7 @@ from h5etl import decode
 from h5etl.records import BatchResult
 
 # Decoded bytes that the tasks in flight may hold together: the bound that matters when a
-# sample is a CT case of a few hundred MB (README "Volumes": peak RSS below 3x the largest
+# sample is a CT case of a few hundred MB (docs/benchmarks/volumes.md: peak RSS below 3x the largest
 # case at any --jobs: two cases of 512 x 512 x 512 in flight); for images (tasks of at most
 # 64 MiB) it allows 8 tasks in flight, 2 * jobs + 1 up to --jobs 3.
 WINDOW_BYTES = 512 * 2**20

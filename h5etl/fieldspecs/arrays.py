@@ -123,7 +123,7 @@ class ImageField(ArrayField):
     @model_validator(mode="before")
     @classmethod
     def _mode_of_shape(cls, data: Any) -> Any:
-        """No mode: the shape's channels give it (1: L, 3: RGB), as the README says."""
+        """No mode: the shape's channels give it (1: L, 3: RGB), as the config reference says."""
         if not isinstance(data, Mapping) or data.get("mode") is not None:
             return data
         shape = data.get("shape")

@@ -42,7 +42,7 @@ class ChannelModel(Strict):
         suffix = "." + self.file.rpartition(".")[2].lower()
         if suffix not in SUFFIXES:
             why = (
-                " (.parquet is not read: convert it with pyarrow to .npy or .csv; see the README)"
+                " (.parquet is not read: convert it with pyarrow to .npy or .csv)"
                 if suffix == ".parquet"
                 else ""
             )

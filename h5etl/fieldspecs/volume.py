@@ -13,10 +13,10 @@ from h5etl.specparts import Compression, Problem, SourceSpec, Strict
 VolumeDtype = Literal["int16", "uint16", "uint8", "float32"]
 LABEL_DTYPES = {"uint8": 255, "uint16": 65535}
 # in-plane chunk edge: a 3-D patch reads only the tiles it covers. 256 px measured against
-# 128 (README "Volumes: what a build costs"): a 4th of the chunks for the writer, patches of
+# 128 (docs/benchmarks/volumes.md): a 4th of the chunks for the writer, patches of
 # (64, 128, 128) and (96, 160, 160) read as fast or faster; small (32, 64, 64) ones 1.7x slower
 DEFAULT_TILE = 256
-DEFAULT_CHUNK_SLICES = 1  # slices per chunk: every case starts on a chunk (README: Volumes)
+DEFAULT_CHUNK_SLICES = 1  # slices per chunk: every case starts on a chunk (docs/how-to/volumes.md)
 Positive = Annotated[float, Field(gt=0)]
 Count = Annotated[int, Field(gt=0)]
 
