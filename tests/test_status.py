@@ -192,7 +192,8 @@ def test_a_failed_build_leaves_its_error(
     first = result.output.splitlines()[0]
     assert first.startswith("cells: failed at ")
     assert first.endswith(
-        f"per-file reasons in {folder / 'cells.failed.rejects.jsonl'} (exit code 1)"
+        f"per-file reasons in {folder / 'cells.failed.rejects.jsonl'} "
+        "(see docs/reference/rejects.md#mask_values) (exit code 1)"
     )
 
 
