@@ -8,12 +8,18 @@ reason codes and the config's top-level keys, which the reference pages pin with
 
 from __future__ import annotations
 
-__all__ = ["GUARD", "REJECTS", "config_key", "reject"]
+__all__ = ["CONFIG", "GUARD", "REJECTS", "config_key", "guard", "reject"]
 
 _REFERENCE = "docs/reference"
 REJECTS = f"{_REFERENCE}/rejects.md"
 CONFIG = f"{_REFERENCE}/config.md"
-GUARD = f"{_REFERENCE}/guard.md#loss-guards"  # the publish guard: max_rejects, max_shrink, ...
+_GUARD = f"{_REFERENCE}/guard.md"
+GUARD = f"{_GUARD}#loss-guards"  # the publish guard: max_rejects, max_shrink, allow_empty
+
+
+def guard(key: str) -> str:
+    """The section of one loss guard (``max_rejects``, ``max_shrink``, ``allow_empty``)."""
+    return f"{_GUARD}#{key}"
 
 
 def reject(reason: str) -> str:

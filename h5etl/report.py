@@ -121,6 +121,7 @@ def enforce_limit(spec: Spec, rejects: list[Reject], inputs: int) -> None:
         f"{_over_limit(spec, rejects, inputs, final=False)}; no release was made; {LOSS_HINT}",
         path=spec.config_file,
         rejects=rejects,
+        docs=docrefs.guard("max_rejects"),
     )
 
 
@@ -184,6 +185,7 @@ def guard(
             f"{'; '.join(failing)}; no release was made; {LOSS_HINT}",
             path=spec.config_file,
             rejects=report.rejects,
+            docs=docrefs.GUARD,
         )
     # published: every loss is said, and which only --allow-loss let through
     limit = _reject_limit(spec, report.inputs, lifted=False)

@@ -36,7 +36,7 @@ from h5etl.errors import ConfigError
 ROOT = Path(__file__).parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 FENCE = re.compile(
-    r"^(?:<!-- ([\w-]+): ?(.*?) -->\n)?```(\w*)\n(.*?)^```$", re.DOTALL | re.MULTILINE
+    r"^(?:<!-- ([\w-]+): ?([^\n]*?) -->\n)?```(\w*)\n(.*?)^```$", re.DOTALL | re.MULTILINE
 )
 # at least this many tested snippets per example (issue 25: a rejects loop that raised, a
 # Keras snippet with no model, series keys that were renamed)

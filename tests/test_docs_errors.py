@@ -55,9 +55,24 @@ def test_every_config_key_a_message_can_name_has_its_section() -> None:
     assert not missing, f"config keys without their section in {page}: {missing}"
 
 
-def test_the_guard_section_exists() -> None:
-    page, _, anchor = docrefs.GUARD.partition("#")
+@pytest.mark.parametrize(
+    "where",
+    [docrefs.GUARD, *(docrefs.guard(k) for k in ("max_rejects", "max_shrink", "allow_empty"))],
+)
+def test_the_guard_sections_exist(where: str) -> None:
+    page, _, anchor = where.partition("#")
     assert anchor in _ids(_page(page))
+
+
+def test_the_loss_guard_names_its_section(
+    tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig
+) -> None:
+    make_raw(tmp_path, n=6, broken={"bad": "truncated"})
+    config = write_config(tmp_path, max_rejects=1)
+    result = CliRunner().invoke(app, ["build", str(config), "-j", "1", "-q"])
+    assert result.exit_code == 1
+    assert result.output.count("see docs/reference/") == 1, result.output
+    assert result.output.rstrip().endswith("(see docs/reference/guard.md#max_rejects)")
 
 
 def test_a_config_error_names_its_section_once(
@@ -79,7 +94,7 @@ def test_a_reject_names_its_reason_section(
     tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig
 ) -> None:
     make_raw(tmp_path, n=6, broken={"bad": "truncated"})
-    skip = write_config(tmp_path, max_rejects=None)
+    skip = write_config(tmp_path, max_rejects=0.5)
     result = CliRunner().invoke(app, ["build", str(skip), "-j", "1", "-q"])
     assert result.exit_code == 0, result.output
     summary = [line for line in result.output.splitlines() if line.startswith("rejects:")]
