@@ -31,7 +31,9 @@ def _page(relative: str) -> str:
 
 
 def _hooks() -> Any:
-    spec = importlib.util.spec_from_file_location("docs_hooks", ROOT / "tools" / "docs_hooks.py")
+    spec = importlib.util.spec_from_file_location(
+        "docs_hooks", ROOT / "docs" / "_tools" / "docs_hooks.py"
+    )
     assert spec is not None
     assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)

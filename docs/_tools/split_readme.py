@@ -7,7 +7,7 @@ import os
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 # (heading as the README writes it, page it moves to, page title when it starts a page)
 MOVES: list[tuple[str, str, str]] = [
     ("## Set up", "tutorials/install.md", "Install and set up"),
