@@ -17,12 +17,14 @@ policy that placed it (recorded in the file). Pure and deterministic, independen
   order. So the totals come as close to the fractions as the kept samples allow, and when
   the kept samples sit where the exact rule puts them (unchanged inputs, or rejects tried
   again) the release is split exactly as a first release would be.
-- **Groups** are placed whole, largest first, then in the seeded hash order of their names:
-  each goes to the split where it lowers the squared distance from the targets
-  (``fraction x N``, and per class ``fraction x class size`` when stratified) the most, ties
-  to the earlier split: totals end as close to the fractions as whole groups allow. A new
-  sample of a group the previous release holds joins that group's split (the one holding
-  most of it): a group never comes to straddle splits through a new release.
+- **Groups** are placed whole. A group the previous release holds goes to the split holding
+  most of its kept samples (the fewest moves; recorded as ``moved``, ``moved_groups``): a
+  group never comes to straddle splits, not even when ``group_by`` is new. The others (and
+  those tied between splits, among the tied ones) are placed by ``partition.place``: the
+  counts nearest ``fraction x N`` whole groups allow, groups in the seeded hash order of
+  their names, largest first. Past its budget, or with strata, greedily in that order:
+  each where it lowers the squared distance from the targets (``fraction x N``, and per
+  class ``fraction x class size`` when stratified) the most, ties to the earlier split.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from h5etl import stratify
+from h5etl import partition, stratify
 from h5etl.records import text_bytes, valid_text
 
 Stratum = stratify.Stratum
@@ -68,8 +70,9 @@ class _Targets:
         self.counts[split] += size
         self.class_counts[split].update(classes)
 
-    def best(self, classes: Counter[Stratum], size: int) -> int:
-        """The split where the unit lowers the squared distance from the targets most."""
+    def best(self, classes: Counter[Stratum], size: int, allowed: Sequence[int]) -> int:
+        """The split (of ``allowed``) where the unit lowers the squared distance from the
+        targets most."""
 
         def cost(s: int) -> float:
             total = size * size + 2 * size * (self.counts[s] - self.targets[s])
@@ -77,7 +80,7 @@ class _Targets:
                 total += g * g + 2 * g * (self.class_counts[s][k] - self.class_targets[s][k])
             return total
 
-        return min(range(len(self.counts)), key=lambda s: (cost(s), s))
+        return min(allowed, key=lambda s: (cost(s), s))
 
 
 def assign(
@@ -107,40 +110,72 @@ def assign(
         if previous is None:
             return Assignment(fresh, {"rule": "exact", "assigned": len(names)})
         return _sticky(names, fresh, fractions, seed, strata, previous)
+    return _grouped(names, fractions, seed, strata, groups, previous)
+
+
+def _grouped(
+    names: Sequence[str],
+    fractions: Mapping[str, float],
+    seed: int,
+    strata: Sequence[Stratum] | None,
+    groups: Sequence[str],
+    previous: Mapping[str, str] | None,
+) -> Assignment:
+    """Whole groups: kept ones where most of their kept samples are, the rest searched."""
     shares = stratify._shares(fractions)
     order = [split for split, _ in shares]
     index = {split: i for i, split in enumerate(order)}
-    targets = _Targets([float(share) for _, share in shares], len(names), strata)
-    out: list[int | None] = [None] * len(names)
-    held: dict[str, Counter[int]] = {}  # group -> splits its kept samples are in
     known = previous or {}
-    for i, name in enumerate(names):
-        split = index.get(known.get(valid_text(name), ""))
-        if split is not None:
-            out[i] = split
-            targets.add(split, Counter([strata[i]]) if strata is not None else Counter(), 1)
-            if groups is not None:
-                held.setdefault(groups[i], Counter())[split] += 1
-    kept = sum(1 for s in out if s is not None)
-    units: dict[str, list[int]] = {}
-    for i, name in enumerate(names):
-        if out[i] is None:
-            units.setdefault(groups[i] if groups is not None else name, []).append(i)
-    ranked = sorted(units, key=lambda u: (-len(units[u]), _rank(u, seed)))
-    for unit in ranked:
-        members = units[unit]
-        classes = Counter(strata[i] for i in members) if strata is not None else Counter()
-        holders = held.get(unit)
+    was = [index.get(known.get(valid_text(name), "")) for name in names]
+    members: dict[str, list[int]] = {}
+    for i, group in enumerate(groups):
+        members.setdefault(group, []).append(i)
+    ranked = sorted(members, key=lambda g: (-len(members[g]), _rank(g, seed)))
+    choices = {g: _choices(was, members[g], len(order)) for g in ranked}
+    targets = _Targets([float(share) for _, share in shares], len(names), strata)
+    free = [g for g in ranked if len(choices[g]) > 1]
+    split_of = {g: choices[g][0] for g in ranked if len(choices[g]) == 1}
+    for group, split in split_of.items():
+        targets.add(split, _classes(strata, members[group]), len(members[group]))
+    found = None
+    if strata is None:
+        found = partition.place(
+            [len(members[g]) for g in free], [choices[g] for g in free],
+            targets.counts, targets.targets,
+        )  # fmt: skip
+    for n, group in enumerate(free):
+        classes = _classes(strata, members[group])
         split = (
-            min(holders, key=lambda s: (-holders[s], s))
-            if holders
-            else targets.best(classes, len(members))
+            found[n]
+            if found is not None
+            else targets.best(classes, len(members[group]), choices[group])
         )
-        targets.add(split, classes, len(members))
-        for i in members:
-            out[i] = split
+        targets.add(split, classes, len(members[group]))
+        split_of[group] = split
+    out = [order[split_of[g]] for g in groups]
+    moved = [i for i, s in enumerate(was) if s is not None and order[s] != out[i]]
+    kept = sum(1 for s in was if s is not None)
     rule = "sticky" if previous is not None else "grouped"
-    return Assignment([order[s] for s in out if s is not None], _policy(rule, names, known, kept))
+    policy = _policy(rule, names, known, kept)
+    policy["moved"] = len(moved)
+    if moved:
+        policy["moved_groups"] = len({groups[i] for i in moved})
+    policy["search"] = "exact" if found is not None or not free else "greedy"
+    return Assignment(out, policy)
+
+
+def _choices(was: Sequence[int | None], members: Sequence[int], splits: int) -> list[int]:
+    """The splits a group may go to: those holding most of its kept samples (a group of the
+    previous release moves the fewest samples to sit whole), any for a new group."""
+    held = Counter(was[i] for i in members if was[i] is not None)
+    if not held:
+        return list(range(splits))
+    most = max(held.values())
+    return sorted(s for s, n in held.items() if n == most and s is not None)
+
+
+def _classes(strata: Sequence[Stratum] | None, members: Sequence[int]) -> Counter[Stratum]:
+    return Counter(strata[i] for i in members) if strata is not None else Counter()
 
 
 def _policy(rule: str, names: Sequence[str], known: Mapping[str, str], kept: int) -> dict[str, Any]:
@@ -150,7 +185,7 @@ def _policy(rule: str, names: Sequence[str], known: Mapping[str, str], kept: int
         "kept": kept,
         "assigned": len(names) - kept,
         "dropped": sum(1 for name in known if name not in current),
-        "moved": 0,  # a kept sample never changes split
+        "moved": 0,  # a kept sample never changes split, but to keep its group whole
     }
 
 

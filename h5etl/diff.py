@@ -14,7 +14,7 @@ The label: ``major`` when fields, splits or the dataset names changed, or a samp
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -90,9 +90,13 @@ class Moved:
     key: str
     before: str
     after: str
+    group: str | None = None  # its group in ``b`` (splits.group_by): why it moved
 
     def as_json(self) -> dict[str, str]:
-        return {"key": self.key, "a": self.before, "b": self.after}
+        out = {"key": self.key, "a": self.before, "b": self.after}
+        if self.group is not None:
+            out["group"] = self.group
+        return out
 
 
 @dataclass(slots=True)
@@ -143,7 +147,7 @@ class ReleaseDiff:
         if self.removed:
             major.append(f"{_samples(len(self.removed))} removed")
         if self.moved:
-            major.append(f"{_samples(len(self.moved))} moved between splits")
+            major.append(_moved(self.moved))
         if self.regrouped:  # what keeps splits leak-free changed
             major.append(f"{_samples(len(self.regrouped))} in another group")
         if major:
@@ -188,6 +192,15 @@ class ReleaseDiff:
             "classes": [c.as_json() for c in self.classes],
             "rejects": None if self.rejects is None else self.rejects.as_json(),
         }
+
+
+def _moved(moved: Sequence[Moved]) -> str:
+    """Why samples changed split: a grouped release moves them only to keep groups whole."""
+    groups = {m.group for m in moved}
+    if None in groups:
+        return f"{_samples(len(moved))} moved between splits"
+    count = len(groups)
+    return f"moved {_samples(len(moved))} of {count} group{'s' * (count != 1)} to keep groups whole"
 
 
 def _samples(count: int) -> str:
@@ -379,8 +392,9 @@ def _compare_samples(out: ReleaseDiff) -> None:
             out.added.append(SampleChange(key, sample.split))
             continue
         if was.split != sample.split:
-            out.moved.append(Moved(key, was.split, sample.split))
-        if was.group is not None and sample.group is not None and was.group != sample.group:
+            out.moved.append(Moved(key, was.split, sample.split, sample.group or None))
+        # "" is no group (a release without splits.group_by): adding group_by regroups nothing
+        if was.group and sample.group and was.group != sample.group:
             out.regrouped.append(Moved(key, was.group, sample.group))
         if contents and was.content != sample.content:
             out.changed.append(SampleChange(key, sample.split, ("content",)))

@@ -345,3 +345,10 @@ def test_small_columns_bench_prints_both_layouts() -> None:
     assert "| one row a chunk (before) | (1,) |" in text
     assert "| by bytes | (512,) |" in text  # 301 offsets: no more rows than the split needs
     assert "| **before / by bytes** |" in text
+
+
+def test_group_splits_bench_compares_the_exact_search_with_the_greedy() -> None:
+    out = _run("group_splits.py", "--repeats", "1", "--cases", "2")
+    rows = out.splitlines()
+    assert rows[0].split()[:2] == ["groups", "sizes"]
+    assert [row.split()[0] for row in rows[1:]] == ["15", "60"]
