@@ -69,6 +69,7 @@ class Plan:
     policy: dict[str, Any] = field(default_factory=dict)  # how splits were assigned (JSON)
     stamps: dict[str, str] = field(default_factory=dict)  # key -> its files' sizes and mtimes
     probes: ProbeRules | None = None  # what a decode reject re-checks (h5etl.reasons)
+    previous: Mapping[str, str] | None = None  # the parent's split of each name (sticky)
 
     @property
     def total(self) -> int:
@@ -180,15 +181,30 @@ def plan(
             size = f"{outcome.height}x{outcome.width}\x01{outcome.stamp}"
             extras = f"\x03{sample.extras!r}" if sample.extras else ""
             digest.update(text_bytes(f"\x00{split}\x02{sample.key}\x01{names}\x01{size}{extras}"))
-    rng = np.random.default_rng(spec.seed)
-    ordered = {}
-    for name, placed in by_split.items():
-        members = sorted((sample for sample, _ in placed), key=lambda s: s.key)
-        ordered[name] = [members[i] for i in rng.permutation(len(members))]
+    ordered = write_order(spec.seed, {s: [p[0] for p in pairs] for s, pairs in by_split.items()})
     stamps = {sample.key: outcome.stamp for pairs in by_split.values() for sample, outcome in pairs}
     return Plan(
-        ordered, rejects, renamed, digest.hexdigest(), tuple(bound), warnings, policy, stamps, rules
+        ordered,
+        rejects,
+        renamed,
+        digest.hexdigest(),
+        tuple(bound),
+        warnings,
+        policy,
+        stamps,
+        rules,
+        previous,
     )
+
+
+def write_order(seed: int, by_split: Mapping[str, Sequence[Sample]]) -> dict[str, list[Sample]]:
+    """Each split's samples in the seeded write order: sorted by key, then permuted."""
+    rng = np.random.default_rng(seed)
+    ordered = {}
+    for name, placed in by_split.items():
+        members = sorted(placed, key=lambda s: s.key)
+        ordered[name] = [members[i] for i in rng.permutation(len(members))]
+    return ordered
 
 
 def _annotated(

@@ -25,6 +25,7 @@ from h5etl import (
     reproducible,
     resume,
     schedule,
+    settle,
     uptodate,
     workers,
 )
@@ -236,12 +237,7 @@ def _build_planned(
     version = output.next_version()
     earlier: resume.Start | None = resume.usable_resume(previous, spec, plan)
     if earlier is None and run.sharding is not None:
-        run.hook("shards", 0, run.sharding.count)
-        layout, recipe = sink_layout(spec, plan), recipe_of(plan)
-        earlier = start_sharded(
-            spec, plan, output, run.sharding, layout, recipe, version, report, run.hook
-        )
-        watch.lap("shards")
+        earlier = _sharded(run, plan, report, version, watch)
     carried = None
     if earlier is None and origin is not None:
         layout_seen = layout_record(spec, plan)
@@ -263,21 +259,34 @@ def _build_planned(
                     run, plan, report, temp, version=version, watch=watch, earlier=earlier,
                     carried=carried, gate=gate,
                 )  # fmt: skip
-                facts = provenance.build_facts(report, run.jobs)
-                facts["shards"] = run.sharding.count if run.sharding else 0
-                facts["decoded_in"] = run.decoder.where  # "": nothing was decoded
-                facts["allowed_losses"] = [w for w in report.warnings if w.startswith("--allow")]
-                parts = earlier.parts if isinstance(earlier, Shards) and earlier.virtual else []
-                interrupts.check()  # never publish after a Ctrl-C, even one Python lost
-                info = output.publish(
-                    temp, report.rejects, version=version, facts=facts, parts=parts
-                )
+                stored = plan
+                settled = settle.resettled(spec, plan, report.rejects[len(planned_rejects) :])
+                if settled is None:
+                    info = _publish(run, report, temp, version, earlier)
+                else:  # decoding rejected samples the splits counted on: split them again
+                    with output.staged() as again:
+                        # as the first write was: by shard writers, else carried from origin
+                        sharded, reused = None, report.shards_reused
+                        if isinstance(earlier, Shards):
+                            sharded = _sharded(run, settled, report, version, watch)
+                            report.shards_reused += reused  # those of the first write too
+                        rewrite = functools.partial(
+                            _write, run, version=version, watch=watch, earlier=sharded,
+                            gate=gate, first=False,
+                        )  # fmt: skip
+                        written = settle.rewrite(
+                            rewrite, (plan, settled), report, again, origin=origin,
+                            output=output, config=spec_text(spec),
+                            layout=layout_record(spec, settled), record=record,
+                        )  # fmt: skip
+                        info = _publish(run, report, again, version, sharded)
+                    stored = settled
             if written is not None:  # a record only of builds that saw every block's tally
                 late = report.rejects[len(planned_rejects) :]  # rejected while decoding
                 rejected = uptodate.rejected_of(spec, plan, late)
                 inherited = None if carried is None else carried.rate
                 carry.leave_record(
-                    output, plan, version, *written, rejected=rejected, inherited=inherited
+                    output, stored, version, *written, rejected=rejected, inherited=inherited
                 )
             return info
         except ResumeMismatch as exc:
@@ -286,6 +295,41 @@ def _build_planned(
             logger.warning("cannot resume (%s); building from the start", exc)
             earlier = None
             report.resumed = 0
+
+
+def _sharded(
+    run: _Run, plan: clean.Plan, report: BuildReport, version: int, watch: Stopwatch
+) -> Shards:
+    """The first round of ``plan`` written by the shard writers (``--shards K``)."""
+    assert run.sharding is not None
+    run.hook("shards", 0, run.sharding.count)
+    layout, recipe = sink_layout(run.spec, plan), recipe_of(plan)
+    started = start_sharded(
+        run.spec, plan, run.output, run.sharding, layout, recipe, version, report, run.hook
+    )
+    watch.lap("shards")
+    return started
+
+
+def _guard(
+    spec: Spec, report: BuildReport, plan: clean.Plan, annotate: Annotator, *, waits: bool
+) -> None:
+    """The loss guard (``report.guard``), unless it ``waits`` for the second write of a build
+    whose decoding rejected samples (``h5etl.settle``): that one's counts are the release's."""
+    if not waits:
+        guard(spec, report, planned(plan), annotate.before())
+
+
+def _publish(
+    run: _Run, report: BuildReport, temp: Path, version: int, earlier: resume.Start | None
+) -> Any:
+    facts = provenance.build_facts(report, run.jobs)
+    facts["shards"] = run.sharding.count if run.sharding else 0
+    facts["decoded_in"] = run.decoder.where  # "": nothing was decoded
+    facts["allowed_losses"] = [w for w in report.warnings if w.startswith("--allow")]
+    parts = earlier.parts if isinstance(earlier, Shards) and earlier.virtual else []
+    interrupts.check()  # never publish after a Ctrl-C, even one Python lost
+    return run.output.publish(temp, report.rejects, version=version, facts=facts, parts=parts)
 
 
 def _write(
@@ -299,10 +343,14 @@ def _write(
     earlier: resume.Start | None,
     carried: carry.CarryPlan | None = None,
     gate: uptodate.Gate | None = None,
+    first: bool = True,
 ) -> tuple[str, carry.BlockLog] | None:
     """Write the release to ``temp``; return its fingerprint and block tallies (for its carry
-    record), or None after a resume or a sharded build (their tallies are not per block)."""
+    record), or None after a resume or a sharded build (their tallies are not per block).
+    ``first``: the build may write again from the samples stored (``h5etl.settle``), which it
+    does when decoding rejected samples: its loss guard then waits for that write."""
     spec, hook, status = run.spec, run.hook, run.status
+    planned_rejects = len(report.rejects)  # those after it: rejected while decoding
     recipe = recipe_of(plan)
     record = layout_record(spec, plan)
     state = earlier.queues if earlier is not None else None
@@ -391,7 +439,9 @@ def _write(
             report.created_at = reproducible.created_at(run.epoch)
             attrs = provenance.file_attrs(spec, version, fingerprint, report.created_at)
             attrs[fileformat.LAYOUT_ATTR] = record.to_json()
-            attrs[fileformat.SPLIT_POLICY_ATTR] = json.dumps(plan.policy)
+            # the counts the file holds, decode-time rejects and a recording's windows counted
+            policy = {**plan.policy, "counts": dict(report.samples)}
+            attrs[fileformat.SPLIT_POLICY_ATTR] = json.dumps(policy)
             if isinstance(earlier, Shards) and virtual:  # what check and the readers verify
                 attrs[fileformat.PARTS_ATTR] = earlier.part_record()
             if carried is not None:
@@ -401,7 +451,9 @@ def _write(
             diagnostics.update(tallies.diagnostics(record))
             report.conversions = tallies.conversions
             report.class_counts = tallies.class_counts(record)
-            guard(spec, report, planned(plan), annotate.before())
+            _guard(
+                spec, report, plan, annotate, waits=first and len(report.rejects) > planned_rejects
+            )
             schedule.release_free_memory()
             report.datasets = sink.finish(
                 attrs,

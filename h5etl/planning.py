@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from h5etl import buildparts, clean, discover, parent, schedule, story
+from h5etl import buildparts, clean, discover, parent, schedule, settle, story
 from h5etl.buildparts import Stopwatch, decoded, planned, processed
 from h5etl.release import OutputFolder
 from h5etl.report import (
@@ -46,6 +46,7 @@ def dry_run(
         hook("decode", 0, plan.total)
         cutter = buildparts.cutter(spec, plan, None)
         tallies = Tallies()
+        planned_rejects = len(report.rejects)
         for result in decoded(cutter, recipe, decoder):
             counts[result.task.split] += result.accepted
             report.rejects.extend(result.rejects)
@@ -54,6 +55,11 @@ def dry_run(
             hook("decode", processed(result), None)
         report.samples = counts
         report.class_counts = tallies.class_counts(buildparts.layout_record(spec, plan))
+        settled = settle.resettled(spec, plan, report.rejects[planned_rejects:])
+        if settled is not None:  # the build splits the samples it stores again: so here
+            report.samples = {split: len(members) for split, members in settled.splits.items()}
+            report.warnings.append(settle.line(plan, settled))
+            plan = settled  # what the build's loss guard sees planned
         watch.lap("decode")
     else:
         report.warnings.extend(unchecked(spec))
