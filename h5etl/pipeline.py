@@ -255,12 +255,15 @@ def _build_planned(
         report.rejects = list(planned_rejects)
         try:
             with output.staged() as temp:
+                warned = len(report.warnings)
                 written = _write(
                     run, plan, report, temp, version=version, watch=watch, earlier=earlier,
                     carried=carried, gate=gate,
                 )  # fmt: skip
                 stored = plan
                 settled = settle.resettled(spec, plan, report.rejects[len(planned_rejects) :])
+                if settled is not None:  # what the first write warned of is the second's to say
+                    del report.warnings[warned:]
                 if settled is None:
                     info = _publish(run, report, temp, version, earlier)
                 else:  # decoding rejected samples the splits counted on: split them again
@@ -272,7 +275,7 @@ def _build_planned(
                             report.shards_reused += reused  # those of the first write too
                         rewrite = functools.partial(
                             _write, run, version=version, watch=watch, earlier=sharded,
-                            gate=gate, first=False,
+                            gate=gate, planned_as=plan,
                         )  # fmt: skip
                         written = settle.rewrite(
                             rewrite, (plan, settled), report, again, origin=origin,
@@ -311,15 +314,6 @@ def _sharded(
     return started
 
 
-def _guard(
-    spec: Spec, report: BuildReport, plan: clean.Plan, annotate: Annotator, *, waits: bool
-) -> None:
-    """The loss guard (``report.guard``), unless it ``waits`` for the second write of a build
-    whose decoding rejected samples (``h5etl.settle``): that one's counts are the release's."""
-    if not waits:
-        guard(spec, report, planned(plan), annotate.before())
-
-
 def _publish(
     run: _Run, report: BuildReport, temp: Path, version: int, earlier: resume.Start | None
 ) -> Any:
@@ -343,14 +337,13 @@ def _write(
     earlier: resume.Start | None,
     carried: carry.CarryPlan | None = None,
     gate: uptodate.Gate | None = None,
-    first: bool = True,
+    planned_as: clean.Plan | None = None,
 ) -> tuple[str, carry.BlockLog] | None:
     """Write the release to ``temp``; return its fingerprint and block tallies (for its carry
     record), or None after a resume or a sharded build (their tallies are not per block).
-    ``first``: the build may write again from the samples stored (``h5etl.settle``), which it
-    does when decoding rejected samples: its loss guard then waits for that write."""
+    ``planned_as``: the plan the loss guard holds the counts against, when it is not ``plan``
+    (the first plan, for the second write of a build whose decoding rejected samples)."""
     spec, hook, status = run.spec, run.hook, run.status
-    planned_rejects = len(report.rejects)  # those after it: rejected while decoding
     recipe = recipe_of(plan)
     record = layout_record(spec, plan)
     state = earlier.queues if earlier is not None else None
@@ -451,9 +444,7 @@ def _write(
             diagnostics.update(tallies.diagnostics(record))
             report.conversions = tallies.conversions
             report.class_counts = tallies.class_counts(record)
-            _guard(
-                spec, report, plan, annotate, waits=first and len(report.rejects) > planned_rejects
-            )
+            guard(spec, report, planned(planned_as or plan), annotate.before())
             schedule.release_free_memory()
             report.datasets = sink.finish(
                 attrs,
