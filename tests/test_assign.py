@@ -212,7 +212,8 @@ def _brute_force(sizes: list[int], splits: dict[str, float], choices: list[list[
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.integers(1, 30), min_size=1, max_size=7), fractions, st.integers(0, 99))
+# at most 140 samples: four splits stay within the exact search's grid (partition.EXACT_CELLS)
+@given(st.lists(st.integers(1, 20), min_size=1, max_size=7), fractions, st.integers(0, 99))
 def test_groups_land_as_close_to_the_fractions_as_whole_groups_allow(
     sizes: list[int], splits: dict[str, float], seed: int
 ) -> None:
