@@ -264,13 +264,17 @@ def chunk_places(
 ) -> dict[tuple[int, ...], tuple[int, int, int]]:
     """(filter mask, byte offset, size) of each chunk of ``dataset`` at ``wanted`` offsets.
 
-    One pass over the chunk index (``H5Dchunk_iter``) when many are asked for: a lookup by
-    coordinates costs about a millisecond each (HDF5 2.0), which made the writer's journal
-    the bottleneck of a volume build (128 px tiles, 16 a slice; 6,400 chunks: 7 s by coordinates,
-    0.03 s in one pass). Lookups by coordinates for a few, or where the pass is missing.
+    One pass over the chunk index (``H5Dchunk_iter``), however few are asked for: a lookup
+    by coordinates (``H5Dget_chunk_info_by_coord``) moves where HDF5 puts the file's later
+    metadata and chunks (a volume build checkpointed after every task of 2 cases stored its
+    chunks 2 KiB further on than one never checkpointed), so a file's layout depended on
+    when its checkpoints came: a killed and resumed build, whose checkpoints fall elsewhere,
+    was not the same file byte for byte. The pass also costs less than the lookups (6,400
+    chunks of a volume build: 7 s by coordinates, 0.03 s in one pass). Lookups by
+    coordinates only where h5py lacks the pass (HDF5 before 1.14; not reproducible then).
     """
     places: dict[tuple[int, ...], tuple[int, int, int]] = {}
-    if len(wanted) > 64 and hasattr(dataset.id, "chunk_iter"):
+    if hasattr(dataset.id, "chunk_iter"):
 
         def visit(info: Any) -> None:  # called for every chunk of the dataset: kept lean
             if info.chunk_offset in wanted:  # (a tuple of ints)
