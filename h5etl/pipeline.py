@@ -71,7 +71,7 @@ def build(
     resume: bool = False,
     full: bool = False,
     progress: ProgressHook | None = None,
-    checkpoint_seconds: float = 2.0,
+    checkpoint_seconds: float = resume.CHECKPOINT_SECONDS,
 ) -> BuildReport:
     """Build one release from ``spec``; with ``dry_run``, predict it and write nothing.
 

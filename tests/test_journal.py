@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from h5etl import journal
-from h5etl.resume import CHECKPOINT_SHARE, checkpoint_interval
+from h5etl.resume import CHECKPOINT_SHARE, MAX_CHECKPOINT_SECONDS, checkpoint_interval
 
 DATASETS = ["/train/ct", "/train/image", "/valid/mask"]
 RANKS = [3, 4, 2]
@@ -81,7 +81,9 @@ def test_a_journal_of_the_previous_format_is_not_resumed(tmp_path: Path) -> None
     ("every", "cost", "expected"),
     [
         pytest.param(2.0, 0.01, 2.0, id="cheap: every 2 s"),
-        pytest.param(2.0, 0.5, 0.5 / CHECKPOINT_SHARE, id="costly: spaced by its cost"),
+        pytest.param(0.5, 0.1, 0.1 / CHECKPOINT_SHARE, id="costly: spaced by its cost"),
+        pytest.param(0.5, 2.0, MAX_CHECKPOINT_SECONDS, id="very costly: never far behind"),
+        pytest.param(60.0, 2.0, 60.0, id="asked for seldom: as asked"),
         pytest.param(0.0, 0.5, 0.0, id="every batch (tests): always"),
     ],
 )
