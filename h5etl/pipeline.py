@@ -366,9 +366,14 @@ def _write(
     try:
         with (
             # with chunks to copy first, the workers decode meanwhile (a thread pulls them),
-            # from once the file exists, while the sink copies the parent's first rows
+            # from once the file exists, while the sink copies the parent's first rows or a
+            # killed build's chunks (a resume after a kill at half time copied 1.7 s first)
             buildparts.results(
-                cutter, recipe, run.decoder, early=carried is not None, start=created
+                cutter,
+                recipe,
+                run.decoder,
+                early=carried is not None or earlier is not None,
+                start=created,
             ) as results,
             Sink(
                 temp,

@@ -191,6 +191,8 @@ class Checkpoints:
         self.write_now(sink)
 
     def note(self, result: BatchResult, lines: list[str]) -> None:
+        """``result`` was stored (with ``lines``, its fingerprint lines)."""
+        self.cutter.stored()
         self.fingerprint.extend(lines)
         self.rejects.extend(result.rejects)
 

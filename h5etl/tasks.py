@@ -8,6 +8,7 @@ depends only on the plan and each sample's own outcome, never on timing or ``--j
 
 from __future__ import annotations
 
+import collections
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -59,6 +60,10 @@ def task_reserve(rows: int, block: int = 0) -> int:
     return max(2, math.ceil(rows * RESERVE_FRACTION))
 
 
+Position = tuple[int, int, tuple[int, ...]]
+"""Where a split's queue stood: results consumed, deferred entries, the rounds' ends."""
+
+
 @dataclass(slots=True)
 class SplitQueue:
     """One split's decode queue: the write order, then the samples deferred by tasks.
@@ -83,11 +88,16 @@ class SplitQueue:
 
     journaled: int = 0  # deferred entries already handed to the journal
 
-    def journal_delta(self) -> dict[str, Any]:
-        """Where the queue stands, with the deferred entries since the last call (copies)."""
-        added = self.deferred[self.journaled :]
-        self.journaled = len(self.deferred)
-        return {"consumed": self.consumed, "deferred": added, "rounds": list(self.rounds)}
+    def position(self) -> Position:
+        """Where the queue stands now: consumed, deferred entries, the rounds (a copy)."""
+        return self.consumed, len(self.deferred), tuple(self.rounds)
+
+    def journal_delta(self, at: Position) -> dict[str, Any]:
+        """The queue as it stood at ``at``, with the deferred entries since the last call."""
+        consumed, deferred, rounds = at
+        added = self.deferred[self.journaled : deferred]
+        self.journaled = deferred
+        return {"consumed": consumed, "deferred": added, "rounds": list(rounds)}
 
 
 class TaskCutter:
@@ -126,6 +136,8 @@ class TaskCutter:
             )
             for split, members in plan.splits.items()
         }
+        self._noted: collections.deque[dict[str, Position]] = collections.deque()
+        self._stored = self._position()  # as the journal (or nothing) left them
 
     @property
     def empty(self) -> bool:
@@ -149,12 +161,26 @@ class TaskCutter:
         queue = self.queues[task.split]
         queue.consumed = task.end
         queue.deferred.extend(task.members[position] for position in result.deferred)
+        self._noted.append(self._position())
+
+    def _position(self) -> dict[str, Position]:
+        return {split: queue.position() for split, queue in self.queues.items()}
+
+    def stored(self) -> None:
+        """The oldest result noted and not yet stored is stored now: the journal may say so.
+
+        Results are noted as they are decoded, which may run ahead of the writer (a thread
+        pulls them while a resumed build copies the killed build's chunks, ``h5etl.ahead``);
+        the journal must describe the queues as they stood after the last result stored.
+        """
+        self._stored = self._noted.popleft()
 
     def journal_delta(self) -> dict[str, dict[str, Any]]:
-        """The queues as plain data for the resume journal: each split's position and rounds,
-        and what it deferred since the last call (``journal.ResumeState`` adds them up)."""
+        """The queues as plain data for the resume journal, as they stood after the last
+        stored result: each split's position and rounds, and what it deferred since the last
+        call (``journal.ResumeState`` adds them up)."""
         return {
-            split: {**queue.journal_delta(), "cut": self.geometry}
+            split: {**queue.journal_delta(self._stored[split]), "cut": self.geometry}
             for split, queue in self.queues.items()
         }
 

@@ -55,9 +55,11 @@ def _run_cutter(
     window: int,
     stop_after: int | None = None,
     finished: list[bool] | None = None,
+    stored: int | None = None,
 ) -> tuple[list[BatchResult], list[DecodeTask]]:
     """Cut and 'decode' through the real ordered window, feeding the cutter as a build does
-    (``finished``: what the cutter said after each result)."""
+    (``finished``: what the cutter said after each result; ``stored``: how many results the
+    writer stored, when it lags behind the decoding)."""
     tasks: list[DecodeTask] = []
 
     def submit(task: DecodeTask) -> Future[BatchResult]:
@@ -70,6 +72,8 @@ def _run_cutter(
     for result in schedule.in_order(cutter, submit, lambda _, f: f.result(), window):
         cutter.note(result)
         results.append(result)
+        if stored is None or len(results) <= stored:
+            cutter.stored()
         if finished is not None:
             finished.append(cutter.finished)
         if stop_after is not None and len(results) == stop_after:
@@ -156,15 +160,21 @@ def test_the_cutter_is_finished_after_the_last_result_only(
 def test_a_cutter_restored_from_its_journal_state_cuts_the_same_tasks(
     sizes: list[int], block: int, data: st.DataObject
 ) -> None:
+    # The decoding may run results ahead of the writer (a resumed build's workers decode
+    # while it copies): the journal must say where the queues stood after the last result
+    # stored, not after the last one decoded, or a second resume skips the ones between.
     plan = _plan(sizes)
     everyone = [s.key for members in plan.splits.values() for s in members]
     rejected = frozenset(data.draw(st.lists(st.sampled_from(everyone), unique=True)))
     worker = _simulated_worker(rejected)
     whole, _ = _run_cutter(TaskCutter(plan, block), worker, 3)
     stop = data.draw(st.integers(1, len(whole)))
+    ahead = data.draw(st.integers(0, len(whole) - stop))
 
     first = TaskCutter(plan, block)
-    head, _ = _run_cutter(first, worker, 1, stop_after=stop)  # killed after a checkpoint
+    # killed after a checkpoint of ``stop`` results stored, ``ahead`` more decoded
+    decoded, _ = _run_cutter(first, worker, 1, stop_after=stop + ahead, stored=stop)
+    head = decoded[:stop]
     journaled: dict[str, dict[str, Any]] = {}
     for split, queue in first.journal_delta().items():  # as journal.ResumeState adds it up
         journaled[split] = {k: queue[k] for k in ("consumed", "rounds", "cut")}
