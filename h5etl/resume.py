@@ -4,6 +4,12 @@ A checkpoint records what the sink stored durably (chunk places and digests, sma
 task cutter's queues and the fingerprint lines and rejects of the stored samples. A resumed
 build copies the recorded chunks and restarts the cutter where the journal left it, so it
 yields the same file as a build that was never killed.
+
+Why a copy, not the killed file continued in place: HDF5 keeps the chunk indexes, object
+headers and free-space state in its caches and writes them when it evicts them, so a killed
+file's metadata is a mix of moments; a checkpoint flushes nothing (a flush at clock times moved
+the layout), and even a file kept readable (SWMR) would, reopened by another process, allocate
+from other free-space state than the build never killed: not the same file, byte for byte.
 """
 
 from __future__ import annotations
