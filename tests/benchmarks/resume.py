@@ -8,8 +8,10 @@ The kill comes by progress, not by the clock: the killed build counts the sample
 stored (the progress hook) and SIGKILLs itself once it passes the share. Full builds and
 kills alternate (interleaved repeats, the kills' order rotated each round), every build from
 an empty output folder. Printed: per kill point, where the last checkpoint stood (samples the
-resume copied, as a share of all), the copy's seconds, the resume's seconds and its median
-ratio to the median full build. Every build is a CLI process (``python -m h5etl build``).
+resume copied, as a share of all), the copy's seconds, the resume's seconds, the ratio of the
+medians to the median full build, and the median of each round's ratio (a resume against the
+full build of its round: the load of a shared machine drifts less within a round). Every
+build is a CLI process (``python -m h5etl build``).
 ``--variant NAME=PYTHONPATH`` (repeatable) measures other trees too, each round in turn
 (``this`` is the tree the script runs from).
 """
@@ -63,6 +65,7 @@ class Point:
     copied: list[float] = field(default_factory=list)  # share of samples the resume copied
     copy: list[float] = field(default_factory=list)  # seconds it spent copying them
     killed_at: list[float] = field(default_factory=list)  # seconds into the killed build
+    ratios: list[float] = field(default_factory=list)  # resume / the same round's full build
 
 
 def write_config(work: Path, corpus_root: Path) -> Path:
@@ -123,6 +126,7 @@ def measure(config: Path, jobs: int, env: dict[str, str], shares: tuple[float, .
         point = POINTS[env["PYTHONPATH"]][share]
         point.killed_at.append(kill_at(config, share, jobs, env))
         point.resume.append(build(config, jobs, env, "--resume"))
+        point.ratios.append(point.resume[-1] / full)
         copied, seconds = resumed(releases)
         point.copied.append(copied)
         point.copy.append(seconds)
@@ -135,14 +139,18 @@ POINTS: dict[str, dict[float, Point]] = {}
 def report(name: str, fulls: list[float], points: dict[float, Point]) -> None:
     full = statistics.median(fulls)
     print(f"\n{name}: full build median {full:.2f} s ({', '.join(f'{s:.2f}' for s in fulls)})")
-    print("| killed at | killed after s | last checkpoint | copy s | resume s | resume / full |")
-    print("|---|---|---|---|---|---|")
+    print(
+        "| killed at | killed after s | last checkpoint | copy s | resume s | resume / full "
+        "| per round (median) |"
+    )
+    print("|---|---|---|---|---|---|---|")
     for share, point in points.items():
         resume = statistics.median(point.resume)
         print(
             f"| {share:.0%} | {statistics.median(point.killed_at):.2f} "
             f"| {statistics.median(point.copied):.0%} | {statistics.median(point.copy):.2f} "
-            f"| {resume:.2f} | {resume / full:.2f}x |"
+            f"| {resume:.2f} | {resume / full:.2f}x | {statistics.median(point.ratios):.2f}x "
+            f"({', '.join(f'{r:.2f}' for r in point.ratios)}) |"
         )
 
 
