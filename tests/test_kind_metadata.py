@@ -94,6 +94,7 @@ def meta_config(root: Path, **fields: Any) -> Path:
         },
         "storage": {"chunk_samples": 2},
         "max_rejects": None,  # broken on purpose: past the default share (test_publish_guard)
+        "allow_empty": True,  # a tiny split whose one sample is broken on purpose
     }
     path = root / "config.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False), "utf-8")
@@ -246,6 +247,7 @@ def one_field_build(
             "v": {**field, "from": {"json": "meta", "key": "v"}},
         },
         "max_rejects": None,  # broken on purpose: past the default share (test_publish_guard)
+        "allow_empty": True,  # a tiny split whose one sample is broken on purpose
     }
     (root / "config.yaml").write_text(yaml.safe_dump(data), "utf-8")
     return build(root / "config.yaml", jobs=1)

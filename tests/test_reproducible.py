@@ -161,7 +161,7 @@ def test_a_malformed_source_date_epoch_is_refused_before_any_work(
     assert result.stderr.strip().splitlines() == [
         "h5etl: error: SOURCE_DATE_EPOCH: must be whole seconds since 1970-01-01 UTC, from 0 "
         "to 253402300799 (as `date +%s` prints), got 'yesterday'; unset it to stamp the "
-        "build's own time"
+        "build's own time (see docs/reference/config.md#SOURCE_DATE_EPOCH)"
     ]
     assert not (tmp_path / "releases").exists()
 

@@ -89,9 +89,11 @@ def test_written_bytes_start_to_reach_the_disk_before_the_end_and_the_file_is_un
 
     assert written_back == plain
     assert len(ranges) > 1
-    # each writeback starts where the one before ended, and none reaches past the file
-    assert all(a[1] == b[0] for a, b in itertools.pairwise(ranges))
+    # each writeback starts where the one before ended, and none reaches past the file; a
+    # build whose decoding rejected a sample writes its file a second time (the splits are
+    # settled on the samples stored), whose writebacks start at 0 again
     assert ranges[0][0] == 0
+    assert all(a[1] == b[0] or b[0] == 0 for a, b in itertools.pairwise(ranges)), ranges
     assert all(start <= end <= len(plain) for start, end in ranges)
 
 
