@@ -17,6 +17,11 @@ and of the largest other process (``VmHWM`` sampled from /proc every 20 ms) and 
 without any of them the run holds every contender.
 
 Child modes (``--run serial|limit|disk|api|read|profile``) are what the runner launches.
+
+``H5ETL_BENCH_SMOKE=1`` (the test suite's smoke run, no figure meant): every table and code
+path, with the fewest builds that show them: of the codec builds only lzf and blosc-lz4 (the
+one with its own work limit; gzip and zstd are the same contender with another config), of
+the chunk sweep only 1 and 32 (the reference) samples a chunk.
 """
 
 from __future__ import annotations
@@ -56,6 +61,9 @@ from installed import byte_compile, warm
 from h5etl.workers import NATIVE_THREAD_LIMITS
 
 MIB = 2**20
+SMOKE = os.environ.get("H5ETL_BENCH_SMOKE") == "1"
+BUILD_CODECS = ("lzf", "blosc-lz4") if SMOKE else tuple(CODECS)
+BUILD_SWEEP = (1, 32) if SMOKE else CHUNK_SWEEP
 BATCH = 32
 SIZE = 224
 HERE = Path(__file__).resolve()
@@ -598,7 +606,7 @@ def contenders(
             h5etl(codec, 2),
             variant=cli(corpus, codec, 2) if codec == "blosc-lz4" else None,
         )
-        for codec in CODECS
+        for codec in BUILD_CODECS
         if codec != "lzf"
     ]
     out += [
@@ -608,7 +616,7 @@ def contenders(
             frozenset({SWEEP}),
             cli(corpus, sweep_config(n), 2),
         )
-        for n in CHUNK_SWEEP
+        for n in BUILD_SWEEP
     ]
     return _with_variants([c for c in out if c.groups & groups], variants)
 
@@ -795,7 +803,7 @@ def codec_table(runs: dict[str, list[Run]], reads: dict[str, list[Run]]) -> str:
         "| read images/s |",
         "|---|---:|---:|---:|---:|---:|",
     ]
-    for codec in CODECS:
+    for codec in BUILD_CODECS:
         builds = runs.get(f"h5etl build -j2 ({codec})", [])
         got = reads.get(codec, [])
         if not builds or not got:
@@ -977,7 +985,7 @@ def sweep_table(runs: dict[str, list[Run]]) -> str:
     ]
     for title, tag in _trees(runs, base):
         reference = runs[base + tag]
-        for chunks in CHUNK_SWEEP:
+        for chunks in BUILD_SWEEP:
             items = runs.get(sweep_name(chunks) + tag, [])
             if not items:
                 continue
