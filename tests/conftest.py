@@ -384,7 +384,6 @@ def run_killed_build(config: Path, after: int, jobs: int = 1, prelude: str = "")
                 os.killpg(proc.pid, signal.SIGKILL)
 
 
-
 def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:
     """Accept pyproject's ``--numprocesses``/``--dist`` when pytest-xdist is switched off
     (``-p no:xdist``, for a debugger): the run is then serial, in this process."""
