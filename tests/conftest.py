@@ -385,10 +385,11 @@ def run_killed_build(config: Path, after: int, jobs: int = 1, prelude: str = "")
 
 
 def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:
-    """Accept pyproject's ``--numprocesses``/``--dist`` when pytest-xdist is switched off
+    """Accept pyproject's pytest-xdist options when pytest-xdist is switched off
     (``-p no:xdist``, for a debugger): the run is then serial, in this process."""
     if pluginmanager.has_plugin("xdist"):
         return
     group = parser.getgroup("xdist-off", "pytest-xdist is not loaded: the run is serial")
     group.addoption("--numprocesses", dest="numprocesses", default=None, help="ignored")
     group.addoption("--dist", dest="dist", default="no", help="ignored")
+    group.addoption("--no-loadscope-reorder", action="store_false", dest="loadscopereorder")
