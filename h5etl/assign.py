@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from h5etl import partition, stratify
-from h5etl.records import text_bytes, valid_text
+from h5etl.dataflow import text_bytes, valid_text
 
 Stratum = stratify.Stratum
 

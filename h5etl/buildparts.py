@@ -18,9 +18,9 @@ from typing import Any
 from h5etl import clean, cluster, decode, fileformat, inprocess, schedule, tasks
 from h5etl.ahead import Ahead
 from h5etl.chunkcodec import ChunkLayout
+from h5etl.dataflow import Barrier, BatchResult, DecodeTask
 from h5etl.kinds.base import ArrayColumn, TextColumn
 from h5etl.kinds.registry import decode_order, layout_of, layout_records
-from h5etl.records import Barrier, BatchResult, DecodeTask
 from h5etl.sink import SinkLayout
 from h5etl.spec import Spec
 

@@ -28,10 +28,10 @@ import yaml
 
 from h5etl import inprocess, inputs
 from h5etl.clean import Plan
+from h5etl.dataflow import BatchResult, Sample, text_bytes, valid_text
 from h5etl.errors import RejectError
 from h5etl.fileformat import SAMPLE_KEY, LayoutRecord
 from h5etl.parent import Parent, ParentSplit
-from h5etl.records import BatchResult, Sample, text_bytes, valid_text
 from h5etl.release import OutputFolder
 from h5etl.sink_carry import Seed, runs
 from h5etl.tallies import Tallies

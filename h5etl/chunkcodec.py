@@ -30,7 +30,7 @@ import imagecodecs
 import numpy as np
 
 from h5etl import digest
-from h5etl.records import EncodedChunk
+from h5etl.dataflow import EncodedChunk
 
 _BLOSC_SHUFFLE = {"none": 0, "byte": 1, "bit": 2}
 _BLOSC_MAX_TYPESIZE = 255

@@ -18,7 +18,7 @@ import numpy as np
 
 from h5etl import digest
 from h5etl.chunkcodec import ChunkLayout, encode_direct, has_direct
-from h5etl.records import EncodedChunk
+from h5etl.dataflow import EncodedChunk
 
 MAX_THREADS = 4  # past the cores the decode workers leave, threads only queue
 

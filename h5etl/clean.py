@@ -21,6 +21,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from h5etl import expansion
+from h5etl.dataflow import (
+    Reject,
+    Sample,
+    text_bytes,
+    valid_text,
+)
 from h5etl.errors import RejectError
 from h5etl.kinds.base import Kind
 from h5etl.kinds.tabular import Prepared
@@ -34,12 +40,6 @@ from h5etl.probes import (
     stamp_samples,
 )
 from h5etl.probes import reject_sample as _reject_sample
-from h5etl.records import (
-    Reject,
-    Sample,
-    text_bytes,
-    valid_text,
-)
 
 if TYPE_CHECKING:  # header probes run in the decode workers; pydantic stays out of them
     from h5etl.spec import Spec

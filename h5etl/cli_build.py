@@ -29,7 +29,7 @@ from h5etl.units import human_size
 # The pipeline, pydantic and HDF5 load inside the command: it starts its workers first, so
 # their start-up overlaps these imports.
 if TYPE_CHECKING:
-    from h5etl.records import Reject
+    from h5etl.dataflow import Reject
     from h5etl.report import BuildReport
     from h5etl.spec import Spec
 
@@ -258,7 +258,8 @@ def _build_spec(spec: Spec, options: _BuildOptions, bars: _Bars) -> BuildReport:
         from h5etl.kinds.registry import worker_modules
 
         workers.preload(options.jobs, worker_modules(spec))  # while the pipeline imports
-    from h5etl import pipeline, records
+    from h5etl import dataflow as records
+    from h5etl import pipeline
 
     try:
         return pipeline.build(

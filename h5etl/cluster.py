@@ -27,8 +27,8 @@ from typing import Any
 
 from h5etl import __version__, addresses, decode, schedule, sourceviews, workers
 from h5etl.addresses import scheduler_problem
+from h5etl.dataflow import Barrier, BatchResult, DecodeTask
 from h5etl.errors import ClusterError, ClusterLost, UsageError
-from h5etl.records import Barrier, BatchResult, DecodeTask
 
 LOCAL = addresses.LOCAL
 EXTRA = "pip install 'h5etl[dask]'"

@@ -26,6 +26,14 @@ from typing import Any
 import numpy as np
 
 from h5etl import inputs, probes
+from h5etl.dataflow import (
+    BatchResult,
+    DecodeTask,
+    Reject,
+    Sample,
+    array_nbytes,
+    sample_rejects,
+)
 from h5etl.decode_gather import _encoded_rows as _encoded_rows  # tests import it from here
 from h5etl.decode_gather import gather as gather
 from h5etl.decode_gather import join_results as join_results
@@ -38,14 +46,6 @@ from h5etl.kinds.base import (
     SampleContext,
 )
 from h5etl.probes import ProbeRules
-from h5etl.records import (
-    BatchResult,
-    DecodeTask,
-    Reject,
-    Sample,
-    array_nbytes,
-    sample_rejects,
-)
 
 STAGE = "decode"
 

@@ -16,6 +16,7 @@ import numpy as np
 
 from h5etl import digest, fileformat, stats
 from h5etl.chunkcodec import BlockEncoder, encode_rows
+from h5etl.dataflow import BatchResult, BlockTally, EncodedRows, RaggedRows
 from h5etl.kinds.base import (
     ArrayColumn,
     Column,
@@ -25,7 +26,6 @@ from h5etl.kinds.base import (
     ScalarColumn,
     TextColumn,
 )
-from h5etl.records import BatchResult, BlockTally, EncodedRows, RaggedRows
 
 if TYPE_CHECKING:
     from h5etl.decode import DecodeRecipe, _Decoded

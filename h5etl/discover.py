@@ -26,7 +26,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from h5etl import inputs
-from h5etl.records import Reject, Roots, Sample, SourceFile
+from h5etl.dataflow import Reject, Roots, Sample, SourceFile
 from h5etl.spec import Spec
 
 STAGE = "discover"

@@ -121,7 +121,7 @@ class RejectError(H5EtlError):
 class BuildFailed(H5EtlError):
     """The build stopped on bad data; no release was published.
 
-    ``rejects`` holds the per-file rejects found so far (``h5etl.records.Reject``), for the
+    ``rejects`` holds the per-file rejects found so far (``h5etl.dataflow.Reject``), for the
     CLI to show; a failed build also writes them to ``report`` when it has one.
     """
 

@@ -10,8 +10,8 @@ import dataclasses
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from h5etl.dataflow import Sample
 from h5etl.kinds.base import Kind
-from h5etl.records import Sample
 
 if TYPE_CHECKING:
     from h5etl.probes import Probed

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from h5etl import decode, schedule
-from h5etl.records import Barrier, BatchResult, DecodeTask
+from h5etl.dataflow import Barrier, BatchResult, DecodeTask
 
 # Decoding below this many CPU-seconds (at the parent's rate) is cheaper here than starting
 # the pool (measured above: 1.0 s until two workers were ready, 0.75 CPU-s).

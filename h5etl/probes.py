@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from h5etl import geometry, images, inputs
+from h5etl.dataflow import Reject, Sample, sample_rejects
 from h5etl.errors import RejectError
 from h5etl.kinds.base import Kind, ProbeTarget
-from h5etl.records import Reject, Sample, sample_rejects
 
 if TYPE_CHECKING:
     from h5etl.spec import Spec

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from h5etl.buildlock import BuildLock
+from h5etl.dataflow import Reject
 from h5etl.errors import H5EtlError, ReleaseError, ReleaseUsageError, io_problem
-from h5etl.records import Reject
 from h5etl.release_naming import (
     PARTIAL_MARK,
     ReleaseInfo,

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from h5etl import docrefs
+from h5etl.dataflow import Reject
 from h5etl.errors import BuildFailed
-from h5etl.records import Reject
 from h5etl.spec import Spec
 
 PLAN_CHECKS = (

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from h5etl import assign, carry, parent
 from h5etl.clean import Plan, write_order
-from h5etl.records import Reject, Sample, text_bytes
+from h5etl.dataflow import Reject, Sample, text_bytes
 
 if TYPE_CHECKING:
     from h5etl.fileformat import LayoutRecord

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from h5etl.buildlock import pid_alive
-from h5etl.records import BatchResult, EncodedChunk, EncodedRows, RaggedRows, values_nbytes
+from h5etl.dataflow import BatchResult, EncodedChunk, EncodedRows, RaggedRows, values_nbytes
 
 SHM = Path("/dev/shm")
 PREFIX = "h5etl-values"

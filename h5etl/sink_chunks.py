@@ -22,7 +22,7 @@ import numpy as np
 from h5etl import digest
 from h5etl.chunkcodec import BlockEncoder, ChunkLayout, decode_block
 from h5etl.chunkpool import ChunkPool, Encoded
-from h5etl.records import EncodedChunk
+from h5etl.dataflow import EncodedChunk
 
 
 @dataclass(slots=True)

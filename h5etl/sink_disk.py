@@ -18,7 +18,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from h5etl.records import BatchResult, array_nbytes
+from h5etl.dataflow import BatchResult, array_nbytes
 
 # Room kept free for the metadata HDF5 writes at a flush or at the close: a flush that fails
 # leaves HDF5 unable to close the file at all, so the sink stops before the disk is full.

@@ -16,8 +16,8 @@ import h5py
 import numpy as np
 
 from h5etl import digest, fileformat
+from h5etl.dataflow import BatchResult, RaggedRows, Reject, valid_text
 from h5etl.kinds.base import ArrayColumn, Column, RaggedColumn, ScalarColumn
-from h5etl.records import BatchResult, RaggedRows, Reject, valid_text
 from h5etl.sink_chunks import DatasetStats
 
 # Small rows are buffered and appended this many at a time: one resize and write per field

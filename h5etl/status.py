@@ -28,8 +28,8 @@ from typing import Any
 
 from h5etl import reproducible
 from h5etl.buildlock import pid_alive
+from h5etl.dataflow import BatchResult, Reject
 from h5etl.errors import H5EtlError, UsageError
-from h5etl.records import BatchResult, Reject
 from h5etl.release import OutputFolder
 
 __all__ = ["FORMAT", "BuildStatus", "StatusView", "read_statuses"]

@@ -21,8 +21,8 @@ from typing import Any
 import h5py
 
 from h5etl import fileformat
+from h5etl.dataflow import Reject
 from h5etl.errors import ConfigError, H5EtlError
-from h5etl.records import Reject
 from h5etl.report import Before
 from h5etl.snapshot import SampleFacts, Snapshot, WrittenRows, plain
 from h5etl.spec import Spec

@@ -32,8 +32,8 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
 
+from h5etl.dataflow import text_bytes
 from h5etl.errors import ConfigError
-from h5etl.records import text_bytes
 
 Stratum = str | int | None
 _ALL = object()  # the one stratum of an unstratified assignment

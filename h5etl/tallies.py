@@ -12,7 +12,7 @@ import json
 from typing import Any
 
 from h5etl import fileformat
-from h5etl.records import BatchResult, BlockTally
+from h5etl.dataflow import BatchResult, BlockTally
 from h5etl.stats import ChannelStats, Histogram
 
 Stat = ChannelStats | Histogram

@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING, Any
 from h5etl import __version__, carry, fileformat, inprocess, sink_disk
 from h5etl.buildparts import layout_record
 from h5etl.clean import Plan
+from h5etl.dataflow import Reject, Sample, valid_text
 from h5etl.fileformat import LayoutRecord
 from h5etl.parent import Parent
-from h5etl.records import Reject, Sample, valid_text
 from h5etl.release import OutputFolder
 from h5etl.report import BuildReport
 from h5etl.spec import Spec, spec_text

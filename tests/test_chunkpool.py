@@ -15,9 +15,9 @@ import pytest
 import h5etl.chunkpool
 from h5etl.chunkcodec import ChunkLayout, Codec, encode_direct
 from h5etl.chunkpool import ChunkPool
+from h5etl.dataflow import BatchResult, DecodeTask, RaggedRows
 from h5etl.errors import SinkError
 from h5etl.kinds.base import RaggedColumn, ScalarColumn
-from h5etl.records import BatchResult, DecodeTask, RaggedRows
 from h5etl.sink import Sink, SinkLayout
 
 BLOSC = Codec("blosc", 5, "lz4", "byte")

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from h5etl import cli, cli_build, pipeline, resources
 from h5etl.cli import app
-from h5etl.records import Reject
+from h5etl.dataflow import Reject
 from h5etl.report import BuildReport
 
 runner = CliRunner()

@@ -13,7 +13,7 @@ from conftest import MakeRaw, WriteConfig, centre_pad, save
 
 from h5etl import clean, decode, discover, pipeline, schedule
 from h5etl.config import load_spec
-from h5etl.records import DecodeTask, EncodedChunk, EncodedRows, Sample, SourceFile
+from h5etl.dataflow import DecodeTask, EncodedChunk, EncodedRows, Sample, SourceFile
 
 
 def planned(root: Path, key: str) -> Sample:

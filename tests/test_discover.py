@@ -347,6 +347,6 @@ def test_folder_may_match(reldir: str, pattern: str, may: bool) -> None:
     relpath=st.text(alphabet="ab/.é ", max_size=6),
 )
 def test_join_path_is_os_path_join(root: str, relpath: str) -> None:
-    from h5etl.records import join_path
+    from h5etl.dataflow import join_path
 
     assert join_path(root, relpath) == os.path.join(root, relpath)

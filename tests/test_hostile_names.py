@@ -17,7 +17,7 @@ import h5etl
 from h5etl import journal
 from h5etl.check import check_release
 from h5etl.config import load_spec
-from h5etl.records import Reject
+from h5etl.dataflow import Reject
 
 LATIN1 = b"caf\xe9"  # "café" as a Windows archive stores it: not valid UTF-8
 

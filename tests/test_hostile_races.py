@@ -24,9 +24,9 @@ from conftest import MakeRaw, WriteConfig, read_release
 
 from h5etl import images, inputs, validate
 from h5etl.config import load_spec
+from h5etl.dataflow import Reject
 from h5etl.errors import RejectError
 from h5etl.pipeline import build
-from h5etl.records import Reject
 from h5etl.report import BuildReport
 
 T = TypeVar("T")

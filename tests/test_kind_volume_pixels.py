@@ -33,12 +33,12 @@ from pydicom.uid import (
 
 from h5etl import decode, schedule
 from h5etl.config import load_spec
+from h5etl.dataflow import BatchResult, DecodeTask, EncodedChunk, EncodedRows, Sample
 from h5etl.errors import RejectError
 from h5etl.examples.volumes import write_dicom_series
 from h5etl.kinds.base import SampleContext
 from h5etl.kinds.registry import kinds_of
 from h5etl.kinds.volume import VolumeKind
-from h5etl.records import BatchResult, DecodeTask, EncodedChunk, EncodedRows, Sample
 from h5etl.sink_chunks import DatasetStats, ImageWriter
 from h5etl.volumes import open_case
 from h5etl.volumes.case import cast_exact, rescaled, rescaled_exact

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from h5etl import release
+from h5etl.dataflow import Reject
 from h5etl.errors import LockHeld, ReleaseError
-from h5etl.records import Reject
 from h5etl.release import OutputFolder
 
 

@@ -29,8 +29,8 @@ import h5etl
 import h5etl.sink_chunks
 from h5etl import decode, release, schedule, tasks
 from h5etl.config import load_spec
+from h5etl.dataflow import BatchResult, DecodeTask
 from h5etl.errors import BuildFailed, LockHeld, SinkError
-from h5etl.records import BatchResult, DecodeTask
 
 CELLS = "cells"
 PUBLISHED_V1 = [

@@ -27,9 +27,9 @@ import h5etl.tasks
 from h5etl import reproducible, sink_rows
 from h5etl.chunkcodec import ChunkLayout, encode_rows
 from h5etl.cli import app
+from h5etl.dataflow import BatchResult, DecodeTask, EncodedRows
 from h5etl.errors import ConfigError
 from h5etl.kinds.base import ArrayColumn, TextColumn
-from h5etl.records import BatchResult, DecodeTask, EncodedRows
 from h5etl.sink import Sink, SinkLayout
 from h5etl.spec import Compression
 

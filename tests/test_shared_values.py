@@ -16,8 +16,8 @@ from conftest import dataset_digests
 
 import h5etl
 from h5etl import shared_values
+from h5etl.dataflow import BatchResult, DecodeTask, EncodedRows, RaggedRows
 from h5etl.examples.sensors import START, write_recording
-from h5etl.records import BatchResult, DecodeTask, EncodedRows, RaggedRows
 
 pytestmark = pytest.mark.skipif(not shared_values.SHM.is_dir(), reason="no /dev/shm here")
 
@@ -131,7 +131,7 @@ def test_a_series_build_is_the_same_through_shared_memory(
 
 
 def _encoded(sizes: list[list[int]]) -> tuple[BatchResult, list[list[bytes]]]:
-    from h5etl.records import EncodedChunk
+    from h5etl.dataflow import EncodedChunk
 
     rng = np.random.default_rng(3)
     data = [[rng.bytes(n) for n in block] for block in sizes]

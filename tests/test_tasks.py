@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from h5etl import decode, schedule, tasks
 from h5etl.clean import Plan
-from h5etl.records import BatchResult, DecodeTask, Reject, Sample
+from h5etl.dataflow import BatchResult, DecodeTask, Reject, Sample
 from h5etl.tasks import TaskCutter
 
 

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 import numpy as np
 
 from h5etl.chunkcodec import ChunkLayout, CompressionLike
+from h5etl.dataflow import EncodedRows, Sample
 from h5etl.fileformat import FieldRecord
-from h5etl.records import EncodedRows, Sample
 
 if TYPE_CHECKING:
     from h5etl.kinds.tabular import Prepared

@@ -23,6 +23,7 @@ import numpy as np
 
 from h5etl import recording
 from h5etl.chunkcodec import ChunkLayout, Codec
+from h5etl.dataflow import Sample
 from h5etl.errors import RejectError
 from h5etl.kinds.base import (
     ArrayColumn,
@@ -35,7 +36,6 @@ from h5etl.kinds.base import (
 )
 from h5etl.kinds.tabular import Prepared
 from h5etl.recording import Recording, RecordingSpec
-from h5etl.records import Sample
 from h5etl.series import ChannelSpec
 from h5etl.series_fit import FixedDuration, Windowing
 

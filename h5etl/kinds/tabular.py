@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from h5etl.dataflow import Sample
 from h5etl.errors import RejectError
-from h5etl.records import Sample
 
 
 @dataclass(frozen=True, slots=True)

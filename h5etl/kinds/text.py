@@ -7,11 +7,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
+from h5etl.dataflow import Sample
 from h5etl.errors import RejectError
 from h5etl.kinds.base import Column, Kind, SampleContext, TextColumn
 from h5etl.kinds.sidecar import json_value, text_value
 from h5etl.kinds.tabular import Prepared, TableSource, table_lookup
-from h5etl.records import Sample
 
 if TYPE_CHECKING:
     from h5etl.fieldspecs import TextField

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from h5etl.chunkcodec import ChunkLayout
+from h5etl.dataflow import EncodedRows
 from h5etl.errors import RejectError
 from h5etl.kinds.base import (
     Column,
@@ -31,7 +32,6 @@ from h5etl.kinds.base import (
     StatsKind,
     TextColumn,
 )
-from h5etl.records import EncodedRows
 from h5etl.volumes import CaseHeader, open_case, orient
 from h5etl.volumes import resample as resampling
 from h5etl.volumes.case import SLAB_ROWS

@@ -44,7 +44,7 @@ from installed import byte_compile, warm
 
 import h5etl
 from h5etl import pipeline
-from h5etl.records import EncodedChunk
+from h5etl.dataflow import EncodedChunk
 from h5etl.sink import LIBVER
 from h5etl.sink_copy import carry_chunks
 

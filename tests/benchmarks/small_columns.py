@@ -31,8 +31,8 @@ import numpy as np
 
 from h5etl import fileformat, sink_datasets
 from h5etl.chunkcodec import Codec
+from h5etl.dataflow import BatchResult, DecodeTask, RaggedRows
 from h5etl.kinds.base import RaggedColumn
-from h5etl.records import BatchResult, DecodeTask, RaggedRows
 from h5etl.sink import Sink, SinkLayout
 
 BATCH = 4096  # samples per result handed to the sink

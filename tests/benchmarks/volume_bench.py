@@ -240,8 +240,8 @@ def _limit_case(folder: str, kind: Any) -> int:
     """What a worker does for one case, nothing else: the volume kind's own decode (read
     and decode every file, SHA-256 of each, exact cast, statistics, each slice's chunks
     compressed and hashed, the block digests); nothing is written."""
+    from h5etl.dataflow import Sample
     from h5etl.kinds.base import SampleContext
-    from h5etl.records import Sample
 
     sample = Sample(Path(folder).name, (Path(folder).name,), (("ct", str(Path(folder).parent)),))
     values = kind.decode(SampleContext(sample, [b""], {}, (folder,)))
