@@ -15,10 +15,11 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from h5etl import clean, cluster, decode, fileformat, inprocess, schedule, tasks
+from h5etl import clean, cluster, decode, inprocess, schedule, tasks
 from h5etl.ahead import Ahead
-from h5etl.chunkcodec import ChunkLayout
 from h5etl.dataflow import Barrier, BatchResult, DecodeTask
+from h5etl.format import contract as fileformat
+from h5etl.format.codec import ChunkLayout
 from h5etl.kinds.base import ArrayColumn, TextColumn
 from h5etl.kinds.registry import decode_order, layout_of, layout_records
 from h5etl.sink import SinkLayout

@@ -30,7 +30,7 @@ from h5etl import inprocess, inputs
 from h5etl.clean import Plan
 from h5etl.dataflow import BatchResult, Sample, text_bytes, valid_text
 from h5etl.errors import RejectError
-from h5etl.fileformat import SAMPLE_KEY, LayoutRecord
+from h5etl.format.contract import SAMPLE_KEY, LayoutRecord
 from h5etl.parent import Parent, ParentSplit
 from h5etl.release import OutputFolder
 from h5etl.sink_carry import Seed, runs
@@ -390,7 +390,7 @@ def record_of(
 
 def record_rows(samples: tuple[Sample, ...]) -> dict[str, list[str]]:
     """This build's per-sample record of carried rows (its own keys and groups)."""
-    from h5etl import fileformat
+    from h5etl.format import contract as fileformat
 
     return {
         fileformat.SAMPLE_KEY: [s.split_name for s in samples],

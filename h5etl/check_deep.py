@@ -10,8 +10,8 @@ from typing import Any
 import h5py
 import numpy as np
 
-from h5etl import digest, partfiles
-from h5etl.fileformat import BLOCK_DIGESTS, NODE_BLOCK_ROWS, NODE_SHA256
+from h5etl.format import digest, partfiles
+from h5etl.format.contract import BLOCK_DIGESTS, NODE_BLOCK_ROWS, NODE_SHA256
 from h5etl.units import human_size
 
 

@@ -15,8 +15,8 @@ from typing import Any
 import h5py
 import numpy as np
 
-from h5etl import fileformat
-from h5etl.fileformat import FieldRecord
+from h5etl.format import contract as fileformat
+from h5etl.format.contract import FieldRecord
 
 BLOCK_BYTES = 1 << 26  # read masks in whole-chunk blocks of about 64 MiB: bounded memory
 LABEL_ROWS = 1 << 20  # label values read this many at a time

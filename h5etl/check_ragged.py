@@ -13,8 +13,8 @@ from collections.abc import Callable, Mapping
 import h5py
 import numpy as np
 
-from h5etl import fileformat
-from h5etl.fileformat import LayoutRecord
+from h5etl.format import contract as fileformat
+from h5etl.format.contract import LayoutRecord
 
 OFFSETS_ROWS = 1 << 20  # offsets read this many at a time: bounded memory
 Problem = Callable[[str], None]

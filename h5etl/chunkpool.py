@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from h5etl import digest
-from h5etl.chunkcodec import ChunkLayout, encode_direct, has_direct
 from h5etl.dataflow import EncodedChunk
+from h5etl.format import digest
+from h5etl.format.codec import ChunkLayout, encode_direct, has_direct
 
 MAX_THREADS = 4  # past the cores the decode workers leave, threads only queue
 

@@ -35,7 +35,8 @@ def releases(
     ] = False,
 ) -> None:
     """List the releases in FOLDER: size, creation time, samples, parent, change, notes."""
-    from h5etl import hdf5info, release
+    from h5etl import release
+    from h5etl.format import fileinfo as hdf5info
     from h5etl.story import read_story
 
     found = run(lambda: release.list_releases(folder))
@@ -63,7 +64,7 @@ def releases(
 
 def _release_json(info: ReleaseInfo) -> dict[str, Any]:
     """What ``releases`` shows of one release, for scripts (``ReleaseInfo`` and its story)."""
-    from h5etl import hdf5info
+    from h5etl.format import fileinfo as hdf5info
     from h5etl.story import read_story
 
     story = read_story(info.path)

@@ -14,9 +14,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from h5etl import digest, fileformat, stats
-from h5etl.chunkcodec import BlockEncoder, encode_rows
+from h5etl import stats
 from h5etl.dataflow import BatchResult, BlockTally, EncodedRows, RaggedRows
+from h5etl.format import contract as fileformat
+from h5etl.format import digest
+from h5etl.format.codec import BlockEncoder, encode_rows
 from h5etl.kinds.base import (
     ArrayColumn,
     Column,

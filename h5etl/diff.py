@@ -21,8 +21,8 @@ from typing import Any, Literal
 
 import yaml
 
-from h5etl import fileformat
 from h5etl.diff_rejects import RejectsDiff, compare_rejects, reject_notes
+from h5etl.format import contract as fileformat
 from h5etl.snapshot import (
     FILENAME_FIELD,
     DatasetFacts,

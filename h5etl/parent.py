@@ -15,7 +15,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from h5etl import fileformat
+from h5etl.format import contract as fileformat
 from h5etl.release import OutputFolder
 
 logger = logging.getLogger(__name__)

@@ -16,7 +16,6 @@ from h5etl import (
     buildparts,
     carry,
     clean,
-    fileformat,
     inprocess,
     interrupts,
     parent,
@@ -39,6 +38,7 @@ from h5etl.buildparts import (
     source_roots,
 )
 from h5etl.errors import BuildFailed, ResumeMismatch
+from h5etl.format import contract as fileformat
 from h5etl.kinds import registry
 from h5etl.planning import ProgressHook
 from h5etl.release import OutputFolder

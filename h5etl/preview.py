@@ -20,8 +20,9 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-from h5etl import fileformat, hdf5info
-from h5etl.fileformat import FieldRecord, LayoutRecord
+from h5etl.format import contract as fileformat
+from h5etl.format import fileinfo as hdf5info
+from h5etl.format.contract import FieldRecord, LayoutRecord
 from h5etl.preview_drawn import draw_tiles, drawn_field
 from h5etl.readers import ReaderError, Release
 

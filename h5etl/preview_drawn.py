@@ -17,9 +17,9 @@ import h5py
 import numpy as np
 from PIL import Image
 
-from h5etl import fileformat
 from h5etl.errors import ReaderError
-from h5etl.fileformat import FieldRecord, LayoutRecord
+from h5etl.format import contract as fileformat
+from h5etl.format.contract import FieldRecord, LayoutRecord
 
 
 class PreviewSample:

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from h5etl import journal
 from h5etl.clean import Plan
 from h5etl.dataflow import BatchResult, Reject
+from h5etl.format import journal
 from h5etl.sink import Sink
 from h5etl.spec import Spec, spec_sha256
 from h5etl.tallies import Tallies

@@ -24,7 +24,7 @@ from h5etl.clean import Plan, write_order
 from h5etl.dataflow import Reject, Sample, text_bytes
 
 if TYPE_CHECKING:
-    from h5etl.fileformat import LayoutRecord
+    from h5etl.format.contract import LayoutRecord
     from h5etl.release import OutputFolder
     from h5etl.report import BuildReport
     from h5etl.spec import Spec

@@ -27,11 +27,12 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from h5etl import cluster, journal, workers
+from h5etl import cluster, workers
 from h5etl.dataflow import BatchResult, DecodeTask, Reject
 from h5etl.decode import DecodeRecipe
 from h5etl.errors import H5EtlError, ShardError
-from h5etl.fileformat import SHARD_ATTR, SHARD_INDEX_ATTR
+from h5etl.format import journal
+from h5etl.format.contract import SHARD_ATTR, SHARD_INDEX_ATTR
 from h5etl.provenance import fingerprint_lines
 from h5etl.release import write_atomically
 from h5etl.report import enforce_limit

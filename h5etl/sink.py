@@ -22,11 +22,12 @@ from typing import Any
 import h5py
 import numpy as np
 
-from h5etl import fileformat, sink_disk
-from h5etl.chunkcodec import ChunkLayout
+from h5etl import sink_disk
 from h5etl.chunkpool import ChunkPool
 from h5etl.dataflow import BatchResult, EncodedRows, RaggedRows, Reject
 from h5etl.errors import SinkError, io_problem
+from h5etl.format import contract as fileformat
+from h5etl.format.codec import ChunkLayout
 from h5etl.sink_carry import Seed, copy_parent_columns, open_seed, parent_rows, seed_dataset
 from h5etl.sink_chunks import DatasetStats, ImageWriter, StoredChunks
 from h5etl.sink_datasets import create_split

@@ -29,8 +29,8 @@ from typing import Any
 import h5py
 import numpy as np
 
-from h5etl import fileformat
-from h5etl.chunkcodec import ChunkLayout
+from h5etl.format import contract as fileformat
+from h5etl.format.codec import ChunkLayout
 from h5etl.kinds.base import ArrayColumn, ScalarColumn
 from h5etl.sink_chunks import ImageWriter
 from h5etl.sink_copy import copy_rows

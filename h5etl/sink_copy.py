@@ -23,8 +23,9 @@ from typing import TYPE_CHECKING, Any
 import h5py
 import numpy as np
 
-from h5etl import digest, fileformat
 from h5etl.errors import ShardError
+from h5etl.format import contract as fileformat
+from h5etl.format import digest
 from h5etl.kinds.base import ArrayColumn, ScalarColumn
 from h5etl.sink_chunks import ImageWriter
 from h5etl.sink_virtual import add_part

@@ -2,7 +2,7 @@
 fsync that makes it durable, and copying a killed build's chunks back (``restore``).
 
 Part of the sink (the only code that writes HDF5): ``Sink`` takes these methods from
-``JournalSide``; the journal file itself is ``h5etl.journal``'s, the resume plan
+``JournalSide``; the journal file itself is ``h5etl.format.journal``'s, the resume plan
 ``h5etl.resume``'s.
 """
 
@@ -14,9 +14,10 @@ from typing import Any
 
 import h5py
 
-from h5etl import journal, sink_disk
+from h5etl import sink_disk
 from h5etl.errors import ResumeMismatch, SinkError, io_problem
-from h5etl.journal import ResumeState
+from h5etl.format import journal
+from h5etl.format.journal import ResumeState
 from h5etl.sink_chunks import ImageWriter, StoredChunks, chunk_places
 from h5etl.sink_ragged import EMPTY, restore_ragged, snapshot
 from h5etl.sink_rows import SinkLayout, SmallRows

@@ -15,8 +15,9 @@ from typing import Any
 import h5py
 import numpy as np
 
-from h5etl import digest, fileformat
 from h5etl.dataflow import BatchResult, RaggedRows, Reject, valid_text
+from h5etl.format import contract as fileformat
+from h5etl.format import digest
 from h5etl.kinds.base import ArrayColumn, Column, RaggedColumn, ScalarColumn
 from h5etl.sink_chunks import DatasetStats
 

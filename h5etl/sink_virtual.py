@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import h5py
 
-from h5etl.chunkcodec import ChunkLayout
+from h5etl.format.codec import ChunkLayout
 from h5etl.kinds.base import ArrayColumn
 from h5etl.sink_chunks import DatasetStats
 from h5etl.sink_datasets import CreatedSplit

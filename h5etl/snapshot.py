@@ -18,9 +18,10 @@ from typing import Any, Literal
 import h5py
 import numpy as np
 
-from h5etl import fileformat, hdf5info
 from h5etl.errors import UsageError
-from h5etl.fileformat import FieldRecord, LayoutRecord
+from h5etl.format import contract as fileformat
+from h5etl.format import fileinfo as hdf5info
+from h5etl.format.contract import FieldRecord, LayoutRecord
 
 __all__ = [
     "DatasetFacts",

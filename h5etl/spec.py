@@ -21,8 +21,9 @@ from pydantic import (
     model_validator,
 )
 
-from h5etl import fileformat, spec_rules
+from h5etl import spec_rules
 from h5etl.fieldspecs import ArrayField, FieldSpec, SeriesField
+from h5etl.format import contract as fileformat
 from h5etl.release_naming import DEFAULT_OUTPUT
 from h5etl.spec_rules import NAME_PATTERN, check_name, source_for, unknown_source
 from h5etl.specparts import (

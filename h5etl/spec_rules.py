@@ -15,7 +15,6 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from h5etl import fileformat
 from h5etl.fieldspecs import (
     ArrayField,
     FieldSpec,
@@ -25,6 +24,7 @@ from h5etl.fieldspecs import (
     SeriesField,
 )
 from h5etl.fieldspecs.volume import volume_problems
+from h5etl.format import contract as fileformat
 from h5etl.specparts import GroupBy, PadSpec, Problem, SourceSpec
 
 __all__ = [

@@ -20,9 +20,9 @@ from typing import Any
 
 import h5py
 
-from h5etl import fileformat
 from h5etl.dataflow import Reject
 from h5etl.errors import ConfigError, H5EtlError
+from h5etl.format import contract as fileformat
 from h5etl.report import Before
 from h5etl.snapshot import SampleFacts, Snapshot, WrittenRows, plain
 from h5etl.spec import Spec
@@ -238,7 +238,7 @@ class Story:
 
 def read_story(path: Path) -> Story:
     """The story the release at ``path`` tells; never raises (an unreadable file says why)."""
-    from h5etl.hdf5info import sample_counts
+    from h5etl.format.fileinfo import sample_counts
 
     try:
         with h5py.File(path, "r") as handle:
@@ -249,7 +249,7 @@ def read_story(path: Path) -> Story:
             }
             counts = sample_counts(handle)
     except (OSError, ValueError, KeyError) as exc:
-        from h5etl.hdf5info import why_not_readable
+        from h5etl.format.fileinfo import why_not_readable
 
         return Story("", {}, None, "", "", "", problem=why_not_readable(path, exc))
     parent = attrs.get(fileformat.PARENT_VERSION_ATTR)

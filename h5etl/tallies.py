@@ -11,8 +11,8 @@ import dataclasses
 import json
 from typing import Any
 
-from h5etl import fileformat
 from h5etl.dataflow import BatchResult, BlockTally
+from h5etl.format import contract as fileformat
 from h5etl.stats import ChannelStats, Histogram
 
 Stat = ChannelStats | Histogram

@@ -24,11 +24,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from h5etl import __version__, carry, fileformat, inprocess, sink_disk
+from h5etl import __version__, carry, inprocess, sink_disk
 from h5etl.buildparts import layout_record
 from h5etl.clean import Plan
 from h5etl.dataflow import Reject, Sample, valid_text
-from h5etl.fileformat import LayoutRecord
+from h5etl.format import contract as fileformat
+from h5etl.format.contract import LayoutRecord
 from h5etl.parent import Parent
 from h5etl.release import OutputFolder
 from h5etl.report import BuildReport

@@ -17,8 +17,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from h5etl.chunkcodec import ChunkLayout, Codec
 from h5etl.errors import RejectError
+from h5etl.format.codec import ChunkLayout, Codec
 from h5etl.kinds.base import (
     ArrayColumn,
     Column,

@@ -15,7 +15,7 @@ from test_incremental import no_seed, project, remove_pairs, rows_by_key, stats_
 
 from h5etl import build, carry, load_spec, sink_carry
 from h5etl.check import check_release
-from h5etl.chunkcodec import ChunkLayout, Codec
+from h5etl.format.codec import ChunkLayout, Codec
 
 ARRAYS = ("image", "mask")
 LZF = Codec("lzf", None, "", "none")

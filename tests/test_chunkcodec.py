@@ -8,8 +8,8 @@ import h5py
 import numpy as np
 import pytest
 
-from h5etl import chunkcodec
-from h5etl.chunkcodec import ChunkLayout, decode_block, encode_block, encode_direct, has_direct
+from h5etl.format import codec as chunkcodec
+from h5etl.format.codec import ChunkLayout, decode_block, encode_block, encode_direct, has_direct
 from h5etl.spec import Compression
 
 CODECS = [

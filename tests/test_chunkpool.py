@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 import h5etl.chunkpool
-from h5etl.chunkcodec import ChunkLayout, Codec, encode_direct
 from h5etl.chunkpool import ChunkPool
 from h5etl.dataflow import BatchResult, DecodeTask, RaggedRows
 from h5etl.errors import SinkError
+from h5etl.format.codec import ChunkLayout, Codec, encode_direct
 from h5etl.kinds.base import RaggedColumn, ScalarColumn
 from h5etl.sink import Sink, SinkLayout
 

@@ -26,10 +26,11 @@ import pytest
 from conftest import MakeRaw, WriteConfig, dataset_digests, read_release
 from typer.testing import CliRunner
 
-from h5etl import journal, pipeline, tasks
+from h5etl import pipeline, tasks
 from h5etl.cli import app
 from h5etl.config import load_spec
 from h5etl.errors import ConfigError, UsageError
+from h5etl.format import journal
 
 distributed = pytest.importorskip("distributed")
 

@@ -34,7 +34,7 @@ from conftest import _make_raw, base_config, merge, random_pair, save
 from h5etl import release_folder
 from h5etl.config import load_spec
 from h5etl.errors import ReleaseError, SinkError
-from h5etl.journal import JournalWriter
+from h5etl.format.journal import JournalWriter
 from h5etl.pipeline import build
 from h5etl.spec import Spec
 
@@ -52,7 +52,8 @@ LAUNCHER = textwrap.dedent(
     import os, resource, runpy, signal, sys
 
     import h5py
-    from h5etl import journal, pipeline, sink
+    from h5etl import pipeline, sink
+    from h5etl.format import journal
 
     stage = os.environ["H5ETL_TEST_FILL"]
     medium = os.environ["H5ETL_TEST_MEDIUM"]
@@ -323,7 +324,7 @@ JOURNAL_CHILD = textwrap.dedent(
     from pathlib import Path
 
     from h5etl.errors import SinkError
-    from h5etl.journal import JournalWriter
+    from h5etl.format.journal import JournalWriter
 
     path = sys.argv[1]
     journal = JournalWriter(Path(path), config_sha256="c", plan_sha256="p")

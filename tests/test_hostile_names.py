@@ -14,10 +14,10 @@ import numpy as np
 from conftest import SHAPE, MakeRaw, WriteConfig, png_bytes, random_pair
 
 import h5etl
-from h5etl import journal
 from h5etl.check import check_release
 from h5etl.config import load_spec
 from h5etl.dataflow import Reject
+from h5etl.format import journal
 
 LATIN1 = b"caf\xe9"  # "café" as a Windows archive stores it: not valid UTF-8
 

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from h5etl import journal
+from h5etl.format import journal
 from h5etl.resume import CHECKPOINT_SHARE, MAX_CHECKPOINT_SECONDS, checkpoint_interval
 
 DATASETS = ["/train/ct", "/train/image", "/valid/mask"]

@@ -18,10 +18,10 @@ import yaml
 from conftest import dataset_digests, run_killed_build
 
 import h5etl
-from h5etl import fileformat
 from h5etl.check import check_release
 from h5etl.errors import ConfigError
 from h5etl.examples.volumes import ct_case, series_affine, write_dicom_series, write_nifti
+from h5etl.format import contract as fileformat
 
 SHAPE = (16, 16)  # (y, x) of every slice
 SPACING = (2.5, 0.8, 0.7)

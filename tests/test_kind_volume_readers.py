@@ -203,7 +203,7 @@ def test_preview_captions_a_case_by_its_name(release: tuple[Path, dict[str, Any]
 
     import h5py
 
-    from h5etl import fileformat
+    from h5etl.format import contract as fileformat
     from h5etl.preview import caption_fields
     from h5etl.readers import Release
 
@@ -226,7 +226,7 @@ def test_small_columns_of_a_volume_release_are_chunked_by_bytes(
     # were stored one row a chunk (100k offsets: 4.5 MB, 0.86 s to read whole)
     import h5py
 
-    from h5etl import fileformat
+    from h5etl.format import contract as fileformat
 
     path, truth = release
     with h5py.File(path, "r") as handle:

@@ -1,6 +1,6 @@
 """The layout record: readers, ``check`` and ``preview`` follow what a release records.
 
-Release files are written here by hand with h5py, the way ``h5etl.fileformat`` says a build
+Release files are written here by hand with h5py, the way ``h5etl.format.contract`` says a build
 writes them (root attrs with the ``layout`` JSON, datasets at the template's paths, one
 ``/diagnostics/datasets`` node per dataset with digests computed as the sink computes them),
 for both templates: two image fields of different shapes, a mask, an int64 label with its
@@ -25,9 +25,11 @@ import yaml
 from conftest import MakeRaw, WriteConfig
 
 import h5etl
-from h5etl import digest, fileformat, preview
+from h5etl import preview
 from h5etl.check import check_release
-from h5etl.fileformat import FieldRecord, LayoutRecord
+from h5etl.format import contract as fileformat
+from h5etl.format import digest
+from h5etl.format.contract import FieldRecord, LayoutRecord
 from h5etl.readers import ReaderError, Release, iter_batches
 
 SPLITS = {"train": 6, "valid": 3}

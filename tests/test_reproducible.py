@@ -25,10 +25,10 @@ from typer.testing import CliRunner
 import h5etl
 import h5etl.tasks
 from h5etl import reproducible, sink_rows
-from h5etl.chunkcodec import ChunkLayout, encode_rows
 from h5etl.cli import app
 from h5etl.dataflow import BatchResult, DecodeTask, EncodedRows
 from h5etl.errors import ConfigError
+from h5etl.format.codec import ChunkLayout, encode_rows
 from h5etl.kinds.base import ArrayColumn, TextColumn
 from h5etl.sink import Sink, SinkLayout
 from h5etl.spec import Compression

@@ -12,8 +12,9 @@ import h5py
 import pytest
 from conftest import MakeRaw, WriteConfig, dataset_digests, run_killed_build
 
-from h5etl import build, fileformat, load_spec, tasks
+from h5etl import build, load_spec, tasks
 from h5etl.check import check_release
+from h5etl.format import contract as fileformat
 from h5etl.readers import Release
 
 

@@ -123,7 +123,7 @@ def test_a_preview_tile_plots_each_channel(
 ) -> None:
     import h5py
 
-    from h5etl import fileformat
+    from h5etl.format import contract as fileformat
     from h5etl.preview_drawn import PreviewSample
     from h5etl.preview_series import PLOT_H, TITLE, draw
 

@@ -12,10 +12,10 @@ import h5py
 import numpy as np
 import pytest
 
-from h5etl import digest
-from h5etl.chunkcodec import ChunkLayout, decode_block, encode_block
 from h5etl.dataflow import BatchResult, DecodeTask, EncodedRows
 from h5etl.errors import SinkError
+from h5etl.format import digest
+from h5etl.format.codec import ChunkLayout, decode_block, encode_block
 from h5etl.kinds.base import ArrayColumn, TextColumn
 from h5etl.sink import Sink, SinkLayout
 from h5etl.spec import Compression

@@ -16,8 +16,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from h5etl import digest
-from h5etl.chunkcodec import ChunkLayout, Codec
+from h5etl.format import digest
+from h5etl.format.codec import ChunkLayout, Codec
 from h5etl.sink_chunks import DatasetStats, ImageWriter
 from h5etl.sink_copy import copy_rows
 

@@ -13,10 +13,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from h5etl import digest, fileformat
-from h5etl.chunkcodec import Codec
 from h5etl.dataflow import BatchResult, DecodeTask, RaggedRows
 from h5etl.decode import _encoded_rows
+from h5etl.format import contract as fileformat
+from h5etl.format import digest
+from h5etl.format.codec import Codec
 from h5etl.kinds.base import RaggedColumn, ScalarColumn
 from h5etl.sink import Sink, SinkLayout
 

@@ -16,9 +16,9 @@ import pytest
 import yaml
 
 import h5etl
-from h5etl import fileformat
 from h5etl.check import check_release
 from h5etl.examples.volumes import AIR, BONE, TISSUE, ct_case, write_dicom_series, write_nifti
+from h5etl.format import contract as fileformat
 from h5etl.volumes import orient
 
 SHAPE = (6, 12, 14)  # (z, y, x)

@@ -212,11 +212,11 @@ def exit_codes() -> str:
 
 def format_version() -> str:
     """The layout record's format version, as readers check it."""
-    from h5etl import fileformat
+    from h5etl.format import contract as fileformat
 
     return (
         f"This page specifies **format {fileformat.FORMAT}** of the layout record "
-        f"(`h5etl.fileformat.FORMAT`, stored in the root attribute `{fileformat.LAYOUT_ATTR}`). "
+        f"(`h5etl.format.contract.FORMAT`, stored in the root attribute `{fileformat.LAYOUT_ATTR}`). "
         "A reader refuses a record newer than it knows; releases of older h5etl versions carry "
         "no record and are read by inferring one from their groups and stored config."
     )

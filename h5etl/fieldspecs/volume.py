@@ -86,7 +86,7 @@ class VolumeField(FieldModel):
         return (DEFAULT_CHUNK_SLICES, min(DEFAULT_TILE, y), min(DEFAULT_TILE, x))
 
     def dataset_names(self, field_name: str) -> tuple[str, ...]:
-        from h5etl import fileformat
+        from h5etl.format import contract as fileformat
 
         return (
             field_name,

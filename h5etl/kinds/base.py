@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 
-from h5etl.chunkcodec import ChunkLayout, CompressionLike
 from h5etl.dataflow import EncodedRows, Sample
-from h5etl.fileformat import FieldRecord
+from h5etl.format.codec import ChunkLayout, CompressionLike
+from h5etl.format.contract import FieldRecord
 
 if TYPE_CHECKING:
     from h5etl.kinds.tabular import Prepared

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from h5etl import geometry, images
-from h5etl.chunkcodec import ChunkLayout
 from h5etl.errors import RejectError
+from h5etl.format.codec import ChunkLayout
 
 
 def fit(

@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 import numpy as np
 
 from h5etl import geometry, images, pixels
-from h5etl.chunkcodec import ChunkLayout
 from h5etl.errors import RejectError
-from h5etl.fileformat import FieldRecord
+from h5etl.format.codec import ChunkLayout
+from h5etl.format.contract import FieldRecord
 from h5etl.kinds.base import (
     ArrayColumn,
     Column,

@@ -12,10 +12,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
-from h5etl import fileformat
 from h5etl.dataflow import Sample
 from h5etl.errors import RejectError
-from h5etl.fileformat import FieldRecord
+from h5etl.format import contract as fileformat
+from h5etl.format.contract import FieldRecord
 from h5etl.kinds.base import Column, Kind, ScalarColumn, StatsKind
 from h5etl.kinds.sidecar import text_value
 from h5etl.kinds.tabular import Prepared, TableSource, shown, table_lookup

@@ -10,7 +10,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from h5etl import extras
-from h5etl.chunkcodec import ChunkLayout, Codec
 from h5etl.errors import ConfigError
 from h5etl.fieldspecs import (
     ImageField,
@@ -21,7 +20,8 @@ from h5etl.fieldspecs import (
     ValueField,
     VolumeField,
 )
-from h5etl.fileformat import FieldRecord
+from h5etl.format.codec import ChunkLayout, Codec
+from h5etl.format.contract import FieldRecord
 from h5etl.kinds import image, label, mask, series, text, value, volume
 from h5etl.kinds.base import Kind
 from h5etl.spec import Spec

@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from h5etl import recording
-from h5etl.chunkcodec import ChunkLayout, Codec
 from h5etl.dataflow import Sample
 from h5etl.errors import RejectError
+from h5etl.format.codec import ChunkLayout, Codec
 from h5etl.kinds.base import (
     ArrayColumn,
     Column,

@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from h5etl.chunkcodec import ChunkLayout
 from h5etl.dataflow import EncodedRows
 from h5etl.errors import RejectError
+from h5etl.format.codec import ChunkLayout
 from h5etl.kinds.base import (
     Column,
     EncodedValue,
@@ -191,8 +191,9 @@ class VolumeKind(Kind):
     ) -> EncodedValue:
         """The case's slices compressed a slab at a time, with its digests and statistics
         (``checked``: its labels were checked already)."""
-        from h5etl import digest, stats
-        from h5etl.chunkcodec import BlockEncoder
+        from h5etl import stats
+        from h5etl.format import digest
+        from h5etl.format.codec import BlockEncoder
 
         blocks, digests = [], []
         found: Any = None

@@ -29,7 +29,7 @@ import h5py
 import imagecodecs
 import numpy as np
 
-from h5etl import fileformat as ff
+from h5etl.format import contract as ff
 from h5etl.readers._layout import copy_rows, gather_rows
 
 logger = logging.getLogger(__name__)

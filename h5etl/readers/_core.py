@@ -20,7 +20,7 @@ import hdf5plugin  # noqa: F401  (registers the Blosc/Zstd filters for reading)
 import numpy as np
 
 from h5etl.errors import ReaderError
-from h5etl.fileformat import LayoutRecord
+from h5etl.format.contract import LayoutRecord
 from h5etl.readers import _fork
 from h5etl.readers._chunks import (
     ChunkCache,

@@ -1,6 +1,6 @@
 """Which datasets a reader reads: the fields of one split, found through the layout record.
 
-A release records its layout (``h5etl.fileformat.read_layout``; older releases have one
+A release records its layout (``h5etl.format.contract.read_layout``; older releases have one
 inferred), so a field's dataset is ``record.path(split, field)`` whatever the template:
 ``/train/image`` or ``/x_train``. Resolved once, when a reader is made; no file stays open.
 """
@@ -15,9 +15,10 @@ from typing import Any
 import h5py
 import numpy as np
 
-from h5etl import fileformat, partfiles
 from h5etl.errors import ReaderError
-from h5etl.fileformat import LayoutRecord
+from h5etl.format import contract as fileformat
+from h5etl.format import partfiles
+from h5etl.format.contract import LayoutRecord
 from h5etl.readers._layout import FieldInfo, field_info
 
 LABEL = "label"  # the kind whose values come back as int64 class indices

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import h5py
 import numpy as np
 
-from h5etl.fileformat import LayoutRecord
+from h5etl.format.contract import LayoutRecord
 from h5etl.readers import _fork
 from h5etl.readers._chunks import ChunkStore, prefetched
 from h5etl.readers._fields import as_int64, channel_fields

@@ -21,8 +21,8 @@ from typing import Any
 import h5py
 import numpy as np
 
-from h5etl import fileformat
 from h5etl.errors import ReaderError
+from h5etl.format import contract as fileformat
 from h5etl.readers._fields import require_parts
 
 KIND = "series"

@@ -275,8 +275,8 @@ def _limit_block(
 
     import numpy as np
 
-    from h5etl.chunkcodec import encode_block
-    from h5etl.digest import block_digest
+    from h5etl.format.codec import encode_block
+    from h5etl.format.digest import block_digest
     from h5etl.images import Mode, decode
 
     # Reused like h5etl's own batch buffers: fresh arrays would add a page fault per 4 KiB.

@@ -19,7 +19,7 @@ bytes, decode with h5etl's own decoder (``h5etl.images.decode_field``), fit (res
 photos with ``h5etl.images.resize_to``, Lanczos as the recipe does; derive low-res by bicubic)
 and pad into reused blocks of one chunk, compute the statistics the release carries (each
 image field's per-channel sums as its kind computes them, the labels' histogram), compress
-each block with the release's codec (``h5etl.chunkcodec.encode_block``) and SHA-256 each block
+each block with the release's codec (``h5etl.format.codec.encode_block``) and SHA-256 each block
 of every column (labels and file names too); no file is written. Splits are cut in the same
 proportions, so both make the same number of blocks.
 
@@ -217,8 +217,8 @@ def _limit_block(
     """Read, hash, decode, fit, pad, compress and hash one block of samples, and compute the
     statistics the release carries of it; keep nothing."""
     from h5etl import geometry, images, stats
-    from h5etl.chunkcodec import encode_block
-    from h5etl.digest import block_digest, text_block_digest
+    from h5etl.format.codec import encode_block
+    from h5etl.format.digest import block_digest, text_block_digest
 
     blocks = {name: _buffer(name, layout) for name, layout in layouts.items()}
     for block in blocks.values():

@@ -13,7 +13,7 @@ order flips every repeat) and reported as medians:
   else: read each channel file and SHA-256 its bytes, decode and check it with h5etl's own
   reader (``h5etl.recording.read_recording``), concatenate a batch's values per channel,
   compute its statistics (``h5etl.stats.ChannelStats``), compress them in chunks of the
-  release's layout (``h5etl.chunkcodec.encode_block``) and SHA-256 each block; no file is
+  release's layout (``h5etl.format.codec.encode_block``) and SHA-256 each block; no file is
   written.
 - ``vlen``: the same decoding on all cores, then one writer storing each channel as an HDF5
   vlen dataset of float32/float64 (h5py ``vlen_dtype``; an (n, 3) channel flattened), which
@@ -46,9 +46,10 @@ from build import LIMIT_ENV, Run, _child_json, _median, become_subreaper, measur
 from installed import byte_compile, warm
 from joblib import Parallel, delayed
 
-from h5etl import digest, recording, stats
-from h5etl.chunkcodec import ChunkLayout, encode_block
+from h5etl import recording, stats
 from h5etl.examples.sensors import START, write_recording
+from h5etl.format import digest
+from h5etl.format.codec import ChunkLayout, encode_block
 from h5etl.kinds import registry
 from h5etl.kinds.base import RaggedColumn
 from h5etl.kinds.series import SeriesKind

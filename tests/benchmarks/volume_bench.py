@@ -275,7 +275,7 @@ def run_patches(root: Path, release: Path, count: int, patch: Sequence[int]) -> 
     h5_rate = count / (time.perf_counter() - started)
     import h5py
 
-    from h5etl import fileformat
+    from h5etl.format import contract as fileformat
 
     with Volumes(release, "train", "ct") as volumes:
         shapes = [volumes.shape_of(i) for i in range(len(volumes))]

@@ -79,7 +79,7 @@ SPLIT_POLICY_ATTR = "split_policy"
 # samples_decoded; absent when the build decoded everything
 PARENT_ATTR = "parent"
 # Root attribute, JSON, of a virtual release (build --shards K --vds): its part files in write
-# order, each {file, bytes, shard, index} (h5etl.partfiles); the identity is what each part
+# order, each {file, bytes, shard, index} (h5etl.format.partfiles); the identity is what each part
 # carries as its own root attributes SHARD_ATTR and SHARD_INDEX_ATTR.
 PARTS_ATTR = "parts"
 SHARD_ATTR, SHARD_INDEX_ATTR = "h5etl_shard", "shard_index"

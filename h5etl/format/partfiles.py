@@ -21,7 +21,7 @@ from typing import Any
 
 import h5py
 
-from h5etl import fileformat
+from h5etl.format import contract as fileformat
 
 __all__ = ["Part", "mapped_files", "part_of_row", "part_problems", "read_parts", "record"]
 

@@ -29,8 +29,8 @@ import hdf5plugin
 import imagecodecs
 import numpy as np
 
-from h5etl import digest
 from h5etl.dataflow import EncodedChunk
+from h5etl.format import digest
 
 _BLOSC_SHUFFLE = {"none": 0, "byte": 1, "bit": 2}
 _BLOSC_MAX_TYPESIZE = 255

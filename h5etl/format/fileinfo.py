@@ -15,8 +15,8 @@ from pathlib import Path
 import h5py
 import hdf5plugin
 
-from h5etl import fileformat
 from h5etl.errors import CheckFailed, UsageError
+from h5etl.format import contract as fileformat
 
 BUILT_IN = {1: "gzip", 2: "shuffle", 3: "fletcher32", 4: "szip", 5: "nbit", 6: "scaleoffset"}
 LZF = fileformat.FILTER_LZF  # h5py's own filter: compiled into h5py, not into HDF5

@@ -1,0 +1,1 @@
+"""What a written file promises: names, codecs, digests, the journal, part files."""
