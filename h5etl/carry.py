@@ -34,7 +34,7 @@ from h5etl.format.contract import SAMPLE_KEY, LayoutRecord
 from h5etl.parent import Parent, ParentSplit
 from h5etl.release import OutputFolder
 from h5etl.sink_carry import Seed, runs
-from h5etl.tallies import Tallies
+from h5etl.stats.tallies import Tallies
 
 if TYPE_CHECKING:
     from h5etl.sink import Sink

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from h5etl import stats
 from h5etl.dataflow import BatchResult, BlockTally, EncodedRows, RaggedRows
 from h5etl.format import contract as fileformat
 from h5etl.format import digest
@@ -28,6 +27,7 @@ from h5etl.kinds.base import (
     ScalarColumn,
     TextColumn,
 )
+from h5etl.stats import normalisation as stats
 
 if TYPE_CHECKING:
     from h5etl.decode import DecodeRecipe, _Decoded

@@ -46,9 +46,9 @@ from h5etl.report import BuildReport, enforce_limit, guard, require_samples
 from h5etl.sharded import Sharding, Shards, start_sharded
 from h5etl.sink import Sink
 from h5etl.spec import Spec, spec_text
+from h5etl.stats.tallies import Tallies, block_json
 from h5etl.status import BuildStatus
 from h5etl.story import Annotator, stored_rejects
-from h5etl.tallies import Tallies, block_json
 
 logger = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from h5etl.report import (
     require_samples,
 )
 from h5etl.spec import Spec
-from h5etl.tallies import Tallies
+from h5etl.stats.tallies import Tallies
 
 ProgressHook = Callable[[str, int, int | None], None]
 """``hook(stage, advance, total)``: ``advance=0`` opens the next stage (``total`` steps, or None

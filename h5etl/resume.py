@@ -26,7 +26,7 @@ from h5etl.dataflow import BatchResult, Reject
 from h5etl.format import journal
 from h5etl.sink import Sink
 from h5etl.spec import Spec, spec_sha256
-from h5etl.tallies import Tallies
+from h5etl.stats.tallies import Tallies
 from h5etl.tasks import TaskCutter
 
 logger = logging.getLogger(__name__)

@@ -32,7 +32,7 @@ from h5etl.report import BuildReport
 from h5etl.resume import Checkpoints, Restored
 from h5etl.sink import Sink, SinkLayout
 from h5etl.spec import Spec, spec_sha256
-from h5etl.tallies import Tallies
+from h5etl.stats.tallies import Tallies
 from h5etl.tasks import TaskCutter
 
 logger = logging.getLogger(__name__)

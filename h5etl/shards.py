@@ -38,7 +38,7 @@ from h5etl.release import write_atomically
 from h5etl.report import enforce_limit
 from h5etl.sink import Sink, SinkLayout
 from h5etl.spec import Spec
-from h5etl.tallies import Tallies
+from h5etl.stats.tallies import Tallies
 from h5etl.tasks import TaskCutter
 
 FORMAT = 1

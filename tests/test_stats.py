@@ -15,9 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from h5etl import stats_sums
 from h5etl.format import contract as fileformat
-from h5etl.stats import ChannelStats, Histogram
+from h5etl.stats import sums as stats_sums
+from h5etl.stats.normalisation import ChannelStats, Histogram
 
 DTYPES = [np.uint8, np.uint16, np.int16, np.float32]
 LAYOUTS: dict[str, int | None] = {"hwc": -1, "chw": 0, "hw": None}

@@ -292,7 +292,7 @@ class Kind:
     def task_stats(self, windows: Sequence[np.ndarray]) -> Any:
         """The statistics of a task's kept samples from their unpadded (c, h, w) pixels as
         stored (one per sample), or None."""
-        from h5etl import stats
+        from h5etl.stats import normalisation as stats
 
         if self.stats == "channels":
             return stats.ChannelStats.of_windows(windows)

@@ -57,7 +57,7 @@ class MaskKind(Kind):
         pass per value beats a bincount for the usual few labels."""
         if not self.with_stats:
             return None
-        from h5etl import stats
+        from h5etl.stats import normalisation as stats
 
         if len(self.values) > 16:
             return super().task_stats(windows)

@@ -191,9 +191,9 @@ class VolumeKind(Kind):
     ) -> EncodedValue:
         """The case's slices compressed a slab at a time, with its digests and statistics
         (``checked``: its labels were checked already)."""
-        from h5etl import stats
         from h5etl.format import digest
         from h5etl.format.codec import BlockEncoder
+        from h5etl.stats import normalisation as stats
 
         blocks, digests = [], []
         found: Any = None

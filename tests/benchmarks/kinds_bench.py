@@ -216,9 +216,10 @@ def _limit_block(
 ) -> int:
     """Read, hash, decode, fit, pad, compress and hash one block of samples, and compute the
     statistics the release carries of it; keep nothing."""
-    from h5etl import geometry, images, stats
+    from h5etl import geometry, images
     from h5etl.format.codec import encode_block
     from h5etl.format.digest import block_digest, text_block_digest
+    from h5etl.stats import normalisation as stats
 
     blocks = {name: _buffer(name, layout) for name, layout in layouts.items()}
     for block in blocks.values():

@@ -13,7 +13,7 @@ from typing import Any
 
 from h5etl.dataflow import BatchResult, BlockTally
 from h5etl.format import contract as fileformat
-from h5etl.stats import ChannelStats, Histogram
+from h5etl.stats.normalisation import ChannelStats, Histogram
 
 Stat = ChannelStats | Histogram
 

@@ -7,7 +7,7 @@ order tasks finish; ``attrs()`` gives the dataset attributes (``fileformat.STAT_
 scale, and rounded once in ``attrs()``: the result is bit-identical for any ``--jobs`` and any
 cut of samples into tasks. numpy and the standard library only (decode workers import this).
 
-Exactness: ``h5etl.stats_sums`` (how each dtype is summed exactly).
+Exactness: ``h5etl.stats.sums`` (how each dtype is summed exactly).
 
 Decisions: NaN and +-Inf are counted per channel in ``nonfinite`` and excluded from every
 statistic (``count`` is the number of finite values); a channel without a finite value has NaN
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from h5etl.stats_sums import add, planar_sums, small_ints
+from h5etl.stats.sums import add, planar_sums, small_ints
 
 __all__ = ["ChannelStats", "Histogram"]
 

@@ -1,0 +1,1 @@
+"""Statistics a build computes: exact normalisation sums, histograms, tallies."""
