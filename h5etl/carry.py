@@ -26,11 +26,12 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from h5etl import inprocess, inputs
+from h5etl import inprocess
 from h5etl.clean import Plan
 from h5etl.dataflow import BatchResult, Sample, text_bytes, valid_text
 from h5etl.errors import RejectError
 from h5etl.format.contract import SAMPLE_KEY, LayoutRecord
+from h5etl.inputs import opening as inputs
 from h5etl.parent import Parent, ParentSplit
 from h5etl.release import OutputFolder
 from h5etl.sink_carry import Seed, runs

@@ -195,7 +195,7 @@ def grid_problems(
 ) -> None:
     """A problem for each label volume whose stored affines are not its image's (``of``) in
     one split: its voxels would be read as lying where they do not."""
-    from h5etl.volumes import orient
+    from h5etl.inputs.volumes import orient
 
     for name, field in record.fields.items():
         of = field.extra.get("of") if field.kind == "volume" else None

@@ -68,7 +68,7 @@ class Plan:
     warnings: list[str] = field(default_factory=list)
     policy: dict[str, Any] = field(default_factory=dict)  # how splits were assigned (JSON)
     stamps: dict[str, str] = field(default_factory=dict)  # key -> its files' sizes and mtimes
-    probes: ProbeRules | None = None  # what a decode reject re-checks (h5etl.reasons)
+    probes: ProbeRules | None = None  # what a decode reject re-checks (h5etl.inputs.reasons)
     previous: Mapping[str, str] | None = None  # the parent's split of each name (sticky)
 
     @property

@@ -295,7 +295,7 @@ def check_tables(spec: Spec) -> None:
         ConfigError: a table is broken (a key twice, a column missing, not UTF-8...), one line
             naming the table, the line and the field.
     """
-    from h5etl import tables  # reads files: only validate and builds need it
+    from h5etl.inputs import tables  # reads files: only validate and builds need it
 
     for name, path in _tables(spec):
         origin = getattr(spec.fields[name], "from_", None)

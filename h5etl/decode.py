@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from h5etl import inputs, probes
+from h5etl import probes
 from h5etl.dataflow import (
     BatchResult,
     DecodeTask,
@@ -39,6 +39,7 @@ from h5etl.decode_gather import gather as gather
 from h5etl.decode_gather import join_results as join_results
 from h5etl.decode_gather import merge_all as merge_all
 from h5etl.errors import RejectError
+from h5etl.inputs import opening as inputs
 from h5etl.kinds.base import (
     ArrayColumn,
     Column,
@@ -133,7 +134,7 @@ def _decode_sample(
 
 def _rejects_of(sample: Sample, exc: RejectError, recipe: DecodeRecipe) -> list[Reject]:
     """A rejected sample's rejects, named as a dry run's header probe names them when the
-    headers show a defect: they come first (``h5etl.reasons``), so one damage gets one
+    headers show a defect: they come first (``h5etl.inputs.reasons``), so one damage gets one
     reason whichever stage finds it. Only rejected samples pay for the probe."""
     if recipe.probes is not None:
         found = probes.probe_samples([sample], recipe.probes)[0]

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import numpy as np
 
-from h5etl import images, resources
+from h5etl import resources
 from h5etl.errors import UsageError
+from h5etl.inputs import raster as images
 
 
 def cell_pair(rng: np.random.Generator, height: int, width: int) -> tuple[np.ndarray, np.ndarray]:

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from h5etl import inputs
 from h5etl.dataflow import Reject, Roots, Sample, SourceFile
+from h5etl.inputs import opening as inputs
 from h5etl.spec import Spec
 
 STAGE = "discover"

@@ -227,14 +227,14 @@ def cli_with_decode(before: str) -> str:
     body = textwrap.indent(textwrap.dedent(before).strip(), " " * 4)
     return f"""
 import os, signal, sys, time
-import h5etl.images
-original = h5etl.images.decode_field
+import h5etl.inputs.raster
+original = h5etl.inputs.raster.decode_field
 calls = [0]
 def patched(*args, **kwargs):
     calls[0] += 1
 {body}
     return original(*args, **kwargs)
-h5etl.images.decode_field = patched
+h5etl.inputs.raster.decode_field = patched
 from h5etl.cli import main
 sys.argv = ["h5etl", "build", sys.argv[1], "--jobs", "1", "--quiet"]
 main()

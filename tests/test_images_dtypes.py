@@ -19,8 +19,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image, ImageOps
 
-from h5etl import images, pixels
 from h5etl.errors import RejectError
+from h5etl.inputs import pixels
+from h5etl.inputs import raster as images
 
 rng = np.random.default_rng(12)
 DTYPES: tuple[pixels.FieldDtype, ...] = get_args(pixels.FieldDtype)

@@ -17,8 +17,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from h5etl import images, plainpng
 from h5etl.errors import RejectError
+from h5etl.inputs import plainpng
+from h5etl.inputs import raster as images
 
 MASK = frozenset({0, 1})
 

@@ -330,7 +330,7 @@ def test_a_touched_stem_recording_is_decoded_not_hashed(
         hashed.append(path)
         return Path(path).read_bytes()
 
-    # carry's own reads only (decoding reads the files through h5etl.inputs too)
+    # carry's own reads only (decoding reads the files through h5etl.inputs.opening too)
     monkeypatch.setattr(carry, "inputs", SimpleNamespace(read_file=spy))
     again = config.model_copy(update={"notes": "touched"})  # new notes: a release either way
     second = build(again, jobs=1)

@@ -291,7 +291,7 @@ def test_workers_import_the_readers_of_the_forms_a_config_can_meet(tmp_path: Pat
     )
     assert "pydicom" in named
     assert "nibabel" in named
-    assert "h5etl.volumes.slices" not in named
+    assert "h5etl.inputs.volumes.slices" not in named
     assert len(named) == len(set(named))
     no_dicom = worker_modules(
         h5etl.load_spec(ct_config(tmp_path, ct={"form": "slices"}, mask={"form": "nifti"}))
@@ -299,7 +299,11 @@ def test_workers_import_the_readers_of_the_forms_a_config_can_meet(tmp_path: Pat
     assert "nibabel" in no_dicom
     assert "pydicom" not in no_dicom
     any_form = worker_modules(h5etl.load_spec(ct_config(tmp_path)))  # auto: all three
-    assert {"h5etl.volumes.dicom", "h5etl.volumes.nifti", "h5etl.volumes.slices"} <= set(any_form)
+    assert {
+        "h5etl.inputs.volumes.dicom",
+        "h5etl.inputs.volumes.nifti",
+        "h5etl.inputs.volumes.slices",
+    } <= set(any_form)
     assert all(importlib.util.find_spec(m) is not None for m in any_form)
 
 

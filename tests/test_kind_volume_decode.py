@@ -1,4 +1,4 @@
-"""h5etl.volumes: DICOM series, NIfTI files and slice folders read against what was written.
+"""h5etl.inputs.volumes: DICOM series, NIfTI files and slice folders read against what was written.
 
 The expectations are the numpy arrays the tests wrote (through pydicom, nibabel, imagecodecs
 and numpy directly), never the product's own decoding.
@@ -21,7 +21,7 @@ from hypothesis.extra import numpy as hnp
 
 from h5etl.errors import RejectError
 from h5etl.examples.volumes import ct_case, write_dicom_series
-from h5etl.volumes import cast_exact, open_case
+from h5etl.inputs.volumes import cast_exact, open_case
 
 
 @pytest.fixture

@@ -16,8 +16,9 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from PIL import Image
 
-from h5etl import images, pixels
 from h5etl.errors import RejectError
+from h5etl.inputs import pixels
+from h5etl.inputs import raster as images
 from h5etl.validate import check_mask, map_colors
 
 rng = np.random.default_rng(4)

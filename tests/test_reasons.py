@@ -18,8 +18,10 @@ import pytest
 from conftest import WriteConfig, random_pair, save
 from PIL import Image
 
-from h5etl import build, images, load_spec, reasons
+from h5etl import build, load_spec
 from h5etl.errors import RejectError
+from h5etl.inputs import raster as images
+from h5etl.inputs import reasons
 from h5etl.report import BuildReport
 
 README = Path(__file__).parents[1] / "README.md"

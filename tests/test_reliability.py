@@ -141,12 +141,12 @@ KILLED_BUILD = f"""
 # mid-build; the test stops it at once, so this costs nothing when all is well.
 SLOW_CLI_BUILD = """
     import sys, time
-    import h5etl.images
-    original = h5etl.images.decode_field  # what the kinds decode with
+    import h5etl.inputs.raster
+    original = h5etl.inputs.raster.decode_field  # what the kinds decode with
     def slow(*args, **kwargs):
         time.sleep(0.2)
         return original(*args, **kwargs)
-    h5etl.images.decode_field = slow
+    h5etl.inputs.raster.decode_field = slow
     from h5etl.cli import main
     sys.argv = ["h5etl", "build", sys.argv[1], "--jobs", "1", "--quiet", "--full"]
     main()
@@ -627,14 +627,14 @@ def test_memory_error_and_decompression_bomb_are_rejects(
     save(tmp_path / "raw" / "images" / "bomb.png", big)
     save(tmp_path / "raw" / "masks" / "bomb.png", big[..., 0])
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 150)  # 20x20 = 400 > 2x the limit
-    original = h5etl.images.decode_field
+    original = h5etl.inputs.raster.decode_field
 
     def oom(data: bytes, **kwargs: Any) -> Any:
         if kwargs["path"].endswith("s005.png"):
             raise MemoryError
         return original(data, **kwargs)
 
-    monkeypatch.setattr(h5etl.images, "decode_field", oom)
+    monkeypatch.setattr(h5etl.inputs.raster, "decode_field", oom)
     report = build(project, jobs=1)
     reasons = {Path(r.path).name: r.reason for r in report.rejects}
     assert reasons["bomb.png"] == "decompression_bomb"

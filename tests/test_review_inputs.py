@@ -18,7 +18,9 @@ import pytest
 from conftest import MakeRaw, RawFolder, WriteConfig, centre_pad, read_release, save
 from PIL import Image, ImageOps
 
-from h5etl import build, images, load_spec, plainpng
+from h5etl import build, load_spec
+from h5etl.inputs import plainpng
+from h5etl.inputs import raster as images
 from h5etl.report import BuildReport
 
 

@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from h5etl import series
 from h5etl.errors import RejectError
-from h5etl.series import Channel, ChannelSpec
-from h5etl.series_fit import FixedDuration, Windowing, fit_fixed, samples_in, too_short
+from h5etl.inputs import channels as series
+from h5etl.inputs.channels import Channel, ChannelSpec
+from h5etl.inputs.series_fit import FixedDuration, Windowing, fit_fixed, samples_in, too_short
 
 ACCEL = ChannelSpec("accel", "accel.npy", "float32", (3,), 100.0, units="m/s^2")
 VOLTS = ChannelSpec("volts", "volts.csv", "float32", (), 10.0, columns=("v",))

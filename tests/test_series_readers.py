@@ -136,8 +136,8 @@ def test_a_preview_tile_plots_each_channel(
 def test_npy_headers_are_parsed_under_the_lock(monkeypatch: pytest.MonkeyPatch) -> None:
     # CPython 3.11 raised SystemError ("AST constructor recursion depth mismatch") in a series
     # build whose header probes ran in threads: numpy parses the header with ast.literal_eval
-    from h5etl import series
-    from h5etl.volumes.slices import decode_slice
+    from h5etl.inputs import channels as series
+    from h5etl.inputs.volumes.slices import decode_slice
 
     held: list[bool] = []
     real = ast.literal_eval

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 from pydantic import TypeAdapter, ValidationError
 
-from h5etl import recording
 from h5etl.errors import RejectError
 from h5etl.fieldspecs.series import SeriesField
-from h5etl.recording import RecordingSpec
-from h5etl.series import ChannelSpec
-from h5etl.series_fit import FixedDuration, Windowing
+from h5etl.inputs import recording
+from h5etl.inputs.channels import ChannelSpec
+from h5etl.inputs.recording import RecordingSpec
+from h5etl.inputs.series_fit import FixedDuration, Windowing
 
 ACCEL = ChannelSpec("accel", "accel.npy", "float32", (3,), 100.0)
 VOLTS = ChannelSpec("volts", "volts.csv", "float32", (), 10.0, columns=("v",))

@@ -36,10 +36,10 @@ runner = CliRunner()
 GATED_BUILD = """
     import sys, time
     from pathlib import Path
-    import h5etl, h5etl.images, h5etl.tasks
+    import h5etl, h5etl.inputs.raster, h5etl.tasks
     h5etl.tasks.TASK_SAMPLES = 4
     config, gate, open_samples = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
-    original = h5etl.images.decode_field  # what the kinds decode with
+    original = h5etl.inputs.raster.decode_field  # what the kinds decode with
     calls = 0
     def gated(*args, **kwargs):
         global calls
@@ -47,7 +47,7 @@ GATED_BUILD = """
         while calls > 2 * open_samples and not gate.exists():  # an image and a mask each
             time.sleep(0.01)
         return original(*args, **kwargs)
-    h5etl.images.decode_field = gated
+    h5etl.inputs.raster.decode_field = gated
     h5etl.build(h5etl.load_spec(config), jobs=1)
 """
 

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from h5etl import classfolders, inputs, tables
 from h5etl.errors import ConfigError, RejectError
+from h5etl.inputs import classfolders, tables
+from h5etl.inputs import opening as inputs
 
 
 def write(path: Path, text: str, encoding: str = "utf-8") -> Path:

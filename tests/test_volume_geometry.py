@@ -19,7 +19,7 @@ import h5etl
 from h5etl.check import check_release
 from h5etl.examples.volumes import AIR, BONE, TISSUE, ct_case, write_dicom_series, write_nifti
 from h5etl.format import contract as fileformat
-from h5etl.volumes import orient
+from h5etl.inputs.volumes import orient
 
 SHAPE = (6, 12, 14)  # (z, y, x)
 SPACING = (2.5, 0.8, 0.7)

@@ -2,7 +2,7 @@
 
 A page asks for a table with a marker line, ``<!-- generated: NAME -->``; ``on_page_markdown``
 puts the table there. So the config keys (from the pydantic models), the CLI (from the typer
-app) and the reject reasons (from ``h5etl.reasons.TABLE``) cannot drift from the code, and the
+app) and the reject reasons (from ``h5etl.inputs.reasons.TABLE``) cannot drift from the code, and the
 page's source file still exists for a reader who follows an error message to it.
 """
 
@@ -184,7 +184,7 @@ def cli_commands() -> str:
 
 def reasons_table() -> str:
     """The file-per-sample reject reasons, in the order a sample's first defect is named."""
-    from h5etl.reasons import TABLE
+    from h5etl.inputs.reasons import TABLE
 
     out = ["| reason | the defect | found first by |", "|---|---|---|"]
     out += [f"| [`{r.code}`](#{r.code}) | {r.defect} | {r.found_by} |" for r in TABLE]

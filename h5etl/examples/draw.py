@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from h5etl import images
+from h5etl.inputs import raster as images
 
 
 def grid(height: int, width: int) -> tuple[np.ndarray, np.ndarray]:

@@ -15,7 +15,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from h5etl.fieldspecs.base import FieldModel, key_problem
-from h5etl.series_fit import samples_in
+from h5etl.inputs.series_fit import samples_in
 from h5etl.specparts import Compression, Problem, SpecProblems, Strict
 
 SeriesDtype = Literal[

@@ -213,7 +213,7 @@ class Kind:
 
     @property
     def optional_modules(self) -> tuple[str, ...]:
-        """The optional libraries (an extra of h5etl, ``h5etl.extras``) this field is read
+        """The optional libraries (an extra of h5etl, ``h5etl.inputs.extras``) this field is read
         with: a config whose libraries are missing is refused before any work."""
         return ()
 

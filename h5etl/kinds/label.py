@@ -52,7 +52,7 @@ class LabelKind(Kind):
 
     def prepare(self, samples: Sequence[Sample]) -> Prepared:
         """Bind the class names (declared, or every class the inputs name) and the lookup."""
-        from h5etl import classfolders
+        from h5etl.inputs import classfolders
 
         assert self.source_index is not None
         index = self.source_index

@@ -9,7 +9,6 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from h5etl import extras
 from h5etl.errors import ConfigError
 from h5etl.fieldspecs import (
     ImageField,
@@ -22,6 +21,7 @@ from h5etl.fieldspecs import (
 )
 from h5etl.format.codec import ChunkLayout, Codec
 from h5etl.format.contract import FieldRecord
+from h5etl.inputs import extras
 from h5etl.kinds import image, label, mask, series, text, value, volume
 from h5etl.kinds.base import Kind
 from h5etl.spec import Spec

@@ -21,10 +21,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from h5etl import recording
 from h5etl.dataflow import Sample
 from h5etl.errors import RejectError
 from h5etl.format.codec import ChunkLayout, Codec
+from h5etl.inputs import recording
+from h5etl.inputs.channels import ChannelSpec
+from h5etl.inputs.recording import Recording, RecordingSpec
+from h5etl.inputs.series_fit import FixedDuration, Windowing
 from h5etl.kinds.base import (
     ArrayColumn,
     Column,
@@ -35,9 +38,6 @@ from h5etl.kinds.base import (
     TextColumn,
 )
 from h5etl.kinds.tabular import Prepared
-from h5etl.recording import Recording, RecordingSpec
-from h5etl.series import ChannelSpec
-from h5etl.series_fit import FixedDuration, Windowing
 
 if TYPE_CHECKING:
     from h5etl.fieldspecs.series import SeriesField

@@ -44,7 +44,7 @@ def table_lookup(
     """A function from a sample to its cell (None when empty or when the table has no row
     for it); the table is read once, here, and bound to the samples' file names so that a
     bare name several files reach is an ``ambiguous_row`` reject, never a guess."""
-    from h5etl import tables  # parent only: workers never read tables
+    from h5etl.inputs import tables  # parent only: workers never read tables
 
     table = tables.load_table(source.path, key=source.key, columns=[source.column])
     table = table.bind(sample.relpaths[source_index] for sample in samples)

@@ -6,7 +6,7 @@ in-plane tiles, offsets beside), and row-aligned per case ``<field>_spacing`` (z
 ``<field>_series_uid`` (DICOM SeriesInstanceUID, "" for the other forms). A label volume
 (``values``) must lie on its image volume's (``of``) voxel grid, checked on the headers before
 any of its voxels is decoded (``probe_header``, which a dry run runs alone): one stored in
-another voxel order is turned onto it exactly (``h5etl.volumes.orient``), and is stored with
+another voxel order is turned onto it exactly (``h5etl.inputs.volumes.orient``), and is stored with
 its image's spacing and affine. The kind reads its own files (a folder is no byte string), a
 slab at a time, and gives decode the lineage digest of what it read.
 """
@@ -22,6 +22,10 @@ import numpy as np
 from h5etl.dataflow import EncodedRows
 from h5etl.errors import RejectError
 from h5etl.format.codec import ChunkLayout
+from h5etl.inputs.volumes import CaseHeader, open_case, orient
+from h5etl.inputs.volumes import resample as resampling
+from h5etl.inputs.volumes.case import SLAB_ROWS
+from h5etl.inputs.volumes.orient import Reorientation
 from h5etl.kinds.base import (
     Column,
     EncodedValue,
@@ -32,10 +36,6 @@ from h5etl.kinds.base import (
     StatsKind,
     TextColumn,
 )
-from h5etl.volumes import CaseHeader, open_case, orient
-from h5etl.volumes import resample as resampling
-from h5etl.volumes.case import SLAB_ROWS
-from h5etl.volumes.orient import Reorientation
 
 if TYPE_CHECKING:
     from h5etl.fieldspecs.volume import ResampleSpec, VolumeField
@@ -110,7 +110,7 @@ class VolumeKind(Kind):
     @property
     def worker_modules(self) -> tuple[str, ...]:
         forms = tuple(FORM_LIBRARIES) if self.form == "auto" else (self.form,)  # auto: any
-        readers = (f"h5etl.volumes.{form}" for form in forms)
+        readers = (f"h5etl.inputs.volumes.{form}" for form in forms)
         return (__name__, *readers, *(lib for form in forms for lib in FORM_LIBRARIES[form]))
 
     @property

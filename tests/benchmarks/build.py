@@ -277,7 +277,7 @@ def _limit_block(
 
     from h5etl.format.codec import encode_block
     from h5etl.format.digest import block_digest
-    from h5etl.images import Mode, decode
+    from h5etl.inputs.raster import Mode, decode
 
     # Reused like h5etl's own batch buffers: fresh arrays would add a page fault per 4 KiB.
     image = _LIMIT_BUFFERS.setdefault("image", np.empty((BATCH, 3, SIZE, SIZE), np.uint8))
@@ -316,7 +316,7 @@ def _limit_block(
 def run_limit(config: Path, encode: bool, hashes: bool = False) -> dict[str, Any]:
     """Decode + pad (+ compress whole chunks with the release's codec) on all cores; discard.
 
-    The decode is h5etl's own (``h5etl.images.decode``: libpng for plain PNGs), so the limit is
+    The decode is h5etl's own (``h5etl.inputs.raster.decode``: libpng for plain PNGs), so the limit is
     the same work h5etl must do, without its pipeline, checks, hashes and file. ``hashes`` adds
     what a release must carry beyond the pixels: the SHA-256 digests (each source file, each
     block of raw rows) and the normalisation statistics (per-channel sums of the image, the

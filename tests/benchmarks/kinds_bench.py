@@ -15,8 +15,8 @@ JPEG quality 90, in class ``i % classes``. Beside it, two build configs:
 Each repeat runs, interleaved (the order flips every repeat, so drifting load hits both alike):
 ``h5etl build CONFIG --jobs 2 --quiet`` and that config's work limit, a child that does on all
 cores with joblib what the release needs and nothing else: read each file, SHA-256 of its
-bytes, decode with h5etl's own decoder (``h5etl.images.decode_field``), fit (resize larger
-photos with ``h5etl.images.resize_to``, Lanczos as the recipe does; derive low-res by bicubic)
+bytes, decode with h5etl's own decoder (``h5etl.inputs.raster.decode_field``), fit (resize larger
+photos with ``h5etl.inputs.raster.resize_to``, Lanczos as the recipe does; derive low-res by bicubic)
 and pad into reused blocks of one chunk, compute the statistics the release carries (each
 image field's per-channel sums as its kind computes them, the labels' histogram), compress
 each block with the release's codec (``h5etl.format.codec.encode_block``) and SHA-256 each block
@@ -202,7 +202,8 @@ def _buffer(name: str, layout: Any) -> np.ndarray:
 
 def _fit(array: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     """What ``pad.oversize: resize`` does: a larger photo resized into the field, aspect kept."""
-    from h5etl import geometry, images
+    from h5etl import geometry
+    from h5etl.inputs import raster as images
 
     target = (shape[1], shape[2])
     size = (array.shape[0], array.shape[1])
@@ -216,9 +217,10 @@ def _limit_block(
 ) -> int:
     """Read, hash, decode, fit, pad, compress and hash one block of samples, and compute the
     statistics the release carries of it; keep nothing."""
-    from h5etl import geometry, images
+    from h5etl import geometry
     from h5etl.format.codec import encode_block
     from h5etl.format.digest import block_digest, text_block_digest
+    from h5etl.inputs import raster as images
     from h5etl.stats import normalisation as stats
 
     blocks = {name: _buffer(name, layout) for name, layout in layouts.items()}

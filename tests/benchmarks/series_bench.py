@@ -11,7 +11,7 @@ order flips every repeat) and reported as medians:
   blosc-lz4 with byte shuffle), a ragged column per channel.
 - ``work limit``: a child doing on all cores (joblib) what the release needs and nothing
   else: read each channel file and SHA-256 its bytes, decode and check it with h5etl's own
-  reader (``h5etl.recording.read_recording``), concatenate a batch's values per channel,
+  reader (``h5etl.inputs.recording.read_recording``), concatenate a batch's values per channel,
   compute its statistics (``h5etl.stats.normalisation.ChannelStats``), compress them in chunks of the
   release's layout (``h5etl.format.codec.encode_block``) and SHA-256 each block; no file is
   written.
@@ -46,10 +46,10 @@ from build import LIMIT_ENV, Run, _child_json, _median, become_subreaper, measur
 from installed import byte_compile, warm
 from joblib import Parallel, delayed
 
-from h5etl import recording
 from h5etl.examples.sensors import START, write_recording
 from h5etl.format import digest
 from h5etl.format.codec import ChunkLayout, encode_block
+from h5etl.inputs import recording
 from h5etl.kinds import registry
 from h5etl.kinds.base import RaggedColumn
 from h5etl.kinds.series import SeriesKind

@@ -12,8 +12,8 @@ import unicodedata
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from h5etl import inputs
 from h5etl.errors import ConfigError
+from h5etl.inputs import opening as inputs
 
 __all__ = ["class_names", "class_of", "empty_class_folders"]
 

@@ -6,7 +6,7 @@ on the normal of ImageOrientationPatient; the steps between them must be even: a
 a multiple of the others is a ``slice_gap`` naming the missing positions, any other step an
 ``uneven_spacing``. Values are ``raw * RescaleSlope + RescaleIntercept``, slice by slice.
 The header pass reads each file only up to its pixels; the pixel pass reads each file once,
-whole (``h5etl.volumes.dicom_pixels``).
+whole (``h5etl.inputs.volumes.dicom_pixels``).
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ from typing import Any
 
 import numpy as np
 
-from h5etl import inputs
 from h5etl.errors import RejectError
-from h5etl.pixels import rejecting_surprises
-from h5etl.volumes.case import Case, CaseHeader, Slab, case_files, folder_digest, medical
-from h5etl.volumes.dicom_pixels import NativePixels, native_pixels, slice_pixels
+from h5etl.inputs import opening as inputs
+from h5etl.inputs.pixels import rejecting_surprises
+from h5etl.inputs.volumes.case import Case, CaseHeader, Slab, case_files, folder_digest, medical
+from h5etl.inputs.volumes.dicom_pixels import NativePixels, native_pixels, slice_pixels
 
 RELATIVE_TOLERANCE = 0.01  # of the slice step: DICOM positions are rounded decimal strings
 ABSOLUTE_TOLERANCE = 1e-3  # mm

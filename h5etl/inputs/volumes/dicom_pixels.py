@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from h5etl.pixels import rejecting_surprises
+from h5etl.inputs.pixels import rejecting_surprises
 
 IMPLICIT_LITTLE = "1.2.840.10008.1.2"
 EXPLICIT_LITTLE = "1.2.840.10008.1.2.1"

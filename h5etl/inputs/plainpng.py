@@ -3,7 +3,7 @@ would decode them.
 
 A PNG qualifies when libpng's pixels are Pillow's by construction: 8-bit, non-interlaced grey,
 RGB or RGBA, every chunk inert, valid CRCs, ending at IEND (``shape_of``). Anything else returns
-None here and goes to Pillow in ``h5etl.images``, which words every reject.
+None here and goes to Pillow in ``h5etl.inputs.raster``, which words every reject.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import imagecodecs
 import numpy as np
 from PIL import Image
 
-from h5etl import pixels
-from h5etl.pixels import Mode
+from h5etl.inputs import pixels
+from h5etl.inputs.pixels import Mode
 
 SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # Chunks that cannot change the pixels Pillow returns: colour-management metadata it ignores.

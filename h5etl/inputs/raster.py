@@ -2,8 +2,8 @@
 
 All format quirks live here (EXIF orientation, palettes, alpha, 16-bit, 1-bit, CMYK), so the
 stages above see plain numpy arrays and ``RejectError`` with a stable reason code. The value
-rules of field dtypes (``decode_field``) and ``resize_to`` are in ``h5etl.pixels``; plain
-8-bit PNGs, the common case, are decoded by libpng first (``h5etl.plainpng``).
+rules of field dtypes (``decode_field``) and ``resize_to`` are in ``h5etl.inputs.pixels``; plain
+8-bit PNGs, the common case, are decoded by libpng first (``h5etl.inputs.plainpng``).
 """
 
 from __future__ import annotations
@@ -21,18 +21,21 @@ import imagecodecs
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from h5etl import inputs, pixels, plainpng, reasons
 from h5etl.errors import RejectError
+from h5etl.inputs import opening as inputs
+from h5etl.inputs import pixels, plainpng, reasons
 
 # ``X as X``: re-exported, the stages call them as images.X
-from h5etl.pixels import SIXTEEN_BIT_MODES as SIXTEEN_BIT_MODES
-from h5etl.pixels import Decoded as Decoded
-from h5etl.pixels import FieldDtype, Palette, Role, unexpected
-from h5etl.pixels import Mode as Mode
-from h5etl.pixels import rejecting_surprises as rejecting_surprises
-from h5etl.pixels import resize as resize
-from h5etl.pixels import resize_to as resize_to
-from h5etl.pixels import to_array as to_array  # decode calls images.to_array (tests patch it)
+from h5etl.inputs.pixels import SIXTEEN_BIT_MODES as SIXTEEN_BIT_MODES
+from h5etl.inputs.pixels import Decoded as Decoded
+from h5etl.inputs.pixels import FieldDtype, Palette, Role, unexpected
+from h5etl.inputs.pixels import Mode as Mode
+from h5etl.inputs.pixels import rejecting_surprises as rejecting_surprises
+from h5etl.inputs.pixels import resize as resize
+from h5etl.inputs.pixels import resize_to as resize_to
+from h5etl.inputs.pixels import (
+    to_array as to_array,  # decode calls images.to_array (tests patch it)
+)
 
 _SWAPS_AXES = frozenset({5, 6, 7, 8})  # EXIF orientations that rotate by 90 degrees
 _EXIF_ORIENTATION = 0x0112
@@ -54,7 +57,7 @@ class ImageHeader:
 
 def _damage(path: str, exc: BaseException, data: bytes | None) -> RejectError:
     """What a file Pillow or libpng could not open or decode is called: one rule for the
-    header probe and the decoders (``h5etl.reasons``); ``data`` None reads the file."""
+    header probe and the decoders (``h5etl.inputs.reasons``); ``data`` None reads the file."""
     if isinstance(exc, Image.DecompressionBombError | Image.DecompressionBombWarning):
         return RejectError(
             "decompression_bomb",
@@ -169,7 +172,7 @@ def decode(
 ) -> np.ndarray:
     """Decode file bytes with EXIF orientation applied, converted to ``mode``.
 
-    Plain PNGs go through libpng (``h5etl.plainpng``); everything else through Pillow.
+    Plain PNGs go through libpng (``h5etl.inputs.plainpng``); everything else through Pillow.
 
     Raises:
         RejectError: undecodable, truncated, too large or of an unsupported pixel mode.

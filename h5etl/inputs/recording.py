@@ -17,10 +17,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from h5etl import inputs, series
 from h5etl.errors import RejectError
-from h5etl.series import Channel, ChannelSpec
-from h5etl.series_fit import FixedDuration, Windowing, fit_fixed, samples_in, too_short
+from h5etl.inputs import channels as series
+from h5etl.inputs import opening as inputs
+from h5etl.inputs.channels import Channel, ChannelSpec
+from h5etl.inputs.series_fit import FixedDuration, Windowing, fit_fixed, samples_in, too_short
 
 
 @dataclass(frozen=True, slots=True)

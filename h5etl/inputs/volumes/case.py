@@ -220,7 +220,7 @@ def open_case(path: str, form: Form | Literal["auto"] = "auto") -> Case:
     Raises:
         RejectError: unreadable files, a missing or uneven slice, no geometry, and so on.
     """
-    from h5etl.volumes import dicom, nifti, slices
+    from h5etl.inputs.volumes import dicom, nifti, slices
 
     chosen = detect_form(path) if form == "auto" else form
     if chosen == "dicom":

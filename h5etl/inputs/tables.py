@@ -1,4 +1,4 @@
-"""tables: per-sample values from a CSV/TSV/JSON table (class folders: ``h5etl.classfolders``).
+"""tables: per-sample values from a CSV/TSV/JSON table (class folders: ``h5etl.inputs.classfolders``).
 
 Input: a table file and the columns a field reads from it. Output: a frozen ``Table`` that
 answers ``get(sample path, column)``. Pure: no pydantic,
@@ -41,8 +41,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from h5etl import inputs
 from h5etl.errors import ConfigError, RejectError
+from h5etl.inputs import opening as inputs
 
 Cell = str | int | float | bool | None
 FORMATS = {".csv": "csv", ".tsv": "tsv", ".json": "json"}

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from h5etl.volumes.case import medical
+from h5etl.inputs.volumes.case import medical
 
 AXIS_TOLERANCE = 1e-3  # of a voxel's size: an axis column's length and direction
 ORIGIN_TOLERANCE = 0.01  # of the smallest voxel size: where voxel (0, 0, 0) sits

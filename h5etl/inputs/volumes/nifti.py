@@ -18,9 +18,9 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from h5etl import inputs
 from h5etl.errors import RejectError
-from h5etl.volumes.case import SLAB_ROWS, Case, CaseHeader, Slab, medical
+from h5etl.inputs import opening as inputs
+from h5etl.inputs.volumes.case import SLAB_ROWS, Case, CaseHeader, Slab, medical
 
 _HEAD = 540  # a NIfTI-2 header; NIfTI-1's is 348
 _UNITS_MM = {"meter": 1000.0, "mm": 1.0, "micron": 1e-3, "unknown": 1.0}

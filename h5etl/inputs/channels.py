@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from h5etl import inputs
 from h5etl.errors import RejectError
+from h5etl.inputs import opening as inputs
 
 TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
 DTYPES = ("float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32")

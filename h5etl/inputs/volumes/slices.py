@@ -22,11 +22,11 @@ from typing import Any
 import imagecodecs
 import numpy as np
 
-from h5etl import inputs
 from h5etl.errors import RejectError
-from h5etl.pixels import rejecting_surprises
-from h5etl.series import NPY_HEADER_LOCK
-from h5etl.volumes.case import (
+from h5etl.inputs import opening as inputs
+from h5etl.inputs.channels import NPY_HEADER_LOCK
+from h5etl.inputs.pixels import rejecting_surprises
+from h5etl.inputs.volumes.case import (
     SLICE_SUFFIXES,
     Case,
     CaseHeader,

@@ -13,7 +13,7 @@ column); ``spacing`` is (z, y, x) in mm; ``affine`` is nibabel's: it maps the vo
 ``nibabel.Nifti1Image(volume.transpose(2, 1, 0), affine)`` is the case again.
 """
 
-from h5etl.volumes.case import (
+from h5etl.inputs.volumes.case import (
     FORMS,
     Case,
     CaseHeader,

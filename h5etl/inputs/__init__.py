@@ -1,0 +1,1 @@
+"""One reader per input type: rasters, volumes, recordings, tables, class folders."""
