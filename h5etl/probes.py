@@ -13,11 +13,11 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from h5etl import geometry
 from h5etl.dataflow import Reject, Sample, sample_rejects
 from h5etl.errors import RejectError
 from h5etl.inputs import opening as inputs
 from h5etl.inputs import raster as images
+from h5etl.kinds import placement as geometry
 from h5etl.kinds.base import Kind, ProbeTarget
 
 if TYPE_CHECKING:

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from h5etl import geometry
+from h5etl.kinds import placement as geometry
 
 sides = st.integers(1, 40)
 

@@ -22,12 +22,12 @@ import numpy as np
 import pytest
 from conftest import MakeRaw, WriteConfig, read_release
 
-from h5etl import validate
 from h5etl.config import load_spec
 from h5etl.dataflow import Reject
 from h5etl.errors import RejectError
 from h5etl.inputs import opening as inputs
 from h5etl.inputs import raster as images
+from h5etl.kinds import mask_values as validate
 from h5etl.pipeline import build
 from h5etl.report import BuildReport
 

@@ -12,9 +12,9 @@ import pytest
 from conftest import save
 from PIL import Image, ImageOps
 
-from h5etl import validate
 from h5etl.errors import RejectError
 from h5etl.inputs import raster as images
+from h5etl.kinds import mask_values as validate
 
 MASK = frozenset({0, 1})
 rng = np.random.default_rng(11)

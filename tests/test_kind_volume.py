@@ -309,7 +309,7 @@ def test_workers_import_the_readers_of_the_forms_a_config_can_meet(tmp_path: Pat
 
 def test_a_0_255_label_volume_reads_as_0_1_as_a_2d_mask_does(tmp_path: Path) -> None:
     # a 0/255 NIfTI mask was a mask_values reject, where a 0/255 PNG mask becomes 0/1
-    from h5etl.validate import check_mask
+    from h5etl.kinds.mask_values import check_mask
 
     truth = make_ct(tmp_path, cases=3, seed=4)
     binary = {name: (case["mask"] > 0).astype(np.uint8) for name, case in truth.items()}

@@ -19,7 +19,7 @@ from PIL import Image
 from h5etl.errors import RejectError
 from h5etl.inputs import pixels
 from h5etl.inputs import raster as images
-from h5etl.validate import check_mask, map_colors
+from h5etl.kinds.mask_values import check_mask, map_colors
 
 rng = np.random.default_rng(4)
 

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from h5etl.errors import RejectError
-from h5etl.validate import check_mask
+from h5etl.kinds.mask_values import check_mask
 
 
 @pytest.mark.parametrize(

@@ -285,7 +285,7 @@ class Kind:
     def place(self, value: np.ndarray, row: np.ndarray) -> np.ndarray:
         """Put an array field's fitted value into its (c, H, W) row, centred; return the
         window it fills (its unpadded pixels)."""
-        from h5etl import geometry
+        from h5etl.kinds import placement as geometry
 
         return geometry.place(value, row)
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from h5etl import geometry
 from h5etl.errors import RejectError
 from h5etl.format.codec import ChunkLayout
 from h5etl.inputs import raster as images
+from h5etl.kinds import placement as geometry
 
 
 def fit(

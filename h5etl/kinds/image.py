@@ -7,12 +7,12 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 
-from h5etl import geometry
 from h5etl.errors import RejectError
 from h5etl.format.codec import ChunkLayout
 from h5etl.format.contract import FieldRecord
 from h5etl.inputs import pixels
 from h5etl.inputs import raster as images
+from h5etl.kinds import placement as geometry
 from h5etl.kinds.base import (
     ArrayColumn,
     Column,

@@ -8,12 +8,12 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from h5etl import validate
 from h5etl.errors import RejectError
 from h5etl.format import contract as fileformat
 from h5etl.format.codec import ChunkLayout
 from h5etl.format.contract import FieldRecord
 from h5etl.inputs import raster as images
+from h5etl.kinds import mask_values as validate
 from h5etl.kinds.base import (
     ArrayColumn,
     Column,

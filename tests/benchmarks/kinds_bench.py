@@ -202,8 +202,8 @@ def _buffer(name: str, layout: Any) -> np.ndarray:
 
 def _fit(array: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     """What ``pad.oversize: resize`` does: a larger photo resized into the field, aspect kept."""
-    from h5etl import geometry
     from h5etl.inputs import raster as images
+    from h5etl.kinds import placement as geometry
 
     target = (shape[1], shape[2])
     size = (array.shape[0], array.shape[1])
@@ -217,10 +217,10 @@ def _limit_block(
 ) -> int:
     """Read, hash, decode, fit, pad, compress and hash one block of samples, and compute the
     statistics the release carries of it; keep nothing."""
-    from h5etl import geometry
     from h5etl.format.codec import encode_block
     from h5etl.format.digest import block_digest, text_block_digest
     from h5etl.inputs import raster as images
+    from h5etl.kinds import placement as geometry
     from h5etl.stats import normalisation as stats
 
     blocks = {name: _buffer(name, layout) for name, layout in layouts.items()}
