@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from h5etl.report import BuildReport
     from h5etl.spec import Spec
 
-# The build API loads on first use: decode workers import h5etl.decode, and should not pay
+# The build API loads on first use: decode workers import h5etl.decode.task, and should not pay
 # for pydantic and the whole pipeline (about half a CPU-second per worker).
 _LAZY = {
     "BuildReport": "h5etl.report",

@@ -15,9 +15,10 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from h5etl import clean, cluster, decode, inprocess, schedule, tasks
+from h5etl import clean, cluster, inprocess, schedule, tasks
 from h5etl.ahead import Ahead
 from h5etl.dataflow import Barrier, BatchResult, DecodeTask
+from h5etl.decode import task as decode
 from h5etl.format import contract as fileformat
 from h5etl.format.codec import ChunkLayout
 from h5etl.kinds.base import ArrayColumn, TextColumn

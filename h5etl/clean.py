@@ -27,10 +27,7 @@ from h5etl.dataflow import (
     text_bytes,
     valid_text,
 )
-from h5etl.errors import RejectError
-from h5etl.kinds.base import Kind
-from h5etl.kinds.tabular import Prepared
-from h5etl.probes import (
+from h5etl.decode.probes import (
     PROBE_BATCH,
     Mapper,
     ProbeBatch,
@@ -39,7 +36,10 @@ from h5etl.probes import (
     probe_samples,
     stamp_samples,
 )
-from h5etl.probes import reject_sample as _reject_sample
+from h5etl.decode.probes import reject_sample as _reject_sample
+from h5etl.errors import RejectError
+from h5etl.kinds.base import Kind
+from h5etl.kinds.tabular import Prepared
 
 if TYPE_CHECKING:  # header probes run in the decode workers; pydantic stays out of them
     from h5etl.spec import Spec

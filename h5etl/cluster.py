@@ -25,9 +25,10 @@ from collections.abc import Iterable, Iterator, Sequence
 from types import TracebackType
 from typing import Any
 
-from h5etl import __version__, addresses, decode, schedule, sourceviews, workers
+from h5etl import __version__, addresses, schedule, sourceviews, workers
 from h5etl.addresses import scheduler_problem
 from h5etl.dataflow import Barrier, BatchResult, DecodeTask
+from h5etl.decode import task as decode
 from h5etl.errors import ClusterError, ClusterLost, UsageError
 
 LOCAL = addresses.LOCAL

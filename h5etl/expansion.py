@@ -14,7 +14,7 @@ from h5etl.dataflow import Sample
 from h5etl.kinds.base import Kind
 
 if TYPE_CHECKING:
-    from h5etl.probes import Probed
+    from h5etl.decode.probes import Probed
 
 
 def expanded(

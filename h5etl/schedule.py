@@ -22,8 +22,9 @@ from typing import Any, Protocol, TypeVar
 
 from joblib.externals.loky.process_executor import BrokenProcessPool
 
-from h5etl import decode, shared_values, workers
+from h5etl import shared_values, workers
 from h5etl.dataflow import Barrier, BatchResult, DecodeTask, Reject, Sample, sample_rejects
+from h5etl.decode import task as decode
 from h5etl.window import WINDOW_BYTES as WINDOW_BYTES  # (their home before h5etl.window)
 from h5etl.window import Window as Window
 from h5etl.window import window_for as window_for

@@ -23,7 +23,7 @@ from typing import Any
 from h5etl import buildparts, errors, shards, sink_copy
 from h5etl.clean import Plan
 from h5etl.dataflow import DecodeTask, Reject
-from h5etl.decode import DecodeRecipe
+from h5etl.decode.task import DecodeRecipe
 from h5etl.errors import H5EtlError, ShardError, UsageError
 from h5etl.format import partfiles
 from h5etl.kinds.base import ArrayColumn, RaggedColumn, ScalarColumn, TextColumn

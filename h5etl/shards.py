@@ -29,7 +29,7 @@ from typing import Any
 
 from h5etl import cluster, workers
 from h5etl.dataflow import BatchResult, DecodeTask, Reject
-from h5etl.decode import DecodeRecipe
+from h5etl.decode.task import DecodeRecipe
 from h5etl.errors import H5EtlError, ShardError
 from h5etl.format import journal
 from h5etl.format.contract import SHARD_ATTR, SHARD_INDEX_ATTR

@@ -6,8 +6,8 @@ the tasks hold, as the task cutter estimates them and as their results turn out.
 
 from __future__ import annotations
 
-from h5etl import decode
 from h5etl.dataflow import BatchResult
+from h5etl.decode import task as decode
 
 # Decoded bytes that the tasks in flight may hold together: the bound that matters when a
 # sample is a CT case of a few hundred MB (docs/benchmarks/volumes.md: peak RSS below 3x the largest

@@ -48,7 +48,7 @@ def pool(jobs: int) -> Executor:
 
 
 def _import_decode_stack() -> None:
-    import h5etl.decode  # noqa: F401  (the import is the work)
+    import h5etl.decode.task  # noqa: F401  (the import is the work)
 
 
 def _import_modules(modules: tuple[str, ...]) -> None:

@@ -135,7 +135,7 @@ def decode_or_die(task: Any, recipe: Any, *, parent: int) -> Any:
     import os
     import signal
 
-    from h5etl import decode
+    from h5etl.decode import task as decode
 
     if any(s.key == "r03" for s in task.samples) and os.getpid() != parent:
         os.kill(os.getpid(), signal.SIGKILL)

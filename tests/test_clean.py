@@ -12,9 +12,10 @@ from conftest import MakeRaw, WriteConfig
 from hypothesis import given
 from hypothesis import strategies as st
 
-from h5etl import assign, clean, discover, probes, schedule
+from h5etl import assign, clean, discover, schedule
 from h5etl.config import load_spec
 from h5etl.dataflow import Sample, SourceFile
+from h5etl.decode import probes
 
 keys = st.text(min_size=1, max_size=12)
 fractions = st.sampled_from(

@@ -51,24 +51,24 @@ def client(dask_cluster: Any) -> Iterator[Any]:
 
 def _slow_decoding(seconds: float) -> None:
     """In a worker: every decode task takes ``seconds`` longer (so a kill lands mid-build)."""
-    import h5etl.decode
+    import h5etl.decode.task
 
-    original = getattr(h5etl.decode, "_original_decode_batch", h5etl.decode.decode_batch)
+    original = getattr(h5etl.decode.task, "_original_decode_batch", h5etl.decode.task.decode_batch)
 
     def slow(task: Any, recipe: Any) -> Any:
         time.sleep(seconds)
         return original(task, recipe)
 
-    setattr(h5etl.decode, "_original_decode_batch", original)  # noqa: B010 (not a real attribute)
-    h5etl.decode.decode_batch = slow
+    setattr(h5etl.decode.task, "_original_decode_batch", original)  # noqa: B010 (not a real attribute)
+    h5etl.decode.task.decode_batch = slow
 
 
 def _normal_decoding() -> None:
-    import h5etl.decode
+    import h5etl.decode.task
 
-    original = getattr(h5etl.decode, "_original_decode_batch", None)
+    original = getattr(h5etl.decode.task, "_original_decode_batch", None)
     if original is not None:
-        h5etl.decode.decode_batch = original
+        h5etl.decode.task.decode_batch = original
 
 
 def _hide(folder: str, forget: bool = True) -> None:

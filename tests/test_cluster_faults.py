@@ -233,19 +233,19 @@ def test_good_scheduler_addresses_are_accepted(
 HOLD = """
 import threading
 
-import h5etl.decode
+import h5etl.decode.task
 
-if not hasattr(h5etl.decode, "held_tasks"):  # dask may import a preload file twice
-    h5etl.decode.held_tasks = []
-    _decode = h5etl.decode.decode_batch
+if not hasattr(h5etl.decode.task, "held_tasks"):  # dask may import a preload file twice
+    h5etl.decode.task.held_tasks = []
+    _decode = h5etl.decode.task.decode_batch
 
     def _held(task, recipe):
-        if len(h5etl.decode.held_tasks) >= 2:
+        if len(h5etl.decode.task.held_tasks) >= 2:
             threading.Event().wait()
-        h5etl.decode.held_tasks.append(task.start)
+        h5etl.decode.task.held_tasks.append(task.start)
         return _decode(task, recipe)
 
-    h5etl.decode.decode_batch = _held
+    h5etl.decode.task.decode_batch = _held
 """
 # The build as the CLI runs it, with tasks of 4 samples and a checkpoint after each
 SMALL_TASKS = """

@@ -176,7 +176,8 @@ def test_a_copy_decodes_nothing_starts_nothing_and_keeps_the_parents_rate(
 CHILD = """
     import json, os, signal, sys
     import h5etl
-    from h5etl import decode, schedule
+    from h5etl import schedule
+    from h5etl.decode import task as decode
     real = decode.decode_batch
     def doomed(task, recipe):
         if any(s.key == "doomed" for s in task.samples):
@@ -254,7 +255,8 @@ def test_this_processs_decoders_start_once_the_temp_file_exists(
     """A sample that kills this process must leave the build's temp file behind, or the next
     build would decode it here again: the decoders wait for the file, however slowly the
     sink makes it (here: 0.3 s late)."""
-    from h5etl import decode, sink
+    from h5etl import sink
+    from h5etl.decode import task as decode
 
     make_raw(tmp_path, n=30)
     config = write_config(tmp_path, storage={"chunk_samples": 4})

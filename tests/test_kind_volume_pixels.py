@@ -31,9 +31,10 @@ from pydicom.uid import (
     generate_uid,
 )
 
-from h5etl import decode, schedule
+from h5etl import schedule
 from h5etl.config import load_spec
 from h5etl.dataflow import BatchResult, DecodeTask, EncodedChunk, EncodedRows, Sample
+from h5etl.decode import task as decode
 from h5etl.errors import RejectError
 from h5etl.examples.volumes import write_dicom_series
 from h5etl.inputs.volumes import open_case

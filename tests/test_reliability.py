@@ -27,9 +27,10 @@ from PIL import Image
 
 import h5etl
 import h5etl.sink_chunks
-from h5etl import decode, release, schedule, tasks
+from h5etl import release, schedule, tasks
 from h5etl.config import load_spec
 from h5etl.dataflow import BatchResult, DecodeTask
+from h5etl.decode import task as decode
 from h5etl.errors import BuildFailed, LockHeld, SinkError
 
 CELLS = "cells"

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from h5etl.dataflow import BatchResult, DecodeTask, RaggedRows
-from h5etl.decode import _encoded_rows
+from h5etl.decode.task import _encoded_rows
 from h5etl.format import contract as fileformat
 from h5etl.format import digest
 from h5etl.format.codec import Codec

@@ -1,10 +1,10 @@
 """reasons: what a rejected input is called, whatever stage found it.
 
-One damage, one reason. A plain dry run reads headers (``h5etl.probes``); a build and
+One damage, one reason. A plain dry run reads headers (``h5etl.decode.probes``); a build and
 ``--dry-run --decode`` decode. Both name a damaged file by ``damaged`` and a sample by the
 first of its defects in ``TABLE``'s order, which puts what headers show before what only
 pixels show: a build that rejects a sample probes its headers as a dry run would and, when
-they show a defect, names that one (``h5etl.decode``). Plain data, no Pillow.
+they show a defect, names that one (``h5etl.decode.task``). Plain data, no Pillow.
 """
 
 from __future__ import annotations

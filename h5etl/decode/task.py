@@ -3,7 +3,7 @@
 Per sample: read the bytes once (hashing them for lineage), then each field's kind decodes,
 fits and validates its value (``h5etl.kinds``); a sample is kept only when every field
 accepts it. Per task: keep whole chunks of accepted samples (reserves replace rejects; what
-cannot fill a chunk is deferred) in reused per-thread buffers, then ``h5etl.decode_gather``
+cannot fill a chunk is deferred) in reused per-thread buffers, then ``h5etl.decode.gather``
 compresses the array columns, hashes each block and gathers the statistics, so the single
 writer only writes. Scheduling the tasks is ``h5etl.schedule``'s job.
 """
@@ -25,7 +25,6 @@ from typing import Any
 
 import numpy as np
 
-from h5etl import probes
 from h5etl.dataflow import (
     BatchResult,
     DecodeTask,
@@ -34,10 +33,12 @@ from h5etl.dataflow import (
     array_nbytes,
     sample_rejects,
 )
-from h5etl.decode_gather import _encoded_rows as _encoded_rows  # tests import it from here
-from h5etl.decode_gather import gather as gather
-from h5etl.decode_gather import join_results as join_results
-from h5etl.decode_gather import merge_all as merge_all
+from h5etl.decode import probes
+from h5etl.decode.gather import _encoded_rows as _encoded_rows  # tests import it from here
+from h5etl.decode.gather import gather as gather
+from h5etl.decode.gather import join_results as join_results
+from h5etl.decode.gather import merge_all as merge_all
+from h5etl.decode.probes import ProbeRules
 from h5etl.errors import RejectError
 from h5etl.inputs import opening as inputs
 from h5etl.kinds.base import (
@@ -46,7 +47,6 @@ from h5etl.kinds.base import (
     Kind,
     SampleContext,
 )
-from h5etl.probes import ProbeRules
 
 STAGE = "decode"
 

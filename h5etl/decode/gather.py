@@ -3,7 +3,7 @@
 Per task, in the worker: each column's rows (arrays compressed and hashed block by block,
 ragged values per row when one value row is a chunk), the per-block and per-task statistics,
 the conversions; and ``join_results``, which joins the raw one-sample results of a task that
-crash isolation decoded sample by sample. ``h5etl.decode`` decodes the samples.
+crash isolation decoded sample by sample. ``h5etl.decode.task`` decodes the samples.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from h5etl.kinds.base import (
 from h5etl.stats import normalisation as stats
 
 if TYPE_CHECKING:
-    from h5etl.decode import DecodeRecipe, _Decoded
+    from h5etl.decode.task import DecodeRecipe, _Decoded
 
 
 def gather(

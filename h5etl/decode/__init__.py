@@ -1,0 +1,1 @@
+"""The worker side: one task's files decoded into stored, compressed columns."""
