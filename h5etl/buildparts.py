@@ -23,7 +23,7 @@ from h5etl.format import contract as fileformat
 from h5etl.format.codec import ChunkLayout
 from h5etl.kinds.base import ArrayColumn, TextColumn
 from h5etl.kinds.registry import decode_order, layout_of, layout_records
-from h5etl.sink import SinkLayout
+from h5etl.sink.writer import SinkLayout
 from h5etl.spec import Spec
 
 logger = logging.getLogger(__name__)

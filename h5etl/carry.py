@@ -34,11 +34,11 @@ from h5etl.format.contract import SAMPLE_KEY, LayoutRecord
 from h5etl.inputs import opening as inputs
 from h5etl.parent import Parent, ParentSplit
 from h5etl.release import OutputFolder
-from h5etl.sink_carry import Seed, runs
+from h5etl.sink.parent_rows import Seed, runs
 from h5etl.stats.tallies import Tallies
 
 if TYPE_CHECKING:
-    from h5etl.sink import Sink
+    from h5etl.sink.writer import Sink
 
 logger = logging.getLogger(__name__)
 

@@ -44,7 +44,7 @@ from h5etl.planning import ProgressHook
 from h5etl.release import OutputFolder
 from h5etl.report import BuildReport, enforce_limit, guard, require_samples
 from h5etl.sharded import Sharding, Shards, start_sharded
-from h5etl.sink import Sink
+from h5etl.sink.writer import Sink
 from h5etl.spec import Spec, spec_text
 from h5etl.stats.tallies import Tallies, block_json
 from h5etl.status import BuildStatus

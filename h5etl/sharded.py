@@ -20,7 +20,7 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
-from h5etl import buildparts, errors, shards, sink_copy
+from h5etl import buildparts, errors, shards
 from h5etl.clean import Plan
 from h5etl.dataflow import DecodeTask, Reject
 from h5etl.decode.task import DecodeRecipe
@@ -30,7 +30,8 @@ from h5etl.kinds.base import ArrayColumn, RaggedColumn, ScalarColumn, TextColumn
 from h5etl.release import OutputFolder, part_filename
 from h5etl.report import BuildReport
 from h5etl.resume import Checkpoints, Restored
-from h5etl.sink import Sink, SinkLayout
+from h5etl.sink import chunk_copy as sink_copy
+from h5etl.sink.writer import Sink, SinkLayout
 from h5etl.spec import Spec, spec_sha256
 from h5etl.stats.tallies import Tallies
 from h5etl.tasks import TaskCutter

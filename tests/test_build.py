@@ -27,8 +27,9 @@ from conftest import (
     sha256_file,
 )
 
-from h5etl import BuildFailed, ConfigError, build, load_spec, sink_rows
+from h5etl import BuildFailed, ConfigError, build, load_spec
 from h5etl.report import BuildReport
+from h5etl.sink import small_columns as sink_rows
 
 
 def _build(config: Path, jobs: int = 1, *, full: bool = False) -> BuildReport:

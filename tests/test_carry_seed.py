@@ -13,9 +13,10 @@ import pytest
 from conftest import WriteConfig, add_pairs
 from test_incremental import no_seed, project, remove_pairs, rows_by_key, stats_attrs
 
-from h5etl import build, carry, load_spec, sink_carry
+from h5etl import build, carry, load_spec
 from h5etl.check import check_release
 from h5etl.format.codec import ChunkLayout, Codec
+from h5etl.sink import parent_rows as sink_carry
 
 ARRAYS = ("image", "mask")
 LZF = Codec("lzf", None, "", "none")
@@ -60,7 +61,7 @@ def seeded_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
             calls.append((path, rows))
         return dataset
 
-    monkeypatch.setattr("h5etl.sink.seed_dataset", spy)
+    monkeypatch.setattr("h5etl.sink.writer.seed_dataset", spy)
     return calls
 
 

@@ -12,13 +12,13 @@ import h5py
 import numpy as np
 import pytest
 
-import h5etl.chunkpool
-from h5etl.chunkpool import ChunkPool
+import h5etl.sink.compress_threads
 from h5etl.dataflow import BatchResult, DecodeTask, RaggedRows
 from h5etl.errors import SinkError
 from h5etl.format.codec import ChunkLayout, Codec, encode_direct
 from h5etl.kinds.base import RaggedColumn, ScalarColumn
-from h5etl.sink import Sink, SinkLayout
+from h5etl.sink.compress_threads import ChunkPool
+from h5etl.sink.writer import Sink, SinkLayout
 
 BLOSC = Codec("blosc", 5, "lz4", "byte")
 
@@ -65,8 +65,8 @@ def test_values_are_compressed_on_the_pool_threads_never_by_the_writer(
         def __init__(self, layout: ChunkLayout) -> None:
             raise AssertionError("the writer compressed a block itself")
 
-    monkeypatch.setattr(h5etl.chunkpool, "encode_direct", recording)
-    monkeypatch.setattr(h5etl.sink_chunks, "BlockEncoder", NoEncoder)
+    monkeypatch.setattr(h5etl.sink.compress_threads, "encode_direct", recording)
+    monkeypatch.setattr(h5etl.sink.array_writer, "BlockEncoder", NoEncoder)
     batches = _batches()
     _write(tmp_path / "t.h5", batches, threads=2, codec=BLOSC)
     expected = np.concatenate([s for batch in batches for s in batch])
@@ -97,7 +97,7 @@ def test_same_file_for_any_number_of_threads_and_any_finishing_order(
         threading.Event().wait(float(rng.uniform(0, 0.01)))  # blocks finish out of order
         return encode_direct(layout, rows)
 
-    monkeypatch.setattr(h5etl.chunkpool, "encode_direct", late)
+    monkeypatch.setattr(h5etl.sink.compress_threads, "encode_direct", late)
     _write(tmp_path / "four.h5", batches, threads=4, codec=codec)
     assert (tmp_path / "one.h5").read_bytes() == (tmp_path / "four.h5").read_bytes()
 
@@ -117,6 +117,6 @@ def test_a_block_that_fails_on_a_thread_fails_the_write_cleanly(
     def failing(layout: ChunkLayout, rows: np.ndarray) -> Any:
         raise error
 
-    monkeypatch.setattr(h5etl.chunkpool, "encode_direct", failing)
+    monkeypatch.setattr(h5etl.sink.compress_threads, "encode_direct", failing)
     with pytest.raises(raised, match=str(error)):
         _write(tmp_path / "t.h5", _batches(), threads=2, codec=BLOSC)

@@ -52,7 +52,8 @@ LAUNCHER = textwrap.dedent(
     import os, resource, runpy, signal, sys
 
     import h5py
-    from h5etl import pipeline, sink
+    from h5etl import pipeline
+    from h5etl.sink import writer as sink
     from h5etl.format import journal
 
     stage = os.environ["H5ETL_TEST_FILL"]

@@ -85,7 +85,7 @@ def parent_facts(path: Path) -> dict[str, Any]:
 
 def no_seed(self: Any) -> Any:
     """``CarryPlan.seed`` that copies every run chunk by chunk (no dataset copy)."""
-    from h5etl.sink_carry import Seed
+    from h5etl.sink.parent_rows import Seed
 
     return Seed(self.parent.path, {})
 
@@ -333,7 +333,8 @@ def test_copying_the_chunks_in_pieces_writes_the_file_of_one_copy(
     # a large parent is copied a piece at a time, fsynced between the pieces: the same chunks
     # in the same order, so the very same bytes as copied in one go (by the chunk loop: no
     # run is copied with its dataset here, see test_a_dataset_copy_holds_the_chunks_a_loop_would)
-    from h5etl import carry, resume, sink_carry
+    from h5etl import carry, resume
+    from h5etl.sink import parent_rows as sink_carry
 
     monkeypatch.setattr(carry.CarryPlan, "seed", no_seed)
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
@@ -372,7 +373,7 @@ def test_copying_the_chunks_in_pieces_writes_the_file_of_one_copy(
 def test_the_parents_bytes_are_asked_for_once_a_build_will_copy_them(
     tmp_path: Path, write_config: WriteConfig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from h5etl import sink_disk
+    from h5etl.sink import disk as sink_disk
 
     asked: list[Path] = []
     monkeypatch.setattr(sink_disk, "prefetch", asked.append)

@@ -255,8 +255,8 @@ def test_this_processs_decoders_start_once_the_temp_file_exists(
     """A sample that kills this process must leave the build's temp file behind, or the next
     build would decode it here again: the decoders wait for the file, however slowly the
     sink makes it (here: 0.3 s late)."""
-    from h5etl import sink
     from h5etl.decode import task as decode
+    from h5etl.sink import writer as sink
 
     make_raw(tmp_path, n=30)
     config = write_config(tmp_path, storage={"chunk_samples": 4})

@@ -42,7 +42,7 @@ from h5etl.inputs.volumes.case import cast_exact, rescaled, rescaled_exact
 from h5etl.kinds.base import SampleContext
 from h5etl.kinds.registry import kinds_of
 from h5etl.kinds.volume import VolumeKind
-from h5etl.sink_chunks import DatasetStats, ImageWriter
+from h5etl.sink.array_writer import DatasetStats, ImageWriter
 
 # (Bits Allocated, Bits Stored, Pixel Representation)
 STORAGES = [(8, 8, 0), (8, 7, 1), (16, 16, 0), (16, 12, 0), (16, 12, 1), (16, 16, 1), (32, 20, 1)]

@@ -26,7 +26,7 @@ from conftest import MakeRaw, WriteConfig, dataset_digests, random_pair, save
 from PIL import Image
 
 import h5etl
-import h5etl.sink_chunks
+import h5etl.sink.array_writer
 from h5etl import release, schedule, tasks
 from h5etl.config import load_spec
 from h5etl.dataflow import BatchResult, DecodeTask
@@ -107,7 +107,7 @@ def run_script(script: str, *args: str, timeout: float = 120) -> subprocess.Comp
 # sink in the middle of storing chunks (`where=sink`).
 KILLED_BUILD = f"""
     import os, signal, sys
-    import h5etl, h5etl.tasks, h5etl.sink_chunks
+    import h5etl, h5etl.tasks, h5etl.sink.array_writer
     h5etl.tasks.TASK_SAMPLES = {TASK_SAMPLES}
     from h5etl.config import load_spec
     config, after, jobs, where = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
@@ -119,7 +119,7 @@ KILLED_BUILD = f"""
             if where == "decode" and seen >= after:
                 os.kill(os.getpid(), signal.SIGKILL)
     stores = 0
-    original = h5etl.sink_chunks.ImageWriter._store
+    original = h5etl.sink.array_writer.ImageWriter._store
     def store(self, row, chunks):
         global stores
         stores += 1
@@ -128,7 +128,7 @@ KILLED_BUILD = f"""
             original(self, row, chunks[: len(chunks) // 2 or 1])
             os.kill(os.getpid(), signal.SIGKILL)
         original(self, row, chunks)
-    h5etl.sink_chunks.ImageWriter._store = store
+    h5etl.sink.array_writer.ImageWriter._store = store
     resume = sys.argv[5:] == ["resume"]
     # full: decode everything, as a build without a release to carry from does
     h5etl.build(
@@ -543,7 +543,7 @@ def test_write_error_fails_cleanly_and_keeps_previous(
     assert first.path is not None
     before = file_sha(first.path)
     calls = 0
-    original = h5etl.sink_chunks.ImageWriter._store
+    original = h5etl.sink.array_writer.ImageWriter._store
 
     def failing_store(self: Any, row: int, chunks: Any) -> None:
         nonlocal calls
@@ -552,7 +552,7 @@ def test_write_error_fails_cleanly_and_keeps_previous(
             raise OSError(errno.ENOSPC, "No space left on device")
         original(self, row, chunks)
 
-    monkeypatch.setattr(h5etl.sink_chunks.ImageWriter, "_store", failing_store)
+    monkeypatch.setattr(h5etl.sink.array_writer.ImageWriter, "_store", failing_store)
     with pytest.raises(SinkError, match="no space left on device"):
         build(project, full=True)  # decoded and written again, not carried from v1
 

@@ -24,13 +24,14 @@ from typer.testing import CliRunner
 
 import h5etl
 import h5etl.tasks
-from h5etl import reproducible, sink_rows
+from h5etl import reproducible
 from h5etl.cli import app
 from h5etl.dataflow import BatchResult, DecodeTask, EncodedRows
 from h5etl.errors import ConfigError
 from h5etl.format.codec import ChunkLayout, encode_rows
 from h5etl.kinds.base import ArrayColumn, TextColumn
-from h5etl.sink import Sink, SinkLayout
+from h5etl.sink import small_columns as sink_rows
+from h5etl.sink.writer import Sink, SinkLayout
 from h5etl.spec import Compression
 
 EPOCH = "1700000000"  # 2023-11-14T22:13:20Z
@@ -281,9 +282,9 @@ def test_small_rows_are_written_in_runs_of_the_row_count_alone(tmp_path: Path) -
 # both splits, as one every two seconds does) and SIGKILLs itself after ``after`` samples.
 KILLED_SPARSE = """
     import os, signal, sys
-    import h5etl, h5etl.resume, h5etl.sink_rows, h5etl.tasks
+    import h5etl, h5etl.resume, h5etl.sink.small_columns, h5etl.tasks
     h5etl.tasks.TASK_SAMPLES = 2
-    h5etl.sink_rows.SMALL_ROWS_PER_WRITE = int(sys.argv[3])
+    h5etl.sink.small_columns.SMALL_ROWS_PER_WRITE = int(sys.argv[3])
     config, after = sys.argv[1], int(sys.argv[2])
     original = h5etl.resume.Checkpoints.maybe_write
     calls = 0

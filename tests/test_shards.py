@@ -27,7 +27,7 @@ from h5etl.config import load_spec
 from h5etl.dataflow import DecodeTask, Sample
 from h5etl.errors import ShardError, UsageError
 from h5etl.report import BuildReport
-from h5etl.sink_copy import carry_chunks
+from h5etl.sink.chunk_copy import carry_chunks
 
 
 def _published(report: BuildReport) -> Path:

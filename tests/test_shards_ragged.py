@@ -197,8 +197,8 @@ def _damage(shard: Path, how: str) -> None:
 def test_a_damaged_ragged_shard_fails_the_stitch_and_is_written_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str, said: str
 ) -> None:
-    from h5etl import sink_copy
     from h5etl.errors import ShardError
+    from h5etl.sink import chunk_copy as sink_copy
 
     monkeypatch.setattr(tasks, "TASK_SAMPLES", 2)
     make_npy_recordings(tmp_path)

@@ -17,7 +17,7 @@ from h5etl.errors import SinkError
 from h5etl.format import digest
 from h5etl.format.codec import ChunkLayout, decode_block, encode_block
 from h5etl.kinds.base import ArrayColumn, TextColumn
-from h5etl.sink import Sink, SinkLayout
+from h5etl.sink.writer import Sink, SinkLayout
 from h5etl.spec import Compression
 
 CHUNK = 4

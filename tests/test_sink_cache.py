@@ -12,7 +12,8 @@ import pytest
 from conftest import MakeRaw, WriteConfig
 
 import h5etl
-from h5etl import reproducible, sink_disk
+from h5etl import reproducible
+from h5etl.sink import disk as sink_disk
 
 EPOCH = "1700000000"
 

@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 
 from h5etl.format import digest
 from h5etl.format.codec import ChunkLayout, Codec
-from h5etl.sink_chunks import DatasetStats, ImageWriter
-from h5etl.sink_copy import copy_rows
+from h5etl.sink.array_writer import DatasetStats, ImageWriter
+from h5etl.sink.chunk_copy import copy_rows
 
 TRAILING = (4,)
 

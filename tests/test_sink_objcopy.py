@@ -10,7 +10,7 @@ import h5py
 import numpy as np
 import pytest
 
-from h5etl import sink_objcopy
+from h5etl.sink import object_copy as sink_objcopy
 
 LINUX = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps")
 

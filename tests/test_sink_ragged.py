@@ -19,7 +19,7 @@ from h5etl.format import contract as fileformat
 from h5etl.format import digest
 from h5etl.format.codec import Codec
 from h5etl.kinds.base import RaggedColumn, ScalarColumn
-from h5etl.sink import Sink, SinkLayout
+from h5etl.sink.writer import Sink, SinkLayout
 
 
 def _column(chunk_rows: int, trailing: tuple[int, ...], codec: str) -> RaggedColumn:

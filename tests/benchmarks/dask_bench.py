@@ -45,8 +45,8 @@ from installed import byte_compile, warm
 import h5etl
 from h5etl import pipeline
 from h5etl.dataflow import EncodedChunk
-from h5etl.sink import LIBVER
-from h5etl.sink_copy import carry_chunks
+from h5etl.sink.chunk_copy import carry_chunks
+from h5etl.sink.writer import LIBVER
 
 MB = 1e6
 SMOKE = os.environ.get("H5ETL_BENCH_SMOKE") == "1"

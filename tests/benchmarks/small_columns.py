@@ -29,12 +29,12 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from h5etl import sink_datasets
 from h5etl.dataflow import BatchResult, DecodeTask, RaggedRows
 from h5etl.format import contract as fileformat
 from h5etl.format.codec import Codec
 from h5etl.kinds.base import RaggedColumn
-from h5etl.sink import Sink, SinkLayout
+from h5etl.sink import datasets as sink_datasets
+from h5etl.sink.writer import Sink, SinkLayout
 
 BATCH = 4096  # samples per result handed to the sink
 

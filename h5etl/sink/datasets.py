@@ -21,12 +21,12 @@ from typing import Any
 import h5py
 import numpy as np
 
-from h5etl.chunkpool import ChunkPool
 from h5etl.format import contract as fileformat
 from h5etl.format.codec import ChunkLayout
 from h5etl.kinds.base import ArrayColumn, RaggedColumn, ScalarColumn
-from h5etl.sink_chunks import DatasetStats, ImageWriter, StoredChunks
-from h5etl.sink_rows import SinkLayout
+from h5etl.sink.array_writer import DatasetStats, ImageWriter, StoredChunks
+from h5etl.sink.compress_threads import ChunkPool
+from h5etl.sink.small_columns import SinkLayout
 
 
 @dataclass(slots=True)

@@ -19,10 +19,10 @@ from typing import Any
 import h5py
 import numpy as np
 
-from h5etl.chunkpool import ChunkPool, Encoded
 from h5etl.dataflow import EncodedChunk
 from h5etl.format import digest
 from h5etl.format.codec import BlockEncoder, ChunkLayout, decode_block
+from h5etl.sink.compress_threads import ChunkPool, Encoded
 
 
 @dataclass(slots=True)

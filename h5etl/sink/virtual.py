@@ -14,9 +14,9 @@ import h5py
 
 from h5etl.format.codec import ChunkLayout
 from h5etl.kinds.base import ArrayColumn
-from h5etl.sink_chunks import DatasetStats
-from h5etl.sink_datasets import CreatedSplit
-from h5etl.sink_rows import SinkLayout
+from h5etl.sink.array_writer import DatasetStats
+from h5etl.sink.datasets import CreatedSplit
+from h5etl.sink.small_columns import SinkLayout
 
 __all__ = ["VirtualColumn", "add_part", "create_virtual", "map_arrays"]
 

@@ -32,10 +32,10 @@ import numpy as np
 from h5etl.format import contract as fileformat
 from h5etl.format.codec import ChunkLayout
 from h5etl.kinds.base import ArrayColumn, ScalarColumn
-from h5etl.sink_chunks import ImageWriter
-from h5etl.sink_copy import copy_rows
-from h5etl.sink_objcopy import copy_object
-from h5etl.sink_rows import SinkLayout
+from h5etl.sink.array_writer import ImageWriter
+from h5etl.sink.chunk_copy import copy_rows
+from h5etl.sink.object_copy import copy_object
+from h5etl.sink.small_columns import SinkLayout
 
 logger = logging.getLogger(__name__)
 

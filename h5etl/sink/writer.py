@@ -22,18 +22,18 @@ from typing import Any
 import h5py
 import numpy as np
 
-from h5etl import sink_disk
-from h5etl.chunkpool import ChunkPool
 from h5etl.dataflow import BatchResult, EncodedRows, RaggedRows, Reject
 from h5etl.errors import SinkError, io_problem
 from h5etl.format import contract as fileformat
 from h5etl.format.codec import ChunkLayout
-from h5etl.sink_carry import Seed, copy_parent_columns, open_seed, parent_rows, seed_dataset
-from h5etl.sink_chunks import DatasetStats, ImageWriter, StoredChunks
-from h5etl.sink_datasets import create_split
-from h5etl.sink_journal import JournalSide
-from h5etl.sink_rows import RowsWatcher, SinkLayout, SmallRows, store_rejects
-from h5etl.sink_virtual import VirtualColumn, create_virtual, map_arrays
+from h5etl.sink import disk as sink_disk
+from h5etl.sink.array_writer import DatasetStats, ImageWriter, StoredChunks
+from h5etl.sink.checkpoint import JournalSide
+from h5etl.sink.compress_threads import ChunkPool
+from h5etl.sink.datasets import create_split
+from h5etl.sink.parent_rows import Seed, copy_parent_columns, open_seed, parent_rows, seed_dataset
+from h5etl.sink.small_columns import RowsWatcher, SinkLayout, SmallRows, store_rejects
+from h5etl.sink.virtual import VirtualColumn, create_virtual, map_arrays
 
 __all__ = ["LIBVER", "Sink", "SinkLayout"]
 

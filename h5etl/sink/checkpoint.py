@@ -14,13 +14,13 @@ from typing import Any
 
 import h5py
 
-from h5etl import sink_disk
 from h5etl.errors import ResumeMismatch, SinkError, io_problem
 from h5etl.format import journal
 from h5etl.format.journal import ResumeState
-from h5etl.sink_chunks import ImageWriter, StoredChunks, chunk_places
-from h5etl.sink_ragged import EMPTY, restore_ragged, snapshot
-from h5etl.sink_rows import SinkLayout, SmallRows
+from h5etl.sink import disk as sink_disk
+from h5etl.sink.array_writer import ImageWriter, StoredChunks, chunk_places
+from h5etl.sink.ragged import EMPTY, restore_ragged, snapshot
+from h5etl.sink.small_columns import SinkLayout, SmallRows
 
 
 class JournalSide:

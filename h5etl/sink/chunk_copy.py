@@ -27,11 +27,11 @@ from h5etl.errors import ShardError
 from h5etl.format import contract as fileformat
 from h5etl.format import digest
 from h5etl.kinds.base import ArrayColumn, ScalarColumn
-from h5etl.sink_chunks import ImageWriter
-from h5etl.sink_virtual import add_part
+from h5etl.sink.array_writer import ImageWriter
+from h5etl.sink.virtual import add_part
 
 if TYPE_CHECKING:
-    from h5etl.sink import Sink
+    from h5etl.sink.writer import Sink
 
 __all__ = ["Carried", "carry_chunks", "carry_shard", "copy_rows", "same_storage", "verify_chunks"]
 

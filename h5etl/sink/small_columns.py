@@ -19,7 +19,7 @@ from h5etl.dataflow import BatchResult, RaggedRows, Reject, valid_text
 from h5etl.format import contract as fileformat
 from h5etl.format import digest
 from h5etl.kinds.base import ArrayColumn, Column, RaggedColumn, ScalarColumn
-from h5etl.sink_chunks import DatasetStats
+from h5etl.sink.array_writer import DatasetStats
 
 # Small rows are buffered and appended this many at a time: one resize and write per field
 # per thousand rows instead of per batch (the writer's CPU is the budget).

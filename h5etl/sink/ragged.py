@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from h5etl.errors import ResumeMismatch
-from h5etl.sink_chunks import ImageWriter
+from h5etl.sink.array_writer import ImageWriter
 
 EMPTY = {"rows": 0, "carry_rows": 0, "carry": "", "carry_sha256": ""}
 

@@ -1,0 +1,1 @@
+"""The single writer: the only code that writes HDF5."""
