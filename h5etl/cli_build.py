@@ -23,7 +23,7 @@ from h5etl.cli_common import fail as _fail
 from h5etl.cli_common import run as _run
 from h5etl.cli_common import say as _say
 from h5etl.errors import BuildFailed, UsageError
-from h5etl.release_naming import has_link as _has_link
+from h5etl.release.naming import has_link as _has_link
 from h5etl.units import human_size
 
 # The pipeline, pydantic and HDF5 load inside the command: it starts its workers first, so

@@ -19,8 +19,8 @@ from h5etl.units import human_size
 if TYPE_CHECKING:
     from h5etl.diff import Change, ReleaseDiff
     from h5etl.diff_rejects import RejectChange
-    from h5etl.prune import PrunePlan
-    from h5etl.release_naming import ReleaseInfo
+    from h5etl.release.naming import ReleaseInfo
+    from h5etl.release.prune import PrunePlan
 
 SHOWN_SAMPLES = 20  # per kind of sample change in the text output; --json lists them all
 
@@ -35,8 +35,8 @@ def releases(
     ] = False,
 ) -> None:
     """List the releases in FOLDER: size, creation time, samples, parent, change, notes."""
-    from h5etl import release
     from h5etl.format import fileinfo as hdf5info
+    from h5etl.release import listing as release
     from h5etl.story import read_story
 
     found = run(lambda: release.list_releases(folder))
@@ -96,7 +96,7 @@ def rollback(
     ] = None,
 ) -> None:
     """Point LINK at an earlier (or any) release."""
-    from h5etl import release
+    from h5etl.release import listing as release
 
     info = run(lambda: release.rollback(link, to))
     say(f"{link} -> {info.path.name}")
@@ -240,7 +240,7 @@ def prune(
     yes: Annotated[bool, typer.Option("--yes", help="Delete (without it: a dry run).")] = False,
 ) -> None:
     """Delete all but the N newest releases of each name; never the one the link points at."""
-    from h5etl.prune import prune as plan_prune
+    from h5etl.release.prune import prune as plan_prune
 
     plan = run(lambda: plan_prune(folder, keep=keep, apply=yes))
     for line in prune_lines(plan):

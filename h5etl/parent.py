@@ -16,7 +16,7 @@ import h5py
 import numpy as np
 
 from h5etl.format import contract as fileformat
-from h5etl.release import OutputFolder
+from h5etl.release.listing import OutputFolder
 
 logger = logging.getLogger(__name__)
 

@@ -41,7 +41,7 @@ from h5etl.errors import BuildFailed, ResumeMismatch
 from h5etl.format import contract as fileformat
 from h5etl.kinds import registry
 from h5etl.planning import ProgressHook
-from h5etl.release import OutputFolder
+from h5etl.release.listing import OutputFolder
 from h5etl.report import BuildReport, enforce_limit, guard, require_samples
 from h5etl.sharded import Sharding, Shards, start_sharded
 from h5etl.sink.writer import Sink

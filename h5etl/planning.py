@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from h5etl import buildparts, clean, discover, parent, schedule, settle, story
 from h5etl.buildparts import Stopwatch, decoded, planned, processed
-from h5etl.release import OutputFolder
+from h5etl.release.listing import OutputFolder
 from h5etl.report import (
     DECODE_CHECKS,
     PLAN_CHECKS,

@@ -25,7 +25,7 @@ from h5etl.dataflow import Reject, Sample, text_bytes
 
 if TYPE_CHECKING:
     from h5etl.format.contract import LayoutRecord
-    from h5etl.release import OutputFolder
+    from h5etl.release.listing import OutputFolder
     from h5etl.report import BuildReport
     from h5etl.spec import Spec
 

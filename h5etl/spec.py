@@ -24,7 +24,7 @@ from pydantic import (
 from h5etl import spec_rules
 from h5etl.fieldspecs import ArrayField, FieldSpec, SeriesField
 from h5etl.format import contract as fileformat
-from h5etl.release_naming import DEFAULT_OUTPUT
+from h5etl.release.naming import DEFAULT_OUTPUT
 from h5etl.spec_rules import NAME_PATTERN, check_name, source_for, unknown_source
 from h5etl.specparts import (
     Compression,

@@ -27,10 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from h5etl import reproducible
-from h5etl.buildlock import pid_alive
 from h5etl.dataflow import BatchResult, Reject
 from h5etl.errors import H5EtlError, UsageError
-from h5etl.release import OutputFolder
+from h5etl.release.listing import OutputFolder
+from h5etl.release.lock import pid_alive
 
 __all__ = ["FORMAT", "BuildStatus", "StatusView", "read_statuses"]
 

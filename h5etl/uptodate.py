@@ -31,7 +31,7 @@ from h5etl.dataflow import Reject, Sample, valid_text
 from h5etl.format import contract as fileformat
 from h5etl.format.contract import LayoutRecord
 from h5etl.parent import Parent
-from h5etl.release import OutputFolder
+from h5etl.release.listing import OutputFolder
 from h5etl.report import BuildReport
 from h5etl.sink import disk as sink_disk
 from h5etl.spec import Spec, spec_text

@@ -23,8 +23,8 @@ from PIL import Image
 from typer.testing import CliRunner
 
 from h5etl import batch
-from h5etl.buildlock import BuildLock
 from h5etl.cli import app
+from h5etl.release.lock import BuildLock
 
 runner = CliRunner()
 SOURCES = {"image": {"dir": "../raw/images"}, "mask": {"dir": "../raw/masks"}}

@@ -31,11 +31,11 @@ import pytest
 import yaml
 from conftest import _make_raw, base_config, merge, random_pair, save
 
-from h5etl import release_folder
 from h5etl.config import load_spec
 from h5etl.errors import ReleaseError, SinkError
 from h5etl.format.journal import JournalWriter
 from h5etl.pipeline import build
+from h5etl.release import folder as release_folder
 from h5etl.spec import Spec
 
 MIB = 2**20

@@ -27,7 +27,7 @@ from conftest import add_pairs as add_random_pairs
 
 from h5etl import build, inprocess, load_spec, workers
 from h5etl.check import check_release
-from h5etl.release import OutputFolder
+from h5etl.release.listing import OutputFolder
 from h5etl.report import BuildReport
 
 HERE = "this process (2 threads)"

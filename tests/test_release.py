@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from h5etl import release
 from h5etl.dataflow import Reject
 from h5etl.errors import LockHeld, ReleaseError
-from h5etl.release import OutputFolder
+from h5etl.release import listing as release
+from h5etl.release.listing import OutputFolder
 
 
 def _publish(output: OutputFolder, content: bytes, rejects: list[Reject] | None = None) -> Path:
@@ -176,7 +176,7 @@ def test_lock_from_another_host_is_respected(tmp_path: Path) -> None:
 def test_has_link_reads_the_config_cheaply(
     tmp_path: Path, text: str, folder: str, expected: bool
 ) -> None:
-    from h5etl.release_naming import has_link
+    from h5etl.release.naming import has_link
 
     (tmp_path / folder).mkdir()
     (tmp_path / folder / "cells-v0001.h5").write_bytes(b"")

@@ -27,11 +27,12 @@ from PIL import Image
 
 import h5etl
 import h5etl.sink.array_writer
-from h5etl import release, schedule, tasks
+from h5etl import schedule, tasks
 from h5etl.config import load_spec
 from h5etl.dataflow import BatchResult, DecodeTask
 from h5etl.decode import task as decode
 from h5etl.errors import BuildFailed, LockHeld, SinkError
+from h5etl.release import listing as release
 
 CELLS = "cells"
 PUBLISHED_V1 = [

@@ -27,7 +27,7 @@ import h5etl
 from h5etl import status
 from h5etl.cli import app
 from h5etl.errors import BuildFailed, LockHeld
-from h5etl.release import OutputFolder
+from h5etl.release.listing import OutputFolder
 
 runner = CliRunner()
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from h5etl import release_naming
 from h5etl.errors import UsageError
+from h5etl.release import naming as release_naming
 from h5etl.report_html.facts import ReleaseFacts, gather
 from h5etl.report_html.page import SECTIONS, render
 

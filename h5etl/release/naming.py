@@ -1,5 +1,5 @@
 """release_naming: what the files of a release are called, and finding them in a folder
-(read only: nothing here writes, renames or deletes a file; ``h5etl.release`` re-exports it all).
+(read only: nothing here writes, renames or deletes a file; ``h5etl.release.listing`` re-exports it all).
 """
 
 from __future__ import annotations

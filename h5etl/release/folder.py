@@ -1,7 +1,7 @@
 """release_folder: ``OutputFolder``, one release name in one output folder: the lock, temp
 files, publishing (link, no clobbering), the symlink swap, deleting a release (prune).
 
-``h5etl.release`` re-exports it; only these release modules rename or delete release files.
+``h5etl.release.listing`` re-exports it; only these release modules rename or delete release files.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from h5etl.buildlock import BuildLock
 from h5etl.dataflow import Reject
 from h5etl.errors import H5EtlError, ReleaseError, ReleaseUsageError, io_problem
-from h5etl.release_naming import (
+from h5etl.release.lock import BuildLock
+from h5etl.release.naming import (
     PARTIAL_MARK,
     ReleaseInfo,
     current_version,
@@ -32,7 +32,7 @@ from h5etl.release_naming import (
     versions,
 )
 
-logger = logging.getLogger("h5etl.release")  # its name from before the split
+logger = logging.getLogger("h5etl.release.listing")  # its name from before the split
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -106,7 +106,7 @@ class OutputFolder:
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
-        """Hold the build lock of this name in this folder (``h5etl.buildlock``)."""
+        """Hold the build lock of this name in this folder (``h5etl.release.lock``)."""
         self.folder.mkdir(parents=True, exist_ok=True)
         with BuildLock(self.lock_path, self.name).held():
             yield

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import h5py
 
-from h5etl import release
 from h5etl.errors import ReleaseUsageError
 from h5etl.format import partfiles
+from h5etl.release import listing as release
 
 __all__ = ["PrunePlan", "Pruned", "prune"]
 

@@ -13,8 +13,8 @@ import os
 from pathlib import Path
 
 from h5etl.errors import ReleaseError, ReleaseUsageError
-from h5etl.release_folder import OutputFolder, write_atomically
-from h5etl.release_naming import (
+from h5etl.release.folder import OutputFolder, write_atomically
+from h5etl.release.naming import (
     PARTIAL_MARK,
     ReleaseInfo,
     companions,

@@ -1,0 +1,1 @@
+"""Release files: names, the build lock, publishing, the link, listing, pruning."""
