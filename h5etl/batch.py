@@ -19,8 +19,8 @@ from h5etl.errors import ConfigError, H5EtlError, UsageError
 from h5etl.units import human_size
 
 if TYPE_CHECKING:
+    from h5etl.config.spec import Spec
     from h5etl.report import BuildReport
-    from h5etl.spec import Spec
 
 __all__ = ["CONFIG_SUFFIXES", "Outcome", "build_all", "config_files", "exit_code", "summary_lines"]
 

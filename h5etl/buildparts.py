@@ -17,6 +17,7 @@ from typing import Any
 
 from h5etl import clean, cluster, inprocess, schedule, tasks
 from h5etl.ahead import Ahead
+from h5etl.config.spec import Spec
 from h5etl.dataflow import Barrier, BatchResult, DecodeTask
 from h5etl.decode import task as decode
 from h5etl.format import contract as fileformat
@@ -24,7 +25,6 @@ from h5etl.format.codec import ChunkLayout
 from h5etl.kinds.base import ArrayColumn, TextColumn
 from h5etl.kinds.registry import decode_order, layout_of, layout_records
 from h5etl.sink.writer import SinkLayout
-from h5etl.spec import Spec
 
 logger = logging.getLogger(__name__)
 

@@ -42,8 +42,8 @@ from h5etl.kinds.base import Kind
 from h5etl.kinds.tabular import Prepared
 
 if TYPE_CHECKING:  # header probes run in the decode workers; pydantic stays out of them
-    from h5etl.spec import Spec
-    from h5etl.specparts import GroupBy
+    from h5etl.config.sections import GroupBy
+    from h5etl.config.spec import Spec
 
 STAGE = "clean"
 _UNSAFE = re.compile(r"[\x00-\x1f\x7f\\:]+")

@@ -24,7 +24,7 @@ __all__ = ["app", "main"]
 @app.command()
 def validate(config: ConfigArgument) -> None:
     """Check CONFIG without building."""
-    from h5etl.config import check_tables, load_spec
+    from h5etl.config.load import check_tables, load_spec
     from h5etl.kinds.registry import check_installed
 
     spec = _run(lambda: load_spec(config))

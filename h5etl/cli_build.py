@@ -29,9 +29,9 @@ from h5etl.units import human_size
 # The pipeline, pydantic and HDF5 load inside the command: it starts its workers first, so
 # their start-up overlaps these imports.
 if TYPE_CHECKING:
+    from h5etl.config.spec import Spec
     from h5etl.dataflow import Reject
     from h5etl.report import BuildReport
-    from h5etl.spec import Spec
 
 ALL_CORES = os.cpu_count() or 1
 
@@ -246,7 +246,7 @@ def build(
 
 
 def _load(path: Path, options: _BuildOptions) -> Spec:
-    from h5etl.config import load_spec
+    from h5etl.config.load import load_spec
     from h5etl.story import with_notes
 
     spec = with_notes(load_spec(path), options.notes)
@@ -314,7 +314,7 @@ def _build_many(paths: list[Path], options: _BuildOptions) -> None:
 
 def _check_scheduler(address: str) -> None:
     """A scheduler address that cannot work is a usage error, found before connecting."""
-    from h5etl.addresses import scheduler_problem
+    from h5etl.config.scheduler_address import scheduler_problem
 
     problem = scheduler_problem(address)
     if problem is None and address.startswith("inproc://"):

@@ -25,8 +25,9 @@ from collections.abc import Iterable, Iterator, Sequence
 from types import TracebackType
 from typing import Any
 
-from h5etl import __version__, addresses, schedule, sourceviews, workers
-from h5etl.addresses import scheduler_problem
+from h5etl import __version__, schedule, sourceviews, workers
+from h5etl.config import scheduler_address as addresses
+from h5etl.config.scheduler_address import scheduler_problem
 from h5etl.dataflow import Barrier, BatchResult, DecodeTask
 from h5etl.decode import task as decode
 from h5etl.errors import ClusterError, ClusterLost, UsageError

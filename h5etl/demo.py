@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from h5etl import resources
+from h5etl.config import resources
 from h5etl.errors import UsageError
 from h5etl.inputs import raster as images
 

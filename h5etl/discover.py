@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
+from h5etl.config.spec import Spec
 from h5etl.dataflow import Reject, Roots, Sample, SourceFile
 from h5etl.inputs import opening as inputs
-from h5etl.spec import Spec
 
 STAGE = "discover"
 COMPOUND_SUFFIXES = (".nii.gz",)  # taken off whole by key_of

@@ -37,6 +37,7 @@ from h5etl.buildparts import (
     sink_layout,
     source_roots,
 )
+from h5etl.config.spec import Spec, spec_text
 from h5etl.errors import BuildFailed, ResumeMismatch
 from h5etl.format import contract as fileformat
 from h5etl.kinds import registry
@@ -45,7 +46,6 @@ from h5etl.release.listing import OutputFolder
 from h5etl.report import BuildReport, enforce_limit, guard, require_samples
 from h5etl.sharded import Sharding, Shards, start_sharded
 from h5etl.sink.writer import Sink
-from h5etl.spec import Spec, spec_text
 from h5etl.stats.tallies import Tallies, block_json
 from h5etl.status import BuildStatus
 from h5etl.story import Annotator, stored_rejects

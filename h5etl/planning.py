@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from h5etl import buildparts, clean, discover, parent, schedule, settle, story
 from h5etl.buildparts import Stopwatch, decoded, planned, processed
+from h5etl.config.spec import Spec
 from h5etl.release.listing import OutputFolder
 from h5etl.report import (
     DECODE_CHECKS,
@@ -20,7 +21,6 @@ from h5etl.report import (
     guard,
     require_samples,
 )
-from h5etl.spec import Spec
 from h5etl.stats.tallies import Tallies
 
 ProgressHook = Callable[[str, int, int | None], None]

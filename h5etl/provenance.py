@@ -14,9 +14,9 @@ from typing import Any
 import h5py
 
 from h5etl import __version__, clean, reproducible
+from h5etl.config.spec import Spec, spec_sha256, spec_text
 from h5etl.dataflow import BatchResult, valid_text
 from h5etl.report import BuildReport
-from h5etl.spec import Spec, spec_sha256, spec_text
 
 
 def file_attrs(

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from h5etl import docrefs
+from h5etl.config.spec import Spec
 from h5etl.dataflow import Reject
 from h5etl.errors import BuildFailed
-from h5etl.spec import Spec
 
 PLAN_CHECKS = (
     "discovery and pairing (orphans, duplicates, unreadable folders, links)",

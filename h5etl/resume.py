@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from h5etl.clean import Plan
+from h5etl.config.spec import Spec, spec_sha256
 from h5etl.dataflow import BatchResult, Reject
 from h5etl.format import journal
 from h5etl.sink.writer import Sink
-from h5etl.spec import Spec, spec_sha256
 from h5etl.stats.tallies import Tallies
 from h5etl.tasks import TaskCutter
 

@@ -24,10 +24,10 @@ from h5etl.clean import Plan, write_order
 from h5etl.dataflow import Reject, Sample, text_bytes
 
 if TYPE_CHECKING:
+    from h5etl.config.spec import Spec
     from h5etl.format.contract import LayoutRecord
     from h5etl.release.listing import OutputFolder
     from h5etl.report import BuildReport
-    from h5etl.spec import Spec
 
 
 def resettled(spec: Spec, plan: Plan, late: Sequence[Reject]) -> Plan | None:

@@ -22,6 +22,7 @@ from typing import Any
 
 from h5etl import buildparts, errors, shards
 from h5etl.clean import Plan
+from h5etl.config.spec import Spec, spec_sha256
 from h5etl.dataflow import DecodeTask, Reject
 from h5etl.decode.task import DecodeRecipe
 from h5etl.errors import H5EtlError, ShardError, UsageError
@@ -32,7 +33,6 @@ from h5etl.report import BuildReport
 from h5etl.resume import Checkpoints, Restored
 from h5etl.sink import chunk_copy as sink_copy
 from h5etl.sink.writer import Sink, SinkLayout
-from h5etl.spec import Spec, spec_sha256
 from h5etl.stats.tallies import Tallies
 from h5etl.tasks import TaskCutter
 

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from h5etl import cluster, workers
+from h5etl.config.spec import Spec
 from h5etl.dataflow import BatchResult, DecodeTask, Reject
 from h5etl.decode.task import DecodeRecipe
 from h5etl.errors import H5EtlError, ShardError
@@ -37,7 +38,6 @@ from h5etl.provenance import fingerprint_lines
 from h5etl.release.listing import write_atomically
 from h5etl.report import enforce_limit
 from h5etl.sink.writer import Sink, SinkLayout
-from h5etl.spec import Spec
 from h5etl.stats.tallies import Tallies
 from h5etl.tasks import TaskCutter
 

@@ -20,13 +20,13 @@ from typing import Any
 
 import h5py
 
+from h5etl.config.spec import Spec
+from h5etl.config.storable import Text
 from h5etl.dataflow import Reject
 from h5etl.errors import ConfigError, H5EtlError
 from h5etl.format import contract as fileformat
 from h5etl.report import Before
 from h5etl.snapshot import SampleFacts, Snapshot, WrittenRows, plain
-from h5etl.spec import Spec
-from h5etl.storable import Text
 
 logger = logging.getLogger(__name__)
 

@@ -8,9 +8,9 @@ import h5py
 import numpy as np
 import pytest
 
+from h5etl.config.spec import Compression
 from h5etl.format import codec as chunkcodec
 from h5etl.format.codec import ChunkLayout, decode_block, encode_block, encode_direct, has_direct
-from h5etl.spec import Compression
 
 CODECS = [
     pytest.param(Compression(codec="none"), False, id="none"),

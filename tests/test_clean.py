@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from h5etl import assign, clean, discover, schedule
-from h5etl.config import load_spec
+from h5etl.config.load import load_spec
 from h5etl.dataflow import Sample, SourceFile
 from h5etl.decode import probes
 

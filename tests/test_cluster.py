@@ -22,7 +22,7 @@ import pytest
 from conftest import MakeRaw, WriteConfig, dataset_digests, expected_image, read_release
 
 from h5etl import buildparts, cluster, pipeline, planning, tasks
-from h5etl.config import load_spec
+from h5etl.config.load import load_spec
 from h5etl.errors import ClusterError, ConfigError
 from h5etl.report import BuildReport
 

@@ -28,7 +28,7 @@ from typer.testing import CliRunner
 
 from h5etl import pipeline, tasks
 from h5etl.cli import app
-from h5etl.config import load_spec
+from h5etl.config.load import load_spec
 from h5etl.errors import ConfigError, UsageError
 from h5etl.format import journal
 

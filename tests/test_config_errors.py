@@ -10,9 +10,9 @@ import yaml
 from conftest import MakeRaw, WriteConfig, base_config
 from typer.testing import CliRunner
 
-from h5etl import resources
 from h5etl.cli import app
-from h5etl.config import load_spec
+from h5etl.config import resources
+from h5etl.config.load import load_spec
 from h5etl.errors import ConfigError
 
 runner = CliRunner()

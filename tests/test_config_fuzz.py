@@ -16,9 +16,9 @@ from test_config_places import model_names
 from typer.testing import CliRunner
 
 from h5etl.cli import app
-from h5etl.config import load_spec
+from h5etl.config.load import load_spec
+from h5etl.config.spec import Spec
 from h5etl.errors import ConfigError
-from h5etl.spec import Spec
 
 SCALARS = st.one_of(
     st.none(),

@@ -13,9 +13,9 @@ from conftest import MakeRaw, WriteConfig, base_config
 from typer.testing import CliRunner
 
 from h5etl.cli import app
-from h5etl.config import load_spec, parse_spec
-from h5etl.fieldspecs import LabelField, TableRef
-from h5etl.spec import spec_sha256, spec_text
+from h5etl.config.fields import LabelField, TableRef
+from h5etl.config.load import load_spec, parse_spec
+from h5etl.config.spec import spec_sha256, spec_text
 
 runner = CliRunner()
 

@@ -12,7 +12,7 @@ import pytest
 from conftest import MakeRaw, WriteConfig, centre_pad, save
 
 from h5etl import clean, discover, pipeline, schedule
-from h5etl.config import load_spec
+from h5etl.config.load import load_spec
 from h5etl.dataflow import DecodeTask, EncodedChunk, EncodedRows, Sample, SourceFile
 from h5etl.decode import task as decode
 

@@ -21,7 +21,7 @@ from conftest import MakeRaw, WriteConfig, read_release
 
 import h5etl
 from h5etl import resume, schedule, workers
-from h5etl.config import load_spec
+from h5etl.config.load import load_spec
 from h5etl.dataflow import BatchResult, DecodeTask, Sample, SourceFile
 from h5etl.decode import probes
 from h5etl.decode import task as decode

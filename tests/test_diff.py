@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 
 from h5etl import pipeline
 from h5etl.cli import app
-from h5etl.config import load_spec
+from h5etl.config.load import load_spec
 from h5etl.diff import diff_paths, diff_releases
 from h5etl.snapshot import read_snapshot
 

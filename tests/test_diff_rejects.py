@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from h5etl import pipeline
 from h5etl.cli import app
-from h5etl.config import load_spec
+from h5etl.config.load import load_spec
 
 
 def _cli(*args: object) -> tuple[int, str]:

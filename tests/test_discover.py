@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from h5etl import discover
-from h5etl.config import parse_spec
-from h5etl.spec import Spec
+from h5etl.config.load import parse_spec
+from h5etl.config.spec import Spec
 
 
 def spec_for(root: Path, glob: str = "*.png") -> Spec:

@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from h5etl import clean, discover
-from h5etl.config import parse_spec
-from h5etl.spec import Spec
+from h5etl.config.load import parse_spec
+from h5etl.config.spec import Spec
 
 
 def folder_spec(root: Path, *, ct: dict[str, object], masks: dict[str, object]) -> Spec:

@@ -31,12 +31,12 @@ import pytest
 import yaml
 from conftest import _make_raw, base_config, merge, random_pair, save
 
-from h5etl.config import load_spec
+from h5etl.config.load import load_spec
+from h5etl.config.spec import Spec
 from h5etl.errors import ReleaseError, SinkError
 from h5etl.format.journal import JournalWriter
 from h5etl.pipeline import build
 from h5etl.release import folder as release_folder
-from h5etl.spec import Spec
 
 MIB = 2**20
 SIDE = 256  # 256 KiB of noise per pair: 88 pairs make a release of about 22 MiB

@@ -30,7 +30,7 @@ import pytest
 from typer.testing import CliRunner
 
 from h5etl.cli import app
-from h5etl.config import _read_yaml_mapping, load_spec, parse_spec
+from h5etl.config.load import _read_yaml_mapping, load_spec, parse_spec
 from h5etl.errors import ConfigError
 
 ROOT = Path(__file__).parent.parent

@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 
 from h5etl import docrefs
 from h5etl.cli import app
+from h5etl.config.spec import Spec
 from h5etl.inputs.reasons import TABLE
-from h5etl.spec import Spec
 
 ROOT = Path(__file__).parent.parent
 RAISED = re.compile(r'RejectError\(\s*"(\w+)"')

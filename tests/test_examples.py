@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from h5etl import examples, resources
+from h5etl import examples
 from h5etl.cli import app
+from h5etl.config import resources
 
 runner = CliRunner()
 NAMES = sorted(examples.EXAMPLES)

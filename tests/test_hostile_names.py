@@ -15,7 +15,7 @@ from conftest import SHAPE, MakeRaw, WriteConfig, png_bytes, random_pair
 
 import h5etl
 from h5etl.check import check_release
-from h5etl.config import load_spec
+from h5etl.config.load import load_spec
 from h5etl.dataflow import Reject
 from h5etl.format import journal
 

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from conftest import MakeRaw, WriteConfig, read_release
 
-from h5etl.config import load_spec
+from h5etl.config.load import load_spec
 from h5etl.dataflow import Reject
 from h5etl.errors import RejectError
 from h5etl.inputs import opening as inputs

@@ -217,7 +217,7 @@ def _registry_passing_the_glob(spec: Any, name: str) -> Any:
 def test_a_class_folder_without_matching_files_is_reported_empty(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, registry: bool
 ) -> None:
-    from h5etl.fieldspecs import LabelField
+    from h5etl.config.fields import LabelField
     from h5etl.kinds import registry as kinds_registry
 
     if registry:

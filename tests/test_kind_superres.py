@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 import h5etl
 from h5etl import tasks
 from h5etl.cli import app
-from h5etl.config import load_spec
+from h5etl.config.load import load_spec
 from h5etl.readers import iter_batches
 
 LOW, HIGH, FACTOR = 64, 256, 4

@@ -32,7 +32,7 @@ from pydicom.uid import (
 )
 
 from h5etl import schedule
-from h5etl.config import load_spec
+from h5etl.config.load import load_spec
 from h5etl.dataflow import BatchResult, DecodeTask, EncodedChunk, EncodedRows, Sample
 from h5etl.decode import task as decode
 from h5etl.errors import RejectError

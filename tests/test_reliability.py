@@ -28,7 +28,7 @@ from PIL import Image
 import h5etl
 import h5etl.sink.array_writer
 from h5etl import schedule, tasks
-from h5etl.config import load_spec
+from h5etl.config.load import load_spec
 from h5etl.dataflow import BatchResult, DecodeTask
 from h5etl.decode import task as decode
 from h5etl.errors import BuildFailed, LockHeld, SinkError
@@ -110,7 +110,7 @@ KILLED_BUILD = f"""
     import os, signal, sys
     import h5etl, h5etl.tasks, h5etl.sink.array_writer
     h5etl.tasks.TASK_SAMPLES = {TASK_SAMPLES}
-    from h5etl.config import load_spec
+    from h5etl.config.load import load_spec
     config, after, jobs, where = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
     seen = 0
     def hook(stage, advance, total):

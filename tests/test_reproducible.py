@@ -26,13 +26,13 @@ import h5etl
 import h5etl.tasks
 from h5etl import reproducible
 from h5etl.cli import app
+from h5etl.config.spec import Compression
 from h5etl.dataflow import BatchResult, DecodeTask, EncodedRows
 from h5etl.errors import ConfigError
 from h5etl.format.codec import ChunkLayout, encode_rows
 from h5etl.kinds.base import ArrayColumn, TextColumn
 from h5etl.sink import small_columns as sink_rows
 from h5etl.sink.writer import Sink, SinkLayout
-from h5etl.spec import Compression
 
 EPOCH = "1700000000"  # 2023-11-14T22:13:20Z
 BROKEN = ["truncated", "mask_128", "orphan_image"]

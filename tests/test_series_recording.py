@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from pydantic import TypeAdapter, ValidationError
 
+from h5etl.config.fields.series import SeriesField
 from h5etl.errors import RejectError
-from h5etl.fieldspecs.series import SeriesField
 from h5etl.inputs import recording
 from h5etl.inputs.channels import ChannelSpec
 from h5etl.inputs.recording import RecordingSpec
@@ -207,8 +207,8 @@ def test_cutting_needs_whole_samples_of_every_channel() -> None:
 
 
 def test_two_fields_cutting_windows_is_a_config_error(tmp_path: Path) -> None:
+    from h5etl.config.spec import Spec
     from h5etl.errors import ConfigError
-    from h5etl.spec import Spec
 
     channels = {"a": {"file": "a.npy", "rate_hz": 10}}
     field = {"kind": "series", "channels": channels, "window": {"seconds": 1}}

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from h5etl import pipeline, sharded, shards, tasks
 from h5etl.clean import Plan
-from h5etl.config import load_spec
+from h5etl.config.load import load_spec
 from h5etl.dataflow import DecodeTask, Sample
 from h5etl.errors import ShardError, UsageError
 from h5etl.report import BuildReport

@@ -31,7 +31,7 @@ from test_ragged import prelude
 
 from h5etl import pipeline, tasks
 from h5etl.check import check_release
-from h5etl.config import load_spec
+from h5etl.config.load import load_spec
 from h5etl.format import contract as fileformat
 from h5etl.report import BuildReport
 

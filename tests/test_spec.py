@@ -10,11 +10,11 @@ import pytest
 import yaml
 from conftest import MakeRaw, WriteConfig, base_config
 
-from h5etl.config import load_spec
+from h5etl.config.fields import ImageField, MaskField
+from h5etl.config.load import load_spec
+from h5etl.config.spec import Compression, spec_sha256, spec_text
 from h5etl.errors import ConfigError
-from h5etl.fieldspecs import ImageField, MaskField
 from h5etl.sink import writer as sink
-from h5etl.spec import Compression, spec_sha256, spec_text
 
 
 @pytest.fixture

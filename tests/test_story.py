@@ -19,8 +19,8 @@ from typer.testing import CliRunner
 
 from h5etl import pipeline
 from h5etl.cli import app
-from h5etl.config import load_spec
-from h5etl.spec import spec_sha256
+from h5etl.config.load import load_spec
+from h5etl.config.spec import spec_sha256
 from h5etl.units import human_size
 
 runner = CliRunner()

@@ -121,8 +121,8 @@ def _anchor(key: str) -> str:
 
 def config_keys() -> str:
     """Every key of a build config, from ``Spec`` and the field kinds' models."""
-    from h5etl.fieldspecs import FIELD_MODELS
-    from h5etl.spec import Spec
+    from h5etl.config.fields import FIELD_MODELS
+    from h5etl.config.spec import Spec
 
     seen: set[type[BaseModel]] = set(FIELD_MODELS.values())
     out = ["### Top level {#top-level}", "", *model_table(Spec, "", seen)]

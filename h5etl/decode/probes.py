@@ -21,7 +21,7 @@ from h5etl.kinds import placement as geometry
 from h5etl.kinds.base import Kind, ProbeTarget
 
 if TYPE_CHECKING:
-    from h5etl.spec import Spec
+    from h5etl.config.spec import Spec
 
 STAGE = "clean"  # the rejects found here are the plan's
 

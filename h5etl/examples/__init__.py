@@ -12,7 +12,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from h5etl import demo, resources
+from h5etl import demo
+from h5etl.config import resources
 from h5etl.errors import ConfigError, UsageError
 from h5etl.examples import classify as classify
 from h5etl.examples import medical as medical
@@ -82,7 +83,7 @@ def check_installed(name: str) -> None:
     Raises:
         ConfigError: one line naming the libraries and the extra (exit code 2).
     """
-    from h5etl.config import load_spec
+    from h5etl.config.load import load_spec
     from h5etl.kinds.registry import check_installed as installed
 
     shipped = resources.example_config(find(name).config)

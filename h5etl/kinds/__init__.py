@@ -1,3 +1,3 @@
 """Field kinds: one behaviour class per kind (``image``, ``mask``, ``label``, ``text``,
 ``value``); ``h5etl.kinds.registry`` builds them from a spec. Adding a kind is one module
-here, one model in ``h5etl.fieldspecs`` and one entry in the registry."""
+here, one model in ``h5etl.config.fields`` and one entry in the registry."""

@@ -24,7 +24,7 @@ from h5etl.kinds.base import (
 from h5etl.kinds.fitting import fit, size_text
 
 if TYPE_CHECKING:
-    from h5etl.fieldspecs import ImageField
+    from h5etl.config.fields import ImageField
 
 
 @dataclass(frozen=True, slots=True)

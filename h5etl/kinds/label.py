@@ -21,7 +21,7 @@ from h5etl.kinds.sidecar import text_value
 from h5etl.kinds.tabular import Prepared, TableSource, shown, table_lookup
 
 if TYPE_CHECKING:
-    from h5etl.fieldspecs import LabelField
+    from h5etl.config.fields import LabelField
 
 
 @dataclass(frozen=True, slots=True)

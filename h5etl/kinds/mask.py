@@ -25,7 +25,7 @@ from h5etl.kinds.base import (
 from h5etl.kinds.fitting import fit, size_text
 
 if TYPE_CHECKING:
-    from h5etl.fieldspecs import MaskField
+    from h5etl.config.fields import MaskField
 
 Colour = tuple[int, int, int]
 

@@ -9,8 +9,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from h5etl.errors import ConfigError
-from h5etl.fieldspecs import (
+from h5etl.config.fields import (
     ImageField,
     LabelField,
     MaskField,
@@ -19,12 +18,13 @@ from h5etl.fieldspecs import (
     ValueField,
     VolumeField,
 )
+from h5etl.config.spec import Spec
+from h5etl.errors import ConfigError
 from h5etl.format.codec import ChunkLayout, Codec
 from h5etl.format.contract import FieldRecord
 from h5etl.inputs import extras
 from h5etl.kinds import image, label, mask, series, text, value, volume
 from h5etl.kinds.base import Kind
-from h5etl.spec import Spec
 
 Builder = Callable[[Spec, str], Kind]
 

@@ -40,7 +40,7 @@ from h5etl.kinds.base import (
 from h5etl.kinds.tabular import Prepared
 
 if TYPE_CHECKING:
-    from h5etl.fieldspecs.series import SeriesField
+    from h5etl.config.fields.series import SeriesField
 
 # Rows of a ragged chunk: about ten seconds of the channel, at least 4096 rows and at most
 # about 1 MiB. Small chunks cost a compression call each (a 48 KiB chunk compresses at a

@@ -14,7 +14,7 @@ from h5etl.kinds.sidecar import json_value, text_value
 from h5etl.kinds.tabular import Prepared, TableSource, table_lookup
 
 if TYPE_CHECKING:
-    from h5etl.fieldspecs import TextField
+    from h5etl.config.fields import TextField
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +70,7 @@ class TextKind(Kind):
 
 
 def from_config(name: str, field: TextField, *, source_index: int | None) -> Kind:
-    from h5etl.fieldspecs import TableRef  # parent only: workers stay free of pydantic
+    from h5etl.config.fields import TableRef  # parent only: workers stay free of pydantic
 
     origin = field.from_
     if isinstance(origin, str):

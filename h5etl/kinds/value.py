@@ -14,7 +14,7 @@ from h5etl.kinds.sidecar import json_value, typed_value
 from h5etl.kinds.tabular import Prepared, TableSource, table_lookup
 
 if TYPE_CHECKING:
-    from h5etl.fieldspecs import ValueField
+    from h5etl.config.fields import ValueField
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +74,7 @@ class ValueKind(Kind):
 
 
 def from_config(name: str, field: ValueField, *, source_index: int | None) -> Kind:
-    from h5etl.fieldspecs import TableRef  # parent only: workers stay free of pydantic
+    from h5etl.config.fields import TableRef  # parent only: workers stay free of pydantic
 
     origin = field.from_
     if isinstance(origin, TableRef):

@@ -38,7 +38,7 @@ from h5etl.kinds.base import (
 )
 
 if TYPE_CHECKING:
-    from h5etl.fieldspecs.volume import ResampleSpec, VolumeField
+    from h5etl.config.fields.volume import ResampleSpec, VolumeField
 
 AFFINE_MEANS = "voxel (x, y, z, 1) = (column, row, slice, 1) -> RAS+ mm (nibabel)"
 TYPICAL_SLICES = 512  # for the decoded-size estimate that sizes decode tasks

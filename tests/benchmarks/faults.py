@@ -31,7 +31,7 @@ from PIL import Image
 
 import h5etl
 import h5etl.sink.array_writer
-from h5etl.config import load_spec
+from h5etl.config.load import load_spec
 
 # The same failure scripts the reliability tests run.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

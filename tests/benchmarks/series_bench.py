@@ -46,6 +46,7 @@ from build import LIMIT_ENV, Run, _child_json, _median, become_subreaper, measur
 from installed import byte_compile, warm
 from joblib import Parallel, delayed
 
+from h5etl.config.spec import Spec
 from h5etl.examples.sensors import START, write_recording
 from h5etl.format import digest
 from h5etl.format.codec import ChunkLayout, encode_block
@@ -53,7 +54,6 @@ from h5etl.inputs import recording
 from h5etl.kinds import registry
 from h5etl.kinds.base import RaggedColumn
 from h5etl.kinds.series import SeriesKind
-from h5etl.spec import Spec
 from h5etl.stats import normalisation as stats
 
 HERE = Path(__file__).resolve()
@@ -96,7 +96,7 @@ def raw_bytes(folder: Path) -> int:
 
 
 def _kind(folder: Path) -> SeriesKind:
-    from h5etl.config import load_spec
+    from h5etl.config.load import load_spec
 
     spec: Spec = load_spec(folder / "series.yaml")
     (kind,) = [k for k in registry.kinds_of(spec) if isinstance(k, SeriesKind)]

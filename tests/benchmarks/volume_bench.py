@@ -252,7 +252,7 @@ def _limit_case(folder: str, kind: Any) -> int:
 def run_limit(root: Path, jobs: int) -> None:
     from joblib import Parallel, delayed
 
-    from h5etl.config import load_spec
+    from h5etl.config.load import load_spec
     from h5etl.kinds.registry import kinds_of
 
     spec = load_spec(root / "bench.yaml")

@@ -14,9 +14,9 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from h5etl.fieldspecs.base import FieldModel, key_problem
+from h5etl.config.fields.base import FieldModel, key_problem
+from h5etl.config.sections import Compression, Problem, SpecProblems, Strict
 from h5etl.inputs.series_fit import samples_in
-from h5etl.specparts import Compression, Problem, SpecProblems, Strict
 
 SeriesDtype = Literal[
     "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32"

@@ -10,7 +10,7 @@ from pydantic import (
     Field,
 )
 
-from h5etl.specparts import PadSpec, Problem, SpecProblems, Strict
+from h5etl.config.sections import PadSpec, Problem, SpecProblems, Strict
 
 
 def key_problem(key: str, message: str) -> SpecProblems:

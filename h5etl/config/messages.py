@@ -15,7 +15,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError
 
-from h5etl.config_places import (
+from h5etl.config.fields import FIELD_MODELS, JsonRef, TableRef, inferred_kind
+from h5etl.config.places import (
     SECTIONS,
     belongs,
     keys_of,
@@ -24,8 +25,7 @@ from h5etl.config_places import (
     plain_words,
     stray_entry,
 )
-from h5etl.fieldspecs import FIELD_MODELS, JsonRef, TableRef, inferred_kind
-from h5etl.spec import (
+from h5etl.config.spec import (
     Spec,
     SpecProblems,
     source_for,

@@ -2,7 +2,7 @@
 
 ``spec_problems(spec)`` returns every ``Problem`` a ``Spec`` breaks, each naming its own keys;
 ``Spec``'s model validator raises them as one ``SpecProblems``. Plain functions over the
-spec's fields and derived views: no YAML, no pydantic errors, no import of ``h5etl.spec``.
+spec's fields and derived views: no YAML, no pydantic errors, no import of ``h5etl.config.spec``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from h5etl.fieldspecs import (
+from h5etl.config.fields import (
     ArrayField,
     FieldSpec,
     ImageField,
@@ -23,9 +23,9 @@ from h5etl.fieldspecs import (
     MaskField,
     SeriesField,
 )
-from h5etl.fieldspecs.volume import volume_problems
+from h5etl.config.fields.volume import volume_problems
+from h5etl.config.sections import GroupBy, PadSpec, Problem, SourceSpec
 from h5etl.format import contract as fileformat
-from h5etl.specparts import GroupBy, PadSpec, Problem, SourceSpec
 
 __all__ = [
     "MAX_BATCH_SAMPLES",

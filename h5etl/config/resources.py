@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-_PACKAGE = Path(__file__).resolve().parent
+_PACKAGE = Path(__file__).resolve().parents[1]  # h5etl/ (this is h5etl/config/)
 
 
 def data_dir(kind: str) -> Path:

@@ -15,9 +15,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from h5etl.fieldspecs import FIELD_MODELS
-from h5etl.spec import Compression, DecodeSpec, PadSpec, SourceSpec, Spec, StorageSpec
-from h5etl.specparts import GroupBy
+from h5etl.config.fields import FIELD_MODELS
+from h5etl.config.sections import GroupBy
+from h5etl.config.spec import Compression, DecodeSpec, PadSpec, SourceSpec, Spec, StorageSpec
 
 Key = tuple[str | int, ...]
 

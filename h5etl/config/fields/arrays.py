@@ -14,8 +14,8 @@ from pydantic import (
     model_validator,
 )
 
-from h5etl.fieldspecs.base import FieldModel, Key, key_problem
-from h5etl.specparts import Compression, PadSpec, Problem, SpecProblems, Strict
+from h5etl.config.fields.base import FieldModel, Key, key_problem
+from h5etl.config.sections import Compression, PadSpec, Problem, SpecProblems, Strict
 
 IMAGE_MODES: dict[str, int] = {"RGB": 3, "L": 1}
 MODE_OF_CHANNELS = {channels: mode for mode, channels in IMAGE_MODES.items()}

@@ -2,7 +2,7 @@
 
 ``load_spec(path)`` is the only function that reads a config file. Every problem becomes a
 ``ConfigError`` whose lines name the file, the dotted key and what was expected (the wording
-of pydantic's errors is ``h5etl.config_problems``'s job).
+of pydantic's errors is ``h5etl.config.messages``'s job).
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from h5etl import resources
-from h5etl.config_problems import Found, Origin, find_typos, from_validation, shown_problems
+from h5etl.config import resources
+from h5etl.config.fields import TableRef, inferred_kind
+from h5etl.config.messages import Found, Origin, find_typos, from_validation, shown_problems
+from h5etl.config.spec import Spec
 from h5etl.errors import ConfigError
-from h5etl.fieldspecs import TableRef, inferred_kind
-from h5etl.spec import Spec
 
 __all__ = ["load_spec", "parse_spec"]
 

@@ -11,8 +11,8 @@ from pydantic import (
     model_validator,
 )
 
-from h5etl.fieldspecs.base import FieldModel, JsonRef, Key, TableRef, key_problem, own_or_first
-from h5etl.specparts import Strict
+from h5etl.config.fields.base import FieldModel, JsonRef, Key, TableRef, key_problem, own_or_first
+from h5etl.config.sections import Strict
 
 ValueDtype = Literal["int64", "int32", "float64", "float32", "bool"]
 

@@ -7,8 +7,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
-from h5etl.fieldspecs.base import FieldModel, key_problem
-from h5etl.specparts import Compression, Problem, SourceSpec, Strict
+from h5etl.config.fields.base import FieldModel, key_problem
+from h5etl.config.sections import Compression, Problem, SourceSpec, Strict
 
 VolumeDtype = Literal["int16", "uint16", "uint8", "float32"]
 LABEL_DTYPES = {"uint8": 255, "uint16": 65535}

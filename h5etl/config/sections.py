@@ -1,6 +1,6 @@
 """The parts of a config: one frozen pydantic model per concern, unknown keys refused.
 
-``h5etl.spec`` puts them together in ``Spec`` and checks them against each other.
+``h5etl.config.spec`` puts them together in ``Spec`` and checks them against each other.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from h5etl.addresses import scheduler_problem
+from h5etl.config.scheduler_address import scheduler_problem
 
 __all__ = [
     "Compression",
@@ -40,7 +40,7 @@ class Problem:
 
 
 class SpecProblems(ValueError):
-    """Problems a model validator found, each with its own key, so ``h5etl.config`` can say
+    """Problems a model validator found, each with its own key, so ``h5etl.config.load`` can say
     which file wrote the value (the config or its recipe)."""
 
     def __init__(self, problems: Sequence[Problem]):

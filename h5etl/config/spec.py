@@ -1,8 +1,8 @@
 """The config contract: the frozen, validated ``Spec`` a build runs from.
 
 One pydantic model per concern, unknown keys refused; values are checked against each other
-(chunks against shapes, fields against sources) by ``h5etl.spec_rules``, called from ``Spec``'s
-model validator. Reading YAML is ``h5etl.config``'s job.
+(chunks against shapes, fields against sources) by ``h5etl.config.rules``, called from ``Spec``'s
+model validator. Reading YAML is ``h5etl.config.load``'s job.
 """
 
 from __future__ import annotations
@@ -21,12 +21,10 @@ from pydantic import (
     model_validator,
 )
 
-from h5etl import spec_rules
-from h5etl.fieldspecs import ArrayField, FieldSpec, SeriesField
-from h5etl.format import contract as fileformat
-from h5etl.release.naming import DEFAULT_OUTPUT
-from h5etl.spec_rules import NAME_PATTERN, check_name, source_for, unknown_source
-from h5etl.specparts import (
+from h5etl.config import rules as spec_rules
+from h5etl.config.fields import ArrayField, FieldSpec, SeriesField
+from h5etl.config.rules import NAME_PATTERN, check_name, source_for, unknown_source
+from h5etl.config.sections import (
     Compression,
     DecodeSpec,
     GroupBy,
@@ -37,7 +35,9 @@ from h5etl.specparts import (
     StorageSpec,
     Strict,
 )
-from h5etl.storable import AttrValue, Text, attr_name_problem
+from h5etl.config.storable import AttrValue, Text, attr_name_problem
+from h5etl.format import contract as fileformat
+from h5etl.release.naming import DEFAULT_OUTPUT
 
 __all__ = [
     "Compression",

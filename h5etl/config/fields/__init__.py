@@ -15,11 +15,11 @@ from typing import Annotated, Any
 
 from pydantic import Discriminator, Tag
 
-from h5etl.fieldspecs.arrays import ArrayField, DeriveSpec, ImageField, MaskField, ScaleSpec
-from h5etl.fieldspecs.base import FieldModel, JsonRef, TableRef, own_or_first
-from h5etl.fieldspecs.series import SeriesField
-from h5etl.fieldspecs.values import LabelField, TextField, ValueField
-from h5etl.fieldspecs.volume import ResampleSpec, VolumeField
+from h5etl.config.fields.arrays import ArrayField, DeriveSpec, ImageField, MaskField, ScaleSpec
+from h5etl.config.fields.base import FieldModel, JsonRef, TableRef, own_or_first
+from h5etl.config.fields.series import SeriesField
+from h5etl.config.fields.values import LabelField, TextField, ValueField
+from h5etl.config.fields.volume import ResampleSpec, VolumeField
 
 __all__ = [
     "FIELD_MODELS",

@@ -1,0 +1,1 @@
+"""Reading a config: the only pydantic code (spec, rules, messages, field models)."""
