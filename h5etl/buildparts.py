@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from h5etl import clean, cluster, inprocess, schedule, tasks
+from h5etl import cluster, inprocess, schedule
 from h5etl.ahead import Ahead
 from h5etl.config.spec import Spec
 from h5etl.dataflow import Barrier, BatchResult, DecodeTask
@@ -23,7 +23,9 @@ from h5etl.decode import task as decode
 from h5etl.format import contract as fileformat
 from h5etl.format.codec import ChunkLayout
 from h5etl.kinds.base import ArrayColumn, TextColumn
-from h5etl.kinds.registry import decode_order, layout_of, layout_records
+from h5etl.plan import admit as clean
+from h5etl.plan import tasks
+from h5etl.plan.kind_registry import decode_order, layout_of, layout_records
 from h5etl.sink.writer import SinkLayout
 
 logger = logging.getLogger(__name__)

@@ -27,12 +27,12 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from h5etl import inprocess
-from h5etl.clean import Plan
 from h5etl.dataflow import BatchResult, Sample, text_bytes, valid_text
 from h5etl.errors import RejectError
 from h5etl.format.contract import SAMPLE_KEY, LayoutRecord
 from h5etl.inputs import opening as inputs
 from h5etl.parent import Parent, ParentSplit
+from h5etl.plan.admit import Plan
 from h5etl.release.listing import OutputFolder
 from h5etl.sink.parent_rows import Seed, runs
 from h5etl.stats.tallies import Tallies

@@ -25,7 +25,7 @@ __all__ = ["app", "main"]
 def validate(config: ConfigArgument) -> None:
     """Check CONFIG without building."""
     from h5etl.config.load import check_tables, load_spec
-    from h5etl.kinds.registry import check_installed
+    from h5etl.plan.kind_registry import check_installed
 
     spec = _run(lambda: load_spec(config))
     _run(lambda: check_tables(spec))  # a broken table is the config's problem, found now

@@ -255,7 +255,7 @@ def _load(path: Path, options: _BuildOptions) -> Spec:
 
 def _build_spec(spec: Spec, options: _BuildOptions, bars: _Bars) -> BuildReport:
     if options.pooled:
-        from h5etl.kinds.registry import worker_modules
+        from h5etl.plan.kind_registry import worker_modules
 
         workers.preload(options.jobs, worker_modules(spec))  # while the pipeline imports
     from h5etl import dataflow as records

@@ -15,7 +15,6 @@ from typing import Any
 from h5etl import (
     buildparts,
     carry,
-    clean,
     inprocess,
     interrupts,
     parent,
@@ -40,7 +39,8 @@ from h5etl.buildparts import (
 from h5etl.config.spec import Spec, spec_text
 from h5etl.errors import BuildFailed, ResumeMismatch
 from h5etl.format import contract as fileformat
-from h5etl.kinds import registry
+from h5etl.plan import admit as clean
+from h5etl.plan import kind_registry as registry
 from h5etl.planning import ProgressHook
 from h5etl.release.listing import OutputFolder
 from h5etl.report import BuildReport, enforce_limit, guard, require_samples

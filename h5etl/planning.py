@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from h5etl import buildparts, clean, discover, parent, schedule, settle, story
+from h5etl import buildparts, parent, schedule, settle, story
 from h5etl.buildparts import Stopwatch, decoded, planned, processed
 from h5etl.config.spec import Spec
+from h5etl.plan import admit as clean
+from h5etl.plan import discover
 from h5etl.release.listing import OutputFolder
 from h5etl.report import (
     DECODE_CHECKS,
@@ -73,7 +75,7 @@ def dry_run(
 
 def header_checks(spec: Spec) -> list[str]:
     """What the header probes of ``spec``'s kinds check beyond image headers, each once."""
-    from h5etl.kinds.registry import kinds_of
+    from h5etl.plan.kind_registry import kinds_of
 
     return list(dict.fromkeys(k.header_checks for k in kinds_of(spec) if k.probes_headers))
 
@@ -81,7 +83,7 @@ def header_checks(spec: Spec) -> list[str]:
 def unchecked(spec: Spec) -> list[str]:
     """What a dry run without ``--decode`` could not check, by field: what no header shows,
     and the fields that read files no header probe reads."""
-    from h5etl.kinds.registry import kinds_of
+    from h5etl.plan.kind_registry import kinds_of
 
     probed = {k.name for k in kinds_of(spec) if k.probes_headers or k.probe_target()}
     blind = [n for n, f in spec.fields.items() if f.reads_files and n not in probed]

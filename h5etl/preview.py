@@ -250,7 +250,7 @@ def _roles_or_drawn(
         if drawn is None:
             raise ReaderError(
                 f"split {split!r}: {exc.message}, nor a field of a kind that draws its own "
-                "tiles (h5etl.kinds.registry.PREVIEW_DRAWERS)",
+                "tiles (h5etl.plan.kind_registry.PREVIEW_DRAWERS)",
                 path=os.fspath(path),
             ) from exc
         return Roles(image=drawn, mask=None, captions=caption_fields(layout)), drawn

@@ -1,6 +1,6 @@
 """preview, for kinds that draw their own tiles: a volume's middle slice, a series' channels.
 
-A kind registers a drawer in ``h5etl.kinds.registry.PREVIEW_DRAWERS`` (kind -> "module:function",
+A kind registers a drawer in ``h5etl.plan.kind_registry.PREVIEW_DRAWERS`` (kind -> "module:function",
 imported only when a preview draws that kind). A drawer is ``draw(sample, field) -> PIL
 image``: ``sample`` (a ``PreviewSample``) reads the stored sample's columns on demand, so a
 drawer of a 262 MB case reads the one slice it shows (``rows``), never the case. The sheet, the
@@ -76,7 +76,7 @@ Drawer = Callable[[PreviewSample, str], Image.Image]
 
 def drawer_of(kind: str) -> Drawer | None:
     """The registered drawer of ``kind``, imported now; None when it has none."""
-    from h5etl.kinds.registry import PREVIEW_DRAWERS
+    from h5etl.plan.kind_registry import PREVIEW_DRAWERS
 
     target = PREVIEW_DRAWERS.get(kind)
     if target is None:

@@ -13,9 +13,10 @@ from typing import Any
 
 import h5py
 
-from h5etl import __version__, clean, reproducible
+from h5etl import __version__, reproducible
 from h5etl.config.spec import Spec, spec_sha256, spec_text
 from h5etl.dataflow import BatchResult, valid_text
+from h5etl.plan import admit as clean
 from h5etl.report import BuildReport
 
 

@@ -1,6 +1,6 @@
 """settle: the release of the samples a build stored, when decoding rejected some of them.
 
-Splits are assigned at plan time (``h5etl.assign``), before decoding finds the files it must
+Splits are assigned at plan time (``h5etl.plan.split_assign``), before decoding finds the files it must
 reject; the rejects then leave their splits short (40 good pairs and 4 corrupt ones in
 ``valid`` were stored 35/5 where the exact rule over the 40 gives 32/8). When decoding
 rejected planned samples, ``resettled`` runs the same rule again over the samples stored
@@ -19,9 +19,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from h5etl import assign, carry, parent
-from h5etl.clean import Plan, write_order
+from h5etl import carry, parent
 from h5etl.dataflow import Reject, Sample, text_bytes
+from h5etl.plan import split_assign as assign
+from h5etl.plan.admit import Plan, write_order
 
 if TYPE_CHECKING:
     from h5etl.config.spec import Spec

@@ -21,20 +21,20 @@ from pathlib import Path
 from typing import Any
 
 from h5etl import buildparts, errors, shards
-from h5etl.clean import Plan
 from h5etl.config.spec import Spec, spec_sha256
 from h5etl.dataflow import DecodeTask, Reject
 from h5etl.decode.task import DecodeRecipe
 from h5etl.errors import H5EtlError, ShardError, UsageError
 from h5etl.format import partfiles
 from h5etl.kinds.base import ArrayColumn, RaggedColumn, ScalarColumn, TextColumn
+from h5etl.plan.admit import Plan
+from h5etl.plan.tasks import TaskCutter
 from h5etl.release.listing import OutputFolder, part_filename
 from h5etl.report import BuildReport
 from h5etl.resume import Checkpoints, Restored
 from h5etl.sink import chunk_copy as sink_copy
 from h5etl.sink.writer import Sink, SinkLayout
 from h5etl.stats.tallies import Tallies
-from h5etl.tasks import TaskCutter
 
 logger = logging.getLogger(__name__)
 SHARD_WRITER = shards.run_shard  # the shard processes' entry (a test slows one down here)

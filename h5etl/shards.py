@@ -34,12 +34,12 @@ from h5etl.decode.task import DecodeRecipe
 from h5etl.errors import H5EtlError, ShardError
 from h5etl.format import journal
 from h5etl.format.contract import SHARD_ATTR, SHARD_INDEX_ATTR
+from h5etl.plan.tasks import TaskCutter
 from h5etl.provenance import fingerprint_lines
 from h5etl.release.listing import write_atomically
 from h5etl.report import enforce_limit
 from h5etl.sink.writer import Sink, SinkLayout
 from h5etl.stats.tallies import Tallies
-from h5etl.tasks import TaskCutter
 
 FORMAT = 1
 logger = logging.getLogger(__name__)

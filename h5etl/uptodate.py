@@ -26,12 +26,12 @@ from typing import TYPE_CHECKING, Any
 
 from h5etl import __version__, carry, inprocess
 from h5etl.buildparts import layout_record
-from h5etl.clean import Plan
 from h5etl.config.spec import Spec, spec_text
 from h5etl.dataflow import Reject, Sample, valid_text
 from h5etl.format import contract as fileformat
 from h5etl.format.contract import LayoutRecord
 from h5etl.parent import Parent
+from h5etl.plan.admit import Plan
 from h5etl.release.listing import OutputFolder
 from h5etl.report import BuildReport
 from h5etl.sink import disk as sink_disk

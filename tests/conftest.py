@@ -349,8 +349,8 @@ def dataset_digests(path: Path) -> dict[str, str]:
 # after every task of 2 samples (the resume tests of every kind run it).
 KILLED_BUILD = """
     import os, signal, sys
-    import h5etl, h5etl.tasks
-    h5etl.tasks.TASK_SAMPLES = 2
+    import h5etl, h5etl.plan.tasks
+    h5etl.plan.tasks.TASK_SAMPLES = 2
     config, after, jobs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     seen = 0
     def hook(stage, advance, total):
@@ -366,7 +366,7 @@ KILLED_BUILD = """
 def run_killed_build(config: Path, after: int, jobs: int = 1, prelude: str = "") -> int:
     """Run ``KILLED_BUILD`` in a fresh session; its return code (``-SIGKILL`` if it got there).
 
-    Resuming it must cut tasks the same way: set ``h5etl.tasks.TASK_SAMPLES`` to 2 too.
+    Resuming it must cut tasks the same way: set ``h5etl.plan.tasks.TASK_SAMPLES`` to 2 too.
     ``prelude`` is Python run first (a test-only kind put in place, say).
     """
     script = textwrap.dedent(prelude) + textwrap.dedent(KILLED_BUILD)

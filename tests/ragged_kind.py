@@ -89,7 +89,7 @@ DRAWN: list[tuple[str, int, np.ndarray]] = []  # (field, sample index, rows read
 
 def draw(sample: Any, field: str) -> Any:
     """A preview tile: the sample's middle row of values as three grey bars (a drawer, as
-    ``h5etl.kinds.registry.PREVIEW_DRAWERS`` names them); it reads that row only."""
+    ``h5etl.plan.kind_registry.PREVIEW_DRAWERS`` names them); it reads that row only."""
     from PIL import Image
 
     values = next(c for c in sample.columns_of(field) if sample.record(c).column == "ragged")
@@ -115,13 +115,13 @@ def _patched(original: Any, field: str, options: dict[str, Any]) -> Any:
 
 def install(field: str = "rec", **options: Any) -> None:
     """Swap the text field ``field`` for an ``NpyRecording`` in this process for good."""
-    from h5etl.kinds import registry
+    from h5etl.plan import kind_registry as registry
 
     registry.kinds_of = _patched(registry.kinds_of, field, options)
 
 
 def use_npy_recording(monkeypatch: Any, field: str = "rec", **options: Any) -> None:
-    from h5etl.kinds import registry
+    from h5etl.plan import kind_registry as registry
 
     monkeypatch.setattr(registry, "kinds_of", _patched(registry.kinds_of, field, options))
 

@@ -12,7 +12,7 @@ from conftest import exact_splits
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from h5etl.assign import assign
+from h5etl.plan.split_assign import assign
 
 FRACTIONS = [
     {"train": 1.0},

@@ -21,9 +21,10 @@ import numpy as np
 import pytest
 from conftest import MakeRaw, WriteConfig, dataset_digests, expected_image, read_release
 
-from h5etl import buildparts, cluster, pipeline, planning, tasks
+from h5etl import buildparts, cluster, pipeline, planning
 from h5etl.config.load import load_spec
 from h5etl.errors import ClusterError, ConfigError
+from h5etl.plan import tasks
 from h5etl.report import BuildReport
 
 distributed = pytest.importorskip("distributed")

@@ -12,9 +12,9 @@ from conftest import base_config, merge
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from h5etl import discover
 from h5etl.config.load import parse_spec
 from h5etl.config.spec import Spec
+from h5etl.plan import discover
 
 
 def spec_for(root: Path, glob: str = "*.png") -> Spec:

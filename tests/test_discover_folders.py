@@ -10,9 +10,10 @@ from conftest import base_config, merge
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from h5etl import clean, discover
 from h5etl.config.load import parse_spec
 from h5etl.config.spec import Spec
+from h5etl.plan import admit as clean
+from h5etl.plan import discover
 
 
 def folder_spec(root: Path, *, ct: dict[str, object], masks: dict[str, object]) -> Spec:

@@ -27,9 +27,9 @@ from PIL import Image
 from typer.testing import CliRunner
 
 import h5etl
-from h5etl import tasks
 from h5etl.cli import app
 from h5etl.config.load import load_spec
+from h5etl.plan import tasks
 from h5etl.readers import Release, iter_batches
 
 SIDE = 16  # the field's H and W; inputs are smaller, so every row has padding

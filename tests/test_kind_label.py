@@ -218,7 +218,7 @@ def test_a_class_folder_without_matching_files_is_reported_empty(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, registry: bool
 ) -> None:
     from h5etl.config.fields import LabelField
-    from h5etl.kinds import registry as kinds_registry
+    from h5etl.plan import kind_registry as kinds_registry
 
     if registry:
         builders: dict[Any, Any] = kinds_registry.BUILDERS
@@ -443,7 +443,7 @@ def test_jobs_one_and_two_give_identical_releases(tmp_path: Path) -> None:
 def test_resume_after_a_kill_ends_identical(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from h5etl import tasks
+    from h5etl.plan import tasks
 
     monkeypatch.setattr(tasks, "TASK_SAMPLES", 2)
     make_pets(tmp_path, STRATA, extras=False)

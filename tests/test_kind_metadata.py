@@ -337,7 +337,7 @@ def test_jobs_one_and_two_give_identical_releases_that_check_deep(
 def test_resume_after_a_kill_ends_identical(
     meta: tuple[Path, dict[str, dict[str, Any]]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from h5etl import tasks
+    from h5etl.plan import tasks
 
     monkeypatch.setattr(tasks, "TASK_SAMPLES", 2)
     config, _ = meta

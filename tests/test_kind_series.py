@@ -245,7 +245,7 @@ def test_jobs_one_and_two_give_identical_releases(tmp_path: Path, cut: dict[str,
 def test_resume_after_a_kill_ends_identical(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from h5etl import tasks
+    from h5etl.plan import tasks
 
     monkeypatch.setattr(tasks, "TASK_SAMPLES", 2)
     make_recordings(tmp_path, {f"r{i:02d}": 2 + i % 4 for i in range(12)})

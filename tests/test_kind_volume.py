@@ -207,7 +207,7 @@ def test_jobs_do_not_change_the_release_and_check_deep_passes(tmp_path: Path) ->
 def test_resume_after_a_kill_ends_identical(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from h5etl import tasks
+    from h5etl.plan import tasks
 
     monkeypatch.setattr(tasks, "TASK_SAMPLES", 2)
     make_ct(tmp_path, cases=8)
@@ -282,7 +282,7 @@ def test_split_statistics_cover_every_voxel(tmp_path: Path) -> None:
 
 
 def test_workers_import_the_readers_of_the_forms_a_config_can_meet(tmp_path: Path) -> None:
-    from h5etl.kinds.registry import worker_modules
+    from h5etl.plan.kind_registry import worker_modules
 
     (tmp_path / "raw" / "ct").mkdir(parents=True)
     (tmp_path / "raw" / "masks").mkdir()

@@ -40,8 +40,8 @@ from h5etl.examples.volumes import write_dicom_series
 from h5etl.inputs.volumes import open_case
 from h5etl.inputs.volumes.case import cast_exact, rescaled, rescaled_exact
 from h5etl.kinds.base import SampleContext
-from h5etl.kinds.registry import kinds_of
 from h5etl.kinds.volume import VolumeKind
+from h5etl.plan.kind_registry import kinds_of
 from h5etl.sink.array_writer import DatasetStats, ImageWriter
 
 # (Bits Allocated, Bits Stored, Pixel Representation)

@@ -226,7 +226,7 @@ ragged_kind.install("rec", chunk_rows={chunk_rows})
 def test_resume_after_a_kill_ends_identical(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, jobs: int, chunk_rows: int
 ) -> None:
-    from h5etl import tasks
+    from h5etl.plan import tasks
 
     monkeypatch.setattr(tasks, "TASK_SAMPLES", 2)
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")  # then the very same bytes
@@ -416,7 +416,7 @@ def test_preview_draws_a_kind_through_its_drawer(
 ) -> None:
     import ragged_kind
 
-    from h5etl.kinds import registry
+    from h5etl.plan import kind_registry as registry
     from h5etl.preview import render_preview
 
     path, truth = built

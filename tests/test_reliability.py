@@ -27,11 +27,12 @@ from PIL import Image
 
 import h5etl
 import h5etl.sink.array_writer
-from h5etl import schedule, tasks
+from h5etl import schedule
 from h5etl.config.load import load_spec
 from h5etl.dataflow import BatchResult, DecodeTask
 from h5etl.decode import task as decode
 from h5etl.errors import BuildFailed, LockHeld, SinkError
+from h5etl.plan import tasks
 from h5etl.release import listing as release
 
 CELLS = "cells"
@@ -108,8 +109,8 @@ def run_script(script: str, *args: str, timeout: float = 120) -> subprocess.Comp
 # sink in the middle of storing chunks (`where=sink`).
 KILLED_BUILD = f"""
     import os, signal, sys
-    import h5etl, h5etl.tasks, h5etl.sink.array_writer
-    h5etl.tasks.TASK_SAMPLES = {TASK_SAMPLES}
+    import h5etl, h5etl.plan.tasks, h5etl.sink.array_writer
+    h5etl.plan.tasks.TASK_SAMPLES = {TASK_SAMPLES}
     from h5etl.config.load import load_spec
     config, after, jobs, where = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
     seen = 0
@@ -604,7 +605,9 @@ def test_crashing_worker_rejects_only_its_sample(project: Path) -> None:
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
     spec = load_spec(project)
-    from h5etl import clean, discover, pipeline
+    from h5etl import pipeline
+    from h5etl.plan import admit as clean
+    from h5etl.plan import discover
 
     plan = clean.plan(spec, discover.find_samples(spec).samples)
     recipe = pipeline.recipe_of(plan)

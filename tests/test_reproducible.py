@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 import h5etl
-import h5etl.tasks
+import h5etl.plan.tasks
 from h5etl import reproducible
 from h5etl.cli import app
 from h5etl.config.spec import Compression
@@ -282,8 +282,8 @@ def test_small_rows_are_written_in_runs_of_the_row_count_alone(tmp_path: Path) -
 # both splits, as one every two seconds does) and SIGKILLs itself after ``after`` samples.
 KILLED_SPARSE = """
     import os, signal, sys
-    import h5etl, h5etl.resume, h5etl.sink.small_columns, h5etl.tasks
-    h5etl.tasks.TASK_SAMPLES = 2
+    import h5etl, h5etl.resume, h5etl.sink.small_columns, h5etl.plan.tasks
+    h5etl.plan.tasks.TASK_SAMPLES = 2
     h5etl.sink.small_columns.SMALL_ROWS_PER_WRITE = int(sys.argv[3])
     config, after = sys.argv[1], int(sys.argv[2])
     original = h5etl.resume.Checkpoints.maybe_write
@@ -315,7 +315,7 @@ def test_a_resumed_build_is_the_same_file(
 ) -> None:
     # Small-row runs of 4 rows, so that several come before the kill and must be replayed
     # between the same chunks; the journal lists chunks in write order across datasets.
-    monkeypatch.setattr(h5etl.tasks, "TASK_SAMPLES", 2)  # as the killed build cuts its tasks
+    monkeypatch.setattr(h5etl.plan.tasks, "TASK_SAMPLES", 2)  # as the killed build cuts its tasks
     monkeypatch.setattr(sink_rows, "SMALL_ROWS_PER_WRITE", 4)
     monkeypatch.setenv(reproducible.ENV, EPOCH)  # the killed build inherits it
     reference = _build(_project(tmp_path / "ref", make_raw, write_config), monkeypatch, EPOCH)

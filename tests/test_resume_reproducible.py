@@ -14,7 +14,7 @@ from conftest import run_killed_build
 
 import h5etl
 import h5etl.examples
-import h5etl.tasks
+import h5etl.plan.tasks
 from h5etl import reproducible
 from h5etl.examples.volumes import ct_case, write_nifti
 
@@ -71,7 +71,7 @@ def test_a_resumed_build_is_the_same_file_for_every_kind(
     # looked its chunks up by coordinates, which moved where HDF5 put the later chunks, so
     # the layout followed the checkpoints' times, and a resumed build's fall elsewhere. Here
     # the reference never checkpoints; the killed and the resumed build after every task.
-    monkeypatch.setattr(h5etl.tasks, "TASK_SAMPLES", 2)  # as the killed build cuts its tasks
+    monkeypatch.setattr(h5etl.plan.tasks, "TASK_SAMPLES", 2)  # as the killed build cuts its tasks
     monkeypatch.setenv(reproducible.ENV, EPOCH)  # the killed build inherits it
     reference = h5etl.build(
         h5etl.load_spec(prepare(tmp_path / "reference", example)),

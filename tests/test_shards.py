@@ -21,11 +21,12 @@ from conftest import MakeRaw, WriteConfig, dataset_digests, read_release
 from hypothesis import given
 from hypothesis import strategies as st
 
-from h5etl import pipeline, sharded, shards, tasks
-from h5etl.clean import Plan
+from h5etl import pipeline, sharded, shards
 from h5etl.config.load import load_spec
 from h5etl.dataflow import DecodeTask, Sample
 from h5etl.errors import ShardError, UsageError
+from h5etl.plan import tasks
+from h5etl.plan.admit import Plan
 from h5etl.report import BuildReport
 from h5etl.sink.chunk_copy import carry_chunks
 
@@ -158,9 +159,9 @@ def test_a_shard_writer_that_keeps_dying_fails_the_build_cleanly(
 # build once shard 0 has committed, as a lost machine or a Ctrl-\\ would.
 KILLED_SHARDED = """
     import sys, time
-    import h5etl, h5etl.sharded, h5etl.tasks, h5etl.shards
+    import h5etl, h5etl.sharded, h5etl.plan.tasks, h5etl.shards
     import stuckshard
-    h5etl.tasks.TASK_SAMPLES = 4
+    h5etl.plan.tasks.TASK_SAMPLES = 4
     h5etl.sharded.SHARD_WRITER = stuckshard.run
     h5etl.build(h5etl.load_spec(sys.argv[1]), jobs=2, shards=2)
 """

@@ -36,8 +36,8 @@ runner = CliRunner()
 GATED_BUILD = """
     import sys, time
     from pathlib import Path
-    import h5etl, h5etl.inputs.raster, h5etl.tasks
-    h5etl.tasks.TASK_SAMPLES = 4
+    import h5etl, h5etl.inputs.raster, h5etl.plan.tasks
+    h5etl.plan.tasks.TASK_SAMPLES = 4
     config, gate, open_samples = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
     original = h5etl.inputs.raster.decode_field  # what the kinds decode with
     calls = 0

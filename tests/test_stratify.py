@@ -12,7 +12,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from h5etl.errors import ConfigError
-from h5etl.stratify import assign_splits
+from h5etl.plan.stratify import assign_splits
 
 Stratum = str | int | None
 

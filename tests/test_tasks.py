@@ -10,11 +10,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from h5etl import schedule, tasks
-from h5etl.clean import Plan
+from h5etl import schedule
 from h5etl.dataflow import BatchResult, DecodeTask, Reject, Sample
 from h5etl.decode import task as decode
-from h5etl.tasks import TaskCutter
+from h5etl.plan import tasks
+from h5etl.plan.admit import Plan
+from h5etl.plan.tasks import TaskCutter
 
 
 def _plan(sizes: list[int]) -> Plan:

@@ -63,7 +63,7 @@ class ProbeRules:
             for k in kinds
             if k.source_index is not None and type(k).companion_paths is not Kind.companion_paths
         )
-        from h5etl.kinds.registry import decode_order  # the parent's, as this method
+        from h5etl.plan.kind_registry import decode_order  # the parent's, as this method
 
         ordered = (kinds[i] for i in decode_order(kinds))
         return cls(

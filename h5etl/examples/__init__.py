@@ -84,7 +84,7 @@ def check_installed(name: str) -> None:
         ConfigError: one line naming the libraries and the extra (exit code 2).
     """
     from h5etl.config.load import load_spec
-    from h5etl.kinds.registry import check_installed as installed
+    from h5etl.plan.kind_registry import check_installed as installed
 
     shipped = resources.example_config(find(name).config)
     try:

@@ -70,7 +70,7 @@ REQUIRED_ATTRS = (
     FINGERPRINT_ATTR,
 )
 TOOL_VERSION_ATTR = "h5etl_version"
-# Root attribute, JSON: how the splits were assigned (h5etl.assign): rule (exact | sticky |
+# Root attribute, JSON: how the splits were assigned (h5etl.plan.split_assign): rule (exact | sticky |
 # grouped), fractions, seed, stratify, group_by, parent (version or null), kept, assigned,
 # dropped, moved, counts per split
 SPLIT_POLICY_ATTR = "split_policy"

@@ -3,7 +3,7 @@
 A kind names the optional modules its workers import (``Kind.optional_modules``); whether
 they are installed is found here without importing them (``importlib.util.find_spec``), so
 ``validate``, every build and dry run and ``demo`` can refuse a config whose libraries are
-missing in one line, before any work (``h5etl.kinds.registry.check_installed``).
+missing in one line, before any work (``h5etl.plan.kind_registry.check_installed``).
 """
 
 from __future__ import annotations

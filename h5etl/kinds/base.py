@@ -1,7 +1,7 @@
 """What every field kind is made of: its storage column, its statistics, its two hooks.
 
 A kind is a frozen, picklable dataclass built from its config model in the parent (see
-``h5etl.kinds.registry``); decode workers import this package but never pydantic. Values a
+``h5etl.plan.kind_registry``); decode workers import this package but never pydantic. Values a
 kind knows without reading files (a class folder, a table row) come from ``prepare`` at plan
 time, in the parent, and travel with the sample (``Sample.extras``); everything that reads a
 file's bytes happens in ``decode``, in a worker. Both reject a sample with ``RejectError``.

@@ -94,7 +94,7 @@ class LabelKind(Kind):
         if self.table is None:
             matches: Callable[[str], bool] | None = None
             if self.pattern is not None:
-                from h5etl.discover import glob_regex
+                from h5etl.plan.discover import glob_regex
 
                 regex = glob_regex(self.pattern)
 

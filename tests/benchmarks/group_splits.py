@@ -1,4 +1,4 @@
-"""How close whole groups land to the fractions, and what finding it costs (h5etl.partition).
+"""How close whole groups land to the fractions, and what finding it costs (h5etl.plan.partition).
 
 For random group sizes it prints, per case: the exact search's deviation from fraction x N
 (|train - 0.8 N|, the optimum), the greedy placement's (largest first, each where it brings
@@ -18,7 +18,8 @@ from collections import Counter
 
 import numpy as np
 
-from h5etl import assign, partition
+from h5etl.plan import partition
+from h5etl.plan import split_assign as assign
 
 # (groups, smallest, largest group size): a medical set's tens and hundreds of patients,
 # then sets past the exact budget (the greedy only).

@@ -253,7 +253,7 @@ def run_limit(root: Path, jobs: int) -> None:
     from joblib import Parallel, delayed
 
     from h5etl.config.load import load_spec
-    from h5etl.kinds.registry import kinds_of
+    from h5etl.plan.kind_registry import kinds_of
 
     spec = load_spec(root / "bench.yaml")
     kind = next(k for k in kinds_of(spec) if k.name == "ct")

@@ -35,8 +35,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from h5etl import partition, stratify
 from h5etl.dataflow import text_bytes, valid_text
+from h5etl.plan import partition, stratify
 
 Stratum = stratify.Stratum
 

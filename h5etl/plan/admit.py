@@ -2,7 +2,7 @@
 
 Input: discovered samples. Output: a ``Plan`` (per split, samples in a seeded write order) and
 rejects. Headers are read without decoding pixels. Splits are exact on a first release and
-sticky after it (``h5etl.assign``): a sample keeps the split the previous release recorded.
+sticky after it (``h5etl.plan.split_assign``): a sample keeps the split the previous release recorded.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from h5etl import expansion
 from h5etl.dataflow import (
     Reject,
     Sample,
@@ -40,6 +39,7 @@ from h5etl.decode.probes import reject_sample as _reject_sample
 from h5etl.errors import RejectError
 from h5etl.kinds.base import Kind
 from h5etl.kinds.tabular import Prepared
+from h5etl.plan import expansion
 
 if TYPE_CHECKING:  # header probes run in the decode workers; pydantic stays out of them
     from h5etl.config.sections import GroupBy
@@ -141,13 +141,13 @@ def plan(
     Values known without decoding (labels, table columns) are found here, in the parent: a
     sample without one is rejected now, and they travel with it (``Sample.extras``).
     ``previous`` (sample name -> split, from the previous release's record) makes the
-    splits sticky (``h5etl.assign``).
+    splits sticky (``h5etl.plan.split_assign``).
 
     Returns:
         The plan; every input is either in it once or among its rejects.
     """
     if kinds is None:
-        from h5etl.kinds.registry import kinds_of  # the parent's: it reads the config
+        from h5etl.plan.kind_registry import kinds_of  # the parent's: it reads the config
 
         kinds = kinds_of(spec)
     renamed_samples, renamed = sanitize_keys(samples)
@@ -237,10 +237,10 @@ def _assigned(
     previous: Mapping[str, str] | None,
     rejects: list[Reject],
 ) -> tuple[dict[str, list[tuple[Sample, Probed]]], dict[str, Any]]:
-    """Samples per split, and the policy that placed them (``h5etl.assign``). A sample's split
+    """Samples per split, and the policy that placed them (``h5etl.plan.split_assign``). A sample's split
     follows from its own name (NFC), never from the key it was given, which can change when
     another file's key collides with it."""
-    from h5etl import assign
+    from h5etl.plan import split_assign as assign
 
     originals = {new: old for old, new in renamed}
     planned = [kind.name for kind in kinds if kind.plan_side]

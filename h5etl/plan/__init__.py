@@ -1,0 +1,1 @@
+"""Planning a build: discover, pair, admit, assign splits, cut tasks."""
