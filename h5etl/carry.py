@@ -26,9 +26,9 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from h5etl import inprocess
 from h5etl.dataflow import BatchResult, Sample, text_bytes, valid_text
 from h5etl.errors import RejectError
+from h5etl.execute import local_threads as inprocess
 from h5etl.format.contract import SAMPLE_KEY, LayoutRecord
 from h5etl.inputs import opening as inputs
 from h5etl.parent import Parent, ParentSplit
@@ -77,7 +77,9 @@ class CarryPlan:
     parent: Parent
     blocks: dict[str, list[CarriedBlock]] = field(default_factory=dict)
     decode: Plan | None = None
-    rate: float | None = None  # the parent's decode seconds per sample (``h5etl.inprocess``)
+    rate: float | None = (
+        None  # the parent's decode seconds per sample (``h5etl.execute.local_threads``)
+    )
     block: int = 1  # rows of one block (``plan_block``)
 
     @property

@@ -8,12 +8,13 @@ from typing import Annotated
 
 import typer
 
-from h5etl import __version__, workers
+from h5etl import __version__
 from h5etl.cli_build import ALL_CORES, ConfigArgument, JobsOption, QuietOption, build
 from h5etl.cli_common import app
 from h5etl.cli_common import fail as _fail
 from h5etl.cli_common import run as _run
 from h5etl.cli_common import say as _say
+from h5etl.execute import pool as workers
 
 __all__ = ["app", "main"]
 

@@ -17,12 +17,13 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from tqdm import tqdm
 
-from h5etl import docrefs, interrupts, workers
+from h5etl import docrefs, interrupts
 from h5etl.cli_common import app
 from h5etl.cli_common import fail as _fail
 from h5etl.cli_common import run as _run
 from h5etl.cli_common import say as _say
 from h5etl.errors import BuildFailed, UsageError
+from h5etl.execute import pool as workers
 from h5etl.release.naming import has_link as _has_link
 from h5etl.units import human_size
 

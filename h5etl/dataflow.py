@@ -278,7 +278,7 @@ class BatchResult:
     rejects: list[Reject] = field(default_factory=list)
     deferred: list[int] = field(default_factory=list)
     seconds: float = 0.0
-    # column -> where a local worker left its raw values (``h5etl.shared_values``)
+    # column -> where a local worker left its raw values (``h5etl.execute.shared_memory``)
     shared: dict[str, Any] = field(default_factory=dict)
 
 

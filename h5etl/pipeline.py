@@ -13,21 +13,23 @@ from pathlib import Path
 from typing import Any
 
 from h5etl import (
-    buildparts,
     carry,
-    inprocess,
     interrupts,
     parent,
     planning,
     provenance,
     reproducible,
     resume,
-    schedule,
     settle,
     uptodate,
-    workers,
 )
-from h5etl.buildparts import (
+from h5etl.config.spec import Spec, spec_text
+from h5etl.errors import BuildFailed, ResumeMismatch
+from h5etl.execute import assembly as buildparts
+from h5etl.execute import local_threads as inprocess
+from h5etl.execute import pool as workers
+from h5etl.execute import schedule
+from h5etl.execute.assembly import (
     LazyDecoder,
     Stopwatch,
     decoding,
@@ -36,8 +38,6 @@ from h5etl.buildparts import (
     sink_layout,
     source_roots,
 )
-from h5etl.config.spec import Spec, spec_text
-from h5etl.errors import BuildFailed, ResumeMismatch
 from h5etl.format import contract as fileformat
 from h5etl.plan import admit as clean
 from h5etl.plan import kind_registry as registry

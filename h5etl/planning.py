@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from h5etl import buildparts, parent, schedule, settle, story
-from h5etl.buildparts import Stopwatch, decoded, planned, processed
+from h5etl import parent, settle, story
 from h5etl.config.spec import Spec
+from h5etl.execute import assembly as buildparts
+from h5etl.execute import schedule
+from h5etl.execute.assembly import Stopwatch, decoded, planned, processed
 from h5etl.plan import admit as clean
 from h5etl.plan import discover
 from h5etl.release.listing import OutputFolder

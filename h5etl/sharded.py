@@ -20,11 +20,12 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
-from h5etl import buildparts, errors, shards
+from h5etl import errors, shards
 from h5etl.config.spec import Spec, spec_sha256
 from h5etl.dataflow import DecodeTask, Reject
 from h5etl.decode.task import DecodeRecipe
 from h5etl.errors import H5EtlError, ShardError, UsageError
+from h5etl.execute import assembly as buildparts
 from h5etl.format import partfiles
 from h5etl.kinds.base import ArrayColumn, RaggedColumn, ScalarColumn, TextColumn
 from h5etl.plan.admit import Plan

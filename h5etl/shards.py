@@ -27,11 +27,12 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from h5etl import cluster, workers
 from h5etl.config.spec import Spec
 from h5etl.dataflow import BatchResult, DecodeTask, Reject
 from h5etl.decode.task import DecodeRecipe
 from h5etl.errors import H5EtlError, ShardError
+from h5etl.execute import dask_cluster as cluster
+from h5etl.execute import pool as workers
 from h5etl.format import journal
 from h5etl.format.contract import SHARD_ATTR, SHARD_INDEX_ATTR
 from h5etl.plan.tasks import TaskCutter

@@ -24,10 +24,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from h5etl import __version__, carry, inprocess
-from h5etl.buildparts import layout_record
+from h5etl import __version__, carry
 from h5etl.config.spec import Spec, spec_text
 from h5etl.dataflow import Reject, Sample, valid_text
+from h5etl.execute import local_threads as inprocess
+from h5etl.execute.assembly import layout_record
 from h5etl.format import contract as fileformat
 from h5etl.format.contract import LayoutRecord
 from h5etl.parent import Parent
@@ -38,7 +39,7 @@ from h5etl.sink import disk as sink_disk
 from h5etl.story import local_rejects, stored_rejects
 
 if TYPE_CHECKING:
-    from h5etl.buildparts import LazyDecoder
+    from h5etl.execute.assembly import LazyDecoder
 
 logger = logging.getLogger(__name__)
 
@@ -177,7 +178,7 @@ class Gate:
     """One build's answer to "anything to publish?", given as early as it can be: the
     decoder starts once something will be decoded (right after discovery when the samples
     found are not as many as the linked release was built from and more than this process
-    would decode itself, ``h5etl.inprocess``; else after planning), never for an up-to-date
+    would decode itself, ``h5etl.execute.local_threads``; else after planning), never for an up-to-date
     build. ``always`` (``--full``, ``--resume``): it builds."""
 
     def __init__(self, output: OutputFolder, decoder: LazyDecoder, *, always: bool = False):

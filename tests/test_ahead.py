@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 from conftest import MakeRaw, WriteConfig, dataset_digests, random_pair, save
 
-from h5etl import build, buildparts, load_spec
-from h5etl.ahead import Ahead
+from h5etl import build, load_spec
 from h5etl.check import check_release
+from h5etl.execute import assembly as buildparts
+from h5etl.execute.prefetch import Ahead
 
 
 def test_items_come_out_in_order_and_the_thread_ends() -> None:

@@ -12,10 +12,10 @@ from conftest import MakeRaw, WriteConfig
 from hypothesis import given
 from hypothesis import strategies as st
 
-from h5etl import schedule
 from h5etl.config.load import load_spec
 from h5etl.dataflow import Sample, SourceFile
 from h5etl.decode import probes
+from h5etl.execute import schedule
 from h5etl.plan import admit as clean
 from h5etl.plan import discover
 from h5etl.plan import split_assign as assign

@@ -21,9 +21,11 @@ import numpy as np
 import pytest
 from conftest import MakeRaw, WriteConfig, dataset_digests, expected_image, read_release
 
-from h5etl import buildparts, cluster, pipeline, planning
+from h5etl import pipeline, planning
 from h5etl.config.load import load_spec
 from h5etl.errors import ClusterError, ConfigError
+from h5etl.execute import assembly as buildparts
+from h5etl.execute import dask_cluster as cluster
 from h5etl.plan import tasks
 from h5etl.report import BuildReport
 
@@ -77,20 +79,20 @@ def _hide(folder: str, forget: bool = True) -> None:
     has checked nothing yet, one that joined late; else one whose share went away since)."""
     import os.path
 
-    import h5etl.cluster
-    import h5etl.sourceviews
+    import h5etl.execute.dask_cluster
+    import h5etl.execute.sourceviews
 
     if forget:
-        h5etl.cluster._SEEN.clear()
-    h5etl.sourceviews.visible = lambda path: path != folder and os.path.isdir(path)  # type: ignore[assignment]
+        h5etl.execute.dask_cluster._SEEN.clear()
+    h5etl.execute.sourceviews.visible = lambda path: path != folder and os.path.isdir(path)  # type: ignore[assignment]
 
 
 def _unhide() -> None:
     import os.path
 
-    import h5etl.sourceviews
+    import h5etl.execute.sourceviews
 
-    h5etl.sourceviews.visible = os.path.isdir  # type: ignore[assignment]
+    h5etl.execute.sourceviews.visible = os.path.isdir  # type: ignore[assignment]
 
 
 def _release(tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig) -> Path:

@@ -25,8 +25,10 @@ import pytest
 from conftest import MakeRaw, WriteConfig, expected_image, expected_mask
 from conftest import add_pairs as add_random_pairs
 
-from h5etl import build, inprocess, load_spec, workers
+from h5etl import build, load_spec
 from h5etl.check import check_release
+from h5etl.execute import local_threads as inprocess
+from h5etl.execute import pool as workers
 from h5etl.release.listing import OutputFolder
 from h5etl.report import BuildReport
 
@@ -176,7 +178,7 @@ def test_a_copy_decodes_nothing_starts_nothing_and_keeps_the_parents_rate(
 CHILD = """
     import json, os, signal, sys
     import h5etl
-    from h5etl import schedule
+    from h5etl.execute import schedule
     from h5etl.decode import task as decode
     real = decode.decode_batch
     def doomed(task, recipe):

@@ -31,12 +31,12 @@ from pydicom.uid import (
     generate_uid,
 )
 
-from h5etl import schedule
 from h5etl.config.load import load_spec
 from h5etl.dataflow import BatchResult, DecodeTask, EncodedChunk, EncodedRows, Sample
 from h5etl.decode import task as decode
 from h5etl.errors import RejectError
 from h5etl.examples.volumes import write_dicom_series
+from h5etl.execute import schedule
 from h5etl.inputs.volumes import open_case
 from h5etl.inputs.volumes.case import cast_exact, rescaled, rescaled_exact
 from h5etl.kinds.base import SampleContext

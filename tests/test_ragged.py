@@ -477,7 +477,7 @@ def test_a_worker_crash_costs_only_its_sample(
 
     import ragged_kind
 
-    from h5etl import schedule
+    from h5etl.execute import schedule
 
     truth = make_recordings(tmp_path)
     use_npy_recording(monkeypatch, "rec", chunk_rows=3)

@@ -27,11 +27,11 @@ from PIL import Image
 
 import h5etl
 import h5etl.sink.array_writer
-from h5etl import schedule
 from h5etl.config.load import load_spec
 from h5etl.dataflow import BatchResult, DecodeTask
 from h5etl.decode import task as decode
 from h5etl.errors import BuildFailed, LockHeld, SinkError
+from h5etl.execute import schedule
 from h5etl.plan import tasks
 from h5etl.release import listing as release
 

@@ -15,9 +15,9 @@ import pytest
 from conftest import dataset_digests
 
 import h5etl
-from h5etl import shared_values
 from h5etl.dataflow import BatchResult, DecodeTask, EncodedRows, RaggedRows
 from h5etl.examples.sensors import START, write_recording
+from h5etl.execute import shared_memory as shared_values
 
 pytestmark = pytest.mark.skipif(not shared_values.SHM.is_dir(), reason="no /dev/shm here")
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from h5etl import sourceviews
+from h5etl.execute import sourceviews
 
 
 def _folder(root: Path, files: dict[str, bytes], folders: tuple[str, ...] = ()) -> str:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from h5etl import workers
+from h5etl.execute import pool as workers
 
 
 def _environment(names: list[str]) -> dict[str, str | None]:

@@ -1,7 +1,7 @@
 """addresses: whether a Dask scheduler address can work, decided without connecting.
 
 Standard library only: the config (``specparts``), the CLI and the cluster connection
-(``h5etl.cluster``, which workers import too) all check with it.
+(``h5etl.execute.dask_cluster``, which workers import too) all check with it.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ fits and validates its value (``h5etl.kinds``); a sample is kept only when every
 accepts it. Per task: keep whole chunks of accepted samples (reserves replace rejects; what
 cannot fill a chunk is deferred) in reused per-thread buffers, then ``h5etl.decode.gather``
 compresses the array columns, hashes each block and gathers the statistics, so the single
-writer only writes. Scheduling the tasks is ``h5etl.schedule``'s job.
+writer only writes. Scheduling the tasks is ``h5etl.execute.schedule``'s job.
 """
 
 from __future__ import annotations
@@ -332,7 +332,7 @@ def _give_back_memory() -> None:
     waits on a thread. Not between two tasks: the next case reuses the heap the last one
     grew, and after a trim its first touch of every page was a fault again (0.07 CPU-s of
     a 200-slice case's 0.6, which the work limit never paid)."""
-    from h5etl.schedule import release_free_memory  # schedule imports this module
+    from h5etl.execute.schedule import release_free_memory  # schedule imports this module
 
     _Activity.since = time.monotonic()
     if _Activity.trim_pending:

@@ -58,7 +58,7 @@ from corpus import (
 )
 from installed import byte_compile, warm
 
-from h5etl.workers import NATIVE_THREAD_LIMITS
+from h5etl.execute.pool import NATIVE_THREAD_LIMITS
 
 MIB = 2**20
 SMOKE = os.environ.get("H5ETL_BENCH_SMOKE") == "1"

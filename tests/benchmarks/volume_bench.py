@@ -168,7 +168,9 @@ def _pss(pid: int) -> int:
 
 
 SHM = Path("/dev/shm")
-SHM_PREFIX = "h5etl-values"  # h5etl.shared_values.PREFIX (not imported: the runner stays light)
+SHM_PREFIX = (
+    "h5etl-values"  # h5etl.execute.shared_memory.PREFIX (not imported: the runner stays light)
+)
 
 
 def _shm_bytes(owner: int) -> int:

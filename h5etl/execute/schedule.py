@@ -22,12 +22,15 @@ from typing import Any, Protocol, TypeVar
 
 from joblib.externals.loky.process_executor import BrokenProcessPool
 
-from h5etl import shared_values, workers
 from h5etl.dataflow import Barrier, BatchResult, DecodeTask, Reject, Sample, sample_rejects
 from h5etl.decode import task as decode
-from h5etl.window import WINDOW_BYTES as WINDOW_BYTES  # (their home before h5etl.window)
-from h5etl.window import Window as Window
-from h5etl.window import window_for as window_for
+from h5etl.execute import pool as workers
+from h5etl.execute import shared_memory as shared_values
+from h5etl.execute.inflight import (
+    WINDOW_BYTES as WINDOW_BYTES,  # (their home before h5etl.execute.inflight)
+)
+from h5etl.execute.inflight import Window as Window
+from h5etl.execute.inflight import window_for as window_for
 
 PROBE_STAGE = "clean"  # header probes belong to cleaning (clean.STAGE)
 In = TypeVar("In")
@@ -38,7 +41,7 @@ Got = TypeVar("Got")
 Worker = Callable[[DecodeTask, decode.DecodeRecipe], BatchResult]
 Decoder = Callable[[Iterable[DecodeTask | Barrier], decode.DecodeRecipe], Iterator[BatchResult]]
 """Runs a task stream, results in task order: the local pool (``local``) or a Dask cluster
-(``h5etl.cluster.Cluster.run_tasks``)."""
+(``h5etl.execute.dask_cluster.Cluster.run_tasks``)."""
 
 
 def release_free_memory() -> None:

@@ -25,12 +25,14 @@ from collections.abc import Iterable, Iterator, Sequence
 from types import TracebackType
 from typing import Any
 
-from h5etl import __version__, schedule, sourceviews, workers
+from h5etl import __version__
 from h5etl.config import scheduler_address as addresses
 from h5etl.config.scheduler_address import scheduler_problem
 from h5etl.dataflow import Barrier, BatchResult, DecodeTask
 from h5etl.decode import task as decode
 from h5etl.errors import ClusterError, ClusterLost, UsageError
+from h5etl.execute import pool as workers
+from h5etl.execute import schedule, sourceviews
 
 LOCAL = addresses.LOCAL
 EXTRA = "pip install 'h5etl[dask]'"

@@ -24,9 +24,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from h5etl import schedule
 from h5etl.dataflow import Barrier, BatchResult, DecodeTask
 from h5etl.decode import task as decode
+from h5etl.execute import schedule
 
 # Decoding below this many CPU-seconds (at the parent's rate) is cheaper here than starting
 # the pool (measured above: 1.0 s until two workers were ready, 0.75 CPU-s).

@@ -15,11 +15,13 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from h5etl import cluster, inprocess, schedule
-from h5etl.ahead import Ahead
 from h5etl.config.spec import Spec
 from h5etl.dataflow import Barrier, BatchResult, DecodeTask
 from h5etl.decode import task as decode
+from h5etl.execute import dask_cluster as cluster
+from h5etl.execute import local_threads as inprocess
+from h5etl.execute import schedule
+from h5etl.execute.prefetch import Ahead
 from h5etl.format import contract as fileformat
 from h5etl.format.codec import ChunkLayout
 from h5etl.kinds.base import ArrayColumn, TextColumn
@@ -67,7 +69,7 @@ class LazyDecoder:
     """A ``schedule.Decoder`` that starts the local workers (or connects to the Dask cluster)
     on ``start`` or its first call, not before: a build that turns out up to date decodes
     nothing and pays no start-up, and a small increment may decode in this process's threads
-    instead (``decode_here_if_cheap``, ``h5etl.inprocess``). A context manager; the exit
+    instead (``decode_here_if_cheap``, ``h5etl.execute.local_threads``). A context manager; the exit
     stops what it started."""
 
     def __init__(self, spec: Spec, jobs: int, scheduler: str | None = None):
@@ -99,7 +101,7 @@ class LazyDecoder:
 
     def decode_here_if_cheap(self, samples: int, rate: float | None) -> None:
         """Decode the ``samples`` left in threads of this process when that costs less than
-        starting the workers (``h5etl.inprocess``), else start them now; once started,
+        starting the workers (``h5etl.execute.local_threads``), else start them now; once started,
         nothing changes."""
         if self._decoder is not None or samples == 0:
             return  # started, or nothing to decode (every block carried): nothing to start
@@ -177,11 +179,11 @@ def results(
     early: bool,
     start: threading.Event | None = None,
 ) -> Iterator[Iterator[BatchResult]]:
-    """The decode results in order (``decoded``); ``early``: pulled by a thread (``h5etl.ahead``)
+    """The decode results in order (``decoded``); ``early``: pulled by a thread (``h5etl.execute.prefetch``)
     once ``start`` is set, so the workers decode while this process works on (copies a
     parent's chunks). The build sets it once its temp file exists: a sample that kills this
     process's decoding threads must leave that file, or the next build would not know to
-    decode in workers (``h5etl.inprocess``). Decoding in this process (``--jobs 1``) is pulled
+    decode in workers (``h5etl.execute.local_threads``). Decoding in this process (``--jobs 1``) is pulled
     as it is used."""
     source = decoded(cutter, recipe, decoder)
     if not early or not decoder.parallel or cutter.empty:

@@ -1,0 +1,1 @@
+"""Where decoding runs: the worker pool, threads, Dask, shared memory."""
