@@ -19,13 +19,13 @@ from h5etl.errors import (
 if TYPE_CHECKING:
     from h5etl.config.load import load_spec
     from h5etl.config.spec import Spec
+    from h5etl.history.build_report import BuildReport
     from h5etl.pipeline import build
-    from h5etl.report import BuildReport
 
 # The build API loads on first use: decode workers import h5etl.decode.task, and should not pay
 # for pydantic and the whole pipeline (about half a CPU-second per worker).
 _LAZY = {
-    "BuildReport": "h5etl.report",
+    "BuildReport": "h5etl.history.build_report",
     "build": "h5etl.pipeline",
     "Spec": "h5etl.config.spec",
     "load_spec": "h5etl.config.load",

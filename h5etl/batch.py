@@ -20,7 +20,7 @@ from h5etl.units import human_size
 
 if TYPE_CHECKING:
     from h5etl.config.spec import Spec
-    from h5etl.report import BuildReport
+    from h5etl.history.build_report import BuildReport
 
 __all__ = ["CONFIG_SUFFIXES", "Outcome", "build_all", "config_files", "exit_code", "summary_lines"]
 

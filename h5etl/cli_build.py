@@ -32,7 +32,7 @@ from h5etl.units import human_size
 if TYPE_CHECKING:
     from h5etl.config.spec import Spec
     from h5etl.dataflow import Reject
-    from h5etl.report import BuildReport
+    from h5etl.history.build_report import BuildReport
 
 ALL_CORES = os.cpu_count() or 1
 
@@ -98,7 +98,7 @@ def _summary(report: BuildReport) -> None:
         _say(f"rejects: {len(report.rejects)} files ({reasons}); see {see}")
     else:
         _say("rejects: none")
-    from h5etl.report import CONVERSIONS
+    from h5etl.history.build_report import CONVERSIONS
 
     for name, codes in report.conversions.items():
         shown = ", ".join(f"{n} {CONVERSIONS.get(code, code)}" for code, n in codes.items())
@@ -248,7 +248,7 @@ def build(
 
 def _load(path: Path, options: _BuildOptions) -> Spec:
     from h5etl.config.load import load_spec
-    from h5etl.story import with_notes
+    from h5etl.history.release_notes import with_notes
 
     spec = with_notes(load_spec(path), options.notes)
     return spec.allowing_loss() if options.allow_loss else spec

@@ -17,8 +17,8 @@ from h5etl.cli_common import app, run, say
 from h5etl.units import human_size
 
 if TYPE_CHECKING:
-    from h5etl.diff import Change, ReleaseDiff
-    from h5etl.diff_rejects import RejectChange
+    from h5etl.history.diff import Change, ReleaseDiff
+    from h5etl.history.diff_rejects import RejectChange
     from h5etl.release.naming import ReleaseInfo
     from h5etl.release.prune import PrunePlan
 
@@ -36,8 +36,8 @@ def releases(
 ) -> None:
     """List the releases in FOLDER: size, creation time, samples, parent, change, notes."""
     from h5etl.format import fileinfo as hdf5info
+    from h5etl.history.release_notes import read_story
     from h5etl.release import listing as release
-    from h5etl.story import read_story
 
     found = run(lambda: release.list_releases(folder))
     if as_json:
@@ -65,7 +65,7 @@ def releases(
 def _release_json(info: ReleaseInfo) -> dict[str, Any]:
     """What ``releases`` shows of one release, for scripts (``ReleaseInfo`` and its story)."""
     from h5etl.format import fileinfo as hdf5info
-    from h5etl.story import read_story
+    from h5etl.history.release_notes import read_story
 
     story = read_story(info.path)
     return {
@@ -112,7 +112,7 @@ def diff(
     ] = False,
 ) -> None:
     """Show what changed from release A to release B: layout, attributes, samples, classes."""
-    from h5etl.diff import diff_paths
+    from h5etl.history.diff import diff_paths
 
     found = run(lambda: diff_paths(a, b))
     if as_json:

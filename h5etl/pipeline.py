@@ -12,17 +12,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from h5etl import (
-    carry,
-    interrupts,
-    parent,
-    planning,
-    provenance,
-    reproducible,
-    resume,
-    settle,
-    uptodate,
-)
+from h5etl import carry, interrupts, parent, planning, resume, settle, uptodate
 from h5etl.config.spec import Spec, spec_text
 from h5etl.errors import BuildFailed, ResumeMismatch
 from h5etl.execute import assembly as buildparts
@@ -39,16 +29,18 @@ from h5etl.execute.assembly import (
     source_roots,
 )
 from h5etl.format import contract as fileformat
+from h5etl.history import clock as reproducible
+from h5etl.history import provenance
+from h5etl.history.build_report import BuildReport, enforce_limit, guard, require_samples
+from h5etl.history.release_notes import Annotator, stored_rejects
 from h5etl.plan import admit as clean
 from h5etl.plan import kind_registry as registry
 from h5etl.planning import ProgressHook
 from h5etl.release.listing import OutputFolder
-from h5etl.report import BuildReport, enforce_limit, guard, require_samples
 from h5etl.sharded import Sharding, Shards, start_sharded
 from h5etl.sink.writer import Sink
 from h5etl.stats.tallies import Tallies, block_json
 from h5etl.status import BuildStatus
-from h5etl.story import Annotator, stored_rejects
 
 logger = logging.getLogger(__name__)
 

@@ -9,15 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from h5etl import parent, settle, story
+from h5etl import parent, settle
 from h5etl.config.spec import Spec
 from h5etl.execute import assembly as buildparts
 from h5etl.execute import schedule
 from h5etl.execute.assembly import Stopwatch, decoded, planned, processed
-from h5etl.plan import admit as clean
-from h5etl.plan import discover
-from h5etl.release.listing import OutputFolder
-from h5etl.report import (
+from h5etl.history import release_notes as story
+from h5etl.history.build_report import (
     DECODE_CHECKS,
     PLAN_CHECKS,
     BuildReport,
@@ -25,6 +23,9 @@ from h5etl.report import (
     guard,
     require_samples,
 )
+from h5etl.plan import admit as clean
+from h5etl.plan import discover
+from h5etl.release.listing import OutputFolder
 from h5etl.stats.tallies import Tallies
 
 ProgressHook = Callable[[str, int, int | None], None]

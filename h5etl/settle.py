@@ -27,8 +27,8 @@ from h5etl.plan.admit import Plan, write_order
 if TYPE_CHECKING:
     from h5etl.config.spec import Spec
     from h5etl.format.contract import LayoutRecord
+    from h5etl.history.build_report import BuildReport
     from h5etl.release.listing import OutputFolder
-    from h5etl.report import BuildReport
 
 
 def resettled(spec: Spec, plan: Plan, late: Sequence[Reject]) -> Plan | None:

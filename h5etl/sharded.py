@@ -27,11 +27,11 @@ from h5etl.decode.task import DecodeRecipe
 from h5etl.errors import H5EtlError, ShardError, UsageError
 from h5etl.execute import assembly as buildparts
 from h5etl.format import partfiles
+from h5etl.history.build_report import BuildReport
 from h5etl.kinds.base import ArrayColumn, RaggedColumn, ScalarColumn, TextColumn
 from h5etl.plan.admit import Plan
 from h5etl.plan.tasks import TaskCutter
 from h5etl.release.listing import OutputFolder, part_filename
-from h5etl.report import BuildReport
 from h5etl.resume import Checkpoints, Restored
 from h5etl.sink import chunk_copy as sink_copy
 from h5etl.sink.writer import Sink, SinkLayout

@@ -35,10 +35,10 @@ from h5etl.execute import dask_cluster as cluster
 from h5etl.execute import pool as workers
 from h5etl.format import journal
 from h5etl.format.contract import SHARD_ATTR, SHARD_INDEX_ATTR
+from h5etl.history.build_report import enforce_limit
+from h5etl.history.provenance import fingerprint_lines
 from h5etl.plan.tasks import TaskCutter
-from h5etl.provenance import fingerprint_lines
 from h5etl.release.listing import write_atomically
-from h5etl.report import enforce_limit
 from h5etl.sink.writer import Sink, SinkLayout
 from h5etl.stats.tallies import Tallies
 

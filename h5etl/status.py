@@ -26,9 +26,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from h5etl import reproducible
 from h5etl.dataflow import BatchResult, Reject
 from h5etl.errors import H5EtlError, UsageError
+from h5etl.history import clock as reproducible
 from h5etl.release.listing import OutputFolder
 from h5etl.release.lock import pid_alive
 

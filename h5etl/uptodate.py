@@ -31,12 +31,12 @@ from h5etl.execute import local_threads as inprocess
 from h5etl.execute.assembly import layout_record
 from h5etl.format import contract as fileformat
 from h5etl.format.contract import LayoutRecord
+from h5etl.history.build_report import BuildReport
+from h5etl.history.release_notes import local_rejects, stored_rejects
 from h5etl.parent import Parent
 from h5etl.plan.admit import Plan
 from h5etl.release.listing import OutputFolder
-from h5etl.report import BuildReport
 from h5etl.sink import disk as sink_disk
-from h5etl.story import local_rejects, stored_rejects
 
 if TYPE_CHECKING:
     from h5etl.execute.assembly import LazyDecoder

@@ -28,7 +28,7 @@ from conftest import (
 )
 
 from h5etl import BuildFailed, ConfigError, build, load_spec
-from h5etl.report import BuildReport
+from h5etl.history.build_report import BuildReport
 from h5etl.sink import small_columns as sink_rows
 
 

@@ -17,7 +17,7 @@ from h5etl import cli, cli_build, pipeline
 from h5etl.cli import app
 from h5etl.config import resources
 from h5etl.dataflow import Reject
-from h5etl.report import BuildReport
+from h5etl.history.build_report import BuildReport
 
 runner = CliRunner()
 

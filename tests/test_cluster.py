@@ -26,8 +26,8 @@ from h5etl.config.load import load_spec
 from h5etl.errors import ClusterError, ConfigError
 from h5etl.execute import assembly as buildparts
 from h5etl.execute import dask_cluster as cluster
+from h5etl.history.build_report import BuildReport
 from h5etl.plan import tasks
-from h5etl.report import BuildReport
 
 distributed = pytest.importorskip("distributed")
 

@@ -23,8 +23,8 @@ from typer.testing import CliRunner
 from h5etl import pipeline
 from h5etl.cli import app
 from h5etl.config.load import load_spec
-from h5etl.diff import diff_paths, diff_releases
-from h5etl.snapshot import read_snapshot
+from h5etl.history.diff import diff_paths, diff_releases
+from h5etl.history.snapshot import read_snapshot
 
 runner = CliRunner()
 DATA = Path(__file__).parent / "data"

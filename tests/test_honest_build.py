@@ -13,7 +13,7 @@ import pytest
 from conftest import MakeRaw, WriteConfig, exact_splits, save
 
 from h5etl import BuildFailed, build, load_spec
-from h5etl.report import BuildReport
+from h5etl.history.build_report import BuildReport
 
 
 def _files(folder: Path) -> set[str]:

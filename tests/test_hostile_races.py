@@ -25,11 +25,11 @@ from conftest import MakeRaw, WriteConfig, read_release
 from h5etl.config.load import load_spec
 from h5etl.dataflow import Reject
 from h5etl.errors import RejectError
+from h5etl.history.build_report import BuildReport
 from h5etl.inputs import opening as inputs
 from h5etl.inputs import raster as images
 from h5etl.kinds import mask_values as validate
 from h5etl.pipeline import build
-from h5etl.report import BuildReport
 
 T = TypeVar("T")
 DEADLINE = 60.0  # seconds; a healthy build of these folders takes well under one

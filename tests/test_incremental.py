@@ -17,7 +17,7 @@ from conftest import WriteConfig, add_pairs, random_pair, run_killed_build, save
 
 from h5etl import build, load_spec
 from h5etl.check import check_release
-from h5etl.report import BuildReport
+from h5etl.history.build_report import BuildReport
 
 CODECS = ["lzf", "gzip", {"codec": "blosc", "cname": "lz4"}, "zstd"]
 FIELDS = ("image", "mask", "filename")

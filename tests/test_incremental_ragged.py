@@ -25,7 +25,7 @@ from h5etl.check import check_release
 from h5etl.config.spec import Spec
 from h5etl.examples.volumes import ct_case, series_affine, write_dicom_series, write_nifti
 from h5etl.format import contract as fileformat
-from h5etl.report import BuildReport
+from h5etl.history.build_report import BuildReport
 
 
 def _path(report: BuildReport) -> Path:

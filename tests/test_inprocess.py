@@ -29,8 +29,8 @@ from h5etl import build, load_spec
 from h5etl.check import check_release
 from h5etl.execute import local_threads as inprocess
 from h5etl.execute import pool as workers
+from h5etl.history.build_report import BuildReport
 from h5etl.release.listing import OutputFolder
-from h5etl.report import BuildReport
 
 HERE = "this process (2 threads)"
 

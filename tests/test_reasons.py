@@ -20,9 +20,9 @@ from PIL import Image
 
 from h5etl import build, load_spec
 from h5etl.errors import RejectError
+from h5etl.history.build_report import BuildReport
 from h5etl.inputs import raster as images
 from h5etl.inputs import reasons
-from h5etl.report import BuildReport
 
 README = Path(__file__).parents[1] / "README.md"
 

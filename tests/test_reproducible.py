@@ -24,12 +24,12 @@ from typer.testing import CliRunner
 
 import h5etl
 import h5etl.plan.tasks
-from h5etl import reproducible
 from h5etl.cli import app
 from h5etl.config.spec import Compression
 from h5etl.dataflow import BatchResult, DecodeTask, EncodedRows
 from h5etl.errors import ConfigError
 from h5etl.format.codec import ChunkLayout, encode_rows
+from h5etl.history import clock as reproducible
 from h5etl.kinds.base import ArrayColumn, TextColumn
 from h5etl.sink import small_columns as sink_rows
 from h5etl.sink.writer import Sink, SinkLayout

@@ -15,8 +15,8 @@ from conftest import run_killed_build
 import h5etl
 import h5etl.examples
 import h5etl.plan.tasks
-from h5etl import reproducible
 from h5etl.examples.volumes import ct_case, write_nifti
+from h5etl.history import clock as reproducible
 
 EPOCH = "1700000000"
 

@@ -19,9 +19,9 @@ from conftest import MakeRaw, RawFolder, WriteConfig, centre_pad, read_release, 
 from PIL import Image, ImageOps
 
 from h5etl import build, load_spec
+from h5etl.history.build_report import BuildReport
 from h5etl.inputs import plainpng
 from h5etl.inputs import raster as images
-from h5etl.report import BuildReport
 
 
 def _build(config: Path) -> BuildReport:

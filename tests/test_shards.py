@@ -25,9 +25,9 @@ from h5etl import pipeline, sharded, shards
 from h5etl.config.load import load_spec
 from h5etl.dataflow import DecodeTask, Sample
 from h5etl.errors import ShardError, UsageError
+from h5etl.history.build_report import BuildReport
 from h5etl.plan import tasks
 from h5etl.plan.admit import Plan
-from h5etl.report import BuildReport
 from h5etl.sink.chunk_copy import carry_chunks
 
 

@@ -33,8 +33,8 @@ from h5etl import pipeline
 from h5etl.check import check_release
 from h5etl.config.load import load_spec
 from h5etl.format import contract as fileformat
+from h5etl.history.build_report import BuildReport
 from h5etl.plan import tasks
-from h5etl.report import BuildReport
 
 
 def _path(report: BuildReport) -> Path:

@@ -12,7 +12,7 @@ import pytest
 from conftest import MakeRaw, WriteConfig
 
 import h5etl
-from h5etl import reproducible
+from h5etl.history import clock as reproducible
 from h5etl.sink import disk as sink_disk
 
 EPOCH = "1700000000"

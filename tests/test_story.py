@@ -278,8 +278,8 @@ def test_h5dump_reads_the_rejects_table(
 def test_the_change_label_takes_the_written_rows_which_are_the_files_samples(
     tmp_path: Path, write_config: WriteConfig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from h5etl import snapshot
-    from h5etl.diff import diff_paths
+    from h5etl.history import snapshot
+    from h5etl.history.diff import diff_paths
 
     compared: list[tuple[dict[str, int], int]] = []
     read_back = snapshot.snapshot_of

@@ -105,7 +105,7 @@ class Spec(Strict):
     pad: PadSpec = PadSpec()
     decode: DecodeSpec = DecodeSpec()
     on_error: Literal["skip", "fail"] = "skip"
-    # the loss guards (h5etl.report): a build that loses more does not publish
+    # the loss guards (h5etl.history.build_report): a build that loses more does not publish
     max_rejects: Annotated[int, Field(ge=0)] | Annotated[float, Field(ge=0, lt=1)] | None = 0.05
     max_shrink: Annotated[float, Field(ge=0, le=1)] | None = 0.1  # of the parent's samples
     allow_empty: bool = False  # publish a release with an empty split or class

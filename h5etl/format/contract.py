@@ -84,7 +84,7 @@ PARENT_ATTR = "parent"
 PARTS_ATTR = "parts"
 SHARD_ATTR, SHARD_INDEX_ATTR = "h5etl_shard", "shard_index"
 # The release's story (root attributes; releases before them carry none): its notes, the
-# release it was built after and the semantic label of the change from it (h5etl.diff).
+# release it was built after and the semantic label of the change from it (h5etl.history.diff).
 NOTES_ATTR = "notes"
 PARENT_VERSION_ATTR, PARENT_FINGERPRINT_ATTR = "parent_version", "parent_fingerprint"
 CHANGE_ATTR, CHANGE_SUMMARY_ATTR = "change", "change_summary"  # major|minor|patch|initial

@@ -24,8 +24,8 @@ from h5etl.check import CheckReport, check_release
 from h5etl.errors import CheckFailed, H5EtlError, UsageError
 from h5etl.format import contract as fileformat
 from h5etl.format import fileinfo as hdf5info
-from h5etl.snapshot import Snapshot, plain, snapshot_of
-from h5etl.story import Story, read_story
+from h5etl.history.release_notes import Story, read_story
+from h5etl.history.snapshot import Snapshot, plain, snapshot_of
 
 __all__ = ["ColumnFacts", "PreviewFacts", "ReleaseFacts", "StatFacts", "gather"]
 

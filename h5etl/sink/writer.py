@@ -307,7 +307,7 @@ class Sink(JournalSide):
         """Store the last partial chunks, the attrs (the file's, and ``dataset_attrs`` by
         dataset path: statistics, class names), ``/diagnostics`` and its rejects table;
         return dataset stats. ``annotate`` reads the file once its data and attrs are in
-        and returns more file attrs (the change from the parent release, h5etl.diff)."""
+        and returns more file attrs (the change from the parent release, h5etl.history.diff)."""
         assert self.file is not None
         assert not self._seeded, f"rows copied with {sorted(self._seeded)} were never carried"
         self._ensure_room(self._finish_bytes(rejects), "finishing the file")

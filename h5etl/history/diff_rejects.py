@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from h5etl.snapshot import RejectFacts, Snapshot
+from h5etl.history.snapshot import RejectFacts, Snapshot
 
 __all__ = ["RejectChange", "RejectsDiff", "compare_rejects", "reject_notes"]
 

@@ -2,7 +2,7 @@
 
 The file holds what the inputs and config determine (root attributes, ``/diagnostics``), so
 the same inputs make the same bytes; the run's own facts (timings, ``--jobs``, host) go to
-``<name>-vNNNN.build.json`` beside it (``h5etl.reproducible``).
+``<name>-vNNNN.build.json`` beside it (``h5etl.history.clock``).
 """
 
 from __future__ import annotations
@@ -13,11 +13,12 @@ from typing import Any
 
 import h5py
 
-from h5etl import __version__, reproducible
+from h5etl import __version__
 from h5etl.config.spec import Spec, spec_sha256, spec_text
 from h5etl.dataflow import BatchResult, valid_text
+from h5etl.history import clock as reproducible
+from h5etl.history.build_report import BuildReport
 from h5etl.plan import admit as clean
-from h5etl.report import BuildReport
 
 
 def file_attrs(

@@ -1,6 +1,6 @@
 """diff: what changed between two releases, and the semantic label of that change.
 
-``diff_releases(a, b)`` compares two snapshots (``h5etl.snapshot``): the layout (splits,
+``diff_releases(a, b)`` compares two snapshots (``h5etl.history.snapshot``): the layout (splits,
 fields, their kinds, shapes, dtypes and facts, the dataset template, chunks and codecs), the
 attributes, the config, samples per split, samples added, removed, changed and moved between
 splits (matched by the strongest identity both releases carry), the write order and the class
@@ -21,9 +21,9 @@ from typing import Any, Literal
 
 import yaml
 
-from h5etl.diff_rejects import RejectsDiff, compare_rejects, reject_notes
 from h5etl.format import contract as fileformat
-from h5etl.snapshot import (
+from h5etl.history.diff_rejects import RejectsDiff, compare_rejects, reject_notes
+from h5etl.history.snapshot import (
     FILENAME_FIELD,
     DatasetFacts,
     Identity,

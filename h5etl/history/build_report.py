@@ -62,7 +62,9 @@ class BuildReport:
     warnings: list[str] = field(default_factory=list)
     conversions: dict[str, dict[str, int]] = field(default_factory=dict)  # field -> code -> n
     class_counts: dict[str, dict[str, dict[str, int]]] = field(default_factory=dict)
-    change: str = ""  # the semantic label from the parent release and why (h5etl.story)
+    change: str = (
+        ""  # the semantic label from the parent release and why (h5etl.history.release_notes)
+    )
     up_to_date: bool = False  # nothing changed: no new release, ``version`` is the linked one
 
     @property

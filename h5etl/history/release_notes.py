@@ -2,7 +2,7 @@
 
 A build's parent is the release the link pointed at when the build started (the one whose
 record also keeps the splits sticky). Before the file is published, the build diffs the
-parent against the file as written (``h5etl.diff``) and stores the semantic label and its
+parent against the file as written (``h5etl.history.diff``) and stores the semantic label and its
 reasons; a build without a parent is ``initial``. ``releases`` reads the story back
 (``read_story``).
 """
@@ -25,8 +25,8 @@ from h5etl.config.storable import Text
 from h5etl.dataflow import Reject
 from h5etl.errors import ConfigError, H5EtlError
 from h5etl.format import contract as fileformat
-from h5etl.report import Before
-from h5etl.snapshot import SampleFacts, Snapshot, WrittenRows, plain
+from h5etl.history.build_report import Before
+from h5etl.history.snapshot import SampleFacts, Snapshot, WrittenRows, plain
 
 logger = logging.getLogger(__name__)
 
@@ -127,7 +127,7 @@ def read_before(path: Path | None) -> Before | None:
     it cannot be read (the build then compares with nothing, as a first build)."""
     if path is None:
         return None
-    from h5etl.snapshot import read_snapshot
+    from h5etl.history.snapshot import read_snapshot
 
     try:
         return before_of(read_snapshot(path))
@@ -170,7 +170,7 @@ class Annotator:
         """Read the parent's snapshot now: a build waiting for its decoders has the time,
         which the finished file would otherwise wait for (0.03 s for 3,000 samples)."""
         if self.parent is not None and self._before is None:
-            from h5etl.snapshot import read_snapshot
+            from h5etl.history.snapshot import read_snapshot
 
             try:
                 self._before = read_snapshot(self.parent)
@@ -196,8 +196,8 @@ class Annotator:
                 fileformat.CHANGE_ATTR: INITIAL,
                 fileformat.CHANGE_SUMMARY_ATTR: "the first release of this name here",
             }
-        from h5etl.diff import diff_releases
-        from h5etl.snapshot import snapshot_of
+        from h5etl.history.diff import diff_releases
+        from h5etl.history.snapshot import snapshot_of
 
         self.prepare()
         before = self._before
