@@ -326,7 +326,7 @@ def _check_scheduler(address: str) -> None:
 
 def _render_build(report: BuildReport, *, dry_run: bool) -> None:
     if report.up_to_date:
-        from h5etl.uptodate import message
+        from h5etl.incremental.uptodate import message
 
         _say(message(report))
         for warning in report.warnings:

@@ -12,7 +12,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from h5etl import carry, interrupts, parent, planning, resume, settle, uptodate
+from h5etl import interrupts, planning, resume, settle
 from h5etl.config.spec import Spec, spec_text
 from h5etl.errors import BuildFailed, ResumeMismatch
 from h5etl.execute import assembly as buildparts
@@ -33,6 +33,8 @@ from h5etl.history import clock as reproducible
 from h5etl.history import provenance
 from h5etl.history.build_report import BuildReport, enforce_limit, guard, require_samples
 from h5etl.history.release_notes import Annotator, stored_rejects
+from h5etl.incremental import parent, uptodate
+from h5etl.incremental import reuse as carry
 from h5etl.plan import admit as clean
 from h5etl.plan import kind_registry as registry
 from h5etl.planning import ProgressHook
@@ -73,7 +75,7 @@ def build(
     continued from its journal: the chunks it stored are copied (verified) and only the rest
     is decoded. Without it, leftovers of dead builds are removed and the build starts clean.
     When the link points at a release built with the same layout, its unchanged samples'
-    chunks are copied, not decoded (``h5etl.carry``); ``full`` decodes everything (and so
+    chunks are copied, not decoded (``h5etl.incremental.reuse``); ``full`` decodes everything (and so
     does a sharded build).
     With ``scheduler`` (or the config's ``decode.scheduler``) a Dask address, the tasks are
     decoded on that cluster; this process plans and writes. With ``shards`` K > 1, K writer

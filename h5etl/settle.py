@@ -19,8 +19,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from h5etl import carry, parent
 from h5etl.dataflow import Reject, Sample, text_bytes
+from h5etl.incremental import parent
+from h5etl.incremental import reuse as carry
 from h5etl.plan import split_assign as assign
 from h5etl.plan.admit import Plan, write_order
 

@@ -20,12 +20,13 @@ import pytest
 from test_kind_series import CHANNELS, LENGTHS, make_recordings, series_config, write_recording
 from test_kind_volume import SHAPE, SPACING, ct_config, make_ct, names_for
 
-from h5etl import build, carry, load_spec
+from h5etl import build, load_spec
 from h5etl.check import check_release
 from h5etl.config.spec import Spec
 from h5etl.examples.volumes import ct_case, series_affine, write_dicom_series, write_nifti
 from h5etl.format import contract as fileformat
 from h5etl.history.build_report import BuildReport
+from h5etl.incremental import reuse as carry
 
 
 def _path(report: BuildReport) -> Path:

@@ -107,7 +107,7 @@ def current_version(link: Path) -> int | None:
 def has_link(config: Path) -> bool:
     """Whether the release ``config`` builds has a link already, read cheaply from its YAML
     (no config loading, no pydantic, no numpy: the CLI asks before it imports the pipeline).
-    Then the build may publish nothing (``h5etl.uptodate``) and starts the workers itself
+    Then the build may publish nothing (``h5etl.incremental.uptodate``) and starts the workers itself
     once it knows it decodes: started early, a build that turns out up to date would wait at
     exit for workers it never used (1.2 s here). Any doubt (unreadable, unusual) says False:
     the workers start at once, as for a first build.

@@ -1,6 +1,6 @@
 """carry: which samples an incremental build takes from its parent without decoding them.
 
-Input: the plan, the parent release (``h5etl.parent``) and the carry record its build left
+Input: the plan, the parent release (``h5etl.incremental.parent``) and the carry record its build left
 beside it (files' stamps, per-block statistics, each row's sample). Output: per split, the
 parent's blocks to copy byte for byte (whole chunk rows of every fixed field, untouched by
 any changed or removed sample; a ragged column's values go with their samples' rows, see
@@ -30,8 +30,8 @@ from h5etl.dataflow import BatchResult, Sample, text_bytes, valid_text
 from h5etl.errors import RejectError
 from h5etl.execute import local_threads as inprocess
 from h5etl.format.contract import SAMPLE_KEY, LayoutRecord
+from h5etl.incremental.parent import Parent, ParentSplit
 from h5etl.inputs import opening as inputs
-from h5etl.parent import Parent, ParentSplit
 from h5etl.plan.admit import Plan
 from h5etl.release.listing import OutputFolder
 from h5etl.sink.parent_rows import Seed, runs
@@ -329,7 +329,7 @@ def leave_record(
     inherited: float | None = None,
 ) -> None:
     """Write the carry record of release ``version`` beside it, for the build after it;
-    ``rejected``: the samples it rejected while decoding (``h5etl.uptodate``); ``inherited``:
+    ``rejected``: the samples it rejected while decoding (``h5etl.incremental.uptodate``); ``inherited``:
     the parent's decode seconds per sample, kept when this build decoded none."""
     record = record_of(
         plan, version=version, fingerprint=fingerprint, block=plan_block(plan), log=log

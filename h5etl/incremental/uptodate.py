@@ -2,7 +2,7 @@
 
 Like ``make`` or DVC: when the inputs and the config are what that release was built from,
 the build publishes nothing and says so ("up to date"). Input: the plan, the parent release
-(``h5etl.parent``), its carry record (``h5etl.carry``) and the rejects found before
+(``h5etl.incremental.parent``), its carry record (``h5etl.incremental.reuse``) and the rejects found before
 decoding. Up to date means: the config text, the notes and the h5etl version are the
 parent's; every sample the parent stores is planned again, in its split, and unchanged
 (stamps, else equal bytes); and every other planned sample was rejected by the parent while
@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from h5etl import __version__, carry
+from h5etl import __version__
 from h5etl.config.spec import Spec, spec_text
 from h5etl.dataflow import Reject, Sample, valid_text
 from h5etl.execute import local_threads as inprocess
@@ -33,7 +33,8 @@ from h5etl.format import contract as fileformat
 from h5etl.format.contract import LayoutRecord
 from h5etl.history.build_report import BuildReport
 from h5etl.history.release_notes import local_rejects, stored_rejects
-from h5etl.parent import Parent
+from h5etl.incremental import reuse as carry
+from h5etl.incremental.parent import Parent
 from h5etl.plan.admit import Plan
 from h5etl.release.listing import OutputFolder
 from h5etl.sink import disk as sink_disk

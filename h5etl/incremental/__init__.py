@@ -1,0 +1,1 @@
+"""Incremental builds: what a new release reuses of its parent."""
