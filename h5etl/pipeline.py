@@ -12,7 +12,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from h5etl import interrupts, planning, resume, settle
+from h5etl import interrupts, planning, settle
 from h5etl.config.spec import Spec, spec_text
 from h5etl.errors import BuildFailed, ResumeMismatch
 from h5etl.execute import assembly as buildparts
@@ -39,6 +39,7 @@ from h5etl.plan import admit as clean
 from h5etl.plan import kind_registry as registry
 from h5etl.planning import ProgressHook
 from h5etl.release.listing import OutputFolder
+from h5etl.resume import journal_use as resume
 from h5etl.sharded import Sharding, Shards, start_sharded
 from h5etl.sink.writer import Sink
 from h5etl.stats.tallies import Tallies, block_json

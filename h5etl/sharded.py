@@ -32,7 +32,7 @@ from h5etl.kinds.base import ArrayColumn, RaggedColumn, ScalarColumn, TextColumn
 from h5etl.plan.admit import Plan
 from h5etl.plan.tasks import TaskCutter
 from h5etl.release.listing import OutputFolder, part_filename
-from h5etl.resume import Checkpoints, Restored
+from h5etl.resume.journal_use import Checkpoints, Restored
 from h5etl.sink import chunk_copy as sink_copy
 from h5etl.sink.writer import Sink, SinkLayout
 from h5etl.stats.tallies import Tallies

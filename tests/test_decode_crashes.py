@@ -20,13 +20,13 @@ import pytest
 from conftest import MakeRaw, WriteConfig, read_release
 
 import h5etl
-from h5etl import resume
 from h5etl.config.load import load_spec
 from h5etl.dataflow import BatchResult, DecodeTask, Sample, SourceFile
 from h5etl.decode import probes
 from h5etl.decode import task as decode
 from h5etl.execute import pool as workers
 from h5etl.execute import schedule
+from h5etl.resume import journal_use as resume
 
 _PARENT = os.getpid()
 DOOMED = "s003"  # the sample whose decoder (or header probe) kills its process every time

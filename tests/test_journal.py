@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from h5etl.format import journal
-from h5etl.resume import CHECKPOINT_SHARE, MAX_CHECKPOINT_SECONDS, checkpoint_interval
+from h5etl.resume.journal_use import CHECKPOINT_SHARE, MAX_CHECKPOINT_SECONDS, checkpoint_interval
 
 DATASETS = ["/train/ct", "/train/image", "/valid/mask"]
 RANKS = [3, 4, 2]

@@ -282,18 +282,18 @@ def test_small_rows_are_written_in_runs_of_the_row_count_alone(tmp_path: Path) -
 # both splits, as one every two seconds does) and SIGKILLs itself after ``after`` samples.
 KILLED_SPARSE = """
     import os, signal, sys
-    import h5etl, h5etl.resume, h5etl.sink.small_columns, h5etl.plan.tasks
+    import h5etl, h5etl.resume.journal_use, h5etl.sink.small_columns, h5etl.plan.tasks
     h5etl.plan.tasks.TASK_SAMPLES = 2
     h5etl.sink.small_columns.SMALL_ROWS_PER_WRITE = int(sys.argv[3])
     config, after = sys.argv[1], int(sys.argv[2])
-    original = h5etl.resume.Checkpoints.maybe_write
+    original = h5etl.resume.journal_use.Checkpoints.maybe_write
     calls = 0
     def sparse(self, sink):
         global calls
         calls += 1
         if calls % 5 == 0:
             original(self, sink)
-    h5etl.resume.Checkpoints.maybe_write = sparse
+    h5etl.resume.journal_use.Checkpoints.maybe_write = sparse
     seen = 0
     def hook(stage, advance, total):
         global seen

@@ -3,7 +3,7 @@ fsync that makes it durable, and copying a killed build's chunks back (``restore
 
 Part of the sink (the only code that writes HDF5): ``Sink`` takes these methods from
 ``JournalSide``; the journal file itself is ``h5etl.format.journal``'s, the resume plan
-``h5etl.resume``'s.
+``h5etl.resume.journal_use``'s.
 """
 
 from __future__ import annotations

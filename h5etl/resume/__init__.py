@@ -1,0 +1,1 @@
+"""Resuming a killed build from its journal."""
