@@ -40,7 +40,7 @@ from h5etl.plan import kind_registry as registry
 from h5etl.planning import ProgressHook
 from h5etl.release.listing import OutputFolder
 from h5etl.resume import journal_use as resume
-from h5etl.sharded import Sharding, Shards, start_sharded
+from h5etl.shards.committer import Sharding, Shards, start_sharded
 from h5etl.sink.writer import Sink
 from h5etl.stats.tallies import Tallies, block_json
 from h5etl.status import BuildStatus
@@ -81,7 +81,7 @@ def build(
     With ``scheduler`` (or the config's ``decode.scheduler``) a Dask address, the tasks are
     decoded on that cluster; this process plans and writes. With ``shards`` K > 1, K writer
     processes write the first round's chunks as shard files side by side, and this process
-    stitches them into the release (``h5etl.sharded``); ``resume`` then reuses the shards a
+    stitches them into the release (``h5etl.shards.committer``); ``resume`` then reuses the shards a
     killed build committed; with ``virtual`` the release maps its array datasets onto the
     shard files (published beside it) instead of copying them.
 

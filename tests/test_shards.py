@@ -21,13 +21,15 @@ from conftest import MakeRaw, WriteConfig, dataset_digests, read_release
 from hypothesis import given
 from hypothesis import strategies as st
 
-from h5etl import pipeline, sharded, shards
+from h5etl import pipeline
 from h5etl.config.load import load_spec
 from h5etl.dataflow import DecodeTask, Sample
 from h5etl.errors import ShardError, UsageError
 from h5etl.history.build_report import BuildReport
 from h5etl.plan import tasks
 from h5etl.plan.admit import Plan
+from h5etl.shards import committer as sharded
+from h5etl.shards import writers as shards
 from h5etl.sink.chunk_copy import carry_chunks
 
 
@@ -159,20 +161,20 @@ def test_a_shard_writer_that_keeps_dying_fails_the_build_cleanly(
 # build once shard 0 has committed, as a lost machine or a Ctrl-\\ would.
 KILLED_SHARDED = """
     import sys, time
-    import h5etl, h5etl.sharded, h5etl.plan.tasks, h5etl.shards
+    import h5etl, h5etl.shards.committer, h5etl.plan.tasks, h5etl.shards.writers
     import stuckshard
     h5etl.plan.tasks.TASK_SAMPLES = 4
-    h5etl.sharded.SHARD_WRITER = stuckshard.run
+    h5etl.shards.committer.SHARD_WRITER = stuckshard.run
     h5etl.build(h5etl.load_spec(sys.argv[1]), jobs=2, shards=2)
 """
 STUCK = """
     import time
-    import h5etl.shards
+    import h5etl.shards.writers
 
     def run(job, outcome):
         if job.index == 1:
             time.sleep(120)
-        h5etl.shards.run_shard(job, outcome)
+        h5etl.shards.writers.run_shard(job, outcome)
 """
 
 

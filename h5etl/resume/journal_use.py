@@ -103,7 +103,7 @@ class Restored:
 
 class Start(Protocol):
     """Where a build starts from other than nothing: a killed build (``Resume``) or the
-    committed shards of a sharded build (``h5etl.sharded.Shards``)."""
+    committed shards of a sharded build (``h5etl.shards.committer.Shards``)."""
 
     @property
     def queues(self) -> dict[str, dict[str, Any]]: ...

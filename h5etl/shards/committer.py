@@ -1,7 +1,7 @@
 """sharded: a build written by K shard writers in parallel and published by one committer.
 
 The committer (the build's process) plans, deals the first round's tasks to K shard writer
-processes (``h5etl.shards``), waits for their commits, checks each manifest against the plan
+processes (``h5etl.shards.writers``), waits for their commits, checks each manifest against the plan
 (every sample given stored, rejected or deferred exactly once), then hands the build a
 ``Shards`` start: the stitch carries every shard's compressed chunks into the release file
 in write order (``sink_copy``, no recompression, each chunk's SHA-256 checked), and the build
@@ -20,7 +20,7 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
-from h5etl import errors, shards
+from h5etl import errors
 from h5etl.config.spec import Spec, spec_sha256
 from h5etl.dataflow import DecodeTask, Reject
 from h5etl.decode.task import DecodeRecipe
@@ -33,6 +33,7 @@ from h5etl.plan.admit import Plan
 from h5etl.plan.tasks import TaskCutter
 from h5etl.release.listing import OutputFolder, part_filename
 from h5etl.resume.journal_use import Checkpoints, Restored
+from h5etl.shards import writers as shards
 from h5etl.sink import chunk_copy as sink_copy
 from h5etl.sink.writer import Sink, SinkLayout
 from h5etl.stats.tallies import Tallies
@@ -326,7 +327,7 @@ def _context() -> Any:
     whose threads (a Dask client's, the fsync thread) a fork would copy mid-step."""
     if "forkserver" in multiprocessing.get_all_start_methods():
         context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload(["h5etl.shards"])
+        context.set_forkserver_preload(["h5etl.shards.writers"])
         return context
     return multiprocessing.get_context("spawn")
 

@@ -1,0 +1,1 @@
+"""Sharded builds: K shard writers in parallel, one committer."""
