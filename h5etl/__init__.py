@@ -20,13 +20,13 @@ if TYPE_CHECKING:
     from h5etl.config.load import load_spec
     from h5etl.config.spec import Spec
     from h5etl.history.build_report import BuildReport
-    from h5etl.pipeline import build
+    from h5etl.pipeline.run import build
 
 # The build API loads on first use: decode workers import h5etl.decode.task, and should not pay
 # for pydantic and the whole pipeline (about half a CPU-second per worker).
 _LAZY = {
     "BuildReport": "h5etl.history.build_report",
-    "build": "h5etl.pipeline",
+    "build": "h5etl.pipeline.run",
     "Spec": "h5etl.config.spec",
     "load_spec": "h5etl.config.load",
 }

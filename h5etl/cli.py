@@ -70,7 +70,7 @@ def status(
     """Show the running or the last build of each release in OUTPUT; exit 1 if one failed."""
     import json
 
-    from h5etl.status import describe, read_statuses
+    from h5etl.pipeline.status import describe, read_statuses
 
     views = _run(lambda: read_statuses(output))
     if as_json:

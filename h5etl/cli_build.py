@@ -17,13 +17,14 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from tqdm import tqdm
 
-from h5etl import docrefs, interrupts
+from h5etl import docrefs
 from h5etl.cli_common import app
 from h5etl.cli_common import fail as _fail
 from h5etl.cli_common import run as _run
 from h5etl.cli_common import say as _say
 from h5etl.errors import BuildFailed, UsageError
 from h5etl.execute import pool as workers
+from h5etl.pipeline import interrupts
 from h5etl.release.naming import has_link as _has_link
 from h5etl.units import human_size
 
@@ -260,7 +261,7 @@ def _build_spec(spec: Spec, options: _BuildOptions, bars: _Bars) -> BuildReport:
 
         workers.preload(options.jobs, worker_modules(spec))  # while the pipeline imports
     from h5etl import dataflow as records
-    from h5etl import pipeline
+    from h5etl.pipeline import run as pipeline
 
     try:
         return pipeline.build(
@@ -284,7 +285,7 @@ def _build_spec(spec: Spec, options: _BuildOptions, bars: _Bars) -> BuildReport:
 
 def _build_many(paths: list[Path], options: _BuildOptions) -> None:
     """Each config in turn, each under its own lock; a summary table; the worst exit code."""
-    from h5etl import batch
+    from h5etl.pipeline import batch
 
     configs = _run(lambda: batch.config_files(paths))
 

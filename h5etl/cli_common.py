@@ -11,9 +11,9 @@ from typing import Protocol, TypeVar
 
 import typer
 
-from h5etl import interrupts
 from h5etl.cli_usage import OneLineGroup
 from h5etl.errors import H5EtlError
+from h5etl.pipeline import interrupts
 
 __all__ = ["app", "fail", "run", "say"]
 

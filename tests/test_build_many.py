@@ -22,8 +22,8 @@ from conftest import MakeRaw, RawFolder, WriteConfig
 from PIL import Image
 from typer.testing import CliRunner
 
-from h5etl import batch
 from h5etl.cli import app
+from h5etl.pipeline import batch
 from h5etl.release.lock import BuildLock
 
 runner = CliRunner()

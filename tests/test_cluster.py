@@ -21,12 +21,13 @@ import numpy as np
 import pytest
 from conftest import MakeRaw, WriteConfig, dataset_digests, expected_image, read_release
 
-from h5etl import pipeline, planning
 from h5etl.config.load import load_spec
 from h5etl.errors import ClusterError, ConfigError
 from h5etl.execute import assembly as buildparts
 from h5etl.execute import dask_cluster as cluster
 from h5etl.history.build_report import BuildReport
+from h5etl.pipeline import planning
+from h5etl.pipeline import run as pipeline
 from h5etl.plan import tasks
 
 distributed = pytest.importorskip("distributed")

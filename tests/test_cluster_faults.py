@@ -26,11 +26,11 @@ import pytest
 from conftest import MakeRaw, WriteConfig, dataset_digests, read_release
 from typer.testing import CliRunner
 
-from h5etl import pipeline
 from h5etl.cli import app
 from h5etl.config.load import load_spec
 from h5etl.errors import ConfigError, UsageError
 from h5etl.format import journal
+from h5etl.pipeline import run as pipeline
 from h5etl.plan import tasks
 
 distributed = pytest.importorskip("distributed")
@@ -251,9 +251,9 @@ if not hasattr(h5etl.decode.task, "held_tasks"):  # dask may import a preload fi
 # The build as the CLI runs it, with tasks of 4 samples and a checkpoint after each
 SMALL_TASKS = """
 import functools
-import h5etl.pipeline, h5etl.plan.tasks
+import h5etl.pipeline.run, h5etl.plan.tasks
 h5etl.plan.tasks.TASK_SAMPLES = 4
-h5etl.pipeline.build = functools.partial(h5etl.pipeline.build, checkpoint_seconds=0)
+h5etl.pipeline.run.build = functools.partial(h5etl.pipeline.run.build, checkpoint_seconds=0)
 """
 
 

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 from conftest import MakeRaw, WriteConfig, centre_pad, save
 
-from h5etl import pipeline
 from h5etl.config.load import load_spec
 from h5etl.dataflow import DecodeTask, EncodedChunk, EncodedRows, Sample, SourceFile
 from h5etl.decode import task as decode
 from h5etl.execute import schedule
+from h5etl.pipeline import run as pipeline
 from h5etl.plan import admit as clean
 from h5etl.plan import discover
 

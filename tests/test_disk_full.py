@@ -35,7 +35,7 @@ from h5etl.config.load import load_spec
 from h5etl.config.spec import Spec
 from h5etl.errors import ReleaseError, SinkError
 from h5etl.format.journal import JournalWriter
-from h5etl.pipeline import build
+from h5etl.pipeline.run import build
 from h5etl.release import folder as release_folder
 
 MIB = 2**20
@@ -52,7 +52,7 @@ LAUNCHER = textwrap.dedent(
     import os, resource, runpy, signal, sys
 
     import h5py
-    from h5etl import pipeline
+    from h5etl.pipeline import run as pipeline
     from h5etl.sink import writer as sink
     from h5etl.format import journal
 

@@ -29,7 +29,7 @@ from h5etl.history.build_report import BuildReport
 from h5etl.inputs import opening as inputs
 from h5etl.inputs import raster as images
 from h5etl.kinds import mask_values as validate
-from h5etl.pipeline import build
+from h5etl.pipeline.run import build
 
 T = TypeVar("T")
 DEADLINE = 60.0  # seconds; a healthy build of these folders takes well under one

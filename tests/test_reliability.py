@@ -605,7 +605,7 @@ def test_crashing_worker_rejects_only_its_sample(project: Path) -> None:
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
     spec = load_spec(project)
-    from h5etl import pipeline
+    from h5etl.pipeline import run as pipeline
     from h5etl.plan import admit as clean
     from h5etl.plan import discover
 
@@ -732,7 +732,7 @@ def test_a_ctrl_c_python_swallowed_still_stops_the_build_before_it_publishes(
 ) -> None:
     """A SIGINT raised inside a weakref callback is printed as "Exception ignored" and lost;
     the handler records it too, and the build raises it again before it publishes."""
-    from h5etl import interrupts
+    from h5etl.pipeline import interrupts
 
     build(project)
     folder = project.parent / "releases"
@@ -757,7 +757,7 @@ def test_a_swallowed_ctrl_c_prints_no_traceback_and_other_lost_errors_still_do(
     again); any other exception lost that way still is."""
     import weakref
 
-    from h5etl import interrupts
+    from h5etl.pipeline import interrupts
 
     class Thing:
         pass

@@ -21,11 +21,11 @@ from conftest import MakeRaw, WriteConfig, dataset_digests, read_release
 from hypothesis import given
 from hypothesis import strategies as st
 
-from h5etl import pipeline
 from h5etl.config.load import load_spec
 from h5etl.dataflow import DecodeTask, Sample
 from h5etl.errors import ShardError, UsageError
 from h5etl.history.build_report import BuildReport
+from h5etl.pipeline import run as pipeline
 from h5etl.plan import tasks
 from h5etl.plan.admit import Plan
 from h5etl.shards import committer as sharded
@@ -80,7 +80,7 @@ def test_a_sharded_build_is_the_one_writer_build(
 
     sharded_report = pipeline.build(spec, jobs=2, shards=count, progress=progress)
     # the progress bar counts the shards as they commit: twice when decoding rejected
-    # samples and the build wrote the stored ones again (h5etl.settle)
+    # samples and the build wrote the stored ones again (h5etl.pipeline.settle)
     again = any(w.startswith("decoding rejected") for w in sharded_report.warnings)
     assert again
     assert sum(done) == count * 2

@@ -18,9 +18,10 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from h5etl import load_spec, pipeline
+from h5etl import load_spec
 from h5etl.cli import app
 from h5etl.errors import ReaderError
+from h5etl.pipeline import run as pipeline
 from h5etl.plan import tasks
 from h5etl.readers import Release
 from h5etl.units import human_size

@@ -24,9 +24,9 @@ from conftest import MakeRaw, WriteConfig
 from typer.testing import CliRunner
 
 import h5etl
-from h5etl import status
 from h5etl.cli import app
 from h5etl.errors import BuildFailed, LockHeld
+from h5etl.pipeline import status
 from h5etl.release.listing import OutputFolder
 
 runner = CliRunner()
@@ -229,10 +229,10 @@ def test_a_status_that_cannot_be_written_does_not_fail_the_build(
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(OutputFolder, "write_status", full)
-    with caplog.at_level(logging.INFO, logger="h5etl.status"):
+    with caplog.at_level(logging.INFO, logger="h5etl.pipeline.status"):
         report = h5etl.build(h5etl.load_spec(project))
     assert report.version == 1
-    warnings = [r.getMessage() for r in caplog.records if r.name == "h5etl.status"]
+    warnings = [r.getMessage() for r in caplog.records if r.name == "h5etl.pipeline.status"]
     assert len(warnings) == 1  # once, not at every write; shown with --verbose
     assert "cannot write the build status" in warnings[0]
     assert not (project.parent / "releases" / "cells.status.json").exists()

@@ -17,10 +17,10 @@ import yaml
 from conftest import ALL_BROKEN, MakeRaw, WriteConfig, add_pairs
 from typer.testing import CliRunner
 
-from h5etl import pipeline
 from h5etl.cli import app
 from h5etl.config.load import load_spec
 from h5etl.config.spec import spec_sha256
+from h5etl.pipeline import run as pipeline
 from h5etl.units import human_size
 
 runner = CliRunner()

@@ -89,7 +89,7 @@ class OutputFolder:
         self.status_path = folder / f"{name}{self.STATUS_SUFFIX}"
 
     def write_status(self, data: Mapping[str, Any]) -> None:
-        """Replace the build status file atomically (``h5etl.status``); no fsync: it is
+        """Replace the build status file atomically (``h5etl.pipeline.status``); no fsync: it is
         rewritten a few times a second, and a reader only needs never to see half of it.
 
         Raises:

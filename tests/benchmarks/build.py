@@ -325,7 +325,7 @@ def run_limit(config: Path, encode: bool, hashes: bool = False) -> dict[str, Any
     from joblib import Parallel, delayed
 
     from h5etl import load_spec
-    from h5etl.pipeline import layouts_of
+    from h5etl.pipeline.run import layouts_of
     from h5etl.plan.kind_registry import kinds_of
 
     spec = load_spec(config)

@@ -43,8 +43,8 @@ from corpus import DEFAULT_DIR, DEFAULT_SAMPLES, CorpusParams, ensure_corpus
 from installed import byte_compile, warm
 
 import h5etl
-from h5etl import pipeline
 from h5etl.dataflow import EncodedChunk
+from h5etl.pipeline import run as pipeline
 from h5etl.sink.chunk_copy import carry_chunks
 from h5etl.sink.writer import LIBVER
 

@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> None:
     warm(work, *(source for source, _ in extra))
     runner = run_here if args.in_process else run
     if args.in_process:
-        import h5etl.pipeline  # noqa: F401  (imported once, as a long-lived process has it)
+        import h5etl.pipeline.run  # noqa: F401  (imported once, as a long-lived process has it)
     results = [repeat(work, extra, args.jobs, runner) for _ in range(args.repeats)]
     if args.in_process:
         print("in one process: the worker pool starts with the first build and serves the rest")

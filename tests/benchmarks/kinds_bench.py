@@ -273,7 +273,7 @@ def _split_blocks(
 def run_limit(config: Path) -> dict[str, Any]:
     """The work limit of ``config`` (classification or derived super-resolution)."""
     from h5etl import load_spec
-    from h5etl.pipeline import layouts_of
+    from h5etl.pipeline.run import layouts_of
     from h5etl.plan.kind_registry import kinds_of
 
     spec = load_spec(config)

@@ -12,7 +12,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from h5etl import interrupts, planning, settle
 from h5etl.config.spec import Spec, spec_text
 from h5etl.errors import BuildFailed, ResumeMismatch
 from h5etl.execute import assembly as buildparts
@@ -35,15 +34,16 @@ from h5etl.history.build_report import BuildReport, enforce_limit, guard, requir
 from h5etl.history.release_notes import Annotator, stored_rejects
 from h5etl.incremental import parent, uptodate
 from h5etl.incremental import reuse as carry
+from h5etl.pipeline import interrupts, planning, settle
+from h5etl.pipeline.planning import ProgressHook
+from h5etl.pipeline.status import BuildStatus
 from h5etl.plan import admit as clean
 from h5etl.plan import kind_registry as registry
-from h5etl.planning import ProgressHook
 from h5etl.release.listing import OutputFolder
 from h5etl.resume import journal_use as resume
 from h5etl.shards.committer import Sharding, Shards, start_sharded
 from h5etl.sink.writer import Sink
 from h5etl.stats.tallies import Tallies, block_json
-from h5etl.status import BuildStatus
 
 logger = logging.getLogger(__name__)
 

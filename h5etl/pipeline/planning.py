@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from h5etl import settle
 from h5etl.config.spec import Spec
 from h5etl.execute import assembly as buildparts
 from h5etl.execute import schedule
@@ -24,6 +23,7 @@ from h5etl.history.build_report import (
     require_samples,
 )
 from h5etl.incremental import parent
+from h5etl.pipeline import settle
 from h5etl.plan import admit as clean
 from h5etl.plan import discover
 from h5etl.release.listing import OutputFolder

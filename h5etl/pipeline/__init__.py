@@ -1,0 +1,1 @@
+"""The build: wires plan -> execute -> sink -> release, and its status."""
