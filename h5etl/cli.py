@@ -46,7 +46,7 @@ def check(
     deep: Annotated[bool, typer.Option("--deep", help="Recompute every SHA-256.")] = False,
 ) -> None:
     """Report on a release; exit 1 if anything is damaged."""
-    from h5etl.check import check_release
+    from h5etl.check.health import check_release
     from h5etl.errors import CheckFailed
 
     # The report, PROBLEM and WARNING lines included, goes to stdout; on failure one verdict

@@ -12,7 +12,7 @@ import pytest
 from conftest import MakeRaw, WriteConfig, dataset_digests, random_pair, save
 
 from h5etl import build, load_spec
-from h5etl.check import check_release
+from h5etl.check.health import check_release
 from h5etl.execute import assembly as buildparts
 from h5etl.execute.prefetch import Ahead
 

@@ -14,7 +14,7 @@ from conftest import WriteConfig, add_pairs
 from test_incremental import no_seed, project, remove_pairs, rows_by_key, stats_attrs
 
 from h5etl import build, load_spec
-from h5etl.check import check_release
+from h5etl.check.health import check_release
 from h5etl.format.codec import ChunkLayout, Codec
 from h5etl.incremental import reuse as carry
 from h5etl.sink import parent_rows as sink_carry

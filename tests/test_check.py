@@ -14,7 +14,7 @@ from conftest import MakeRaw, WriteConfig
 from typer.testing import CliRunner, Result
 
 from h5etl import build, load_spec
-from h5etl.check import check_release
+from h5etl.check.health import check_release
 from h5etl.cli import app
 
 

@@ -215,7 +215,7 @@ def test_a_crash_in_a_final_task_does_not_stop_the_checkpoints(
     assert consistent_at_checkpoints
     assert all(consistent_at_checkpoints)
     assert report.path is not None
-    from h5etl.check import check_release
+    from h5etl.check.health import check_release
 
     assert check_release(report.path, deep=True).ok
 

@@ -14,7 +14,7 @@ import numpy as np
 from conftest import SHAPE, MakeRaw, WriteConfig, png_bytes, random_pair
 
 import h5etl
-from h5etl.check import check_release
+from h5etl.check.health import check_release
 from h5etl.config.load import load_spec
 from h5etl.dataflow import Reject
 from h5etl.format import journal

@@ -16,7 +16,7 @@ import pytest
 from conftest import WriteConfig, add_pairs, random_pair, run_killed_build, save
 
 from h5etl import build, load_spec
-from h5etl.check import check_release
+from h5etl.check.health import check_release
 from h5etl.history.build_report import BuildReport
 
 CODECS = ["lzf", "gzip", {"codec": "blosc", "cname": "lz4"}, "zstd"]

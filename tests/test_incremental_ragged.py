@@ -21,7 +21,7 @@ from test_kind_series import CHANNELS, LENGTHS, make_recordings, series_config, 
 from test_kind_volume import SHAPE, SPACING, ct_config, make_ct, names_for
 
 from h5etl import build, load_spec
-from h5etl.check import check_release
+from h5etl.check.health import check_release
 from h5etl.config.spec import Spec
 from h5etl.examples.volumes import ct_case, series_affine, write_dicom_series, write_nifti
 from h5etl.format import contract as fileformat

@@ -26,7 +26,7 @@ from conftest import MakeRaw, WriteConfig, expected_image, expected_mask
 from conftest import add_pairs as add_random_pairs
 
 from h5etl import build, load_spec
-from h5etl.check import check_release
+from h5etl.check.health import check_release
 from h5etl.execute import local_threads as inprocess
 from h5etl.execute import pool as workers
 from h5etl.history.build_report import BuildReport

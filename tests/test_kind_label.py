@@ -20,7 +20,7 @@ from PIL import Image
 from typer.testing import CliRunner
 
 import h5etl
-from h5etl.check import check_release
+from h5etl.check.health import check_release
 from h5etl.cli import app
 from h5etl.readers import iter_batches
 

@@ -17,7 +17,7 @@ from conftest import dataset_digests, run_killed_build, save
 from typer.testing import CliRunner
 
 import h5etl
-from h5etl.check import check_release
+from h5etl.check.health import check_release
 from h5etl.cli import app
 from h5etl.readers import iter_batches
 

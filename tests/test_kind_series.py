@@ -18,7 +18,7 @@ from conftest import dataset_digests, run_killed_build
 from typer.testing import CliRunner
 
 import h5etl
-from h5etl.check import check_release
+from h5etl.check.health import check_release
 from h5etl.cli import app
 
 runner = CliRunner()

@@ -18,7 +18,7 @@ import yaml
 from conftest import dataset_digests, run_killed_build
 
 import h5etl
-from h5etl.check import check_release
+from h5etl.check.health import check_release
 from h5etl.errors import ConfigError
 from h5etl.examples.volumes import ct_case, series_affine, write_dicom_series, write_nifti
 from h5etl.format import contract as fileformat

@@ -26,7 +26,7 @@ from conftest import MakeRaw, WriteConfig
 
 import h5etl
 from h5etl import preview
-from h5etl.check import check_release
+from h5etl.check.health import check_release
 from h5etl.format import contract as fileformat
 from h5etl.format import digest
 from h5etl.format.contract import FieldRecord, LayoutRecord

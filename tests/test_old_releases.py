@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from h5etl.check import check_release
+from h5etl.check.health import check_release
 from h5etl.cli import app
 from h5etl.format import contract as fileformat
 from h5etl.preview import write_preview

@@ -161,7 +161,7 @@ def test_cli_preview_of_a_non_release_is_one_line_in_our_words(tmp_path: Path) -
 
 
 def test_check_prints_mask_value_histograms_and_the_ratio(release: Path) -> None:
-    from h5etl.check import check_release
+    from h5etl.check.health import check_release
 
     report = check_release(release)
     lines = "\n".join(report.lines)
@@ -175,7 +175,7 @@ def test_check_prints_mask_value_histograms_and_the_ratio(release: Path) -> None
 
 
 def test_check_flags_mask_values_outside_the_declared_set(release: Path, tmp_path: Path) -> None:
-    from h5etl.check import check_release
+    from h5etl.check.health import check_release
 
     copy = tmp_path / "copy.h5"
     copy.write_bytes(release.resolve().read_bytes())

@@ -22,7 +22,7 @@ from conftest import MakeRaw, RawFolder, WriteConfig, exact_splits, random_pair,
 from typer.testing import CliRunner, Result
 
 import h5etl
-from h5etl.check import check_release
+from h5etl.check.health import check_release
 from h5etl.cli import app
 from h5etl.errors import BuildFailed
 

@@ -22,7 +22,7 @@ from conftest import dataset_digests, read_release, run_killed_build
 from ragged_kind import use_npy_recording
 
 import h5etl
-from h5etl.check import check_release
+from h5etl.check.health import check_release
 from h5etl.format import contract as fileformat
 
 os.environ.setdefault("KERAS_BACKEND", "torch")  # before anything imports keras

@@ -369,7 +369,7 @@ def test_resume_refuses_inputs_edited_in_place(project: Path, tmp_path: Path) ->
 
 
 def check_deep(path: Path) -> Any:
-    from h5etl.check import check_release
+    from h5etl.check.health import check_release
 
     return check_release(path, deep=True)
 

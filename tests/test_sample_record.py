@@ -13,7 +13,7 @@ import pytest
 from conftest import MakeRaw, WriteConfig, dataset_digests, run_killed_build
 
 from h5etl import build, load_spec
-from h5etl.check import check_release
+from h5etl.check.health import check_release
 from h5etl.format import contract as fileformat
 from h5etl.plan import tasks
 from h5etl.readers import Release

@@ -29,7 +29,7 @@ from test_kind_volume import ct_config, make_ct
 from test_ragged import make_recordings as make_npy_recordings
 from test_ragged import prelude
 
-from h5etl.check import check_release
+from h5etl.check.health import check_release
 from h5etl.config.load import load_spec
 from h5etl.format import contract as fileformat
 from h5etl.history.build_report import BuildReport

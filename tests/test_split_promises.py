@@ -14,7 +14,7 @@ from test_splits import PATTERN, add_pairs, policy, where
 from typer.testing import CliRunner
 
 from h5etl import build, load_spec
-from h5etl.check import check_release
+from h5etl.check.health import check_release
 from h5etl.cli import app
 
 # 15 patients, 147 samples: placed greedily, largest first, 119/28; 118/29 is reachable

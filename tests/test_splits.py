@@ -14,7 +14,7 @@ import pytest
 from conftest import WriteConfig, random_pair, save
 
 from h5etl import ConfigError, build, load_spec
-from h5etl.check import check_release
+from h5etl.check.health import check_release
 
 FRACTIONS = {"train": 0.7, "valid": 0.2, "test": 0.1}
 PATTERN = r"^(pt\d+)_"

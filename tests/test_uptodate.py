@@ -16,7 +16,7 @@ import pytest
 from conftest import MakeRaw, RawFolder, WriteConfig, random_pair, save
 
 from h5etl import build, load_spec
-from h5etl.check import check_release
+from h5etl.check.health import check_release
 from h5etl.execute import pool as workers
 
 MESSAGE = "(6 samples, same config and inputs): no new release; --full rebuilds"

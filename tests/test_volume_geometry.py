@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 import h5etl
-from h5etl.check import check_release
+from h5etl.check.health import check_release
 from h5etl.examples.volumes import AIR, BONE, TISSUE, ct_case, write_dicom_series, write_nifti
 from h5etl.format import contract as fileformat
 from h5etl.inputs.volumes import orient

@@ -20,7 +20,7 @@ import h5py
 import numpy as np
 from PIL import Image
 
-from h5etl.check import CheckReport, check_release
+from h5etl.check.health import CheckReport, check_release
 from h5etl.errors import CheckFailed, H5EtlError, UsageError
 from h5etl.format import contract as fileformat
 from h5etl.format import fileinfo as hdf5info

@@ -3,7 +3,7 @@
 A label field gets its per-class counts (from the stored values; class names from the
 record) and a problem for any value that indexes no class; a mask its value histogram against
 the values the record declares; a numeric field its stored statistics, and a mask or label its
-stored histogram, on one line each. ``check`` (``h5etl.check``) calls ``field_lines`` for
+stored histogram, on one line each. ``check`` (``h5etl.check.health``) calls ``field_lines`` for
 every field of every split.
 """
 

@@ -19,8 +19,9 @@ from typing import Any
 import h5py
 import hdf5plugin  # noqa: F401  (registers the Blosc/Zstd filters for reading)
 
-from h5etl import check_deep, check_ragged
-from h5etl.check_fields import empty_classes, field_lines, grid_problems, group_lines
+from h5etl.check import deep as check_deep
+from h5etl.check import ragged as check_ragged
+from h5etl.check.fields import empty_classes, field_lines, grid_problems, group_lines
 from h5etl.format import contract as fileformat
 from h5etl.format import fileinfo as hdf5info
 from h5etl.format import partfiles

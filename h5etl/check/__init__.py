@@ -1,0 +1,1 @@
+"""``h5etl check``: a read-only health report of a release."""
