@@ -177,7 +177,7 @@ def preview(
     ] = 16,
 ) -> None:
     """Draw the first N samples of a split, masks over images, names underneath, into a PNG."""
-    from h5etl.preview import write_preview
+    from h5etl.preview.sheet import write_preview
 
     written = _run(lambda: write_preview(path, out, split=split, n=n))
     _say(f"preview: {written}")

@@ -11,7 +11,7 @@ import pytest
 from test_kind_volume import build, ct_config, make_ct
 
 from h5etl.errors import ReaderError
-from h5etl.preview import render_preview
+from h5etl.preview.sheet import render_preview
 from h5etl.readers.volume_patches import PatchSampler
 from h5etl.readers.volumes import SliceSampler, Volumes, Window
 
@@ -204,7 +204,7 @@ def test_preview_captions_a_case_by_its_name(release: tuple[Path, dict[str, Any]
     import h5py
 
     from h5etl.format import contract as fileformat
-    from h5etl.preview import caption_fields
+    from h5etl.preview.sheet import caption_fields
     from h5etl.readers import Release
 
     path, truth = release

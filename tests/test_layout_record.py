@@ -25,11 +25,11 @@ import yaml
 from conftest import MakeRaw, WriteConfig
 
 import h5etl
-from h5etl import preview
 from h5etl.check.health import check_release
 from h5etl.format import contract as fileformat
 from h5etl.format import digest
 from h5etl.format.contract import FieldRecord, LayoutRecord
+from h5etl.preview import sheet as preview
 from h5etl.readers import ReaderError, Release, iter_batches
 
 SPLITS = {"train": 6, "valid": 3}

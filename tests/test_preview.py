@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 import h5etl
 from h5etl.cli import app
-from h5etl.preview import (
+from h5etl.preview.sheet import (
     ALPHA,
     GAP,
     PALETTE,

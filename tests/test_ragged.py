@@ -417,7 +417,7 @@ def test_preview_draws_a_kind_through_its_drawer(
     import ragged_kind
 
     from h5etl.plan import kind_registry as registry
-    from h5etl.preview import render_preview
+    from h5etl.preview.sheet import render_preview
 
     path, truth = built
     with pytest.raises(h5etl.errors.ReaderError, match="nor a field of a kind that draws"):

@@ -104,7 +104,7 @@ def test_a_release_without_that_split_or_field_is_a_reader_error(
 def test_preview_draws_a_line_plot_per_channel(
     release: tuple[Path, dict[str, dict[str, np.ndarray]]], tmp_path: Path
 ) -> None:
-    from h5etl.preview import write_preview
+    from h5etl.preview.sheet import write_preview
 
     path, _ = release
     out = write_preview(path, tmp_path / "p.png", n=3)
@@ -124,8 +124,8 @@ def test_a_preview_tile_plots_each_channel(
     import h5py
 
     from h5etl.format import contract as fileformat
-    from h5etl.preview_drawn import PreviewSample
-    from h5etl.preview_series import PLOT_H, TITLE, draw
+    from h5etl.preview.drawn import PreviewSample
+    from h5etl.preview.series import PLOT_H, TITLE, draw
 
     path, _ = release
     with h5py.File(path, "r") as handle:

@@ -29,11 +29,11 @@ from h5etl.kinds.base import Kind
 Builder = Callable[[Spec, str], Kind]
 
 # kind -> "module:function" that draws one stored sample as a preview tile (a volume's middle
-# slice, a series' channels; see h5etl.preview_drawn), imported only when a preview draws it.
+# slice, a series' channels; see h5etl.preview.drawn), imported only when a preview draws it.
 # Image and mask fields need none: the preview draws them itself.
 PREVIEW_DRAWERS: dict[str, str] = {
-    "volume": "h5etl.preview_volumes:draw_middle_slice",
-    "series": "h5etl.preview_series:draw",
+    "volume": "h5etl.preview.volumes:draw_middle_slice",
+    "series": "h5etl.preview.series:draw",
 }
 
 

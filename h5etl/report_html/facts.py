@@ -172,8 +172,8 @@ def _stat_rows(attrs: dict[str, Any]) -> tuple[dict[str, float], ...]:
 
 
 def _preview(path: Path, split: str, shown: int) -> PreviewFacts:
-    """The preview grid of ``split`` (``h5etl.preview`` draws it), or why there is none."""
-    from h5etl.preview import render_preview
+    """The preview grid of ``split`` (``h5etl.preview.sheet`` draws it), or why there is none."""
+    from h5etl.preview.sheet import render_preview
 
     try:
         return PreviewFacts(split, render_preview(path, split=split, n=shown))

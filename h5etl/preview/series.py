@@ -73,7 +73,7 @@ def _band(draw: Any, values: np.ndarray, top: float, height: float, colour: Any,
 def draw(sample: Any, field: str) -> Image.Image:
     """The preview tile of one stored recording (or window): a plot per channel, stacked.
 
-    ``sample`` is an ``h5etl.preview_drawn.PreviewSample``; only the channels' values are read
+    ``sample`` is an ``h5etl.preview.drawn.PreviewSample``; only the channels' values are read
     (of a fixed-size channel, its real rows: ``<channel>_length``)."""
     font = ImageFont.load_default(size=10)
     columns = sample.columns_of(field)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 from PIL import Image
 
-from h5etl.preview_drawn import PreviewSample
+from h5etl.preview.drawn import PreviewSample
 
 
 def grey(plane: np.ndarray) -> np.ndarray:
@@ -38,7 +38,7 @@ def pair_of(sample: PreviewSample, field: str) -> tuple[str, str | None]:
 
 def draw_middle_slice(sample: PreviewSample, field: str) -> Image.Image:
     """The middle slice of the sample's case, its labels over it (at display size)."""
-    from h5etl import preview
+    from h5etl.preview import sheet as preview
 
     image, labels = pair_of(sample, field)
     slices = sample.length(image)

@@ -23,7 +23,7 @@ from PIL import Image, ImageDraw, ImageFont
 from h5etl.format import contract as fileformat
 from h5etl.format import fileinfo as hdf5info
 from h5etl.format.contract import FieldRecord, LayoutRecord
-from h5etl.preview_drawn import draw_tiles, drawn_field
+from h5etl.preview.drawn import draw_tiles, drawn_field
 from h5etl.readers import ReaderError, Release
 
 # Mask colours by value (1, 2, ...): bright hues that stand out on stained tissue and on grey.

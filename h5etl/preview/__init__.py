@@ -1,0 +1,1 @@
+"""``h5etl preview``: contact sheets of a release."""
