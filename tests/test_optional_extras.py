@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from h5etl import demo, examples
+from h5etl import examples
+from h5etl.examples import demo
 
 BLOCKER = """
 import runpy, sys

@@ -12,10 +12,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from h5etl import demo
 from h5etl.config import resources
 from h5etl.errors import ConfigError, UsageError
 from h5etl.examples import classify as classify
+from h5etl.examples import demo
 from h5etl.examples import medical as medical
 from h5etl.examples import scenes as scenes
 from h5etl.examples import sensors as sensors

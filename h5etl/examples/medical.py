@@ -7,8 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from h5etl import demo
-from h5etl.examples import draw
+from h5etl.examples import demo, draw
 from h5etl.examples.registry import Broken, register
 
 SLICE = 64

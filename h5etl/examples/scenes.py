@@ -6,8 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from h5etl import demo
-from h5etl.examples import draw
+from h5etl.examples import demo, draw
 from h5etl.examples.registry import Broken, register
 
 # Cityscapes colours (their label ids are 7, 11, 23, 26; unlabelled [0, 0, 0] is 0)

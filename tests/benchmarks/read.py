@@ -38,7 +38,7 @@ import h5py
 import hdf5plugin
 import numpy as np
 
-from h5etl.demo import cell_pair
+from h5etl.examples.demo import cell_pair
 from h5etl.readers import ChunkSampler, Release, iter_batches
 from h5etl.readers._chunks import prefetched
 
