@@ -22,7 +22,7 @@ from conftest import MakeRaw, RawFolder, WriteConfig
 from PIL import Image
 from typer.testing import CliRunner
 
-from h5etl.cli import app
+from h5etl.cli.app import app
 from h5etl.pipeline import batch
 from h5etl.release.lock import BuildLock
 
@@ -235,7 +235,7 @@ def patched(*args, **kwargs):
 {body}
     return original(*args, **kwargs)
 h5etl.inputs.raster.decode_field = patched
-from h5etl.cli import main
+from h5etl.cli.app import main
 sys.argv = ["h5etl", "build", sys.argv[1], "--jobs", "1", "--quiet"]
 main()
 """

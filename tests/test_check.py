@@ -15,7 +15,7 @@ from typer.testing import CliRunner, Result
 
 from h5etl import build, load_spec
 from h5etl.check.health import check_release
-from h5etl.cli import app
+from h5etl.cli.app import app
 
 
 @pytest.fixture(scope="module")

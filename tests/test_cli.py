@@ -12,7 +12,7 @@ from conftest import MakeRaw, WriteConfig
 from typer.testing import CliRunner
 
 from h5etl import __version__
-from h5etl.cli import app
+from h5etl.cli.app import app
 
 runner = CliRunner()
 

@@ -13,8 +13,9 @@ import typer
 from conftest import MakeRaw, WriteConfig
 from typer.testing import CliRunner
 
-from h5etl import cli, cli_build
-from h5etl.cli import app
+from h5etl.cli import app as cli
+from h5etl.cli import build as cli_build
+from h5etl.cli.app import app
 from h5etl.config import resources
 from h5etl.dataflow import Reject
 from h5etl.history.build_report import BuildReport

@@ -26,7 +26,7 @@ import pytest
 from conftest import MakeRaw, WriteConfig, dataset_digests, read_release
 from typer.testing import CliRunner
 
-from h5etl.cli import app
+from h5etl.cli.app import app
 from h5etl.config.load import load_spec
 from h5etl.errors import ConfigError, UsageError
 from h5etl.format import journal
@@ -116,7 +116,7 @@ def _worker(
 
 def _cli(config: Path, *options: str, prelude: str = "") -> subprocess.CompletedProcess[str]:
     """``h5etl build CONFIG -q OPTIONS`` in a process of its own (``prelude`` run first)."""
-    script = textwrap.dedent(prelude) + "import sys\nfrom h5etl.cli import main\nmain()\n"
+    script = textwrap.dedent(prelude) + "import sys\nfrom h5etl.cli.app import main\nmain()\n"
     command = [sys.executable, "-c", script, "build", str(config), "-q", *options]
     return subprocess.run(command, capture_output=True, text=True, env=_env(), check=False)
 
@@ -289,7 +289,7 @@ def test_a_scheduler_killed_mid_build_is_one_line_and_resume_continues(
         holding = [sys.executable, "-m", "distributed.cli.dask_worker", address, "--nthreads"]
         holding += ["1", "--no-nanny", "--no-dashboard", "--preload", str(tmp_path / "hold.py")]
         with _process(holding, tmp_path, _env()):
-            script = textwrap.dedent(SMALL_TASKS) + "from h5etl.cli import main\nmain()\n"
+            script = textwrap.dedent(SMALL_TASKS) + "from h5etl.cli.app import main\nmain()\n"
             build = [sys.executable, "-c", script, "build", str(config), "-q"]
             with subprocess.Popen(
                 [*build, "--scheduler", address], stderr=subprocess.PIPE, text=True, env=_env()

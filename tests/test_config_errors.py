@@ -10,7 +10,7 @@ import yaml
 from conftest import MakeRaw, WriteConfig, base_config
 from typer.testing import CliRunner
 
-from h5etl.cli import app
+from h5etl.cli.app import app
 from h5etl.config import resources
 from h5etl.config.load import load_spec
 from h5etl.errors import ConfigError

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from test_config_places import model_names
 from typer.testing import CliRunner
 
-from h5etl.cli import app
+from h5etl.cli.app import app
 from h5etl.config.load import load_spec
 from h5etl.config.spec import Spec
 from h5etl.errors import ConfigError

@@ -12,7 +12,7 @@ import yaml
 from conftest import MakeRaw, WriteConfig, base_config
 from typer.testing import CliRunner
 
-from h5etl.cli import app
+from h5etl.cli.app import app
 from h5etl.config.fields import LabelField, TableRef
 from h5etl.config.load import load_spec, parse_spec
 from h5etl.config.spec import spec_sha256, spec_text

@@ -20,7 +20,7 @@ from test_kind_label import make_pets, pets_config
 from test_splits import PATTERN, add_pairs, remove_pairs
 from typer.testing import CliRunner
 
-from h5etl.cli import app
+from h5etl.cli.app import app
 from h5etl.config.load import load_spec
 from h5etl.history.diff import diff_paths, diff_releases
 from h5etl.history.snapshot import read_snapshot

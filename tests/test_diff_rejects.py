@@ -15,7 +15,7 @@ from conftest import BROKEN_REASONS, MakeRaw, WriteConfig, add_pairs, png_bytes,
 from numpy.random import default_rng
 from typer.testing import CliRunner
 
-from h5etl.cli import app
+from h5etl.cli.app import app
 from h5etl.config.load import load_spec
 from h5etl.pipeline import run as pipeline
 

@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from h5etl.cli import app
+from h5etl.cli.app import app
 from h5etl.config.load import _read_yaml_mapping, load_spec, parse_spec
 from h5etl.errors import ConfigError
 

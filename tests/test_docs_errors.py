@@ -13,7 +13,7 @@ from conftest import MakeRaw, WriteConfig
 from typer.testing import CliRunner
 
 from h5etl import docrefs
-from h5etl.cli import app
+from h5etl.cli.app import app
 from h5etl.config.spec import Spec
 from h5etl.inputs.reasons import TABLE
 

@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from h5etl import examples
-from h5etl.cli import app
+from h5etl.cli.app import app
 from h5etl.config import resources
 
 runner = CliRunner()

@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 
 import h5etl
 from h5etl.check.health import check_release
-from h5etl.cli import app
+from h5etl.cli.app import app
 from h5etl.readers import iter_batches
 
 os.environ.setdefault("KERAS_BACKEND", "torch")  # before anything imports keras

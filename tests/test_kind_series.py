@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 import h5etl
 from h5etl.check.health import check_release
-from h5etl.cli import app
+from h5etl.cli.app import app
 
 runner = CliRunner()
 ACCEL_HZ, VOLT_HZ = 50, 10  # small rates: tests stay tiny

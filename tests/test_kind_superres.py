@@ -22,7 +22,7 @@ from PIL import Image
 from typer.testing import CliRunner
 
 import h5etl
-from h5etl.cli import app
+from h5etl.cli.app import app
 from h5etl.config.load import load_spec
 from h5etl.plan import tasks
 from h5etl.readers import iter_batches

@@ -17,7 +17,7 @@ import pytest
 from typer.testing import CliRunner
 
 from h5etl.check.health import check_release
-from h5etl.cli import app
+from h5etl.cli.app import app
 from h5etl.format import contract as fileformat
 from h5etl.preview.sheet import write_preview
 from h5etl.readers import Release, iter_batches

@@ -12,7 +12,7 @@ from PIL import Image, ImageFont
 from typer.testing import CliRunner
 
 import h5etl
-from h5etl.cli import app
+from h5etl.cli.app import app
 from h5etl.preview.sheet import (
     ALPHA,
     GAP,

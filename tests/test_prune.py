@@ -11,7 +11,7 @@ import pytest
 from conftest import MakeRaw, WriteConfig, sha256_file
 from typer.testing import CliRunner
 
-from h5etl.cli import app
+from h5etl.cli.app import app
 from h5etl.release.lock import BuildLock
 from h5etl.units import human_size
 

@@ -23,7 +23,7 @@ from typer.testing import CliRunner, Result
 
 import h5etl
 from h5etl.check.health import check_release
-from h5etl.cli import app
+from h5etl.cli.app import app
 from h5etl.errors import BuildFailed
 
 CLASSES = ("ant", "bee", "cat", "dog")

@@ -150,7 +150,7 @@ SLOW_CLI_BUILD = """
         time.sleep(0.2)
         return original(*args, **kwargs)
     h5etl.inputs.raster.decode_field = slow
-    from h5etl.cli import main
+    from h5etl.cli.app import main
     sys.argv = ["h5etl", "build", sys.argv[1], "--jobs", "1", "--quiet", "--full"]
     main()
 """

@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 import h5etl
 from h5etl import examples
-from h5etl.cli import app
+from h5etl.cli.app import app
 from h5etl.report_html import SECTIONS, write_html_report
 
 # The datasets of a split the layout table leaves out: the lineage, the per-sample record and

@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 
 import h5etl
 import h5etl.plan.tasks
-from h5etl.cli import app
+from h5etl.cli.app import app
 from h5etl.config.spec import Compression
 from h5etl.dataflow import BatchResult, DecodeTask, EncodedRows
 from h5etl.errors import ConfigError

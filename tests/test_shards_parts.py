@@ -19,7 +19,7 @@ import pytest
 from typer.testing import CliRunner
 
 from h5etl import load_spec
-from h5etl.cli import app
+from h5etl.cli.app import app
 from h5etl.errors import ReaderError
 from h5etl.pipeline import run as pipeline
 from h5etl.plan import tasks

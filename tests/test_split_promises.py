@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from h5etl import build, load_spec
 from h5etl.check.health import check_release
-from h5etl.cli import app
+from h5etl.cli.app import app
 
 # 15 patients, 147 samples: placed greedily, largest first, 119/28; 118/29 is reachable
 PATIENTS = [17, 15, 14, 13, 11, 11, 11, 10, 9, 7, 7, 6, 6, 5, 5]

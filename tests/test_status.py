@@ -24,7 +24,7 @@ from conftest import MakeRaw, WriteConfig
 from typer.testing import CliRunner
 
 import h5etl
-from h5etl.cli import app
+from h5etl.cli.app import app
 from h5etl.errors import BuildFailed, LockHeld
 from h5etl.pipeline import status
 from h5etl.release.listing import OutputFolder

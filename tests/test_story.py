@@ -17,7 +17,7 @@ import yaml
 from conftest import ALL_BROKEN, MakeRaw, WriteConfig, add_pairs
 from typer.testing import CliRunner
 
-from h5etl.cli import app
+from h5etl.cli.app import app
 from h5etl.config.load import load_spec
 from h5etl.config.spec import spec_sha256
 from h5etl.pipeline import run as pipeline

@@ -32,7 +32,7 @@ def test_limits_apply_where_the_user_set_nothing() -> None:
 
 def test_the_cli_limits_threads_before_numpy_is_imported() -> None:
     code = (
-        "import sys, h5etl.cli as cli\n"
+        "import sys, h5etl.cli.app as cli\n"
         "assert 'numpy' not in sys.modules, 'importing the CLI imported numpy'\n"
         "sys.argv = ['h5etl', '--version']\n"
         "try:\n"

@@ -146,7 +146,7 @@ def cli_commands() -> str:
     """Every command and option of ``h5etl``, from the typer app."""
     import typer
 
-    from h5etl.cli import app
+    from h5etl.cli.app import app
 
     group: Any = typer.main.get_command(app)  # typer's own click: duck-typed
     context = type(group.context_class(group)) if hasattr(group, "context_class") else None

@@ -9,16 +9,16 @@ from typing import Annotated
 import typer
 
 from h5etl import __version__
-from h5etl.cli_build import ALL_CORES, ConfigArgument, JobsOption, QuietOption, build
-from h5etl.cli_common import app
-from h5etl.cli_common import fail as _fail
-from h5etl.cli_common import run as _run
-from h5etl.cli_common import say as _say
+from h5etl.cli.build import ALL_CORES, ConfigArgument, JobsOption, QuietOption, build
+from h5etl.cli.common import app
+from h5etl.cli.common import fail as _fail
+from h5etl.cli.common import run as _run
+from h5etl.cli.common import say as _say
 from h5etl.execute import pool as workers
 
 __all__ = ["app", "main"]
 
-# The pipeline, pydantic and HDF5 load inside the commands (``h5etl.cli_build``: ``build``
+# The pipeline, pydantic and HDF5 load inside the commands (``h5etl.cli.build``: ``build``
 # starts its workers first, so their start-up overlaps these imports).
 
 
@@ -184,4 +184,4 @@ def preview(
 
 
 # The commands over published releases register on the same app (kept apart for size).
-from h5etl import cli_releases  # noqa: E402, F401
+from h5etl.cli import releases as cli_releases  # noqa: E402, F401

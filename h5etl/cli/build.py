@@ -1,6 +1,6 @@
 """The ``h5etl build`` command: options, progress bars, the summary, many configs at once.
 
-Registered on the one app (``h5etl.cli_common``), before the other commands (``h5etl.cli``
+Registered on the one app (``h5etl.cli.common``), before the other commands (``h5etl.cli.app``
 imports it first). It parses, starts the workers early, calls the pipeline, renders.
 """
 
@@ -18,10 +18,10 @@ import typer
 from tqdm import tqdm
 
 from h5etl import docrefs
-from h5etl.cli_common import app
-from h5etl.cli_common import fail as _fail
-from h5etl.cli_common import run as _run
-from h5etl.cli_common import say as _say
+from h5etl.cli.common import app
+from h5etl.cli.common import fail as _fail
+from h5etl.cli.common import run as _run
+from h5etl.cli.common import say as _say
 from h5etl.errors import BuildFailed, UsageError
 from h5etl.execute import pool as workers
 from h5etl.pipeline import interrupts

@@ -11,7 +11,7 @@ from typing import Protocol, TypeVar
 
 import typer
 
-from h5etl.cli_usage import OneLineGroup
+from h5etl.cli.usage import OneLineGroup
 from h5etl.errors import H5EtlError
 from h5etl.pipeline import interrupts
 

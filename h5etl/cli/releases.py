@@ -1,7 +1,7 @@
 """The commands over published releases: ``releases``, ``rollback``, ``diff``, ``prune``,
 ``report``.
 
-Registered on the one app (``h5etl.cli_common``); each parses, calls one library function
+Registered on the one app (``h5etl.cli.common``); each parses, calls one library function
 and renders what it returns.
 """
 
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from h5etl.cli_common import app, run, say
+from h5etl.cli.common import app, run, say
 from h5etl.units import human_size
 
 if TYPE_CHECKING:

@@ -1,0 +1,10 @@
+"""The ``h5etl`` command line: nothing in the package imports it."""
+
+from __future__ import annotations
+
+
+def main() -> None:
+    """The ``h5etl`` console script (``[project.scripts]``): run the command line."""
+    from h5etl.cli.app import main as run
+
+    run()
