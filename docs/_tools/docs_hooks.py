@@ -2,8 +2,8 @@
 
 A page asks for a table with a marker line, ``<!-- generated: NAME -->``; ``on_page_markdown``
 puts the table there. So the config keys (from the pydantic models), the CLI (from the typer
-app) and the reject reasons (from ``h5etl.inputs.reasons.TABLE``) cannot drift from the code, and the
-page's source file still exists for a reader who follows an error message to it.
+app) and the reject reasons (from ``h5etl.inputs.reasons.TABLE``) cannot drift from the code, and
+the page's source file still exists for a reader who follows an error message to it.
 """
 
 from __future__ import annotations
@@ -216,7 +216,8 @@ def format_version() -> str:
 
     return (
         f"This page specifies **format {fileformat.FORMAT}** of the layout record "
-        f"(`h5etl.format.contract.FORMAT`, stored in the root attribute `{fileformat.LAYOUT_ATTR}`). "
+        "(`h5etl.format.contract.FORMAT`, stored in the root attribute "
+        f"`{fileformat.LAYOUT_ATTR}`). "
         "A reader refuses a record newer than it knows; releases of older h5etl versions carry "
         "no record and are read by inferring one from their groups and stored config."
     )

@@ -179,12 +179,13 @@ def results(
     early: bool,
     start: threading.Event | None = None,
 ) -> Iterator[Iterator[BatchResult]]:
-    """The decode results in order (``decoded``); ``early``: pulled by a thread (``h5etl.execute.prefetch``)
+    """The decode results in order (``decoded``); ``early``: pulled by a thread
+    (``h5etl.execute.prefetch``)
     once ``start`` is set, so the workers decode while this process works on (copies a
     parent's chunks). The build sets it once its temp file exists: a sample that kills this
     process's decoding threads must leave that file, or the next build would not know to
-    decode in workers (``h5etl.execute.local_threads``). Decoding in this process (``--jobs 1``) is pulled
-    as it is used."""
+    decode in workers (``h5etl.execute.local_threads``). Decoding in this process (``--jobs 1``) is
+    pulled as it is used."""
     source = decoded(cutter, recipe, decoder)
     if not early or not decoder.parallel or cutter.empty:
         yield source

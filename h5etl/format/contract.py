@@ -70,8 +70,8 @@ REQUIRED_ATTRS = (
     FINGERPRINT_ATTR,
 )
 TOOL_VERSION_ATTR = "h5etl_version"
-# Root attribute, JSON: how the splits were assigned (h5etl.plan.split_assign): rule (exact | sticky |
-# grouped), fractions, seed, stratify, group_by, parent (version or null), kept, assigned,
+# Root attribute, JSON: how the splits were assigned (h5etl.plan.split_assign): rule (exact | sticky
+# | grouped), fractions, seed, stratify, group_by, parent (version or null), kept, assigned,
 # dropped, moved, counts per split
 SPLIT_POLICY_ATTR = "split_policy"
 # Root attribute, JSON: the release an incremental build started from and what it reused:

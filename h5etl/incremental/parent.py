@@ -2,8 +2,9 @@
 
 Its identity (version, source fingerprint, stored config, layout record) and its per-sample
 record: each split's sample keys and groups, row-aligned with its fields and lineage. Splits
-keep every recorded sample where it is (``h5etl.plan.split_assign``); an incremental build carries the
-chunks of unchanged samples (``h5etl.incremental.reuse``). Plain data out; no handle leaves this module.
+keep every recorded sample where it is (``h5etl.plan.split_assign``); an incremental build carries
+the chunks of unchanged samples (``h5etl.incremental.reuse``). Plain data out; no handle leaves this
+module.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """carry: which samples an incremental build takes from its parent without decoding them.
 
-Input: the plan, the parent release (``h5etl.incremental.parent``) and the carry record its build left
-beside it (files' stamps, per-block statistics, each row's sample). Output: per split, the
+Input: the plan, the parent release (``h5etl.incremental.parent``) and the carry record its build
+left beside it (files' stamps, per-block statistics, each row's sample). Output: per split, the
 parent's blocks to copy byte for byte (whole chunk rows of every fixed field, untouched by
 any changed or removed sample; a ragged column's values go with their samples' rows, see
 ``sink_carry``), and the plan to decode: the parent's other samples in its row order, then the
@@ -329,8 +329,8 @@ def leave_record(
     inherited: float | None = None,
 ) -> None:
     """Write the carry record of release ``version`` beside it, for the build after it;
-    ``rejected``: the samples it rejected while decoding (``h5etl.incremental.uptodate``); ``inherited``:
-    the parent's decode seconds per sample, kept when this build decoded none."""
+    ``rejected``: the samples it rejected while decoding (``h5etl.incremental.uptodate``);
+    ``inherited``: the parent's decode seconds per sample, kept when this build decoded none."""
     record = record_of(
         plan, version=version, fingerprint=fingerprint, block=plan_block(plan), log=log
     )

@@ -2,8 +2,8 @@
 
 Like ``make`` or DVC: when the inputs and the config are what that release was built from,
 the build publishes nothing and says so ("up to date"). Input: the plan, the parent release
-(``h5etl.incremental.parent``), its carry record (``h5etl.incremental.reuse``) and the rejects found before
-decoding. Up to date means: the config text, the notes and the h5etl version are the
+(``h5etl.incremental.parent``), its carry record (``h5etl.incremental.reuse``) and the rejects found
+before decoding. Up to date means: the config text, the notes and the h5etl version are the
 parent's; every sample the parent stores is planned again, in its split, and unchanged
 (stamps, else equal bytes); and every other planned sample was rejected by the parent while
 decoding and its files keep their stamps. Rejects found before decoding (orphans, duplicates)
@@ -179,8 +179,8 @@ class Gate:
     """One build's answer to "anything to publish?", given as early as it can be: the
     decoder starts once something will be decoded (right after discovery when the samples
     found are not as many as the linked release was built from and more than this process
-    would decode itself, ``h5etl.execute.local_threads``; else after planning), never for an up-to-date
-    build. ``always`` (``--full``, ``--resume``): it builds."""
+    would decode itself, ``h5etl.execute.local_threads``; else after planning), never for an
+    up-to-date build. ``always`` (``--full``, ``--resume``): it builds."""
 
     def __init__(self, output: OutputFolder, decoder: LazyDecoder, *, always: bool = False):
         self.output, self.decoder = output, decoder

@@ -1,4 +1,5 @@
-"""tables: per-sample values from a CSV/TSV/JSON table (class folders: ``h5etl.inputs.classfolders``).
+"""tables: per-sample values from a CSV/TSV/JSON table (class folders:
+``h5etl.inputs.classfolders``).
 
 Input: a table file and the columns a field reads from it. Output: a frozen ``Table`` that
 answers ``get(sample path, column)``. Pure: no pydantic,

@@ -76,8 +76,8 @@ def build(
     continued from its journal: the chunks it stored are copied (verified) and only the rest
     is decoded. Without it, leftovers of dead builds are removed and the build starts clean.
     When the link points at a release built with the same layout, its unchanged samples'
-    chunks are copied, not decoded (``h5etl.incremental.reuse``); ``full`` decodes everything (and so
-    does a sharded build).
+    chunks are copied, not decoded (``h5etl.incremental.reuse``); ``full`` decodes everything (and
+    so does a sharded build).
     With ``scheduler`` (or the config's ``decode.scheduler``) a Dask address, the tasks are
     decoded on that cluster; this process plans and writes. With ``shards`` K > 1, K writer
     processes write the first round's chunks as shard files side by side, and this process

@@ -1,7 +1,7 @@
 """settle: the release of the samples a build stored, when decoding rejected some of them.
 
-Splits are assigned at plan time (``h5etl.plan.split_assign``), before decoding finds the files it must
-reject; the rejects then leave their splits short (40 good pairs and 4 corrupt ones in
+Splits are assigned at plan time (``h5etl.plan.split_assign``), before decoding finds the files it
+must reject; the rejects then leave their splits short (40 good pairs and 4 corrupt ones in
 ``valid`` were stored 35/5 where the exact rule over the 40 gives 32/8). When decoding
 rejected planned samples, ``resettled`` runs the same rule again over the samples stored
 (with the same parent splits, so sticky and grouped as before) and the build writes the

@@ -2,7 +2,8 @@
 
 Input: discovered samples. Output: a ``Plan`` (per split, samples in a seeded write order) and
 rejects. Headers are read without decoding pixels. Splits are exact on a first release and
-sticky after it (``h5etl.plan.split_assign``): a sample keeps the split the previous release recorded.
+sticky after it (``h5etl.plan.split_assign``): a sample keeps the split the previous release
+recorded.
 """
 
 from __future__ import annotations
@@ -237,8 +238,8 @@ def _assigned(
     previous: Mapping[str, str] | None,
     rejects: list[Reject],
 ) -> tuple[dict[str, list[tuple[Sample, Probed]]], dict[str, Any]]:
-    """Samples per split, and the policy that placed them (``h5etl.plan.split_assign``). A sample's split
-    follows from its own name (NFC), never from the key it was given, which can change when
+    """Samples per split, and the policy that placed them (``h5etl.plan.split_assign``). A sample's
+    split follows from its own name (NFC), never from the key it was given, which can change when
     another file's key collides with it."""
     from h5etl.plan import split_assign as assign
 

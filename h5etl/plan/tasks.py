@@ -170,7 +170,8 @@ class TaskCutter:
         """The oldest result noted and not yet stored is stored now: the journal may say so.
 
         Results are noted as they are decoded, which may run ahead of the writer (a thread
-        pulls them while a resumed build copies the killed build's chunks, ``h5etl.execute.prefetch``);
+        pulls them while a resumed build copies the killed build's chunks,
+        ``h5etl.execute.prefetch``);
         the journal must describe the queues as they stood after the last result stored.
         """
         self._stored = self._noted.popleft()

@@ -1,6 +1,7 @@
 """preview, for kinds that draw their own tiles: a volume's middle slice, a series' channels.
 
-A kind registers a drawer in ``h5etl.plan.kind_registry.PREVIEW_DRAWERS`` (kind -> "module:function",
+A kind registers a drawer in ``h5etl.plan.kind_registry.PREVIEW_DRAWERS`` (kind ->
+"module:function",
 imported only when a preview draws that kind). A drawer is ``draw(sample, field) -> PIL
 image``: ``sample`` (a ``PreviewSample``) reads the stored sample's columns on demand, so a
 drawer of a 262 MB case reads the one slice it shows (``rows``), never the case. The sheet, the

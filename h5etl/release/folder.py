@@ -186,8 +186,8 @@ class OutputFolder:
         return (version, path) if path.is_file() and not path.is_symlink() else None
 
     def carry_path(self, version: int) -> Path:
-        """The carry record a build leaves beside its release (``h5etl.incremental.reuse``): hidden, a
-        cache only (without it the next build decodes everything)."""
+        """The carry record a build leaves beside its release (``h5etl.incremental.reuse``): hidden,
+        a cache only (without it the next build decodes everything)."""
         return self.folder / f".{release_filename(self.name, version)}.carry.json"
 
     def write_carry(self, version: int, record: dict[str, object]) -> None:

@@ -1,5 +1,6 @@
 """release_naming: what the files of a release are called, and finding them in a folder
-(read only: nothing here writes, renames or deletes a file; ``h5etl.release.listing`` re-exports it all).
+(read only: nothing here writes, renames or deletes a file; ``h5etl.release.listing`` re-exports it
+all).
 """
 
 from __future__ import annotations
@@ -107,8 +108,8 @@ def current_version(link: Path) -> int | None:
 def has_link(config: Path) -> bool:
     """Whether the release ``config`` builds has a link already, read cheaply from its YAML
     (no config loading, no pydantic, no numpy: the CLI asks before it imports the pipeline).
-    Then the build may publish nothing (``h5etl.incremental.uptodate``) and starts the workers itself
-    once it knows it decodes: started early, a build that turns out up to date would wait at
+    Then the build may publish nothing (``h5etl.incremental.uptodate``) and starts the workers
+    itself once it knows it decodes: started early, a build that turns out up to date would wait at
     exit for workers it never used (1.2 s here). Any doubt (unreadable, unusual) says False:
     the workers start at once, as for a first build.
     """

@@ -13,8 +13,8 @@ A split's first run of carried rows can instead come with its array datasets (``
 when the sink creates them, each is HDF5's own copy of the parent's (``H5Ocopy``, one call:
 the raw chunks with their filter masks, never decoded), cut to the run's rows. A chunk loop
 in Python hands the GIL back and forth twice per chunk, and while this process decodes a
-small increment in its threads (``h5etl.execute.local_threads``) every hand-back waited for a decoder:
-170 MiB took 0.25-0.33 s so, 0.08-0.12 s as one object copy, which runs without the GIL
+small increment in its threads (``h5etl.execute.local_threads``) every hand-back waited for a
+decoder: 170 MiB took 0.25-0.33 s so, 0.08-0.12 s as one object copy, which runs without the GIL
 (``sink_objcopy``): the decoders go on meanwhile.
 """
 

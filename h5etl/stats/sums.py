@@ -1,4 +1,5 @@
-"""Exact sums of one sample's values per channel, per dtype: the kernels of ``h5etl.stats.normalisation``.
+"""Exact sums of one sample's values per channel, per dtype: the kernels of
+``h5etl.stats.normalisation``.
 
 Exactness: a sample is summed in blocks of values per channel, each block exactly in numpy,
 the blocks in Python ints. uint8 (and bool): squares fit uint16, 2**16 of them fit a uint32 sum

@@ -316,8 +316,8 @@ def _limit_block(
 def run_limit(config: Path, encode: bool, hashes: bool = False) -> dict[str, Any]:
     """Decode + pad (+ compress whole chunks with the release's codec) on all cores; discard.
 
-    The decode is h5etl's own (``h5etl.inputs.raster.decode``: libpng for plain PNGs), so the limit is
-    the same work h5etl must do, without its pipeline, checks, hashes and file. ``hashes`` adds
+    The decode is h5etl's own (``h5etl.inputs.raster.decode``: libpng for plain PNGs), so the limit
+    is the same work h5etl must do, without its pipeline, checks, hashes and file. ``hashes`` adds
     what a release must carry beyond the pixels: the SHA-256 digests (each source file, each
     block of raw rows) and the normalisation statistics (per-channel sums of the image, the
     mask's value histogram, computed as the kinds compute them).

@@ -16,8 +16,8 @@ Each repeat runs, interleaved (the order flips every repeat, so drifting load hi
 ``h5etl build CONFIG --jobs 2 --quiet`` and that config's work limit, a child that does on all
 cores with joblib what the release needs and nothing else: read each file, SHA-256 of its
 bytes, decode with h5etl's own decoder (``h5etl.inputs.raster.decode_field``), fit (resize larger
-photos with ``h5etl.inputs.raster.resize_to``, Lanczos as the recipe does; derive low-res by bicubic)
-and pad into reused blocks of one chunk, compute the statistics the release carries (each
+photos with ``h5etl.inputs.raster.resize_to``, Lanczos as the recipe does; derive low-res by
+bicubic) and pad into reused blocks of one chunk, compute the statistics the release carries (each
 image field's per-channel sums as its kind computes them, the labels' histogram), compress
 each block with the release's codec (``h5etl.format.codec.encode_block``) and SHA-256 each block
 of every column (labels and file names too); no file is written. Splits are cut in the same

@@ -12,8 +12,8 @@ order flips every repeat) and reported as medians:
 - ``work limit``: a child doing on all cores (joblib) what the release needs and nothing
   else: read each channel file and SHA-256 its bytes, decode and check it with h5etl's own
   reader (``h5etl.inputs.recording.read_recording``), concatenate a batch's values per channel,
-  compute its statistics (``h5etl.stats.normalisation.ChannelStats``), compress them in chunks of the
-  release's layout (``h5etl.format.codec.encode_block``) and SHA-256 each block; no file is
+  compute its statistics (``h5etl.stats.normalisation.ChannelStats``), compress them in chunks of
+  the release's layout (``h5etl.format.codec.encode_block``) and SHA-256 each block; no file is
   written.
 - ``vlen``: the same decoding on all cores, then one writer storing each channel as an HDF5
   vlen dataset of float32/float64 (h5py ``vlen_dtype``; an (n, 3) channel flattened), which
