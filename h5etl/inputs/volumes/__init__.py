@@ -13,13 +13,7 @@ column); ``spacing`` is (z, y, x) in mm; ``affine`` is nibabel's: it maps the vo
 ``nibabel.Nifti1Image(volume.transpose(2, 1, 0), affine)`` is the case again.
 """
 
-from h5etl.inputs.volumes.case import (
-    FORMS,
-    Case,
-    CaseHeader,
-    cast_exact,
-    detect_form,
-    open_case,
-)
+from h5etl.inputs.volumes.case import FORMS, Case, CaseHeader, cast_exact
+from h5etl.inputs.volumes.opening import detect_form, open_case
 
 __all__ = ["FORMS", "Case", "CaseHeader", "cast_exact", "detect_form", "open_case"]

@@ -195,36 +195,3 @@ def case_files(folder: str) -> list[str]:
     if not names:
         raise RejectError("empty_case", "the case folder holds no files", path=folder)
     return names
-
-
-def detect_form(path: str) -> Form:
-    """The form of a case from what it is: a ``.nii``/``.nii.gz`` file, a folder of ``.png``
-    or ``.npy`` slices, else a DICOM folder (DICOM files often have no suffix)."""
-    if os.path.isdir(path):
-        names = [n.lower() for n in case_files(path)]
-        if any(n.endswith(SLICE_SUFFIXES) for n in names):
-            return "slices"
-        return "dicom"
-    if path.lower().endswith(NIFTI_SUFFIXES):
-        return "nifti"
-    raise RejectError(
-        "unreadable",
-        "not a case: expected a .nii or .nii.gz file, or a folder (DICOM series or slices)",
-        path=path,
-    )
-
-
-def open_case(path: str, form: Form | Literal["auto"] = "auto") -> Case:
-    """The case at ``path`` with its header read (no voxels yet).
-
-    Raises:
-        RejectError: unreadable files, a missing or uneven slice, no geometry, and so on.
-    """
-    from h5etl.inputs.volumes import dicom, nifti, slices
-
-    chosen = detect_form(path) if form == "auto" else form
-    if chosen == "dicom":
-        return dicom.open_series(path)
-    if chosen == "nifti":
-        return nifti.open_nifti(path)
-    return slices.open_slices(path)
