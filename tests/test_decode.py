@@ -13,6 +13,7 @@ from conftest import MakeRaw, WriteConfig, centre_pad, save
 
 from h5etl.config.load import load_spec
 from h5etl.dataflow import DecodeTask, EncodedChunk, EncodedRows, Sample, SourceFile
+from h5etl.decode import memory
 from h5etl.decode import task as decode
 from h5etl.execute import schedule
 from h5etl.pipeline import run as pipeline
@@ -106,7 +107,7 @@ def test_a_worker_trims_its_heap_once_it_idles_not_between_two_tasks(
 ) -> None:
     # a trim between two CT cases made the next one fault every page of the heap again
     trimmed = threading.Event()
-    monkeypatch.setattr(schedule, "release_free_memory", trimmed.set)
+    monkeypatch.setattr(memory, "release_free_memory", trimmed.set)
     monkeypatch.setattr(decode, "TRIM_IDLE_SECONDS", 0.01)
     monkeypatch.setattr(decode._Activity, "trim_pending", False)
     with decode.busy():  # a result freed while the next task runs

@@ -24,6 +24,7 @@ from h5etl.config.load import load_spec
 from h5etl.dataflow import BatchResult, DecodeTask, Sample, SourceFile
 from h5etl.decode import probes
 from h5etl.decode import task as decode
+from h5etl.decode.recipe import DecodeRecipe
 from h5etl.execute import pool as workers
 from h5etl.execute import schedule
 from h5etl.resume import journal_use as resume
@@ -60,7 +61,7 @@ def _probe_or_die(probe: probes.ProbeBatch, samples: Sequence[Sample]) -> list[p
     return probe(samples)
 
 
-def _decode_or_die(task: DecodeTask, recipe: decode.DecodeRecipe) -> BatchResult:
+def _decode_or_die(task: DecodeTask, recipe: DecodeRecipe) -> BatchResult:
     """Kills its worker on ``DOOMED`` every time, and on any valid task of several samples.
 
     The second crash needs the whole batch (an OOM kill, a flaky native crash): each sample

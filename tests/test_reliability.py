@@ -30,6 +30,7 @@ import h5etl.sink.array_writer
 from h5etl.config.load import load_spec
 from h5etl.dataflow import BatchResult, DecodeTask
 from h5etl.decode import task as decode
+from h5etl.decode.recipe import DecodeRecipe
 from h5etl.errors import BuildFailed, LockHeld, SinkError
 from h5etl.execute import schedule
 from h5etl.plan import tasks
@@ -593,7 +594,7 @@ def test_real_full_disk(
         assert json.loads((tiny_disk / left[0]).read_text("utf-8"))["state"] == "failed"
 
 
-def segfault_on_s003(task: DecodeTask, recipe: decode.DecodeRecipe) -> BatchResult:
+def segfault_on_s003(task: DecodeTask, recipe: DecodeRecipe) -> BatchResult:
     """A decoder that crashes its process on one sample, like a buggy native codec."""
     if any(s.key == "s003" for s in task.samples):
         os.kill(os.getpid(), signal.SIGSEGV)

@@ -30,13 +30,13 @@ from h5etl.kinds.base import (
 from h5etl.stats import normalisation as stats
 
 if TYPE_CHECKING:
-    from h5etl.decode.task import DecodeRecipe, _Decoded
+    from h5etl.decode.recipe import DecodedSample, DecodeRecipe
 
 
 def gather(
     result: BatchResult,
     recipe: DecodeRecipe,
-    kept: Sequence[_Decoded],
+    kept: Sequence[DecodedSample],
     arrays: dict[str, np.ndarray],
 ) -> None:
     """Fill ``result`` from the accepted samples: columns, keys, lineage, stats, conversions."""
@@ -75,7 +75,7 @@ def gather(
     result.conversions = _conversions(kept)
 
 
-def _conversions(kept: Sequence[_Decoded]) -> dict[str, dict[str, int]]:
+def _conversions(kept: Sequence[DecodedSample]) -> dict[str, dict[str, int]]:
     counts: dict[str, Counter[str]] = {}
     for d in kept:
         for name, code in d.conversions:
@@ -147,7 +147,9 @@ def _column_stats(column: Column, values: np.ndarray, *, batched: bool = False) 
     return stats.ChannelStats.of(values, channel_axis=axis)
 
 
-def _task_stats(kind: Kind, name: str, column: Column, kept: Sequence[_Decoded], rows: Any) -> Any:
+def _task_stats(
+    kind: Kind, name: str, column: Column, kept: Sequence[DecodedSample], rows: Any
+) -> Any:
     if not kept:
         return None
     if not isinstance(column, TextColumn) and column.stats is not None:

@@ -19,8 +19,7 @@ import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -33,17 +32,16 @@ from h5etl.dataflow import (
     array_nbytes,
     sample_rejects,
 )
-from h5etl.decode import probes
+from h5etl.decode import memory, probes
 from h5etl.decode.gather import _encoded_rows as _encoded_rows  # tests import it from here
 from h5etl.decode.gather import gather as gather
 from h5etl.decode.gather import join_results as join_results
 from h5etl.decode.gather import merge_all as merge_all
-from h5etl.decode.probes import ProbeRules
+from h5etl.decode.recipe import DecodedSample, DecodeRecipe
 from h5etl.errors import RejectError
 from h5etl.inputs import opening as inputs
 from h5etl.kinds.base import (
     ArrayColumn,
-    Column,
     Kind,
     SampleContext,
 )
@@ -51,57 +49,9 @@ from h5etl.kinds.base import (
 STAGE = "decode"
 
 
-@dataclass(frozen=True, slots=True)
-class DecodeRecipe:
-    """Everything a worker needs, frozen and picklable: the fields' kinds, in decode order."""
-
-    kinds: tuple[Kind, ...]
-    order: tuple[int, ...]  # positions in ``kinds``: each field after those it depends on
-    plan_fields: tuple[str, ...] = ()  # fields whose values travel in ``Sample.extras``
-    # every storage column: (its kind, its dataset name, the column), in field order
-    columns: tuple[tuple[Kind, str, Column], ...] = ()
-    arrays: tuple[tuple[Kind, str, ArrayColumn], ...] = ()  # the fixed array columns
-    multi: frozenset[str] = frozenset()  # kinds whose decode returns a dict by column
-    self_read: frozenset[int] = frozenset()  # sources their kinds read themselves
-    probes: ProbeRules | None = None  # the header probes that name a rejected sample's defect
-
-    @classmethod
-    def of(
-        cls, kinds: Sequence[Kind], order: Sequence[int], probes: ProbeRules | None = None
-    ) -> DecodeRecipe:
-        planned = tuple(kind.name for kind in kinds if kind.plan_side)
-        columns = tuple(
-            (kind, name, column) for kind in kinds for name, column in kind.columns.items()
-        )
-        arrays = tuple(
-            (kind, name, column)
-            for kind, name, column in columns
-            if isinstance(column, ArrayColumn)
-        )
-        multi = frozenset(kind.name for kind in kinds if kind.multi_column)
-        self_read = frozenset(
-            kind.source_index
-            for kind in kinds
-            if kind.reads_own_files and kind.source_index is not None
-        )
-        return cls(tuple(kinds), tuple(order), planned, columns, arrays, multi, self_read, probes)
-
-
-@dataclass(slots=True)
-class _Decoded:
-    """One accepted sample: each field's value, its files' digests, its own statistics."""
-
-    position: int
-    sample: Sample
-    values: dict[str, Any]
-    hashes: tuple[str, ...]
-    conversions: list[tuple[str, str]] = field(default_factory=list)
-    windows: dict[str, np.ndarray] = field(default_factory=dict)  # unpadded, as stored
-
-
 def _decode_sample(
     sample: Sample, recipe: DecodeRecipe, position: int, *, raw: bool = False
-) -> _Decoded:
+) -> DecodedSample:
     """Decode one sample through every field's kind; rejects raise ``RejectError``."""
     files = sample.paths
     # never a plain open(): a file swapped for a FIFO since it was listed would block it;
@@ -119,7 +69,7 @@ def _decode_sample(
             values.update(_column_values(kind, kind.decode(context)))
         else:
             values[kind.name] = kind.decode(context)
-    decoded = _Decoded(
+    decoded = DecodedSample(
         position,
         sample,
         values,
@@ -192,7 +142,7 @@ def decode_batch(task: DecodeTask, recipe: DecodeRecipe) -> BatchResult:
     capacity = capacity_of(task)
     out = {name: _batch_buffer(name, column, capacity) for _, name, column in recipe.arrays}
     result = BatchResult(task, 0)
-    kept: list[_Decoded] = []
+    kept: list[DecodedSample] = []
     for position, sample in enumerate(task.samples):
         if done_decoding(task, len(kept), position):
             result.deferred.extend(range(position, len(task.samples)))
@@ -332,8 +282,6 @@ def _give_back_memory() -> None:
     waits on a thread. Not between two tasks: the next case reuses the heap the last one
     grew, and after a trim its first touch of every page was a fault again (0.07 CPU-s of
     a 200-slice case's 0.6, which the work limit never paid)."""
-    from h5etl.execute.schedule import release_free_memory  # schedule imports this module
-
     _Activity.since = time.monotonic()
     if _Activity.trim_pending:
         return  # a trim waits for the idle time already
@@ -346,7 +294,7 @@ def _give_back_memory() -> None:
             if not _Activity.running and idle >= TRIM_IDLE_SECONDS:
                 break
         _Activity.trim_pending = False
-        release_free_memory()
+        memory.release_free_memory()
 
     threading.Thread(target=trim, name="h5etl-trim", daemon=True).start()
 

@@ -18,6 +18,7 @@ from typing import Any
 from h5etl.config.spec import Spec
 from h5etl.dataflow import Barrier, BatchResult, DecodeTask
 from h5etl.decode import task as decode
+from h5etl.decode.recipe import DecodeRecipe
 from h5etl.execute import dask_cluster as cluster
 from h5etl.execute import local_threads as inprocess
 from h5etl.execute import schedule
@@ -33,9 +34,9 @@ from h5etl.sink.writer import SinkLayout
 logger = logging.getLogger(__name__)
 
 
-def recipe_of(plan: clean.Plan) -> decode.DecodeRecipe:
+def recipe_of(plan: clean.Plan) -> DecodeRecipe:
     """What workers decode with: the plan's kinds (bound to the inputs), in decode order."""
-    return decode.DecodeRecipe.of(plan.kinds, decode_order(plan.kinds), plan.probes)
+    return DecodeRecipe.of(plan.kinds, decode_order(plan.kinds), plan.probes)
 
 
 def layouts_of(spec: Spec) -> dict[str, ChunkLayout]:
@@ -120,7 +121,7 @@ class LazyDecoder:
         return self.jobs > 1 or self.address != cluster.LOCAL
 
     def __call__(
-        self, todo: Iterable[DecodeTask | Barrier], recipe: decode.DecodeRecipe
+        self, todo: Iterable[DecodeTask | Barrier], recipe: DecodeRecipe
     ) -> Iterator[BatchResult]:
         if isinstance(todo, tasks.TaskCutter) and todo.empty:
             return iter(())  # nothing to decode (every sample carried): no start-up to pay
@@ -158,7 +159,7 @@ def processed(result: BatchResult) -> int:
 
 
 def decoded(
-    cutter: tasks.TaskCutter, recipe: decode.DecodeRecipe, decoder: schedule.Decoder
+    cutter: tasks.TaskCutter, recipe: DecodeRecipe, decoder: schedule.Decoder
 ) -> Iterator[BatchResult]:
     """Every task's result in order; the cutter learns each result before the next is cut."""
     for result in decoder(cutter, recipe):
@@ -173,7 +174,7 @@ def decoded(
 @contextlib.contextmanager
 def results(
     cutter: tasks.TaskCutter,
-    recipe: decode.DecodeRecipe,
+    recipe: DecodeRecipe,
     decoder: LazyDecoder,
     *,
     early: bool,

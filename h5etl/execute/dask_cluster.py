@@ -30,6 +30,7 @@ from h5etl.config import scheduler_address as addresses
 from h5etl.config.scheduler_address import scheduler_problem
 from h5etl.dataflow import Barrier, BatchResult, DecodeTask
 from h5etl.decode import task as decode
+from h5etl.decode.recipe import DecodeRecipe
 from h5etl.errors import ClusterError, ClusterLost, UsageError
 from h5etl.execute import pool as workers
 from h5etl.execute import schedule, sourceviews
@@ -90,7 +91,7 @@ def worker_facts(views: Views, dask_worker: Any = None) -> tuple[str, str, str |
 
 
 def decode_on_worker(
-    worker: schedule.Worker, task: DecodeTask, recipe: decode.DecodeRecipe, views: Views
+    worker: schedule.Worker, task: DecodeTask, recipe: DecodeRecipe, views: Views
 ) -> BatchResult:
     """A decode task as a Dask worker runs it: the sources compared with the build's once per
     process (a worker that joined after the up-front check), then decoded.
@@ -183,7 +184,7 @@ class Cluster:
     def run_tasks(
         self,
         tasks: Iterable[DecodeTask | Barrier],
-        recipe: decode.DecodeRecipe,
+        recipe: DecodeRecipe,
         *,
         window: int | None = None,
         worker: schedule.Worker = decode.decode_batch,

@@ -26,6 +26,7 @@ from typing import Any
 
 from h5etl.dataflow import Barrier, BatchResult, DecodeTask
 from h5etl.decode import task as decode
+from h5etl.decode.recipe import DecodeRecipe
 from h5etl.execute import schedule
 
 # Decoding below this many CPU-seconds (at the parent's rate) is cheaper here than starting
@@ -101,9 +102,7 @@ def threads(count: int) -> schedule.Decoder:
     """A decoder running ``decode.decode_batch`` in ``count`` threads of this process,
     results in task order, at most ``2 * count + 1`` tasks in flight."""
 
-    def run(
-        tasks: Iterable[DecodeTask | Barrier], recipe: decode.DecodeRecipe
-    ) -> Iterator[BatchResult]:
+    def run(tasks: Iterable[DecodeTask | Barrier], recipe: DecodeRecipe) -> Iterator[BatchResult]:
         pool = ThreadPoolExecutor(count, thread_name_prefix="h5etl-decode")
 
         def submit(task: DecodeTask) -> Future[BatchResult]:

@@ -10,9 +10,7 @@ dies costs only the samples that kill it: they become ``worker_crashed`` rejects
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
-import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -24,6 +22,7 @@ from joblib.externals.loky.process_executor import BrokenProcessPool
 
 from h5etl.dataflow import Barrier, BatchResult, DecodeTask, Reject, Sample, sample_rejects
 from h5etl.decode import task as decode
+from h5etl.decode.recipe import DecodeRecipe
 from h5etl.execute import pool as workers
 from h5etl.execute import shared_memory as shared_values
 from h5etl.execute.inflight import (
@@ -38,28 +37,15 @@ Out = TypeVar("Out")
 Item = TypeVar("Item")
 Got = TypeVar("Got")
 
-Worker = Callable[[DecodeTask, decode.DecodeRecipe], BatchResult]
-Decoder = Callable[[Iterable[DecodeTask | Barrier], decode.DecodeRecipe], Iterator[BatchResult]]
+Worker = Callable[[DecodeTask, DecodeRecipe], BatchResult]
+Decoder = Callable[[Iterable[DecodeTask | Barrier], DecodeRecipe], Iterator[BatchResult]]
 """Runs a task stream, results in task order: the local pool (``local``) or a Dask cluster
 (``h5etl.execute.dask_cluster.Cluster.run_tasks``)."""
 
 
-def release_free_memory() -> None:
-    """Give the C heap's free pages back to the OS (glibc ``malloc_trim``).
-
-    Every batch brings megabytes of arrays or encoded chunks. glibc serves such blocks from the
-    heap once its dynamic mmap threshold has grown, and the freed holes kept the parent's RSS
-    growing with the dataset (10x corpus: 1.24x the 1x peak). Trimming now and then releases
-    them; fixing the threshold instead made every large block a fresh mapping (10% slower).
-    """
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL("libc.so.6").malloc_trim(0)
-
-
 def run_tasks(
     tasks: Iterable[DecodeTask | Barrier],
-    recipe: decode.DecodeRecipe,
+    recipe: DecodeRecipe,
     *,
     jobs: int,
     window: int | Window | None = None,
@@ -102,9 +88,7 @@ def run_tasks(
 def local(jobs: int) -> Decoder:
     """The local decoder: ``run_tasks`` on ``jobs`` loky processes."""
 
-    def run(
-        tasks: Iterable[DecodeTask | Barrier], recipe: decode.DecodeRecipe
-    ) -> Iterator[BatchResult]:
+    def run(tasks: Iterable[DecodeTask | Barrier], recipe: DecodeRecipe) -> Iterator[BatchResult]:
         # a task cutter estimates a task's decoded bytes; its results then tell their size
         task_bytes = getattr(tasks, "rows", 0) * getattr(tasks, "sample_bytes", 0)
         return run_tasks(tasks, recipe, jobs=jobs, window=Window(jobs, task_bytes))
@@ -296,7 +280,7 @@ def map_in_threads(
 _TASK_KEPT = DecodeTask("", 0, (), 1, 1)
 
 
-def run_remote(worker: Worker, task: DecodeTask, recipe: decode.DecodeRecipe) -> BatchResult:
+def run_remote(worker: Worker, task: DecodeTask, recipe: DecodeRecipe) -> BatchResult:
     result = worker(task, recipe)
     result.task = _TASK_KEPT
     return result
@@ -305,7 +289,7 @@ def run_remote(worker: Worker, task: DecodeTask, recipe: decode.DecodeRecipe) ->
 def run_pooled(
     worker: Worker,
     task: DecodeTask,
-    recipe: decode.DecodeRecipe,
+    recipe: DecodeRecipe,
     owner: int,
     slot: str | None = None,
 ) -> BatchResult:
@@ -336,7 +320,7 @@ class _Pool:
         self,
         jobs: int,
         worker: Worker,
-        recipe: decode.DecodeRecipe,
+        recipe: DecodeRecipe,
         slots: shared_values.Slots | None = None,
     ):
         self.jobs = jobs
@@ -378,7 +362,7 @@ class _Pool:
 
 def isolate(
     task: DecodeTask,
-    recipe: decode.DecodeRecipe,
+    recipe: DecodeRecipe,
     run_alone: Callable[[DecodeTask], BatchResult],
     crashed: type[BaseException] | tuple[type[BaseException], ...] = BrokenProcessPool,
 ) -> BatchResult:

@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from h5etl.config.spec import Spec, spec_text
+from h5etl.decode import memory
 from h5etl.errors import BuildFailed, ResumeMismatch
 from h5etl.execute import assembly as buildparts
 from h5etl.execute import local_threads as inprocess
 from h5etl.execute import pool as workers
-from h5etl.execute import schedule
 from h5etl.execute.assembly import (
     LazyDecoder,
     Stopwatch,
@@ -422,7 +422,7 @@ def _write(
                 if not cutter.finished:  # after the last result the build ends at once
                     checkpoints.maybe_write(sink)
                 if checkpoints.due_for_trim():
-                    schedule.release_free_memory()
+                    memory.release_free_memory()
                 worker_seconds += result.seconds
                 hook("decode+write", processed(result), None)
                 del result  # written: not held while the next is decoded (buildparts.decoded)
@@ -445,7 +445,7 @@ def _write(
             report.conversions = tallies.conversions
             report.class_counts = tallies.class_counts(record)
             guard(spec, report, planned(planned_as or plan), annotate.before())
-            schedule.release_free_memory()
+            memory.release_free_memory()
             report.datasets = sink.finish(
                 attrs,
                 diagnostics,

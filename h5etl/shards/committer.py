@@ -23,7 +23,7 @@ from typing import Any
 from h5etl import errors
 from h5etl.config.spec import Spec, spec_sha256
 from h5etl.dataflow import DecodeTask, Reject
-from h5etl.decode.task import DecodeRecipe
+from h5etl.decode.recipe import DecodeRecipe
 from h5etl.errors import H5EtlError, ShardError, UsageError
 from h5etl.execute import assembly as buildparts
 from h5etl.format import partfiles

@@ -29,7 +29,7 @@ from typing import Any
 
 from h5etl.config.spec import Spec
 from h5etl.dataflow import BatchResult, DecodeTask, Reject
-from h5etl.decode.task import DecodeRecipe
+from h5etl.decode.recipe import DecodeRecipe
 from h5etl.errors import H5EtlError, ShardError
 from h5etl.execute import dask_cluster as cluster
 from h5etl.execute import pool as workers
