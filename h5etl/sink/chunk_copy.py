@@ -18,7 +18,7 @@ import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import h5py
 import numpy as np
@@ -27,11 +27,28 @@ from h5etl.errors import ShardError
 from h5etl.format import contract as fileformat
 from h5etl.format import digest
 from h5etl.kinds.base import ArrayColumn, ScalarColumn
-from h5etl.sink.array_writer import ImageWriter
-from h5etl.sink.virtual import add_part
+from h5etl.sink.array_writer import DatasetStats, ImageWriter
+from h5etl.sink.small_columns import SinkLayout
+from h5etl.sink.virtual import VirtualColumn, add_part
 
-if TYPE_CHECKING:
-    from h5etl.sink.writer import Sink
+
+class CopyTarget(Protocol):
+    """What a copy needs of the writer (``h5etl.sink.writer.Sink`` is one): its layout and
+    columns, and taking small rows. A protocol, so this module does not import the writer
+    that imports it (through ``parent_rows``)."""
+
+    @property
+    def layout(self) -> SinkLayout: ...
+    @property
+    def virtual(self) -> dict[tuple[str, str], VirtualColumn] | None: ...
+    @property
+    def images(self) -> dict[tuple[str, str], ImageWriter]: ...
+    @property
+    def stats(self) -> dict[str, DatasetStats]: ...
+    def append_rows(
+        self, split: str, small: dict[str, list[Any]], lineage: list[list[str]]
+    ) -> None: ...
+
 
 __all__ = ["Carried", "carry_chunks", "carry_shard", "copy_rows", "same_storage", "verify_chunks"]
 
@@ -228,7 +245,7 @@ def verify_chunks(
 
 
 def carry_shard(
-    sink: Sink,
+    sink: CopyTarget,
     shard: Path,
     rows: Mapping[str, int],
     chunks: Mapping[str, ChunkDigests],
@@ -294,7 +311,7 @@ def _checked_offsets(handle: h5py.File, path: str, rows: int) -> np.ndarray:
 
 
 def _carry_split(
-    sink: Sink, handle: h5py.File, split: str, rows: int, chunks: Mapping[str, ChunkDigests]
+    sink: CopyTarget, handle: h5py.File, split: str, rows: int, chunks: Mapping[str, ChunkDigests]
 ) -> tuple[int, dict[str, list[int]]]:
     """Carry a shard's array and ragged values of ``split``; return the stored bytes copied
     and each ragged column's offsets (ends) rebased to where its values landed."""
@@ -322,7 +339,7 @@ def _carry_split(
 
 
 def _map_split(
-    sink: Sink,
+    sink: CopyTarget,
     handle: h5py.File,
     split: str,
     rows: int,
@@ -342,7 +359,7 @@ def _map_split(
 
 
 def _carry_small(
-    sink: Sink, handle: h5py.File, split: str, rows: int, ends: dict[str, list[int]]
+    sink: CopyTarget, handle: h5py.File, split: str, rows: int, ends: dict[str, list[int]]
 ) -> None:
     """The small columns' rows and the lineage, checked against their stream digests, with
     the ragged columns' rebased offsets (``ends``)."""
