@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
 from typing import TYPE_CHECKING, Any
 
+from h5etl._version import __version__
 from h5etl.errors import (
     BuildFailed,
     CheckFailed,

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from h5etl import __version__
+from h5etl._version import __version__
 from h5etl.cli.build import ALL_CORES, ConfigArgument, JobsOption, QuietOption, build
 from h5etl.cli.common import app
 from h5etl.cli.common import fail as _fail

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from types import TracebackType
 from typing import Any
 
-from h5etl import __version__
+from h5etl._version import __version__
 from h5etl.config import scheduler_address as addresses
 from h5etl.config.scheduler_address import scheduler_problem
 from h5etl.dataflow import Barrier, BatchResult, DecodeTask

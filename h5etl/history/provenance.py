@@ -13,7 +13,7 @@ from typing import Any
 
 import h5py
 
-from h5etl import __version__
+from h5etl._version import __version__
 from h5etl.config.spec import Spec, spec_sha256, spec_text
 from h5etl.dataflow import BatchResult, valid_text
 from h5etl.history import clock as reproducible

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from h5etl import __version__
+from h5etl._version import __version__
 from h5etl.config.spec import Spec, spec_text
 from h5etl.dataflow import Reject, Sample, valid_text
 from h5etl.execute import local_threads as inprocess

@@ -11,7 +11,7 @@ import json
 from collections import Counter
 from collections.abc import Iterable, Mapping
 
-from h5etl import __version__
+from h5etl._version import __version__
 from h5etl.report_html.facts import ReleaseFacts
 from h5etl.report_html.markup import STYLE, Markup, join, png_uri, table, tag
 from h5etl.units import human_size
