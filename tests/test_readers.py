@@ -530,9 +530,10 @@ def test_torch_workers_keep_the_release_they_started_with(tmp_path: Path) -> Non
 
 def _decoded_in_worker(sample: dict[str, Any]) -> dict[str, Any]:
     """Tags a sample with its worker, the chunks that worker has decoded, and its share."""
-    from h5etl.readers import _core
+    from h5etl.readers import _fork
+    from h5etl.readers._core import Release
 
-    (reader,) = (r for r in _core._OPEN if r.split == "train")
+    (reader,) = (r for r in _fork._OPEN if isinstance(r, Release) and r.split == "train")
     cache = reader._stores["image"].cache
     return {**sample, "pid": os.getpid(), "loads": cache.loads, "processes": reader.processes}
 

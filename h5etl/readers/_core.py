@@ -30,7 +30,6 @@ from h5etl.readers._chunks import (
 )
 from h5etl.readers._fields import CHANNEL_KINDS, resolve
 from h5etl.readers._fork import _INHERITED
-from h5etl.readers._fork import _OPEN as _OPEN  # re-exported: tests read _core._OPEN
 from h5etl.readers._layout import (
     CacheSize,
     MappedChunks,
@@ -294,7 +293,7 @@ class Release(_Reading):
             raise
         self._file, self._datasets, self._maps, self._pid = handle, datasets, maps, pid
         self._stores, self._offsets = stores, offsets
-        _OPEN.add(self)
+        _fork._OPEN.add(self)
         # Worker processes end through os._exit, which skips atexit; multiprocessing's own
         # finalizers still run there, so teardown closes the file in every process. Closing
         # cancels it: a reader reopened after every fork keeps one entry, not one per epoch.
@@ -359,7 +358,7 @@ class Release(_Reading):
         self._file, self._datasets, self._maps, self._stores = None, {}, {}, {}
         self._offsets = {}
         self._pid = None
-        _OPEN.discard(self)
+        _fork._OPEN.discard(self)
 
     def _forget_finalizer(self) -> None:
         """Take this reader's exit finalizer out of multiprocessing's registry."""

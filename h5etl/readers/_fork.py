@@ -11,18 +11,23 @@ import os
 import threading
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import Any, Protocol, TypeVar, cast
 
 from h5etl.readers._chunks import ForkGate
 
-if TYPE_CHECKING:
-    from h5etl.readers._core import Release
+
+class Closable(Protocol):
+    """An open reader (``_core.Release`` is one): what a fork needs of it. A protocol, so this
+    module does not import ``_core``, which imports it."""
+
+    def _close_handles(self) -> None: ...
+
 
 # Handles inherited through fork: never used nor closed in the child (closing would drop the
 # parent's file lock on the shared descriptor), only kept alive so no destructor runs here.
 _INHERITED: list[Any] = []
 # Every Release holding an open handle; closed just before this process forks (see below).
-_OPEN: weakref.WeakSet[Release] = weakref.WeakSet()
+_OPEN: weakref.WeakSet[Closable] = weakref.WeakSet()
 
 
 _LOCK = threading.Lock()  # two threads' first reads must not both open the file
