@@ -11,7 +11,7 @@ import os
 import stat
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from h5etl.dataflow import Reject, Sample, sample_rejects
 from h5etl.errors import RejectError
@@ -19,9 +19,6 @@ from h5etl.inputs import opening as inputs
 from h5etl.inputs import raster as images
 from h5etl.kinds import placement as geometry
 from h5etl.kinds.base import Kind, ProbeTarget
-
-if TYPE_CHECKING:
-    from h5etl.config.spec import Spec
 
 STAGE = "clean"  # the rejects found here are the plan's
 
@@ -49,30 +46,6 @@ class ProbeRules:
     # (source index, kind) of kinds that read files beside their source's (Kind.companion_paths)
     companions: tuple[tuple[int, Kind], ...] = ()
     headers: tuple[Kind, ...] = ()  # kinds with a header probe of their own, in decode order
-
-    @classmethod
-    def of(cls, spec: Spec, kinds: Sequence[Kind]) -> ProbeRules:
-        targets = (kind.probe_target() for kind in kinds)
-        folders = frozenset(
-            i for i, source in enumerate(spec.sources.values()) if source.entries == "folders"
-        )
-        # only kinds that override it: this runs for every sample, and the rules travel to
-        # the header probes' workers
-        companions = tuple(
-            (k.source_index, k)
-            for k in kinds
-            if k.source_index is not None and type(k).companion_paths is not Kind.companion_paths
-        )
-        from h5etl.plan.kind_registry import decode_order  # the parent's, as this method
-
-        ordered = (kinds[i] for i in decode_order(kinds))
-        return cls(
-            spec.pad.oversize == "reject",
-            tuple(t for t in targets if t is not None),
-            folders,
-            companions,
-            tuple(k for k in ordered if k.probes_headers and k.source_index is not None),
-        )
 
 
 ProbeBatch = Callable[[Sequence[Sample]], list[ProbeOutcome]]

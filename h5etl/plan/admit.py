@@ -41,6 +41,7 @@ from h5etl.errors import RejectError
 from h5etl.kinds.base import Kind
 from h5etl.kinds.tabular import Prepared
 from h5etl.plan import expansion
+from h5etl.plan.probe_rules import probe_rules
 
 if TYPE_CHECKING:  # header probes run in the decode workers; pydantic stays out of them
     from h5etl.config.sections import GroupBy
@@ -152,7 +153,7 @@ def plan(
 
         kinds = kinds_of(spec)
     renamed_samples, renamed = sanitize_keys(samples)
-    rules = ProbeRules.of(spec, kinds)
+    rules = probe_rules(spec, kinds)
     batches = [
         renamed_samples[i : i + PROBE_BATCH] for i in range(0, len(renamed_samples), PROBE_BATCH)
     ]
