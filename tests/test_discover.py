@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from h5etl.config.load import parse_spec
 from h5etl.config.spec import Spec
+from h5etl.inputs.globs import glob_regex
 from h5etl.plan import discover
 
 
@@ -163,7 +164,7 @@ def test_symlinked_files_kept_and_folders_not_walked(tmp_path: Path) -> None:
     ],
 )
 def test_glob_regex(pattern: str, path: str, matches: bool) -> None:
-    assert bool(discover.glob_regex(pattern).match(path)) is matches
+    assert bool(glob_regex(pattern).match(path)) is matches
 
 
 # --- entries that are not regular files ---------------------------------------------------
@@ -322,7 +323,7 @@ def test_folders_the_glob_cannot_reach_are_neither_walked_nor_reported(
 )
 def test_folder_may_match_never_hides_a_match(folder: list[str], file: str, pattern: str) -> None:
     reldir = "/".join(folder)
-    if discover.glob_regex(pattern).match(f"{reldir}/{file}"):
+    if glob_regex(pattern).match(f"{reldir}/{file}"):
         assert discover.folder_may_match(reldir, pattern)
 
 

@@ -16,6 +16,7 @@ from h5etl.dataflow import Sample
 from h5etl.errors import RejectError
 from h5etl.format import contract as fileformat
 from h5etl.format.contract import FieldRecord
+from h5etl.inputs.globs import glob_regex
 from h5etl.kinds.base import Column, Kind, ScalarColumn, StatsKind
 from h5etl.kinds.sidecar import text_value
 from h5etl.kinds.tabular import Prepared, TableSource, shown, table_lookup
@@ -94,8 +95,6 @@ class LabelKind(Kind):
         if self.table is None:
             matches: Callable[[str], bool] | None = None
             if self.pattern is not None:
-                from h5etl.plan.discover import glob_regex
-
                 regex = glob_regex(self.pattern)
 
                 def matches(relpath: str) -> bool:

@@ -16,18 +16,17 @@ pairs with the folder ``case_7``.
 from __future__ import annotations
 
 import os
-import re
 import stat
 import sys
 import unicodedata
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from functools import lru_cache
 from pathlib import Path
 
 from h5etl.config.spec import Spec
 from h5etl.dataflow import Reject, Roots, Sample, SourceFile
 from h5etl.inputs import opening as inputs
+from h5etl.inputs.globs import glob_regex
 
 STAGE = "discover"
 COMPOUND_SUFFIXES = (".nii.gz",)  # taken off whole by key_of
@@ -39,33 +38,6 @@ class Discovery:
     samples: list[Sample]
     rejects: list[Reject]
     files_seen: int
-
-
-@lru_cache(maxsize=64)
-def glob_regex(pattern: str) -> re.Pattern[str]:
-    """Translate a glob (``*``, ``?``, ``[...]``, ``**/``) into a regex over relative paths."""
-    out, i = [], 0
-    while i < len(pattern):
-        if pattern.startswith("**/", i):
-            out.append("(?:[^/]*/)*")
-            i += 3
-        elif pattern.startswith("**", i):
-            out.append(".*")
-            i += 2
-        elif pattern[i] == "*":
-            out.append("[^/]*")
-            i += 1
-        elif pattern[i] == "?":
-            out.append("[^/]")
-            i += 1
-        elif pattern[i] == "[" and (end := pattern.find("]", i + 2)) != -1:
-            body = pattern[i + 1 : end].replace("\\", "\\\\")
-            out.append("[^" + body[1:] + "]" if body.startswith("!") else "[" + body + "]")
-            i = end + 1
-        else:
-            out.append(re.escape(pattern[i]))
-            i += 1
-    return re.compile("".join(out) + r"\Z", re.DOTALL)
 
 
 @dataclass(frozen=True, slots=True)
