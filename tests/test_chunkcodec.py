@@ -8,7 +8,7 @@ import h5py
 import numpy as np
 import pytest
 
-from h5etl.config.spec import Compression
+from h5etl.config.sections import Compression
 from h5etl.format import codec as chunkcodec
 from h5etl.format.codec import ChunkLayout, decode_block, encode_block, encode_direct, has_direct
 

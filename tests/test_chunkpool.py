@@ -18,7 +18,8 @@ from h5etl.errors import SinkError
 from h5etl.format.codec import ChunkLayout, Codec, encode_direct
 from h5etl.kinds.base import RaggedColumn, ScalarColumn
 from h5etl.sink.compress_threads import ChunkPool
-from h5etl.sink.writer import Sink, SinkLayout
+from h5etl.sink.small_columns import SinkLayout
+from h5etl.sink.writer import Sink
 
 BLOSC = Codec("blosc", 5, "lz4", "byte")
 

@@ -235,7 +235,7 @@ def test_a_worker_joining_late_checks_the_sources_on_its_first_task(
     try:
         with run:  # the up-front check passes; then the workers act as ones that joined later
             client.run(_hide, str(raw.images))
-            results = run.run_tasks(cutter, pipeline.recipe_of(plan))
+            results = run.run_tasks(cutter, buildparts.recipe_of(plan))
             with pytest.raises(ClusterError, match=r"cannot see the source folder .*images"):
                 list(results)
     finally:

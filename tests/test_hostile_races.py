@@ -27,6 +27,7 @@ from h5etl.dataflow import Reject
 from h5etl.errors import RejectError
 from h5etl.history.build_report import BuildReport
 from h5etl.inputs import opening as inputs
+from h5etl.inputs import pixels
 from h5etl.inputs import raster as images
 from h5etl.kinds import mask_values as validate
 from h5etl.pipeline.run import build
@@ -178,7 +179,7 @@ def test_a_resize_that_raises_rejects_only_its_sample(
     # Pillow's resize ran outside the decoder's catch-all: its error ended the whole build
     make_raw(tmp_path, n=4, broken={"big1": "oversize", "big2": "oversize"})
     spec = load_spec(write_config(tmp_path, pad={"oversize": "resize"}))
-    real, calls = images.resize_to, []
+    real, calls = pixels.resize_to, []
 
     def resize(array: np.ndarray, size: tuple[int, int], filter: Any) -> np.ndarray:
         calls.append(array.shape)
@@ -186,7 +187,7 @@ def test_a_resize_that_raises_rejects_only_its_sample(
             raise _Hostile("crafted input")
         return real(array, size, filter)
 
-    monkeypatch.setattr(images, "resize_to", resize)
+    monkeypatch.setattr(pixels, "resize_to", resize)
 
     report = build(spec, jobs=1)
 

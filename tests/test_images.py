@@ -13,6 +13,7 @@ from conftest import save
 from PIL import Image, ImageOps
 
 from h5etl.errors import RejectError
+from h5etl.inputs import pixels
 from h5etl.inputs import raster as images
 from h5etl.kinds import mask_values as validate
 
@@ -102,7 +103,7 @@ def sixteen_bit(values: np.ndarray) -> bytes:
     image = Image.fromarray(values.astype(np.uint16))
     data = encode(image)
     with Image.open(io.BytesIO(data)) as reopened:
-        assert reopened.mode in images.SIXTEEN_BIT_MODES
+        assert reopened.mode in pixels.SIXTEEN_BIT_MODES
     return data
 
 
@@ -312,10 +313,10 @@ def test_decompression_bomb_is_rejected(
 
 def test_resize_mask_keeps_labels() -> None:
     mask = (rng.random((30, 50)) < 0.5).astype(np.uint8)
-    out = images.resize(mask, (14, 24), is_mask=True)
+    out = pixels.resize(mask, (14, 24), is_mask=True)
     assert out.shape == (14, 24)
     assert set(np.unique(out).tolist()) <= {0, 1}
-    image = images.resize(rgb_array(30, 50), (14, 24), is_mask=False)
+    image = pixels.resize(rgb_array(30, 50), (14, 24), is_mask=False)
     assert image.shape == (14, 24, 3)
 
 

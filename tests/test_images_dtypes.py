@@ -1,4 +1,4 @@
-"""images.decode_field and images.resize_to: every field dtype, nothing lossy is silent.
+"""images.decode_field and pixels.resize_to: every field dtype, nothing lossy is silent.
 
 Inputs are built here with numpy, Pillow and imagecodecs; every expected array is computed
 here by hand (shifts, casts, block means, strides), never by h5etl.
@@ -42,14 +42,14 @@ def png16(array: np.ndarray) -> bytes:
 def field(
     data: bytes,
     dtype: pixels.FieldDtype,
-    mode: images.Mode = "L",
+    mode: pixels.Mode = "L",
     *,
     path: str = "x.png",
-) -> images.Decoded:
+) -> pixels.Decoded:
     return images.decode_field(data, path=path, mode=mode, dtype=dtype, role="image")
 
 
-def lossy(data: bytes, dtype: pixels.FieldDtype, mode: images.Mode = "L") -> RejectError:
+def lossy(data: bytes, dtype: pixels.FieldDtype, mode: pixels.Mode = "L") -> RejectError:
     with pytest.raises(RejectError) as caught:
         field(data, dtype, mode, path="bad.tif")
     assert caught.value.reason == "lossy_conversion"
@@ -409,10 +409,10 @@ def test_nearest_integer_factor_takes_the_centre_pixel(
     dtype: str, channels: tuple[int, ...], k: int
 ) -> None:
     array = random_array(dtype, (4 * k, 5 * k, *channels))
-    out = images.resize_to(array, (4, 5), "nearest")
+    out = pixels.resize_to(array, (4, 5), "nearest")
     assert out.dtype == array.dtype
     np.testing.assert_array_equal(out, array[k // 2 :: k, k // 2 :: k])
-    up = images.resize_to(out, (8, 10), "nearest")
+    up = pixels.resize_to(out, (8, 10), "nearest")
     np.testing.assert_array_equal(up, np.repeat(np.repeat(out, 2, 0), 2, 1))
 
 
@@ -423,7 +423,7 @@ def test_area_integer_factor_is_the_block_mean(
     dtype: str, channels: tuple[int, ...], k: int
 ) -> None:
     array = random_array(dtype, (3 * k, 5 * k, *channels))
-    out = images.resize_to(array, (3, 5), "area")
+    out = pixels.resize_to(array, (3, 5), "area")
     assert (out.dtype, out.shape) == (array.dtype, (3, 5, *channels))
     mean = block_mean(array, k)
     if dtype == "float32":
@@ -436,7 +436,7 @@ def test_area_integer_factor_is_the_block_mean(
 
 def test_area_rounds_half_to_even() -> None:
     array = np.array([[1, 2, 2, 3]], np.uint16)  # pair means 1.5 and 2.5
-    np.testing.assert_array_equal(images.resize_to(array, (1, 2), "area"), [[2, 2]])
+    np.testing.assert_array_equal(pixels.resize_to(array, (1, 2), "area"), [[2, 2]])
 
 
 @pytest.mark.parametrize("dtype", ["uint8", "uint16", "int16"])
@@ -446,7 +446,7 @@ def test_ringing_is_clipped_to_the_dtype(dtype: str, resize_filter: pixels.Resiz
     array = np.repeat(np.array([[low, low, high, high]], dtype), 3, 0)
     floats = Image.fromarray(array.astype(np.float32)).resize((16, 3), Image.Resampling.LANCZOS)
     assert np.asarray(floats).max() > high  # upsampling a step overshoots
-    out = images.resize_to(array, (3, 16), resize_filter)
+    out = pixels.resize_to(array, (3, 16), resize_filter)
     assert out.dtype == array.dtype
     assert (out.min(), out.max()) == (low, high)
 
@@ -467,7 +467,7 @@ def test_resize_to_keeps_dtype_and_layout(
     resize_filter: pixels.ResizeFilter,
 ) -> None:
     array = random_array(dtype, (*source, *channels))
-    out = images.resize_to(array, size, resize_filter)
+    out = pixels.resize_to(array, size, resize_filter)
     assert (out.dtype, out.shape) == (array.dtype, (*size, *channels))
     if resize_filter not in {"bicubic", "lanczos"}:  # no negative weights: no overshoot
         assert array.min() <= out.min() <= out.max() <= array.max()
@@ -475,4 +475,4 @@ def test_resize_to_keeps_dtype_and_layout(
 
 def test_resize_to_refuses_other_dtypes() -> None:
     with pytest.raises(ValueError, match="int32"):
-        images.resize_to(np.zeros((4, 4), np.int32), (2, 2), "area")
+        pixels.resize_to(np.zeros((4, 4), np.int32), (2, 2), "area")

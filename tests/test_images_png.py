@@ -20,6 +20,7 @@ from PIL import Image
 from h5etl.errors import RejectError
 from h5etl.inputs import plainpng
 from h5etl.inputs import raster as images
+from h5etl.inputs.pixels import Mode
 
 MASK = frozenset({0, 1})
 
@@ -40,7 +41,7 @@ def with_chunk(data: bytes, extra: bytes) -> bytes:
 
 
 def outcome(
-    data: bytes, mode: images.Mode, labels: frozenset[int] | None, *, fast: bool
+    data: bytes, mode: Mode, labels: frozenset[int] | None, *, fast: bool
 ) -> np.ndarray | str:
     """``images.decode``'s pixels or reject, with (``fast``) or without the libpng path."""
     saved = plainpng.decode
@@ -54,7 +55,7 @@ def outcome(
         plainpng.decode = saved
 
 
-def assert_same(data: bytes, mode: images.Mode, labels: frozenset[int] | None = None) -> None:
+def assert_same(data: bytes, mode: Mode, labels: frozenset[int] | None = None) -> None:
     fast = outcome(data, mode, labels, fast=True)
     slow = outcome(data, mode, labels, fast=False)
     if isinstance(slow, str) or isinstance(fast, str):
@@ -80,7 +81,7 @@ targets = st.sampled_from([("RGB", None), ("L", None), ("L", MASK), ("RGB", MASK
 )
 def test_plain_pngs_match_pillow(
     mode: str,
-    target: tuple[images.Mode, frozenset[int] | None],
+    target: tuple[Mode, frozenset[int] | None],
     height: int,
     width: int,
     seed: int,

@@ -30,7 +30,7 @@ from h5etl.check.health import check_release
 from h5etl.execute import local_threads as inprocess
 from h5etl.execute import pool as workers
 from h5etl.history.build_report import BuildReport
-from h5etl.release.listing import OutputFolder
+from h5etl.release.folder import OutputFolder
 
 HERE = "this process (2 threads)"
 

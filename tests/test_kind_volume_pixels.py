@@ -36,7 +36,7 @@ from h5etl.dataflow import BatchResult, DecodeTask, EncodedChunk, EncodedRows, S
 from h5etl.decode import task as decode
 from h5etl.errors import RejectError
 from h5etl.examples.volumes import write_dicom_series
-from h5etl.execute import schedule
+from h5etl.execute import inflight, schedule
 from h5etl.inputs.volumes import open_case
 from h5etl.inputs.volumes.case import cast_exact, rescaled, rescaled_exact
 from h5etl.kinds.base import SampleContext
@@ -194,13 +194,13 @@ def _result(nbytes: int) -> BatchResult:
 
 
 def test_the_window_follows_the_size_of_the_results() -> None:
-    window = schedule.Window(2, 256 * 2**20)  # an estimate of 256 MiB a task
+    window = inflight.Window(2, 256 * 2**20)  # an estimate of 256 MiB a task
     assert window.limit() == 2
     window.noted(_result(45 * 2**20))  # cases came to 45 MiB compressed
     assert window.limit() == 5  # 2 * jobs + 1: every worker busy, a result waiting for each
     window.noted(_result(200 * 2**20))
     assert window.limit() == 2  # as the estimate allowed: results only widen the window
-    images = schedule.Window(3, 64 * 2**20)
+    images = inflight.Window(3, 64 * 2**20)
     assert images.limit() == 7
     images.noted(_result(60 * 2**20))  # barely compressed: 2 x 60 MiB would allow only 4
     assert images.limit() == 7  # images keep the window they had

@@ -46,7 +46,7 @@ def mask(
     data: bytes,
     dtype: pixels.FieldDtype = "uint8",
     palette: pixels.Palette = "index",
-) -> images.Decoded:
+) -> pixels.Decoded:
     return images.decode_field(
         data, path="m.png", mode="L", dtype=dtype, role="mask", palette=palette
     )

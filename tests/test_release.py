@@ -12,7 +12,8 @@ import pytest
 from h5etl.dataflow import Reject
 from h5etl.errors import LockHeld, ReleaseError
 from h5etl.release import listing as release
-from h5etl.release.listing import OutputFolder
+from h5etl.release import naming
+from h5etl.release.folder import OutputFolder
 
 
 def _publish(output: OutputFolder, content: bytes, rejects: list[Reject] | None = None) -> Path:
@@ -37,8 +38,8 @@ def test_publish_versions_and_moves_the_link(tmp_path: Path) -> None:
     report = (tmp_path / "releases" / "cells-v0001.rejects.jsonl").read_text(encoding="utf-8")
     assert [json.loads(line)["reason"] for line in report.splitlines()] == ["oversize"]
     assert (tmp_path / "releases" / "cells-v0002.rejects.jsonl").read_text() == ""
-    assert release.versions(tmp_path / "releases", "cells") == {1: first, 2: second}
-    assert release.current_version(output.link) == 2
+    assert naming.versions(tmp_path / "releases", "cells") == {1: first, 2: second}
+    assert naming.current_version(output.link) == 2
     assert not output.lock_path.exists()
 
 
@@ -104,7 +105,7 @@ def test_list_and_rollback(tmp_path: Path) -> None:
     assert release.rollback(output.link, 3).version == 3
     with pytest.raises(ReleaseError, match="v0007"):
         release.rollback(output.link, 7)
-    assert release.current_version(output.link) == 3
+    assert naming.current_version(output.link) == 3
 
 
 def test_rollback_of_a_link_to_an_unversioned_file(tmp_path: Path) -> None:
@@ -145,7 +146,7 @@ def test_stale_lock_of_a_dead_process_is_taken_over(tmp_path: Path) -> None:
     pid = 2**22 + 12345  # above the default pid_max, so no live process has it
     holder = {"pid": pid, "host": socket.gethostname(), "started": "then"}
     output.lock_path.write_text(json.dumps(holder), encoding="utf-8")
-    stale = tmp_path / f".cells{release.PARTIAL_MARK}{pid}.h5"
+    stale = tmp_path / f".cells{naming.PARTIAL_MARK}{pid}.h5"
     stale.write_bytes(b"half")
     with output.locked():
         assert output.remove_stale_partials() == [stale]

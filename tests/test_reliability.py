@@ -32,9 +32,9 @@ from h5etl.dataflow import BatchResult, DecodeTask
 from h5etl.decode import task as decode
 from h5etl.decode.recipe import DecodeRecipe
 from h5etl.errors import BuildFailed, LockHeld, SinkError
-from h5etl.execute import schedule
+from h5etl.execute import assembly, schedule
 from h5etl.plan import tasks
-from h5etl.release import listing as release
+from h5etl.release.folder import OutputFolder
 
 CELLS = "cells"
 PUBLISHED_V1 = [
@@ -426,7 +426,7 @@ def test_sigint_stops_cleanly_with_exit_130(project: Path) -> None:
 
 def test_second_build_refuses_while_lock_is_held(project: Path) -> None:
     spec = load_spec(project)
-    output = release.OutputFolder(spec.output, spec.name)
+    output = OutputFolder(spec.output, spec.name)
     with output.locked(), pytest.raises(LockHeld) as caught:
         build(project)
     message = str(caught.value)
@@ -463,7 +463,7 @@ def test_a_held_lock_that_looks_stale_is_not_taken(project: Path) -> None:
     # Two builds that both judged a dead build's lock stale: the first took it over and
     # rewrote it, the second still reads the dead pid. It must not take the lock too.
     spec = load_spec(project)
-    output = release.OutputFolder(spec.output, spec.name)
+    output = OutputFolder(spec.output, spec.name)
     with output.locked():
         (spec.output / ".cells.lock").write_text(dead_holder())
         with pytest.raises(LockHeld):
@@ -502,7 +502,7 @@ def test_lock_without_flock_support_falls_back_to_the_pid(
 
     monkeypatch.setattr(fcntl, "flock", no_flock)
     spec = load_spec(project)
-    output = release.OutputFolder(spec.output, spec.name)
+    output = OutputFolder(spec.output, spec.name)
     with output.locked():
         holder = json.loads((spec.output / ".cells.lock").read_text())
         assert (holder["pid"], holder["flock"]) == (os.getpid(), False)
@@ -606,12 +606,11 @@ def test_crashing_worker_rejects_only_its_sample(project: Path) -> None:
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
     spec = load_spec(project)
-    from h5etl.pipeline import run as pipeline
     from h5etl.plan import admit as clean
     from h5etl.plan import discover
 
     plan = clean.plan(spec, discover.find_samples(spec).samples)
-    recipe = pipeline.recipe_of(plan)
+    recipe = assembly.recipe_of(plan)
     cutter = tasks.TaskCutter(plan, 2)
     results = []
     for result in schedule.run_tasks(cutter, recipe, jobs=2, worker=segfault_on_s003):

@@ -25,14 +25,15 @@ from typer.testing import CliRunner
 import h5etl
 import h5etl.plan.tasks
 from h5etl.cli.app import app
-from h5etl.config.spec import Compression
+from h5etl.config.sections import Compression
 from h5etl.dataflow import BatchResult, DecodeTask, EncodedRows
 from h5etl.errors import ConfigError
 from h5etl.format.codec import ChunkLayout, encode_rows
 from h5etl.history import clock as reproducible
 from h5etl.kinds.base import ArrayColumn, TextColumn
 from h5etl.sink import small_columns as sink_rows
-from h5etl.sink.writer import Sink, SinkLayout
+from h5etl.sink.small_columns import SinkLayout
+from h5etl.sink.writer import Sink
 
 EPOCH = "1700000000"  # 2023-11-14T22:13:20Z
 BROKEN = ["truncated", "mask_128", "orphan_image"]

@@ -20,8 +20,7 @@ from PIL import Image, ImageOps
 
 from h5etl import build, load_spec
 from h5etl.history.build_report import BuildReport
-from h5etl.inputs import plainpng
-from h5etl.inputs import raster as images
+from h5etl.inputs import pixels, plainpng
 
 
 def _build(config: Path) -> BuildReport:
@@ -62,7 +61,7 @@ def _save_sixteen_bit(path: Path, values: np.ndarray) -> None:
     image = Image.fromarray(values.astype(np.uint16))
     image.save(path, format="PNG")
     with Image.open(path) as reopened:
-        assert reopened.mode in images.SIXTEEN_BIT_MODES
+        assert reopened.mode in pixels.SIXTEEN_BIT_MODES
 
 
 def test_sixteen_bit_masks_through_a_build(

@@ -12,13 +12,14 @@ import h5py
 import numpy as np
 import pytest
 
-from h5etl.config.spec import Compression
+from h5etl.config.sections import Compression
 from h5etl.dataflow import BatchResult, DecodeTask, EncodedRows
 from h5etl.errors import SinkError
 from h5etl.format import digest
 from h5etl.format.codec import ChunkLayout, decode_block, encode_block
 from h5etl.kinds.base import ArrayColumn, TextColumn
-from h5etl.sink.writer import Sink, SinkLayout
+from h5etl.sink.small_columns import SinkLayout
+from h5etl.sink.writer import Sink
 
 CHUNK = 4
 IMAGE = ChunkLayout((3, 5, 6), "uint8", (CHUNK, 3, 5, 6), Compression(codec="lzf"), True)

@@ -14,12 +14,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from h5etl.dataflow import BatchResult, DecodeTask, RaggedRows
-from h5etl.decode.task import _encoded_rows
+from h5etl.decode.gather import _encoded_rows
 from h5etl.format import contract as fileformat
 from h5etl.format import digest
 from h5etl.format.codec import Codec
 from h5etl.kinds.base import RaggedColumn, ScalarColumn
-from h5etl.sink.writer import Sink, SinkLayout
+from h5etl.sink.small_columns import SinkLayout
+from h5etl.sink.writer import Sink
 
 
 def _column(chunk_rows: int, trailing: tuple[int, ...], codec: str) -> RaggedColumn:

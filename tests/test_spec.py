@@ -12,7 +12,8 @@ from conftest import MakeRaw, WriteConfig, base_config
 
 from h5etl.config.fields import ImageField, MaskField
 from h5etl.config.load import load_spec
-from h5etl.config.spec import Compression, spec_sha256, spec_text
+from h5etl.config.sections import Compression
+from h5etl.config.spec import spec_sha256, spec_text
 from h5etl.errors import ConfigError
 from h5etl.sink import writer as sink
 

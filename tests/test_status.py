@@ -27,7 +27,7 @@ import h5etl
 from h5etl.cli.app import app
 from h5etl.errors import BuildFailed, LockHeld
 from h5etl.pipeline import status
-from h5etl.release.listing import OutputFolder
+from h5etl.release.folder import OutputFolder
 
 runner = CliRunner()
 

@@ -25,12 +25,9 @@ from h5etl.config.places import (
     plain_words,
     stray_entry,
 )
-from h5etl.config.spec import (
-    Spec,
-    SpecProblems,
-    source_for,
-    unknown_source,
-)
+from h5etl.config.rules import source_for, unknown_source
+from h5etl.config.sections import SpecProblems
+from h5etl.config.spec import Spec
 
 __all__ = [
     "Found",

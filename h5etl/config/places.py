@@ -16,8 +16,8 @@ from typing import Any
 from pydantic import BaseModel
 
 from h5etl.config.fields import FIELD_MODELS
-from h5etl.config.sections import GroupBy
-from h5etl.config.spec import Compression, DecodeSpec, PadSpec, SourceSpec, Spec, StorageSpec
+from h5etl.config.sections import Compression, DecodeSpec, GroupBy, PadSpec, SourceSpec, StorageSpec
+from h5etl.config.spec import Spec
 
 Key = tuple[str | int, ...]
 

@@ -23,13 +23,12 @@ from pydantic import (
 
 from h5etl.config import rules as spec_rules
 from h5etl.config.fields import ArrayField, FieldSpec, SeriesField
-from h5etl.config.rules import NAME_PATTERN, check_name, source_for, unknown_source
+from h5etl.config.rules import NAME_PATTERN, check_name
 from h5etl.config.sections import (
     Compression,
     DecodeSpec,
     GroupBy,
     PadSpec,
-    Problem,
     SourceSpec,
     SpecProblems,
     StorageSpec,
@@ -39,21 +38,7 @@ from h5etl.config.storable import AttrValue, Text, attr_name_problem
 from h5etl.format import contract as fileformat
 from h5etl.release.naming import DEFAULT_OUTPUT
 
-__all__ = [
-    "Compression",
-    "DecodeSpec",
-    "FieldSpec",
-    "PadSpec",
-    "Problem",
-    "SourceSpec",
-    "Spec",
-    "SpecProblems",
-    "StorageSpec",
-    "source_for",
-    "spec_sha256",
-    "spec_text",
-    "unknown_source",
-]
+__all__ = ["Spec", "spec_sha256", "spec_text"]
 
 RESERVED_ATTRS = frozenset(
     {

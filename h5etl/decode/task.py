@@ -33,10 +33,7 @@ from h5etl.dataflow import (
     sample_rejects,
 )
 from h5etl.decode import memory, probes
-from h5etl.decode.gather import _encoded_rows as _encoded_rows  # tests import it from here
-from h5etl.decode.gather import gather as gather
-from h5etl.decode.gather import join_results as join_results
-from h5etl.decode.gather import merge_all as merge_all
+from h5etl.decode.gather import gather
 from h5etl.decode.recipe import DecodedSample, DecodeRecipe
 from h5etl.errors import RejectError
 from h5etl.inputs import opening as inputs

@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from h5etl.config import scheduler_address
 from h5etl.config.spec import Spec
 from h5etl.dataflow import Barrier, BatchResult, DecodeTask
 from h5etl.decode import task as decode
@@ -29,7 +30,7 @@ from h5etl.kinds.base import ArrayColumn, TextColumn
 from h5etl.plan import admit as clean
 from h5etl.plan import tasks
 from h5etl.plan.kind_registry import decode_order, layout_of, layout_records
-from h5etl.sink.writer import SinkLayout
+from h5etl.sink.small_columns import SinkLayout
 
 logger = logging.getLogger(__name__)
 
@@ -90,13 +91,13 @@ class LazyDecoder:
             self._decoder = self._stack.enter_context(
                 decoding(self.spec, self.jobs, self.scheduler)
             )
-            local = self.address == cluster.LOCAL
+            local = self.address == scheduler_address.LOCAL
             self.where = ("workers" if self.jobs > 1 else "this process") if local else self.address
         return self._decoder
 
     def cheap_here(self, samples: int, rate: float | None) -> inprocess.Choice:
         """Whether ``samples`` at ``rate`` seconds each would decode here (``inprocess``)."""
-        if self.jobs <= 1 or self.address != cluster.LOCAL:
+        if self.jobs <= 1 or self.address != scheduler_address.LOCAL:
             return inprocess.Choice(False, "not a local pool")
         return inprocess.choose(samples, rate, self.refused)
 
@@ -118,7 +119,7 @@ class LazyDecoder:
     def parallel(self) -> bool:
         """Whether decoding runs beside this process's writer (worker processes, threads
         here, a cluster)."""
-        return self.jobs > 1 or self.address != cluster.LOCAL
+        return self.jobs > 1 or self.address != scheduler_address.LOCAL
 
     def __call__(
         self, todo: Iterable[DecodeTask | Barrier], recipe: DecodeRecipe

@@ -35,7 +35,6 @@ from h5etl.errors import ClusterError, ClusterLost, UsageError
 from h5etl.execute import pool as workers
 from h5etl.execute import schedule, sourceviews
 
-LOCAL = addresses.LOCAL
 EXTRA = "pip install 'h5etl[dask]'"
 CONNECT_SECONDS = 10.0  # reaching the scheduler
 WORKERS_SECONDS = 30.0  # for the first worker to join a scheduler that has none yet
@@ -256,7 +255,7 @@ class Cluster:
 def decoding(address: str, jobs: int, roots: Sequence[str]) -> Iterator[schedule.Decoder]:
     """A decoder for one build (or shard): ``jobs`` local processes when ``address`` is
     ``local``, else the Dask cluster of that scheduler, connected and checked."""
-    if address == LOCAL:
+    if address == addresses.LOCAL:
         workers.warm_up(jobs)
         yield schedule.local(jobs)
         return

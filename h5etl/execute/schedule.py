@@ -21,15 +21,12 @@ from typing import Any, Protocol, TypeVar
 from joblib.externals.loky.process_executor import BrokenProcessPool
 
 from h5etl.dataflow import Barrier, BatchResult, DecodeTask, Reject, Sample, sample_rejects
+from h5etl.decode import gather
 from h5etl.decode import task as decode
 from h5etl.decode.recipe import DecodeRecipe
 from h5etl.execute import pool as workers
 from h5etl.execute import shared_memory as shared_values
-from h5etl.execute.inflight import (
-    WINDOW_BYTES as WINDOW_BYTES,  # (their home before h5etl.execute.inflight)
-)
-from h5etl.execute.inflight import Window as Window
-from h5etl.execute.inflight import window_for as window_for
+from h5etl.execute.inflight import Window
 
 PROBE_STAGE = "clean"  # header probes belong to cleaning (clean.STAGE)
 In = TypeVar("In")
@@ -401,5 +398,5 @@ def isolate(
             parts.append((position, part))
     keep = decode.keep_whole_blocks(task, len(parts))
     result.deferred = sorted([*result.deferred, *(p for p, _ in parts[keep:])])
-    decode.join_results(result, recipe, [part for _, part in parts[:keep]])
+    gather.join_results(result, recipe, [part for _, part in parts[:keep]])
     return result

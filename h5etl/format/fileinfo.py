@@ -19,7 +19,6 @@ from h5etl.errors import CheckFailed, UsageError
 from h5etl.format import contract as fileformat
 
 BUILT_IN = {1: "gzip", 2: "shuffle", 3: "fletcher32", 4: "szip", 5: "nbit", 6: "scaleoffset"}
-LZF = fileformat.FILTER_LZF  # h5py's own filter: compiled into h5py, not into HDF5
 HDF5PLUGIN = {number: name for name, number in hdf5plugin.FILTERS.items()}
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"  # at 0, 512, 1024, 2048, ... (after a user block)
 PLUGIN_NAMES = {
@@ -49,7 +48,7 @@ def filter_ids(dataset: h5py.Dataset) -> list[int]:
 
 
 def filter_name(number: int) -> str:
-    if number == LZF:
+    if number == fileformat.FILTER_LZF:
         return "lzf"
     return BUILT_IN.get(number) or HDF5PLUGIN.get(number) or f"filter {number}"
 
@@ -70,13 +69,17 @@ def readers(numbers: Iterable[int]) -> str:
         )
         return f"readable by: every HDF5 tool and library ({why})"
     pip = [PLUGIN_NAMES.get(HDF5PLUGIN[n], HDF5PLUGIN[n]) for n in used if n in HDF5PLUGIN]
-    other = [f"filter {n}" for n in used if n not in BUILT_IN and n not in HDF5PLUGIN and n != LZF]
+    other = [
+        f"filter {n}"
+        for n in used
+        if n not in BUILT_IN and n not in HDF5PLUGIN and n != fileformat.FILTER_LZF
+    ]
     h5py_reads = 'h5py after "import hdf5plugin"' if pip else "h5py"
     if other:
         h5py_reads += f" with the plugin for {_and(other)} in HDF5_PLUGIN_PATH"
-    if LZF in used:
+    if fileformat.FILTER_LZF in used:
         h5py_reads += " (lzf is h5py's own filter)"
-    plugins = ["LZF"] * (LZF in used) + pip + other
+    plugins = ["LZF"] * (fileformat.FILTER_LZF in used) + pip + other
     many = len(plugins) > 1
     where = ""
     if pip:

@@ -17,7 +17,7 @@ import h5py
 import numpy as np
 
 from h5etl.format import contract as fileformat
-from h5etl.release.listing import OutputFolder
+from h5etl.release.folder import OutputFolder
 
 logger = logging.getLogger(__name__)
 

@@ -24,15 +24,15 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 from h5etl.errors import RejectError
 from h5etl.inputs import opening as inputs
 from h5etl.inputs import pixels, plainpng, reasons
-
-# ``X as X``: re-exported, the stages call them as images.X
-from h5etl.inputs.pixels import SIXTEEN_BIT_MODES as SIXTEEN_BIT_MODES
-from h5etl.inputs.pixels import Decoded as Decoded
-from h5etl.inputs.pixels import FieldDtype, Palette, Role, unexpected
-from h5etl.inputs.pixels import Mode as Mode
-from h5etl.inputs.pixels import rejecting_surprises as rejecting_surprises
-from h5etl.inputs.pixels import resize as resize
-from h5etl.inputs.pixels import resize_to as resize_to
+from h5etl.inputs.pixels import (
+    SIXTEEN_BIT_MODES,
+    Decoded,
+    FieldDtype,
+    Mode,
+    Palette,
+    Role,
+    unexpected,
+)
 from h5etl.inputs.pixels import (
     to_array as to_array,  # decode calls images.to_array (tests patch it)
 )

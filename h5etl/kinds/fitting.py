@@ -6,7 +6,7 @@ import numpy as np
 
 from h5etl.errors import RejectError
 from h5etl.format.codec import ChunkLayout
-from h5etl.inputs import raster as images
+from h5etl.inputs import pixels
 from h5etl.kinds import placement as geometry
 
 
@@ -23,7 +23,7 @@ def fit(
     a smaller one is returned as it is (placing it centred is the decoder's job).
 
     ``resize`` keeps the aspect ratio: Lanczos for images, nearest for masks (labels stay
-    labels), in the array's own dtype (``images.resize_to``: uint8 through Pillow's 8-bit
+    labels), in the array's own dtype (``pixels.resize_to``: uint8 through Pillow's 8-bit
     path, uint16, int16 and float32 plane by plane in float32, integers rounded back).
     """
     target = (layout.shape[1], layout.shape[2])
@@ -31,9 +31,9 @@ def fit(
     if not geometry.is_oversize(size, target):
         return array
     if oversize == "resize":
-        with images.rejecting_surprises(path, oversize):  # resize runs Pillow
+        with pixels.rejecting_surprises(path, oversize):  # resize runs Pillow
             size = geometry.fit_within(size, target)
-            return images.resize_to(array, size, "nearest" if is_mask else "lanczos")
+            return pixels.resize_to(array, size, "nearest" if is_mask else "lanczos")
     if oversize == "crop":
         return geometry.center_crop(array, target, grid)
     raise RejectError(

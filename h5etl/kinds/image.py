@@ -117,8 +117,8 @@ class ImageKind(Kind):
                     path=path,
                 )
             size = (height // self.derive_factor, width // self.derive_factor)
-        with images.rejecting_surprises(path, f"derive {self.name}"):
-            resized = images.resize_to(source, size, self.derive_filter)  # type: ignore[arg-type]
+        with pixels.rejecting_surprises(path, f"derive {self.name}"):
+            resized = pixels.resize_to(source, size, self.derive_filter)  # type: ignore[arg-type]
         channels = "RGB" if resized.ndim == 3 else "L"
         converted = pixels.convert(
             resized,

@@ -13,6 +13,7 @@ from h5etl.format import contract as fileformat
 from h5etl.format.codec import ChunkLayout
 from h5etl.format.contract import FieldRecord
 from h5etl.inputs import raster as images
+from h5etl.inputs.pixels import rejecting_surprises
 from h5etl.kinds import mask_values as validate
 from h5etl.kinds.base import (
     ArrayColumn,
@@ -108,7 +109,7 @@ class MaskKind(Kind):
         labels = decoded.array
         if decoded.conversion:  # a 16-bit mask into a uint8 field: counted, never silent
             context.conversions.append((self.name, decoded.conversion))
-        with images.rejecting_surprises(path, "check the mask"):
+        with rejecting_surprises(path, "check the mask"):
             if labels.ndim == 3:  # colours, to be mapped by the table
                 assert self.colors is not None
                 labels = validate.map_colors(

@@ -26,7 +26,7 @@ from h5etl.incremental import parent
 from h5etl.pipeline import settle
 from h5etl.plan import admit as clean
 from h5etl.plan import discover
-from h5etl.release.listing import OutputFolder
+from h5etl.release.folder import OutputFolder
 from h5etl.stats.tallies import Tallies
 
 ProgressHook = Callable[[str, int, int | None], None]

@@ -39,7 +39,7 @@ from h5etl.pipeline.planning import ProgressHook
 from h5etl.pipeline.status import BuildStatus
 from h5etl.plan import admit as clean
 from h5etl.plan import kind_registry as registry
-from h5etl.release.listing import OutputFolder
+from h5etl.release.folder import OutputFolder
 from h5etl.resume import journal_use as resume
 from h5etl.shards.committer import Sharding, Shards, start_sharded
 from h5etl.sink.writer import Sink
@@ -48,10 +48,6 @@ from h5etl.stats.tallies import Tallies, block_json
 logger = logging.getLogger(__name__)
 
 # Where they lived before buildparts: tests and benchmarks derive recipes and layouts here.
-recipe_of = buildparts.recipe_of
-layouts_of = buildparts.layouts_of
-layout_record = buildparts.layout_record
-block_of = buildparts.block_of
 
 
 def build(
@@ -235,7 +231,7 @@ def _build_planned(
         earlier = _sharded(run, plan, report, version, watch)
     carried = None
     if earlier is None and origin is not None:
-        layout_seen = layout_record(spec, plan)
+        layout_seen = buildparts.layout_record(spec, plan)
         carried, why = carry.decide(
             plan, origin, output, spec_text(spec), layout_seen, record
         )  # the carry record the up-to-date check read (5 MB of JSON at 30,000 pairs)
@@ -275,7 +271,7 @@ def _build_planned(
                         written = settle.rewrite(
                             rewrite, (plan, settled), report, again, origin=origin,
                             output=output, config=spec_text(spec),
-                            layout=layout_record(spec, settled), record=record,
+                            layout=buildparts.layout_record(spec, settled), record=record,
                         )  # fmt: skip
                         info = _publish(run, report, again, version, sharded)
                     stored = settled
@@ -301,7 +297,7 @@ def _sharded(
     """The first round of ``plan`` written by the shard writers (``--shards K``)."""
     assert run.sharding is not None
     run.hook("shards", 0, run.sharding.count)
-    layout, recipe = sink_layout(run.spec, plan), recipe_of(plan)
+    layout, recipe = sink_layout(run.spec, plan), buildparts.recipe_of(plan)
     started = start_sharded(
         run.spec, plan, run.output, run.sharding, layout, recipe, version, report, run.hook
     )
@@ -339,8 +335,8 @@ def _write(
     ``planned_as``: the plan the loss guard holds the counts against, when it is not ``plan``
     (the first plan, for the second write of a build whose decoding rejected samples)."""
     spec, hook, status = run.spec, run.hook, run.status
-    recipe = recipe_of(plan)
-    record = layout_record(spec, plan)
+    recipe = buildparts.recipe_of(plan)
+    record = buildparts.layout_record(spec, plan)
     state = earlier.queues if earlier is not None else None
     tallies = earlier.tallies() if earlier is not None else Tallies()
     todo = carried.decode if carried is not None and carried.decode is not None else plan

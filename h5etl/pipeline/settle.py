@@ -24,12 +24,13 @@ from h5etl.incremental import parent
 from h5etl.incremental import reuse as carry
 from h5etl.plan import split_assign as assign
 from h5etl.plan.admit import Plan, write_order
+from h5etl.plan.stratify import Stratum
 
 if TYPE_CHECKING:
     from h5etl.config.spec import Spec
     from h5etl.format.contract import LayoutRecord
     from h5etl.history.build_report import BuildReport
-    from h5etl.release.listing import OutputFolder
+    from h5etl.release.folder import OutputFolder
 
 
 def resettled(spec: Spec, plan: Plan, late: Sequence[Reject]) -> Plan | None:
@@ -72,7 +73,7 @@ def resettled(spec: Spec, plan: Plan, late: Sequence[Reject]) -> Plan | None:
     )
 
 
-def _strata(spec: Spec, plan: Plan, samples: Sequence[Sample]) -> list[assign.Stratum] | None:
+def _strata(spec: Spec, plan: Plan, samples: Sequence[Sample]) -> list[Stratum] | None:
     """Each sample's class (``stratify:``), from its plan-time values, as ``clean`` read it."""
     if spec.stratify is None:
         return None

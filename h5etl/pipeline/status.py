@@ -29,7 +29,7 @@ from typing import Any
 from h5etl.dataflow import BatchResult, Reject
 from h5etl.errors import H5EtlError, UsageError
 from h5etl.history import clock as reproducible
-from h5etl.release.listing import OutputFolder
+from h5etl.release.folder import OutputFolder
 from h5etl.release.lock import pid_alive
 
 __all__ = ["FORMAT", "BuildStatus", "StatusView", "read_statuses"]

@@ -37,8 +37,7 @@ from typing import Any
 
 from h5etl.dataflow import text_bytes, valid_text
 from h5etl.plan import partition, stratify
-
-Stratum = stratify.Stratum
+from h5etl.plan.stratify import Stratum
 
 
 @dataclass(slots=True)

@@ -13,38 +13,15 @@ import os
 from pathlib import Path
 
 from h5etl.errors import ReleaseError, ReleaseUsageError
-from h5etl.release.folder import OutputFolder, write_atomically
+from h5etl.release.folder import OutputFolder
 from h5etl.release.naming import (
-    PARTIAL_MARK,
     ReleaseInfo,
-    companions,
     current_version,
-    facts_filename,
-    orphans,
-    part_filename,
-    rejects_filename,
-    release_filename,
     release_names,
     versions,
 )
 
-__all__ = [
-    "PARTIAL_MARK",
-    "OutputFolder",
-    "ReleaseInfo",
-    "companions",
-    "current_version",
-    "facts_filename",
-    "list_releases",
-    "orphans",
-    "part_filename",
-    "rejects_filename",
-    "release_filename",
-    "release_names",
-    "rollback",
-    "versions",
-    "write_atomically",
-]
+__all__ = ["list_releases", "rollback"]
 
 
 def list_releases(folder: Path) -> list[ReleaseInfo]:

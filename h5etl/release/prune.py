@@ -21,6 +21,8 @@ import h5py
 from h5etl.errors import ReleaseUsageError
 from h5etl.format import partfiles
 from h5etl.release import listing as release
+from h5etl.release import naming
+from h5etl.release.folder import OutputFolder
 
 __all__ = ["PrunePlan", "Pruned", "prune"]
 
@@ -77,13 +79,13 @@ def _mapped(path: Path) -> list[Path]:
     return [p for p in found if p.parent == path.parent and p.is_file()]
 
 
-def _plan_name(output: release.OutputFolder, keep: int) -> list[Pruned]:
-    existing = release.versions(output.folder, output.name)
-    linked = release.current_version(output.link)
+def _plan_name(output: OutputFolder, keep: int) -> list[Pruned]:
+    existing = naming.versions(output.folder, output.name)
+    linked = naming.current_version(output.link)
     newest = set(sorted(existing)[-keep:])
     out = []
     for version, path in existing.items():
-        beside = release.companions(output.folder, output.name, version)
+        beside = naming.companions(output.folder, output.name, version)
         files = list(dict.fromkeys([path, *beside, *_mapped(path)]))
         why = ", ".join(
             reason
@@ -94,7 +96,7 @@ def _plan_name(output: release.OutputFolder, keep: int) -> list[Pruned]:
             if holds
         )
         out.append(Pruned(output.name, version, tuple(files), _size(files), why))
-    for version, left in release.orphans(output.folder, output.name).items():
+    for version, left in naming.orphans(output.folder, output.name).items():
         out.append(Pruned(output.name, version, tuple(left), _size(left)))
     needed = {path for entry in out if entry.kept for path in entry.files}
     out = [_without(entry, needed) for entry in out]
@@ -105,7 +107,7 @@ def _without(entry: Pruned, needed: set[Path]) -> Pruned:
     """A release that goes, without the files a release that stays needs (its parts)."""
     if entry.kept:
         return entry
-    own = entry.files[0].name == release.release_filename(entry.name, entry.version)
+    own = entry.files[0].name == naming.release_filename(entry.name, entry.version)
     if own and entry.files[0] in needed:  # a release that stays maps this one's file itself
         return Pruned(entry.name, entry.version, entry.files, entry.size, "a kept release maps it")
     files = tuple(p for p in entry.files if p not in needed)
@@ -113,7 +115,7 @@ def _without(entry: Pruned, needed: set[Path]) -> Pruned:
     return Pruned(entry.name, entry.version, files, _size(files), held=held)
 
 
-def _apply(output: release.OutputFolder, entries: list[Pruned]) -> list[Pruned]:
+def _apply(output: OutputFolder, entries: list[Pruned]) -> list[Pruned]:
     """Delete what ``entries`` plan; each entry then lists what was deleted and freed."""
     out = []
     for entry in entries:
@@ -141,8 +143,8 @@ def prune(folder: Path, *, keep: int, apply: bool = False) -> PrunePlan:
         raise ReleaseUsageError(f"--keep must be at least 1, got {keep}", path=folder)
     release.list_releases(folder)  # the folder's own checks: a usage error when it is none
     plan = PrunePlan(folder, keep, apply)
-    for name in release.release_names(folder):
-        output = release.OutputFolder(folder, name)
+    for name in naming.release_names(folder):
+        output = OutputFolder(folder, name)
         if not apply:
             plan.entries.extend(_plan_name(output, keep))
             continue

@@ -31,11 +31,13 @@ from h5etl.history.build_report import BuildReport
 from h5etl.kinds.base import ArrayColumn, RaggedColumn, ScalarColumn, TextColumn
 from h5etl.plan.admit import Plan
 from h5etl.plan.tasks import TaskCutter
-from h5etl.release.listing import OutputFolder, part_filename
+from h5etl.release.folder import OutputFolder
+from h5etl.release.naming import part_filename
 from h5etl.resume.journal_use import Checkpoints, Restored
 from h5etl.shards import writers as shards
 from h5etl.sink import chunk_copy as sink_copy
-from h5etl.sink.writer import Sink, SinkLayout
+from h5etl.sink.small_columns import SinkLayout
+from h5etl.sink.writer import Sink
 from h5etl.stats.tallies import Tallies
 
 logger = logging.getLogger(__name__)

@@ -35,7 +35,7 @@ from h5etl.sink.parent_rows import Seed, copy_parent_columns, open_seed, parent_
 from h5etl.sink.small_columns import RowsWatcher, SinkLayout, SmallRows, store_rejects
 from h5etl.sink.virtual import VirtualColumn, create_virtual, map_arrays
 
-__all__ = ["LIBVER", "Sink", "SinkLayout"]
+__all__ = ["LIBVER", "Sink"]
 
 LIBVER = ("v110", "v110")  # readable by HDF5 1.10 tools (h5ls, h5dump) and newer
 WRITE_CACHE_BYTES = 256 * 1024

@@ -277,7 +277,8 @@ def _limit_block(
 
     from h5etl.format.codec import encode_block
     from h5etl.format.digest import block_digest
-    from h5etl.inputs.raster import Mode, decode
+    from h5etl.inputs.pixels import Mode
+    from h5etl.inputs.raster import decode
 
     # Reused like h5etl's own batch buffers: fresh arrays would add a page fault per 4 KiB.
     image = _LIMIT_BUFFERS.setdefault("image", np.empty((BATCH, 3, SIZE, SIZE), np.uint8))
@@ -325,7 +326,7 @@ def run_limit(config: Path, encode: bool, hashes: bool = False) -> dict[str, Any
     from joblib import Parallel, delayed
 
     from h5etl import load_spec
-    from h5etl.pipeline.run import layouts_of
+    from h5etl.execute.assembly import layouts_of
     from h5etl.plan.kind_registry import kinds_of
 
     spec = load_spec(config)

@@ -62,6 +62,8 @@ from installed import byte_compile, warm
 from joblib import Parallel, delayed
 from PIL import Image
 
+from h5etl.inputs.pixels import resize_to
+
 HERE = Path(__file__).resolve()
 KINDS_VERSION = 1  # bump when the generator changes, so caches are rebuilt
 DEFAULT_SAMPLES = 3000
@@ -202,14 +204,13 @@ def _buffer(name: str, layout: Any) -> np.ndarray:
 
 def _fit(array: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     """What ``pad.oversize: resize`` does: a larger photo resized into the field, aspect kept."""
-    from h5etl.inputs import raster as images
     from h5etl.kinds import placement as geometry
 
     target = (shape[1], shape[2])
     size = (array.shape[0], array.shape[1])
     if not geometry.is_oversize(size, target):
         return array
-    return images.resize_to(array, geometry.fit_within(size, target), "lanczos")
+    return resize_to(array, geometry.fit_within(size, target), "lanczos")
 
 
 def _limit_block(
@@ -239,7 +240,7 @@ def _limit_block(
             high = pixels.array
             size = (high.shape[0] // 4, high.shape[1] // 4)
             windows["high"].append(geometry.place(high, blocks["high"][row]))
-            low = images.resize_to(high, size, "bicubic")
+            low = resize_to(high, size, "bicubic")
             windows["low"].append(geometry.place(low, blocks["low"][row]))
     # the statistics a release carries, as its kinds compute them (build.py's limit does too)
     for name, kind in kinds.items():
@@ -273,7 +274,7 @@ def _split_blocks(
 def run_limit(config: Path) -> dict[str, Any]:
     """The work limit of ``config`` (classification or derived super-resolution)."""
     from h5etl import load_spec
-    from h5etl.pipeline.run import layouts_of
+    from h5etl.execute.assembly import layouts_of
     from h5etl.plan.kind_registry import kinds_of
 
     spec = load_spec(config)

@@ -34,7 +34,8 @@ from h5etl.format import contract as fileformat
 from h5etl.format.codec import Codec
 from h5etl.kinds.base import RaggedColumn
 from h5etl.sink import datasets as sink_datasets
-from h5etl.sink.writer import Sink, SinkLayout
+from h5etl.sink.small_columns import SinkLayout
+from h5etl.sink.writer import Sink
 
 BATCH = 4096  # samples per result handed to the sink
 
