@@ -44,7 +44,7 @@ _FILTERS = {
     # box_filter): each source pixel an output pixel covers weighs the same, pixels cut by
     # the output pixel's edge by the part covered. Pillow's handbook: "Each pixel of source
     # image contributes to one pixel of the destination image with identical weights."
-    # For an integer factor that is the block mean (tests/test_images_dtypes.py checks it).
+    # For an integer factor that is the block mean (tests/inputs/test_images_dtypes.py checks it).
     "area": Image.Resampling.BOX,
 }
 

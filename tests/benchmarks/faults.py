@@ -4,7 +4,7 @@
 
 For every failure mode: the exit status, where the link points, the previous release's
 SHA-256 before and after, and the files left in the output folder. The same failures are
-asserted in tests/test_reliability.py; this script shows them side by side for a report.
+asserted in tests/pipeline/test_reliability.py; this script shows them side by side for a report.
 """
 
 from __future__ import annotations

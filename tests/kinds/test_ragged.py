@@ -213,7 +213,7 @@ def prelude(chunk_rows: int) -> str:
     """The killed build's first lines: this test-only kind in place, as in this process."""
     return f"""
 import sys
-sys.path.insert(0, {str(Path(__file__).parent)!r})
+sys.path.insert(0, {str(Path(__file__).parents[1])!r})
 import ragged_kind
 ragged_kind.install("rec", chunk_rows={chunk_rows})
 """

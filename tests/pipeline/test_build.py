@@ -245,7 +245,8 @@ def test_second_build_makes_v2_and_keeps_v1_bytes(
     assert first.link is not None
     v1_bytes, v1_stat = first.path.read_bytes(), first.path.stat()
     assert os.readlink(first.link) == "cells-v0001.h5"
-    # the same inputs are up to date (tests/test_uptodate.py): --full makes a second release
+    # the same inputs are up to date (tests/incremental/test_uptodate.py): --full makes a second
+    # release
     second = _build(config, full=True)
     assert second.path is not None
     assert second.version == 2

@@ -707,7 +707,7 @@ def test_keras_model_fits_on_the_dataset(release: Path) -> None:
 
 
 def test_read_benchmark_runs_end_to_end(tmp_path: Path) -> None:
-    script = Path(__file__).parent / "benchmarks" / "read.py"
+    script = Path(__file__).parents[1] / "benchmarks" / "read.py"
     args = ["--samples", "40", "--chunk", "8", "--chunks", "8", "1", "--probes", "4"]
     done = subprocess.run(
         [

@@ -231,7 +231,7 @@ def test_releases_of_an_old_version_tell_what_they_have(tmp_path: Path, name: st
     folder = tmp_path / "releases"
     folder.mkdir()
     copy = folder / "cells-v0002.h5"
-    shutil.copyfile(Path(__file__).parent / "data" / name, copy)
+    shutil.copyfile(Path(__file__).parents[1] / "data" / name, copy)
     with h5py.File(copy, "r") as handle:
         created = handle.attrs["created_at"]  # not the copy's mtime
     code, out, _ = _cli("releases", folder)

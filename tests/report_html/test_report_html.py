@@ -242,7 +242,7 @@ def test_the_page_needs_nothing_from_outside(built: Callable[[str], Path], tmp_p
 
 def test_a_release_of_an_older_version_is_explained_too(tmp_path: Path) -> None:
     # built by h5etl 0.1: no layout record, no rejects table, no story
-    old = Path(__file__).parent / "data" / "cells-0.1-lzf.h5"
+    old = Path(__file__).parents[1] / "data" / "cells-0.1-lzf.h5"
     page, _ = _page(old, tmp_path)
     assert page.order == list(SECTIONS)
     with h5py.File(old, "r") as handle:

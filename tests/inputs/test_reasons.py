@@ -24,7 +24,7 @@ from h5etl.history.build_report import BuildReport
 from h5etl.inputs import raster as images
 from h5etl.inputs import reasons
 
-README = Path(__file__).parents[1] / "README.md"
+README = Path(__file__).parents[2] / "README.md"
 
 
 def _encoded(array: np.ndarray, fmt: str) -> bytes:

@@ -27,7 +27,7 @@ from h5etl.history.snapshot import read_snapshot
 from h5etl.pipeline import run as pipeline
 
 runner = CliRunner()
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 
 
 def _cli(*args: object) -> tuple[int, str, str]:

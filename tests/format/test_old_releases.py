@@ -22,7 +22,7 @@ from h5etl.format import contract as fileformat
 from h5etl.preview.sheet import write_preview
 from h5etl.readers import Release, iter_batches
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 OLD = [
     pytest.param(DATA / "cells-0.1-blosc.h5", id="blosc"),
     pytest.param(DATA / "cells-0.1-lzf.h5", id="lzf"),
