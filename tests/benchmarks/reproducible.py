@@ -11,7 +11,7 @@ builds with another h5etl tree as well, e.g. the commit before reproducible buil
     mkdir -p /tmp/old && git archive 67a7f29 h5etl pipelines configs | tar -x -C /tmp/old
     python tests/benchmarks/reproducible.py --builds 3 --variant old=/tmp/old
 
-Nothing here asserts a time; ``tests/test_benchmarks_smoke.py`` runs it on a tiny corpus.
+Nothing here asserts a time; ``tests/benchmarks/test_benchmarks_smoke.py`` runs it on a tiny corpus.
 """
 
 from __future__ import annotations

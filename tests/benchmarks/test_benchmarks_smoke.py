@@ -15,7 +15,7 @@ import pytest
 
 import h5etl
 
-BENCH = Path(__file__).parent / "benchmarks"
+BENCH = Path(__file__).parent  # the scripts beside these tests
 SAMPLES = "40"
 
 CONTENDERS = [

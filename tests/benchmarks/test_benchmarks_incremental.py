@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-BENCH = Path(__file__).parent / "benchmarks"
+BENCH = Path(__file__).parent  # the scripts beside these tests
 
 
 def test_incremental_bench_prints_every_build_and_both_ratios(tmp_path: Path) -> None:

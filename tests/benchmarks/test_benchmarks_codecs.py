@@ -13,7 +13,7 @@ import pytest
 import h5etl
 from h5etl import load_spec
 
-BENCH = Path(__file__).parent / "benchmarks"
+BENCH = Path(__file__).parent  # the scripts beside these tests
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
