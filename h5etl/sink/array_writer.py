@@ -40,7 +40,7 @@ class DatasetStats:
         return digest.combine(self.blocks)
 
 
-StoredChunks = list[tuple["ImageWriter", tuple[int, ...], str]]
+StoredChunks = list[tuple["ArrayWriter", tuple[int, ...], str]]
 """Chunks stored since the last checkpoint, in the order they were written, across datasets:
 (writer, chunk offset, SHA-256 of the stored bytes). The sink's writers share one."""
 
@@ -54,7 +54,7 @@ def _ready(chunks: list[EncodedChunk], sha: bytes) -> Future[Encoded]:
 _STORED = _ready([], b"")  # in the queue, in place of a block stored
 
 
-class ImageWriter:
+class ArrayWriter:
     """Appends rows of one image dataset as whole chunks."""
 
     def __init__(

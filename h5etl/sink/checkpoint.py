@@ -18,7 +18,7 @@ from h5etl.errors import ResumeMismatch, SinkError, io_problem
 from h5etl.format import journal
 from h5etl.format.journal import ResumeState
 from h5etl.sink import disk as sink_disk
-from h5etl.sink.array_writer import ImageWriter, StoredChunks, chunk_places
+from h5etl.sink.array_writer import ArrayWriter, StoredChunks, chunk_places
 from h5etl.sink.ragged import EMPTY, restore_ragged, snapshot
 from h5etl.sink.small_columns import SinkLayout, SmallRows
 
@@ -29,7 +29,7 @@ class JournalSide:
     path: Path
     layout: SinkLayout
     file: h5py.File | None
-    images: dict[tuple[str, str], ImageWriter]
+    arrays: dict[tuple[str, str], ArrayWriter]
     ragged: frozenset[tuple[str, str]]
     counts: dict[str, int]
     _stored: StoredChunks
@@ -54,7 +54,7 @@ class JournalSide:
         checkpoint records it (``sink_ragged.snapshot``), as it almost never empties.
         """
         return all(
-            not writer.carry_rows for key, writer in self.images.items() if key not in self.ragged
+            not writer.carry_rows for key, writer in self.arrays.items() if key not in self.ragged
         )
 
     def checkpoint(self) -> dict[str, Any]:
@@ -94,12 +94,12 @@ class JournalSide:
             "rows": dict(self.counts),
             "chunks": chunks,
             "runs": [list(run) for run in runs],
-            "blocks": {w.stats.path: w.block_delta() for w in self.images.values()},
+            "blocks": {w.stats.path: w.block_delta() for w in self.arrays.values()},
         }
         delta["texts"], delta["lineage"] = self._small.journal_delta()
         if self.ragged:
             delta["ragged"] = {
-                self.images[key].stats.path: snapshot(self.images[key]) for key in self.ragged
+                self.arrays[key].stats.path: snapshot(self.arrays[key]) for key in self.ragged
             }
         return delta
 
@@ -123,7 +123,7 @@ class JournalSide:
             ResumeMismatch: a recorded chunk is missing or its bytes changed.
         """
         assert self.file is not None
-        writers = {writer.stats.path: writer for writer in self.images.values()}
+        writers = {writer.stats.path: writer for writer in self.arrays.values()}
         for split in self.layout.splits:  # buffered first: their runs come between the chunks
             small = {
                 name: state.texts.get(path, [])
@@ -157,7 +157,7 @@ class JournalSide:
             raise ResumeMismatch(
                 f"cannot read the earlier temp file: {io_problem(exc)}", path=partial
             ) from exc
-        for key, writer in self.images.items():
+        for key, writer in self.arrays.items():
             blocks = state.blocks.get(writer.stats.path, [])
             if key in self.ragged:
                 ends = state.texts.get(self.layout.offsets_path(*key), [])
@@ -167,7 +167,7 @@ class JournalSide:
                 writer.restore(state.rows.get(key[0], 0), blocks)
 
     def _copy_chunk(
-        self, writer: ImageWriter, offset: tuple[int, ...], data: bytes, filter_mask: int
+        self, writer: ArrayWriter, offset: tuple[int, ...], data: bytes, filter_mask: int
     ) -> None:
         """Store one chunk copied from a killed build; a failed write is a write error (a
         full disk), not a reason to distrust the killed build's file."""

@@ -27,7 +27,7 @@ from h5etl.errors import ShardError
 from h5etl.format import contract as fileformat
 from h5etl.format import digest
 from h5etl.kinds.base import ArrayColumn, ScalarColumn
-from h5etl.sink.array_writer import DatasetStats, ImageWriter
+from h5etl.sink.array_writer import ArrayWriter, DatasetStats
 from h5etl.sink.small_columns import SinkLayout
 from h5etl.sink.virtual import VirtualColumn, add_part
 
@@ -42,7 +42,7 @@ class CopyTarget(Protocol):
     @property
     def virtual(self) -> dict[tuple[str, str], VirtualColumn] | None: ...
     @property
-    def images(self) -> dict[tuple[str, str], ImageWriter]: ...
+    def arrays(self) -> dict[tuple[str, str], ArrayWriter]: ...
     @property
     def stats(self) -> dict[str, DatasetStats]: ...
     def append_rows(
@@ -133,7 +133,7 @@ def carry_chunks(
 
 
 def copy_rows(
-    writer: ImageWriter,
+    writer: ArrayWriter,
     source: h5py.Dataset,
     start: int,
     stop: int,
@@ -188,7 +188,7 @@ def copy_rows(
 
 
 def _recut(
-    writer: ImageWriter, source: h5py.Dataset, start: int, stop: int, expected: ChunkDigests | None
+    writer: ArrayWriter, source: h5py.Dataset, start: int, stop: int, expected: ChunkDigests | None
 ) -> None:
     """Rows ``start:stop`` of ``source`` read back and given to the writer as raw rows, a few
     chunks at a time (memory stays a few chunks); their chunks checked first if ``expected``."""
@@ -318,7 +318,7 @@ def _carry_split(
     stored = 0
     ends: dict[str, list[int]] = {}
     layout = sink.layout
-    for (target, name), writer in sink.images.items():
+    for (target, name), writer in sink.arrays.items():
         if target != split:
             continue
         path = layout.path(split, name)

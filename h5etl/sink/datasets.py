@@ -2,7 +2,7 @@
 
 Each storage column becomes its dataset(s) at the layout's path: a fixed array or a ragged
 column's values chunked as their layout says, written whole chunks at a time
-(``ImageWriter``), a ragged column's offsets beside its values (their first row, 0, written
+(``ArrayWriter``), a ragged column's offsets beside its values (their first row, 0, written
 now; the rest appended with the small rows' runs), scalars and texts appended in runs
 (``sink_rows``); then the split's lineage; those small columns chunked by bytes
 (``small_chunk_rows``). A column's ``attrs``
@@ -24,7 +24,7 @@ import numpy as np
 from h5etl.format import contract as fileformat
 from h5etl.format.codec import ChunkLayout
 from h5etl.kinds.base import ArrayColumn, RaggedColumn, ScalarColumn
-from h5etl.sink.array_writer import DatasetStats, ImageWriter, StoredChunks
+from h5etl.sink.array_writer import ArrayWriter, DatasetStats, StoredChunks
 from h5etl.sink.compress_threads import ChunkPool
 from h5etl.sink.small_columns import SinkLayout
 
@@ -33,7 +33,7 @@ from h5etl.sink.small_columns import SinkLayout
 class CreatedSplit:
     """The writers of one split's chunked datasets, and every dataset's digest state."""
 
-    writers: dict[tuple[str, str], ImageWriter] = field(default_factory=dict)
+    writers: dict[tuple[str, str], ArrayWriter] = field(default_factory=dict)
     stats: dict[str, DatasetStats] = field(default_factory=dict)
 
 
@@ -122,7 +122,7 @@ def create_split(
                 **chunked.filter_kwargs(),
             )
             stats = DatasetStats(dataset.name, block_rows=chunked.rows)
-            out.writers[(split, name)] = ImageWriter(dataset, chunked, stats, stored, pool)
+            out.writers[(split, name)] = ArrayWriter(dataset, chunked, stats, stored, pool)
             if isinstance(column, RaggedColumn):
                 offsets = _offsets(file, fileformat.offsets_path(path), planned)
                 out.stats[offsets.path] = offsets

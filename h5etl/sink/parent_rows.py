@@ -32,7 +32,7 @@ import numpy as np
 from h5etl.format import contract as fileformat
 from h5etl.format.codec import ChunkLayout
 from h5etl.kinds.base import ArrayColumn, ScalarColumn
-from h5etl.sink.array_writer import ImageWriter
+from h5etl.sink.array_writer import ArrayWriter
 from h5etl.sink.chunk_copy import copy_rows
 from h5etl.sink.object_copy import copy_object
 from h5etl.sink.small_columns import SinkLayout
@@ -127,7 +127,7 @@ def seed_dataset(
 def copy_parent_columns(
     source: h5py.File,
     layout: SinkLayout,
-    writers: Mapping[tuple[str, str], ImageWriter],
+    writers: Mapping[tuple[str, str], ArrayWriter],
     split: str,
     spans: Spans,
     between: Callable[[], None] = lambda: None,

@@ -1,6 +1,6 @@
 """sink_ragged: what the resume journal keeps of a ragged column beyond its chunks (sink part).
 
-A ragged column's values are stored like an array dataset's rows (``sink_chunks.ImageWriter``:
+A ragged column's values are stored like an array dataset's rows (``sink_chunks.ArrayWriter``:
 whole chunks of value rows cut from a carry, compressed, written with ``write_direct_chunk``,
 a digest per block of chunk rows); its offsets are appended with the small rows' runs
 (``sink_rows``). Its carry, the values after the last whole chunk, almost never empties, so a
@@ -17,12 +17,12 @@ from typing import Any
 import numpy as np
 
 from h5etl.errors import ResumeMismatch
-from h5etl.sink.array_writer import ImageWriter
+from h5etl.sink.array_writer import ArrayWriter
 
 EMPTY = {"rows": 0, "carry_rows": 0, "carry": "", "carry_sha256": ""}
 
 
-def snapshot(writer: ImageWriter) -> dict[str, Any]:
+def snapshot(writer: ArrayWriter) -> dict[str, Any]:
     """The rows stored in whole chunks, and the carry (fewer than a chunk of rows, not yet
     written) as zlib-compressed base64 with its SHA-256, so a resume continues mid-chunk."""
     carry = (
@@ -39,7 +39,7 @@ def snapshot(writer: ImageWriter) -> dict[str, Any]:
     }
 
 
-def restore_ragged(writer: ImageWriter, found: dict[str, Any], blocks: list[str], end: int) -> None:
+def restore_ragged(writer: ArrayWriter, found: dict[str, Any], blocks: list[str], end: int) -> None:
     """Adopt a killed build's ragged values (their chunks copied already): rows, digests and
     the carry, verified against the journal; ``end`` is where its offsets end.
 

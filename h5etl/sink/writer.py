@@ -27,7 +27,7 @@ from h5etl.errors import SinkError, io_problem
 from h5etl.format import contract as fileformat
 from h5etl.format.codec import ChunkLayout
 from h5etl.sink import disk as sink_disk
-from h5etl.sink.array_writer import DatasetStats, ImageWriter, StoredChunks
+from h5etl.sink.array_writer import ArrayWriter, DatasetStats, StoredChunks
 from h5etl.sink.checkpoint import JournalSide
 from h5etl.sink.compress_threads import ChunkPool
 from h5etl.sink.datasets import create_split
@@ -68,7 +68,7 @@ class Sink(JournalSide):
         self.layout = layout
         self.virtual: dict[tuple[str, str], VirtualColumn] | None = {} if virtual else None
         self.file: h5py.File | None = None
-        self.images: dict[tuple[str, str], ImageWriter] = {}  # arrays and ragged values
+        self.arrays: dict[tuple[str, str], ArrayWriter] = {}  # arrays and ragged values
         self.pool = ChunkPool()  # compresses the blocks the writers re-cut
         self.ragged = frozenset((s, n) for s in layout.splits for n in layout.ragged)
         self.stats: dict[str, DatasetStats] = {}
@@ -132,7 +132,7 @@ class Sink(JournalSide):
         self._close_quietly()
 
     def _close(self) -> None:
-        for writer in self.images.values():
+        for writer in self.arrays.values():
             writer.close()
         self.pool.close()
         self.writeback.close()
@@ -146,7 +146,7 @@ class Sink(JournalSide):
             # again, not even to free it (``locked`` keeps h5py from doing so); nor the
             # datasets the writers hold, whose freeing at exit would crash the interpreter.
             file.id.locked = True
-            for writer in self.images.values():
+            for writer in self.arrays.values():
                 writer.dataset.id.locked = True
             raise self._failed("closing the file", exc) from exc
 
@@ -194,7 +194,7 @@ class Sink(JournalSide):
         )
         if self.virtual is not None:
             map_arrays(file, self.layout, created, self.virtual)
-        self.images.update(created.writers)
+        self.arrays.update(created.writers)
         self.stats.update(created.stats)
 
     def write(self, result: BatchResult) -> None:
@@ -208,7 +208,7 @@ class Sink(JournalSide):
         nbytes = sink_disk.batch_nbytes(result)
         self._ensure_room(nbytes, "writing")
         try:
-            writers = [(n, w) for (target, n), w in self.images.items() if target == split]
+            writers = [(n, w) for (target, n), w in self.arrays.items() if target == split]
             for name, writer in writers:  # queued: every dataset's re-cut blocks compress at once
                 rows = result.columns[name]
                 ragged = isinstance(rows, RaggedRows)
@@ -259,7 +259,7 @@ class Sink(JournalSide):
             seeded = {n: self._seeded.pop((s, n)) for s, n in list(self._seeded) if s == split}
             with h5py.File(parent, "r") as source:
                 copied, ends = copy_parent_columns(
-                    source, self.layout, self.images, split, blocks, between, seeded
+                    source, self.layout, self.arrays, split, blocks, between, seeded
                 )
                 small, lineage = parent_rows(source, self.layout, split, blocks)
             small.update(record)
@@ -285,7 +285,7 @@ class Sink(JournalSide):
         """Store every writer's last, partial chunk now (its carry, as ``finish`` would): a
         shard does so before its manifest takes the digests of the chunks it stored."""
         try:
-            for writer in self.images.values():
+            for writer in self.arrays.values():
                 writer.finish()
         except (OSError, RuntimeError) as exc:
             raise self._failed("writing", exc) from exc
@@ -313,7 +313,7 @@ class Sink(JournalSide):
         self._ensure_room(self._finish_bytes(rejects), "finishing the file")
         try:
             self._small.flush()
-            for writer in self.images.values():
+            for writer in self.arrays.values():
                 writer.finish()
             for (split, name), column in (self.virtual or {}).items():
                 create_virtual(self.file, self.layout.path(split, name), column)
@@ -348,7 +348,7 @@ class Sink(JournalSide):
     def _finish_bytes(self, rejects: Sequence[Reject]) -> int:
         """An upper bound of what ``finish`` writes: the last chunks, rows, diagnostics."""
         carry = sum(
-            writer.layout.block_nbytes * 2 for writer in self.images.values() if writer.carry_rows
+            writer.layout.block_nbytes * 2 for writer in self.arrays.values() if writer.carry_rows
         )
         digests = sum(len(stats.blocks) + 1 for stats in self.stats.values()) * 64
         table = sum(sum(map(len, r.as_json().values())) * 4 + 128 for r in rejects)
@@ -379,7 +379,7 @@ class Sink(JournalSide):
     def chunk_paths(self) -> dict[str, int]:
         """How many blocks went straight through and how many were re-cut, per dataset."""
         out = {}
-        for writer in self.images.values():
+        for writer in self.arrays.values():
             out[f"{writer.stats.path}:direct"] = writer.direct_blocks
             out[f"{writer.stats.path}:rechunked"] = writer.rechunked_blocks
             if writer.copied_blocks:

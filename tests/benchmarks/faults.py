@@ -124,7 +124,7 @@ def concurrent(config: Path, folder: Path) -> str:
 
 
 def disk_full(config: Path, folder: Path) -> str:
-    original = h5etl.sink.array_writer.ImageWriter._store
+    original = h5etl.sink.array_writer.ArrayWriter._store
     calls = 0
 
     def failing(self: object, row: int, chunks: object) -> None:
@@ -134,13 +134,13 @@ def disk_full(config: Path, folder: Path) -> str:
             raise OSError(errno.ENOSPC, "No space left on device")
         original(self, row, chunks)  # type: ignore[arg-type]
 
-    h5etl.sink.array_writer.ImageWriter._store = failing  # type: ignore[method-assign]
+    h5etl.sink.array_writer.ArrayWriter._store = failing  # type: ignore[method-assign]
     try:
         h5etl.build(load_spec(config))
     except h5etl.H5EtlError as exc:
         return f"failed: {exc}"
     finally:
-        h5etl.sink.array_writer.ImageWriter._store = original  # type: ignore[method-assign]
+        h5etl.sink.array_writer.ArrayWriter._store = original  # type: ignore[method-assign]
     return "built (unexpected)"
 
 

@@ -42,7 +42,7 @@ from h5etl.inputs.volumes.case import cast_exact, rescaled, rescaled_exact
 from h5etl.kinds.base import SampleContext
 from h5etl.kinds.volume import VolumeKind
 from h5etl.plan.kind_registry import kinds_of
-from h5etl.sink.array_writer import DatasetStats, ImageWriter
+from h5etl.sink.array_writer import ArrayWriter, DatasetStats
 
 # (Bits Allocated, Bits Stored, Pixel Representation)
 STORAGES = [(8, 8, 0), (8, 7, 1), (16, 16, 0), (16, 12, 0), (16, 12, 1), (16, 16, 1), (32, 20, 1)]
@@ -255,7 +255,7 @@ def test_the_writer_lets_go_of_a_case_as_it_stores_it(tmp_path: Path) -> None:
             "v", (0, 8, 8), maxshape=(None, 8, 8), chunks=kind.layout.chunks, dtype="int16",
             **kind.layout.filter_kwargs(),
         )  # fmt: skip
-        writer = ImageWriter(dataset, kind.layout, DatasetStats("v"))
+        writer = ArrayWriter(dataset, kind.layout, DatasetStats("v"))
         writer.add_encoded(encoded.blocks, encoded.digests, 3, release=True)
         assert all(block == [] for block in encoded.blocks)  # nothing of the case is held
         assert np.array_equal(dataset[...], volume)

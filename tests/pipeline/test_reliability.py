@@ -122,7 +122,7 @@ KILLED_BUILD = f"""
             if where == "decode" and seen >= after:
                 os.kill(os.getpid(), signal.SIGKILL)
     stores = 0
-    original = h5etl.sink.array_writer.ImageWriter._store
+    original = h5etl.sink.array_writer.ArrayWriter._store
     def store(self, row, chunks):
         global stores
         stores += 1
@@ -131,7 +131,7 @@ KILLED_BUILD = f"""
             original(self, row, chunks[: len(chunks) // 2 or 1])
             os.kill(os.getpid(), signal.SIGKILL)
         original(self, row, chunks)
-    h5etl.sink.array_writer.ImageWriter._store = store
+    h5etl.sink.array_writer.ArrayWriter._store = store
     resume = sys.argv[5:] == ["resume"]
     # full: decode everything, as a build without a release to carry from does
     h5etl.build(
@@ -546,7 +546,7 @@ def test_write_error_fails_cleanly_and_keeps_previous(
     assert first.path is not None
     before = file_sha(first.path)
     calls = 0
-    original = h5etl.sink.array_writer.ImageWriter._store
+    original = h5etl.sink.array_writer.ArrayWriter._store
 
     def failing_store(self: Any, row: int, chunks: Any) -> None:
         nonlocal calls
@@ -555,7 +555,7 @@ def test_write_error_fails_cleanly_and_keeps_previous(
             raise OSError(errno.ENOSPC, "No space left on device")
         original(self, row, chunks)
 
-    monkeypatch.setattr(h5etl.sink.array_writer.ImageWriter, "_store", failing_store)
+    monkeypatch.setattr(h5etl.sink.array_writer.ArrayWriter, "_store", failing_store)
     with pytest.raises(SinkError, match="no space left on device"):
         build(project, full=True)  # decoded and written again, not carried from v1
 

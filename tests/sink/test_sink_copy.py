@@ -18,13 +18,13 @@ from hypothesis import strategies as st
 
 from h5etl.format import digest
 from h5etl.format.codec import ChunkLayout, Codec
-from h5etl.sink.array_writer import DatasetStats, ImageWriter
+from h5etl.sink.array_writer import ArrayWriter, DatasetStats
 from h5etl.sink.chunk_copy import copy_rows
 
 TRAILING = (4,)
 
 
-def _writer(handle: h5py.File, name: str, rows: int, codec: str) -> ImageWriter:
+def _writer(handle: h5py.File, name: str, rows: int, codec: str) -> ArrayWriter:
     level = 4 if codec == "gzip" else None
     layout = ChunkLayout(TRAILING, "int16", (rows, 2), Codec(codec, level, "lz4", "byte"), True)
     dataset = handle.create_dataset(
@@ -35,7 +35,7 @@ def _writer(handle: h5py.File, name: str, rows: int, codec: str) -> ImageWriter:
         chunks=layout.chunks,
         **layout.filter_kwargs(),
     )
-    return ImageWriter(dataset, layout, DatasetStats(dataset.name, block_rows=rows))
+    return ArrayWriter(dataset, layout, DatasetStats(dataset.name, block_rows=rows))
 
 
 @settings(
@@ -102,7 +102,7 @@ def test_a_chunk_that_does_not_match_its_digest_is_refused(tmp_path: Path) -> No
         other = handle.create_dataset(
             "lzf", shape=(0, 4), maxshape=(None, 4), dtype="int16", chunks=(2, 2), compression="lzf"
         )
-        lzf = ImageWriter(other, target.layout, DatasetStats(other.name, block_rows=2))
+        lzf = ArrayWriter(other, target.layout, DatasetStats(other.name, block_rows=2))
         with pytest.raises(ValueError, match="compression"):
             copy_rows(lzf, source.dataset, 0, 6, source.stats.blocks)
 
