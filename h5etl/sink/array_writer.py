@@ -2,7 +2,7 @@
 
 Part of the sink (the only code that writes HDF5): pre-compressed chunks go to
 ``write_direct_chunk``; raw rows (a ragged column's values, a task isolated after a worker
-crash) are re-cut into whole chunks in a carry buffer and compressed on the sink's threads
+crash) are re-cut into whole chunks in a partial-chunk buffer and compressed on the sink's threads
 (``chunkpool``). Rows are queued by ``add_*`` and stored, in the order queued, by ``drain``, so
 the blocks of every dataset of a batch compress at once while the file sees the same writes in
 the same order. It records each block's digest and where each chunk sits, for the resume
@@ -75,8 +75,8 @@ class ArrayWriter:
         self.queued = 0
         # (rows, blocks, the caller's blocks to empty once stored) per resize
         self._queue: list[tuple[int, list[Future[Encoded]], list[list[EncodedChunk]] | None]] = []
-        self.carry: list[np.ndarray] = []
-        self.carry_rows = 0
+        self.partial: list[np.ndarray] = []
+        self.partial_rows = 0
         self.direct_blocks = 0
         self.rechunked_blocks = 0
         self.copied_blocks = 0  # copied from another file (a parent, a shard), bytes as they were
@@ -88,7 +88,7 @@ class ArrayWriter:
     @property
     def _aligned(self) -> bool:
         """Whether the next row queued starts a chunk."""
-        return not self.carry_rows and not (self.rows + self.queued) % self.layout.rows
+        return not self.partial_rows and not (self.rows + self.queued) % self.layout.rows
 
     def add_encoded(
         self,
@@ -163,7 +163,7 @@ class ArrayWriter:
         """Store raw rows (``defer``: queue them for ``drain``). Whole blocks at a chunk
         boundary (or a final task's rows) are stored as a worker's would be, with the same
         writes in the same order, so a task a crash isolation joined leaves the very bytes an
-        uneventful build does; anything else is re-cut through the carry buffer, a resize
+        uneventful build does; anything else is re-cut through the partial-chunk buffer, a resize
         per block."""
         self._cut(rows, final=final)
         if not defer:
@@ -177,32 +177,32 @@ class ArrayWriter:
             cuts = range(0, len(rows), step)
             self._enqueue(len(rows), [self._submit(rows[start : start + step]) for start in cuts])
             return
-        if self.carry_rows + len(rows) < step:
-            self.carry.append(rows)
-            self.carry_rows += len(rows)
+        if self.partial_rows + len(rows) < step:
+            self.partial.append(rows)
+            self.partial_rows += len(rows)
             return
         start = 0
-        if self.carry_rows:  # the carry and the first rows make a block
-            start = step - self.carry_rows
-            self._enqueue(step, [self._submit(np.concatenate([*self.carry, rows[:start]]))])
+        if self.partial_rows:  # the partial chunk and the first rows make a block
+            start = step - self.partial_rows
+            self._enqueue(step, [self._submit(np.concatenate([*self.partial, rows[:start]]))])
         whole = start + (len(rows) - start) // step * step
         for begin in range(start, whole, step):  # views: the rest are cut, never copied
             self._enqueue(step, [self._submit(rows[begin : begin + step])])
-        # a copy: the carry must not keep the whole batch's values alive
-        self.carry = [rows[whole:].copy()] if whole < len(rows) else []
-        self.carry_rows = len(rows) - whole
+        # a copy: the partial chunk must not keep the whole batch's values alive
+        self.partial = [rows[whole:].copy()] if whole < len(rows) else []
+        self.partial_rows = len(rows) - whole
 
-    def close_carry(self) -> None:
-        """Queue the carry as the last chunk, padded (nothing follows it)."""
-        if not self.carry_rows:
+    def flush_partial(self) -> None:
+        """Queue the partial chunk as the last chunk, padded (nothing follows it)."""
+        if not self.partial_rows:
             return
-        rows = np.concatenate(self.carry)
+        rows = np.concatenate(self.partial)
         self._enqueue(len(rows), [self._submit(rows)])
-        self.carry, self.carry_rows = [], 0
+        self.partial, self.partial_rows = [], 0
 
     def finish(self) -> None:
-        """Store everything: what is queued and the carry."""
-        self.close_carry()
+        """Store everything: what is queued and the partial chunk."""
+        self.flush_partial()
         self.drain()
 
     def restore(self, rows: int, blocks: list[str]) -> None:
@@ -223,7 +223,7 @@ class ArrayWriter:
         """Count ``rows`` rows whose chunks were copied in after those stored so far
         (``sink_copy.copy_rows``), with their block digests; ``chunks`` (offset, SHA-256)
         go to the resume journal."""
-        assert not self.carry_rows, "rows carried in behind rows still in the carry"
+        assert not self.partial_rows, "rows carried in behind rows still in the partial chunk"
         assert not self.queued, "rows carried in behind rows still queued"
         assert not self.rows % self.layout.rows, "rows carried in mid-chunk"
         self.rows += rows

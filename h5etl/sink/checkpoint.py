@@ -54,7 +54,7 @@ class JournalSide:
         checkpoint records it (``sink_ragged.snapshot``), as it almost never empties.
         """
         return all(
-            not writer.carry_rows for key, writer in self.arrays.items() if key not in self.ragged
+            not writer.partial_rows for key, writer in self.arrays.items() if key not in self.ragged
         )
 
     def checkpoint(self) -> dict[str, Any]:

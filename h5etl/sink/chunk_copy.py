@@ -164,11 +164,11 @@ def copy_rows(
     """
     step = writer.layout.rows
     row, stored = start, 0
-    aligned = (writer.rows + writer.carry_rows - start) % step == 0
+    aligned = (writer.rows + writer.partial_rows - start) % step == 0
     if edge and not aligned:  # a fixed array is only ever copied in whole chunk rows
         raise ValueError(
             f"rows {start}:{stop} of {source.name} would land mid-chunk in {writer.stats.path} "
-            f"(its next row is {writer.rows + writer.carry_rows}, chunks of {step} rows)"
+            f"(its next row is {writer.rows + writer.partial_rows}, chunks of {step} rows)"
         )
     if aligned:
         head = min(stop, -(-start // step) * step)
@@ -327,7 +327,7 @@ def _carry_split(
         if not fixed:  # ragged: its values, then its offsets rebased
             offsets = _checked_offsets(handle, layout.offsets_path(split, name), rows)
             count = int(offsets[-1])
-            base = writer.rows + writer.carry_rows
+            base = writer.rows + writer.partial_rows
             ends[name + fileformat.OFFSETS_SUFFIX] = (offsets[1:] + base).tolist()
         blocks = _checked_blocks(handle, path, count, writer.layout.rows)
         if handle[path].id.get_num_chunks() != len(expected):

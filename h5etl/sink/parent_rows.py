@@ -166,7 +166,7 @@ def copy_parent_columns(
                     between()
             continue
         offsets = np.asarray(source[layout.offsets_path(split, name)][...], dtype=np.int64)
-        base = writer.rows + writer.carry_rows
+        base = writer.rows + writer.partial_rows
         lengths = []
         for start, rows in runs(spans):  # a run's chunks across its samples are copied too
             first, last = int(offsets[start]), int(offsets[start + rows])

@@ -26,8 +26,8 @@ def snapshot(writer: ArrayWriter) -> dict[str, Any]:
     """The rows stored in whole chunks, and the carry (fewer than a chunk of rows, not yet
     written) as zlib-compressed base64 with its SHA-256, so a resume continues mid-chunk."""
     carry = (
-        np.concatenate(writer.carry)
-        if writer.carry
+        np.concatenate(writer.partial)
+        if writer.partial
         else np.empty((0, *writer.layout.shape), writer.layout.dtype)
     )
     data = np.ascontiguousarray(carry).tobytes()
@@ -61,4 +61,4 @@ def restore_ragged(writer: ArrayWriter, found: dict[str, Any], blocks: list[str]
         )
     writer.restore(rows, blocks)
     carry = np.frombuffer(data, dtype=writer.layout.dtype).reshape(count, *writer.layout.shape)
-    writer.carry, writer.carry_rows = ([carry.copy()] if count else []), count
+    writer.partial, writer.partial_rows = ([carry.copy()] if count else []), count

@@ -224,7 +224,7 @@ class Sink(JournalSide):
                 if result.task.final:
                     # nothing follows a split's final task: store its last chunk now, or rows
                     # left in the carry would hold off every later checkpoint of the build
-                    writer.close_carry()
+                    writer.flush_partial()
                 count = result.accepted
             for _, writer in writers:  # then stored, dataset by dataset, as they were queued
                 writer.drain()
@@ -348,7 +348,7 @@ class Sink(JournalSide):
     def _finish_bytes(self, rejects: Sequence[Reject]) -> int:
         """An upper bound of what ``finish`` writes: the last chunks, rows, diagnostics."""
         carry = sum(
-            writer.layout.block_nbytes * 2 for writer in self.arrays.values() if writer.carry_rows
+            writer.layout.block_nbytes * 2 for writer in self.arrays.values() if writer.partial_rows
         )
         digests = sum(len(stats.blocks) + 1 for stats in self.stats.values()) * 64
         table = sum(sum(map(len, r.as_json().values())) * 4 + 128 for r in rejects)
