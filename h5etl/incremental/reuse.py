@@ -410,13 +410,15 @@ def copy_into(
 ) -> tuple[str, int]:
     """Copy every carried block into the new release (the sink writes); return the source
     fingerprint lines of the carried rows, in write order, and the stored bytes copied.
-    ``between``: called now and then while chunks are copied (``Sink.carry``)."""
+    ``between``: called now and then while chunks are copied (``Sink.copy_parent_rows``)."""
     lines: list[str] = []
     copied = 0
     for split, blocks in carried.blocks.items():
         samples = tuple(s for b in blocks for s in b.samples)
         spans = [(b.start, b.rows) for b in blocks]
-        copied += sink.carry(carried.parent.path, split, spans, record_rows(samples), between)
+        copied += sink.copy_parent_rows(
+            carried.parent.path, split, spans, record_rows(samples), between
+        )
         lineage = carried.parent.splits[split].lineage
         for b in blocks:
             tallies.add_block(split, b.tally)

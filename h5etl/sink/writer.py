@@ -236,7 +236,7 @@ class Sink(JournalSide):
         self.writeback.note(nbytes)
         self.seconds += time.perf_counter() - started
 
-    def carry(
+    def copy_parent_rows(
         self,
         parent: Path,
         split: str,
