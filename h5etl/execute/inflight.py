@@ -1,4 +1,4 @@
-"""window: how many decode tasks may be in flight at once (``schedule.in_order``'s limit).
+"""inflight: how many decode tasks may be in flight at once (``schedule.in_order``'s limit).
 
 Bounded by count (every worker busy and a result waiting for each) and by the decoded bytes
 the tasks hold, as the task cutter estimates them and as their results turn out.
@@ -26,7 +26,7 @@ def window_for(jobs: int, task_bytes: int) -> int:
     return max(min(2, full), min(full, WINDOW_BYTES // task_bytes))
 
 
-class Window:
+class InFlightLimit:
     """The tasks in flight: ``window_for`` a task's bytes as the task cutter estimates its
     decoded samples, or, once results have arrived, as twice the largest result seen if
     that allows more (a result is held twice on its way: in its worker beside the pickled

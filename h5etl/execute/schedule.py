@@ -26,7 +26,7 @@ from h5etl.decode import task as decode
 from h5etl.decode.recipe import DecodeRecipe
 from h5etl.execute import pool as workers
 from h5etl.execute import shared_memory as shared_values
-from h5etl.execute.inflight import Window
+from h5etl.execute.inflight import InFlightLimit
 
 PROBE_STAGE = "clean"  # header probes belong to cleaning (clean.STAGE)
 In = TypeVar("In")
@@ -45,11 +45,11 @@ def run_tasks(
     recipe: DecodeRecipe,
     *,
     jobs: int,
-    window: int | Window | None = None,
+    window: int | InFlightLimit | None = None,
     worker: Worker = decode.decode_batch,
 ) -> Iterator[BatchResult]:
     """Decode tasks on ``jobs`` processes; yield results in task order, at most ``window``
-    in flight (a ``Window``: as many as its results' sizes allow).
+    in flight (an ``InFlightLimit``: as many as its results' sizes allow).
 
     ``jobs=1`` decodes in this process, where a barrier is met by construction.
     """
@@ -71,7 +71,7 @@ def run_tasks(
         shared_values.swept(owner),
         contextlib.closing(slots),
     ):
-        if isinstance(window, Window):
+        if isinstance(window, InFlightLimit):
             sized = window
 
             def result(task: DecodeTask, future: Future[BatchResult]) -> BatchResult:
@@ -88,7 +88,7 @@ def local(jobs: int) -> Decoder:
     def run(tasks: Iterable[DecodeTask | Barrier], recipe: DecodeRecipe) -> Iterator[BatchResult]:
         # a task cutter estimates a task's decoded bytes; its results then tell their size
         task_bytes = getattr(tasks, "rows", 0) * getattr(tasks, "sample_bytes", 0)
-        return run_tasks(tasks, recipe, jobs=jobs, window=Window(jobs, task_bytes))
+        return run_tasks(tasks, recipe, jobs=jobs, window=InFlightLimit(jobs, task_bytes))
 
     return run
 

@@ -194,13 +194,13 @@ def _result(nbytes: int) -> BatchResult:
 
 
 def test_the_window_follows_the_size_of_the_results() -> None:
-    window = inflight.Window(2, 256 * 2**20)  # an estimate of 256 MiB a task
+    window = inflight.InFlightLimit(2, 256 * 2**20)  # an estimate of 256 MiB a task
     assert window.limit() == 2
     window.noted(_result(45 * 2**20))  # cases came to 45 MiB compressed
     assert window.limit() == 5  # 2 * jobs + 1: every worker busy, a result waiting for each
     window.noted(_result(200 * 2**20))
     assert window.limit() == 2  # as the estimate allowed: results only widen the window
-    images = inflight.Window(3, 64 * 2**20)
+    images = inflight.InFlightLimit(3, 64 * 2**20)
     assert images.limit() == 7
     images.noted(_result(60 * 2**20))  # barely compressed: 2 x 60 MiB would allow only 4
     assert images.limit() == 7  # images keep the window they had
