@@ -1,4 +1,4 @@
-"""check_deep: what ``check --deep`` recomputes of a release: every dataset's SHA-256, block
+"""deep: what ``check --deep`` recomputes of a release: every dataset's SHA-256, block
 by block as the sink hashed it, against the digests in ``/diagnostics``."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""check: a read-only health report of a release; ``deep`` recomputes every SHA-256.
+"""health: a read-only health report of a release; ``deep`` recomputes every SHA-256.
 
 Which datasets a release holds comes from its layout record (``fileformat.read_layout``;
 inferred for releases older than the record), never from a path written here: a field of a

@@ -1,4 +1,4 @@
-"""addresses: whether a Dask scheduler address can work, decided without connecting.
+"""scheduler_address: whether a Dask scheduler address can work, decided without connecting.
 
 Standard library only: the config (``specparts``), the CLI and the cluster connection
 (``h5etl.execute.dask_cluster``, which workers import too) all check with it.

@@ -1,4 +1,4 @@
-"""decode_gather: gather one task's accepted samples into stored columns, compressed and counted.
+"""gather: gather one task's accepted samples into stored columns, compressed and counted.
 
 Per task, in the worker: each column's rows (arrays compressed and hashed block by block,
 ragged values per row when one value row is a chunk), the per-block and per-task statistics,

@@ -1,4 +1,4 @@
-"""decode: in a worker, turn one task's files into validated, stacked, compressed columns.
+"""task: in a worker, turn one task's files into validated, stacked, compressed columns.
 
 Per sample: read the bytes once (hashing them for lineage), then each field's kind decodes,
 fits and validates its value (``h5etl.kinds``); a sample is kept only when every field

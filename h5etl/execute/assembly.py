@@ -1,4 +1,4 @@
-"""buildparts: what a build is made of, derived from its spec and plan.
+"""assembly: what a build is made of, derived from its spec and plan.
 
 The decode recipe, the sink's layout, the layout record, the task cutter, the decoder (the
 local pool or a Dask cluster) and the stage stopwatch: plain derivations the pipeline, the

@@ -1,4 +1,4 @@
-"""cluster: decode tasks on a Dask cluster (dask.distributed), results in task order.
+"""dask_cluster: decode tasks on a Dask cluster (dask.distributed), results in task order.
 
 The client (the build's process) keeps the task cutter and the single writer. Tasks go to the
 scheduler through the same ordered, bounded window as the local pool (``schedule.in_order``:

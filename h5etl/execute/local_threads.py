@@ -1,4 +1,4 @@
-"""inprocess: decode a small increment in this process's threads instead of starting workers.
+"""local_threads: decode a small increment in this process's threads instead of starting workers.
 
 Starting the local pool costs more than a small increment's decoding: each loky worker is a
 fresh interpreter that imports the decode stack, and loky starts a resource tracker first

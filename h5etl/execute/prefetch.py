@@ -1,4 +1,4 @@
-"""ahead: pull an iterator in a thread, a few items ahead of its consumer.
+"""prefetch: pull an iterator in a thread, a few items ahead of its consumer.
 
 An incremental build copies its parent's chunks first (the writer's work, seconds for a large
 release) and decodes what changed after; the decode results come from the worker pool (or a

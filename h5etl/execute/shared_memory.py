@@ -1,4 +1,4 @@
-"""shared_values: a local worker's big results reach the parent through shared memory.
+"""shared_memory: a local worker's big results reach the parent through shared memory.
 
 A ragged column of many value rows per chunk comes back raw (the parent cuts its chunks), and
 pickling it, piping it and unpickling it cost the build as much CPU as compressing it (0.7

@@ -1,4 +1,4 @@
-"""hdf5info: what a file is, in h5etl's words. Opens it or says why not; names its filters
+"""fileinfo: what a file is, in h5etl's words. Opens it or says why not; names its filters
 and which tools can read them.
 
 Checked with Debian's HDF5 1.10.8 tools: gzip and shuffle are built into every HDF5; lzf is

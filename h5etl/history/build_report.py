@@ -1,4 +1,4 @@
-"""report: what a build did, and the rules that fail it on its rejects and its losses.
+"""build_report: what a build did, and the rules that fail it on its rejects and its losses.
 
 A build fails when rejects pass ``on_error``/``max_rejects`` or when it would store nothing.
 The loss guard (``guard``) fails one that would publish an empty split or class that was not

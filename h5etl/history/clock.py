@@ -1,4 +1,4 @@
-"""reproducible: the one clock a release stores, and where ``SOURCE_DATE_EPOCH`` sets it.
+"""clock: the one clock a release stores, and where ``SOURCE_DATE_EPOCH`` sets it.
 
 Two builds of the same inputs and config write the same bytes but for ``created_at``; with
 ``SOURCE_DATE_EPOCH`` set (reproducible-builds.org: whole seconds since 1970-01-01 UTC),

@@ -1,4 +1,4 @@
-"""story: what a release says about itself: its notes, its parent, the change from it.
+"""release_notes: what a release says about itself: its notes, its parent, the change from it.
 
 A build's parent is the release the link pointed at when the build started (the one whose
 record also keeps the splits sticky). Before the file is published, the build diffs the

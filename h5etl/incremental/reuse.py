@@ -1,4 +1,4 @@
-"""carry: which samples an incremental build takes from its parent without decoding them.
+"""reuse: which samples an incremental build takes from its parent without decoding them.
 
 Input: the plan, the parent release (``h5etl.incremental.parent``) and the carry record its build
 left beside it (files' stamps, per-block statistics, each row's sample). Output: per split, the

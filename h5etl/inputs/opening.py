@@ -1,4 +1,4 @@
-"""inputs: opening an input file without ever blocking, and naming what is wrong with it.
+"""opening: opening an input file without ever blocking, and naming what is wrong with it.
 
 Discover, clean and the decoder all meet files that are not regular files (a FIFO blocks
 whoever opens it), links that loop or point nowhere, and files that cannot be read; this

@@ -1,4 +1,4 @@
-"""clean: sanitise keys, stat or probe files, apply the oversize policy, assign splits.
+"""admit: sanitise keys, stat or probe files, apply the oversize policy, assign splits.
 
 Input: discovered samples. Output: a ``Plan`` (per split, samples in a seeded write order) and
 rejects. Headers are read without decoding pixels. Splits are exact on a first release and

@@ -1,4 +1,4 @@
-"""assign: the split of every sample: exact on a first release, sticky after, whole groups.
+"""split_assign: the split of every sample: exact on a first release, sticky after, whole groups.
 
 Input: sample names, split fractions, a seed, optionally each sample's stratum (its class) and
 group, and the previous release's split of each name. Output: each sample's split and the

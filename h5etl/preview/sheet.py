@@ -1,4 +1,4 @@
-"""preview: a contact sheet of a release, each image with its mask drawn over it.
+"""sheet: a contact sheet of a release, each image with its mask drawn over it.
 
 This is a presentation module, not a pipeline stage: it draws and saves a PNG with Pillow.
 STYLE keeps Pillow inside the decoder for *reading* inputs; drawing a picture for people to

@@ -1,4 +1,4 @@
-"""release_folder: ``OutputFolder``, one release name in one output folder: the lock, temp
+"""folder: ``OutputFolder``, one release name in one output folder: the lock, temp
 files, publishing (link, no clobbering), the symlink swap, deleting a release (prune).
 
 ``h5etl.release.listing`` re-exports it; only these release modules rename or delete release files.

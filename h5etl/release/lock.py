@@ -1,4 +1,4 @@
-"""buildlock: one build at a time per release name and output folder.
+"""lock: one build at a time per release name and output folder.
 
 The lock is an exclusive ``flock`` on ``.<name>.lock``, which the kernel drops when its holder
 dies, so a lock left by a dead build is simply taken. The file also names its holder (pid,

@@ -1,4 +1,4 @@
-"""release_naming: what the files of a release are called, and finding them in a folder
+"""naming: what the files of a release are called, and finding them in a folder
 (read only: nothing here writes, renames or deletes a file; ``h5etl.release.listing`` re-exports it
 all).
 """

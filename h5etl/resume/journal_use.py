@@ -1,4 +1,4 @@
-"""resume: choosing a killed build's journal, and feeding this build's journal as it goes.
+"""journal_use: choosing a killed build's journal, and feeding this build's journal as it goes.
 
 A checkpoint records what the sink stored durably (chunk places and digests, small rows), the
 task cutter's queues and the fingerprint lines and rejects of the stored samples. A resumed

@@ -1,4 +1,4 @@
-"""sharded: a build written by K shard writers in parallel and published by one committer.
+"""committer: a build written by K shard writers in parallel and published by one committer.
 
 The committer (the build's process) plans, deals the first round's tasks to K shard writer
 processes (``h5etl.shards.writers``), waits for their commits, checks each manifest against the plan

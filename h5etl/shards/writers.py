@@ -1,4 +1,4 @@
-"""shards: a sharded build's plan, its shard writers and their manifests.
+"""writers: a sharded build's plan, its shard writers and their manifests.
 
 The write order of each split is cut into decode tasks exactly as for one writer (the task
 cutter); the first round's tasks of each split are dealt out in K contiguous runs, one per

@@ -1,4 +1,4 @@
-"""sink_chunks: the sink's writer of one image dataset, whole chunks at a time.
+"""array_writer: the sink's writer of one image dataset, whole chunks at a time.
 
 Part of the sink (the only code that writes HDF5): pre-compressed chunks go to
 ``write_direct_chunk``; raw rows (a ragged column's values, a task isolated after a worker

@@ -1,4 +1,4 @@
-"""sink_journal: the sink's side of resuming: what a checkpoint records of the file, the
+"""checkpoint: the sink's side of resuming: what a checkpoint records of the file, the
 fsync that makes it durable, and copying a killed build's chunks back (``restore``).
 
 Part of the sink (the only code that writes HDF5): ``Sink`` takes these methods from

@@ -1,4 +1,4 @@
-"""sink_copy: carry stored chunks from another HDF5 file into the sink, never re-encoded.
+"""chunk_copy: carry stored chunks from another HDF5 file into the sink, never re-encoded.
 
 Part of the sink (the only code that writes HDF5). ``carry_chunks`` reads stored chunks of a
 source dataset with ``read_direct_chunk`` (checking their bytes against the SHA-256 their

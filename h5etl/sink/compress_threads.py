@@ -1,4 +1,4 @@
-"""chunkpool: compress and hash re-cut blocks in threads beside the single writer.
+"""compress_threads: compress and hash re-cut blocks in threads beside the single writer.
 
 A ragged column's values land wherever the samples before them end, so they come to the sink
 raw and the sink cuts them into whole chunks. Compressing and hashing those blocks is most of

@@ -1,4 +1,4 @@
-"""sink_datasets: the datasets of one split of a release, created empty (part of the sink).
+"""datasets: the datasets of one split of a release, created empty (part of the sink).
 
 Each storage column becomes its dataset(s) at the layout's path: a fixed array or a ragged
 column's values chunked as their layout says, written whole chunks at a time

@@ -1,4 +1,4 @@
-"""sink_disk: the sink's side of the disk: room before a write, durable bytes handed back,
+"""disk: the sink's side of the disk: room before a write, durable bytes handed back,
 a parent's bytes asked for ahead of its copy.
 
 Part of the sink: no HDF5 here, plain file system calls, so ``sync_and_drop`` may run in

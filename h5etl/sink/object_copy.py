@@ -1,4 +1,4 @@
-"""sink_objcopy: HDF5's object copy (``H5Ocopy``) with the GIL released while it runs.
+"""object_copy: HDF5's object copy (``H5Ocopy``) with the GIL released while it runs.
 
 Part of the sink (the only code that writes HDF5). An incremental build creates each split's
 array datasets as copies of its parent's (``sink_carry.seed_dataset``) while this process

@@ -1,4 +1,4 @@
-"""sink_carry: the sink's copying of a parent release's rows into the file it writes.
+"""parent_rows: the sink's copying of a parent release's rows into the file it writes.
 
 Part of the sink (the only code that writes HDF5): for an incremental build, each carried
 block's chunks are copied byte for byte (``sink_copy.copy_rows``, the one mechanism a stitch

@@ -1,4 +1,4 @@
-"""sink_ragged: what the resume journal keeps of a ragged column beyond its chunks (sink part).
+"""ragged: what the resume journal keeps of a ragged column beyond its chunks (sink part).
 
 A ragged column's values are stored like an array dataset's rows (``sink_chunks.ArrayWriter``:
 whole chunks of value rows cut from a carry, compressed, written with ``write_direct_chunk``,

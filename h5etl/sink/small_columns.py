@@ -1,4 +1,4 @@
-"""sink_rows: the sink's writer of the small columns: texts, scalars and the lineage.
+"""small_columns: the sink's writer of the small columns: texts, scalars and the lineage.
 
 Part of the sink (the only code that writes HDF5). Their rows are buffered per split and
 appended in runs of a thousand (cut by row count alone, so the file's bytes do not depend on

@@ -1,4 +1,4 @@
-"""sink_virtual: a release's array datasets as HDF5 virtual datasets over its part files.
+"""virtual: a release's array datasets as HDF5 virtual datasets over its part files.
 
 Part of the sink (the only code that writes HDF5). A virtual release stores no array chunks
 itself: each array dataset maps its rows, in write order, onto the same dataset of each part

@@ -1,4 +1,4 @@
-"""sink: the single writer. Creates the datasets, stores batches in order, records digests.
+"""writer: the single writer. Creates the datasets, stores batches in order, records digests.
 
 Batches arrive in write order per split (the splits' batches may interleave). They come as
 whole pre-compressed chunks, stored with ``write_direct_chunk``; rows that come raw (ragged
