@@ -27,15 +27,15 @@ from h5etl.execute.prefetch import Ahead
 from h5etl.format import contract as fileformat
 from h5etl.format.codec import ChunkLayout
 from h5etl.kinds.base import ArrayColumn, TextColumn
-from h5etl.plan import admit as clean
 from h5etl.plan import tasks
 from h5etl.plan.kind_registry import decode_order, layout_of, layout_records
+from h5etl.plan.result import Plan
 from h5etl.sink.small_columns import SinkLayout
 
 logger = logging.getLogger(__name__)
 
 
-def recipe_of(plan: clean.Plan) -> DecodeRecipe:
+def recipe_of(plan: Plan) -> DecodeRecipe:
     """What workers decode with: the plan's kinds (bound to the inputs), in decode order."""
     return DecodeRecipe.of(plan.kinds, decode_order(plan.kinds), plan.probes)
 
@@ -45,7 +45,7 @@ def layouts_of(spec: Spec) -> dict[str, ChunkLayout]:
     return {name: layout_of(spec, name) for name in spec.image_fields}
 
 
-def sink_layout(spec: Spec, plan: clean.Plan) -> SinkLayout:
+def sink_layout(spec: Spec, plan: Plan) -> SinkLayout:
     """What the sink creates: every field's storage column, in the config's layout."""
     return SinkLayout(
         tuple(spec.splits),
@@ -140,7 +140,7 @@ def source_roots(spec: Spec) -> list[str]:
     return [str(source.dir) for source in spec.sources.values()]
 
 
-def layout_record(spec: Spec, plan: clean.Plan) -> fileformat.LayoutRecord:
+def layout_record(spec: Spec, plan: Plan) -> fileformat.LayoutRecord:
     return fileformat.LayoutRecord(
         spec.layout,
         tuple(spec.splits),
@@ -149,7 +149,7 @@ def layout_record(spec: Spec, plan: clean.Plan) -> fileformat.LayoutRecord:
     )
 
 
-def planned(plan: clean.Plan) -> dict[str, int]:
+def planned(plan: Plan) -> dict[str, int]:
     """Samples per split of a plan."""
     return {split: len(members) for split, members in plan.splits.items()}
 
@@ -213,15 +213,13 @@ class Stopwatch:
         return round(time.perf_counter() - self._start, 4)
 
 
-def cutter(
-    spec: Spec, plan: clean.Plan, state: dict[str, dict[str, Any]] | None
-) -> tasks.TaskCutter:
+def cutter(spec: Spec, plan: Plan, state: dict[str, dict[str, Any]] | None) -> tasks.TaskCutter:
     """The task cutter of a plan (from ``state``: a journal's or the shards' queues)."""
     sample_bytes = sum(kind.sample_nbytes for kind in plan.kinds)
     return tasks.TaskCutter(plan, block_of(plan), sample_bytes=sample_bytes, state=state)
 
 
-def block_of(plan: clean.Plan) -> int:
+def block_of(plan: Plan) -> int:
     """Samples per block: a whole chunk of every fixed array column, of every kind (their
     lcm), so a task's rows are whole chunks of each and the workers compress them all."""
     return math.lcm(

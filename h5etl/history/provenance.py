@@ -18,7 +18,7 @@ from h5etl.config.spec import Spec, spec_sha256, spec_text
 from h5etl.dataflow import BatchResult, valid_text
 from h5etl.history import clock as reproducible
 from h5etl.history.build_report import BuildReport
-from h5etl.plan import admit as clean
+from h5etl.plan.result import Plan
 
 
 def file_attrs(
@@ -42,7 +42,7 @@ def file_attrs(
     }
 
 
-def diagnostics(report: BuildReport, plan: clean.Plan) -> dict[str, Any]:
+def diagnostics(report: BuildReport, plan: Plan) -> dict[str, Any]:
     """``/diagnostics``: what was stored and left out. Nothing of the clock or the machine
     (those are build facts), so that the same inputs make the same bytes."""
     out: dict[str, Any] = {"inputs": report.inputs}

@@ -32,7 +32,7 @@ from h5etl.execute import local_threads as inprocess
 from h5etl.format.contract import SAMPLE_KEY, LayoutRecord
 from h5etl.incremental.parent import Parent, ParentSplit
 from h5etl.inputs import opening as inputs
-from h5etl.plan.admit import Plan
+from h5etl.plan.result import Plan
 from h5etl.release.folder import OutputFolder
 from h5etl.sink.parent_rows import Seed, runs
 from h5etl.stats.tallies import Tallies

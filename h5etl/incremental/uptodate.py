@@ -35,7 +35,7 @@ from h5etl.history.build_report import BuildReport
 from h5etl.history.release_notes import local_rejects, stored_rejects
 from h5etl.incremental import reuse as carry
 from h5etl.incremental.parent import Parent
-from h5etl.plan.admit import Plan
+from h5etl.plan.result import Plan
 from h5etl.release.folder import OutputFolder
 from h5etl.sink import disk as sink_disk
 

@@ -26,6 +26,7 @@ from h5etl.incremental import parent
 from h5etl.pipeline import settle
 from h5etl.plan import admit as clean
 from h5etl.plan import discover
+from h5etl.plan.result import Plan
 from h5etl.release.folder import OutputFolder
 from h5etl.stats.tallies import Tallies
 
@@ -111,7 +112,7 @@ def plan_only(
     *,
     headers: bool = False,
     discovered: Callable[[int], None] = lambda samples: None,
-) -> tuple[BuildReport, clean.Plan, Stopwatch, parent.Parent | None]:
+) -> tuple[BuildReport, Plan, Stopwatch, parent.Parent | None]:
     """Discover and plan. Header probes run only where nothing is decoded after them (a
     dry run): decoding makes every check they make, and they read every file twice."""
     watch = Stopwatch()

@@ -37,8 +37,8 @@ from h5etl.incremental import reuse as carry
 from h5etl.pipeline import interrupts, planning, settle
 from h5etl.pipeline.planning import ProgressHook
 from h5etl.pipeline.status import BuildStatus
-from h5etl.plan import admit as clean
 from h5etl.plan import kind_registry as registry
+from h5etl.plan.result import Plan
 from h5etl.release.folder import OutputFolder
 from h5etl.resume import journal_use as resume
 from h5etl.shards.committer import Sharding, Shards, start_sharded
@@ -215,7 +215,7 @@ def _up_to_date(
 
 def _build_planned(
     run: _Run,
-    plan: clean.Plan,
+    plan: Plan,
     report: BuildReport,
     watch: Stopwatch,
     previous: list[tuple[Path, Path]],
@@ -291,9 +291,7 @@ def _build_planned(
             report.resumed = 0
 
 
-def _sharded(
-    run: _Run, plan: clean.Plan, report: BuildReport, version: int, watch: Stopwatch
-) -> Shards:
+def _sharded(run: _Run, plan: Plan, report: BuildReport, version: int, watch: Stopwatch) -> Shards:
     """The first round of ``plan`` written by the shard writers (``--shards K``)."""
     assert run.sharding is not None
     run.hook("shards", 0, run.sharding.count)
@@ -319,7 +317,7 @@ def _publish(
 
 def _write(
     run: _Run,
-    plan: clean.Plan,
+    plan: Plan,
     report: BuildReport,
     temp: Path,
     *,
@@ -328,7 +326,7 @@ def _write(
     earlier: resume.Start | None,
     carried: carry.CarryPlan | None = None,
     gate: uptodate.Gate | None = None,
-    planned_as: clean.Plan | None = None,
+    planned_as: Plan | None = None,
 ) -> tuple[str, carry.BlockLog] | None:
     """Write the release to ``temp``; return its fingerprint and block tallies (for its carry
     record), or None after a resume or a sharded build (their tallies are not per block).

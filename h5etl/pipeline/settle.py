@@ -23,7 +23,8 @@ from h5etl.dataflow import Reject, Sample, text_bytes
 from h5etl.incremental import parent
 from h5etl.incremental import reuse as carry
 from h5etl.plan import split_assign as assign
-from h5etl.plan.admit import Plan, write_order
+from h5etl.plan.admit import write_order
+from h5etl.plan.result import Plan
 from h5etl.plan.stratify import Stratum
 
 if TYPE_CHECKING:

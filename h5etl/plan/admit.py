@@ -16,7 +16,6 @@ import re
 import unicodedata
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -32,7 +31,6 @@ from h5etl.decode.probes import (
     Mapper,
     ProbeBatch,
     Probed,
-    ProbeRules,
     probe_samples,
     stamp_samples,
 )
@@ -42,6 +40,7 @@ from h5etl.kinds.base import Kind
 from h5etl.kinds.tabular import Prepared
 from h5etl.plan import expansion
 from h5etl.plan.probe_rules import probe_rules
+from h5etl.plan.result import Plan
 
 if TYPE_CHECKING:  # header probes run in the decode workers; pydantic stays out of them
     from h5etl.config.sections import GroupBy
@@ -52,34 +51,6 @@ _UNSAFE = re.compile(r"[\x00-\x1f\x7f\\:]+")
 MAX_KEY_LENGTH = 255
 
 Progress = Callable[[int], None]
-
-
-@dataclass(frozen=True, slots=True)
-class Plan:
-    """Samples per split in write order; decode tasks are cut from it lazily.
-
-    It holds discover's own ``Sample`` objects (no per-sample copies: a plan of millions of
-    files lives in the single parent process for the whole build).
-    """
-
-    splits: dict[str, list[Sample]]
-    rejects: list[Reject]
-    renamed: list[tuple[str, str]] = field(default_factory=list)  # (original key, new key)
-    digest: str = ""  # SHA-256 of splits, keys, file names, probed sizes, file sizes and mtimes
-    kinds: tuple[Kind, ...] = ()  # the fields' kinds, bound to the inputs (class names found)
-    warnings: list[str] = field(default_factory=list)
-    policy: dict[str, Any] = field(default_factory=dict)  # how splits were assigned (JSON)
-    stamps: dict[str, str] = field(default_factory=dict)  # key -> its files' sizes and mtimes
-    probes: ProbeRules | None = None  # what a decode reject re-checks (h5etl.inputs.reasons)
-    previous: Mapping[str, str] | None = None  # the parent's split of each name (sticky)
-
-    @property
-    def total(self) -> int:
-        return sum(len(samples) for samples in self.splits.values())
-
-    def fingerprint(self) -> str:
-        """What a resume must find unchanged: splits, keys, files, their sizes and mtimes."""
-        return self.digest
 
 
 def sanitize_key(key: str) -> str:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from h5etl.dataflow import Barrier, BatchResult, DecodeTask
-from h5etl.plan.admit import Plan
+from h5etl.plan.result import Plan
 
 # Accepted samples per decode task, at least: enough that IPC and task overhead are noise
 # whatever the chunk size (a chunk of 1 sample would otherwise make a task of 1 sample), within

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 from h5etl.config.spec import Spec, spec_sha256
 from h5etl.dataflow import BatchResult, Reject
 from h5etl.format import journal
-from h5etl.plan.admit import Plan
+from h5etl.plan.result import Plan
 from h5etl.plan.tasks import TaskCutter
 from h5etl.sink.writer import Sink
 from h5etl.stats.tallies import Tallies

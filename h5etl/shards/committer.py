@@ -29,7 +29,7 @@ from h5etl.execute import assembly as buildparts
 from h5etl.format import partfiles
 from h5etl.history.build_report import BuildReport
 from h5etl.kinds.base import ArrayColumn, RaggedColumn, ScalarColumn, TextColumn
-from h5etl.plan.admit import Plan
+from h5etl.plan.result import Plan
 from h5etl.plan.tasks import TaskCutter
 from h5etl.release.folder import OutputFolder
 from h5etl.release.naming import part_filename

@@ -14,7 +14,7 @@ from h5etl.dataflow import BatchResult, DecodeTask, Reject, Sample
 from h5etl.decode import task as decode
 from h5etl.execute import schedule
 from h5etl.plan import tasks
-from h5etl.plan.admit import Plan
+from h5etl.plan.result import Plan
 from h5etl.plan.tasks import TaskCutter
 
 

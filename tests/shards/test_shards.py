@@ -27,7 +27,7 @@ from h5etl.errors import ShardError, UsageError
 from h5etl.history.build_report import BuildReport
 from h5etl.pipeline import run as pipeline
 from h5etl.plan import tasks
-from h5etl.plan.admit import Plan
+from h5etl.plan.result import Plan
 from h5etl.shards import committer as sharded
 from h5etl.shards import writers as shards
 from h5etl.sink.chunk_copy import carry_chunks
