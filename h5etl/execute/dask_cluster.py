@@ -7,7 +7,9 @@ their digests. Workers read the sources by path: every worker must see them at t
 absolute path (a shared file system), as the build does (``sourceviews``: not an empty mount
 point, not another copy); one that does not fails the build with one line naming it and the
 folder, checked on every worker up front and by each worker on its first task (a worker that
-joins later), before it decodes anything. A worker that dies mid-task: the scheduler reruns
+joins later), before it decodes anything. Up front is twice: the source folders' first level as
+soon as the cluster is reached (while the build plans), then a spread of the files the plan
+will hand the workers, before the first task goes out (class folders there but empty). A worker that dies mid-task: the scheduler reruns
 its tasks elsewhere (``distributed.scheduler.allowed-failures`` times); a task that killed that
 many workers is split sample by sample as locally, so a crash costs only the sample that
 causes it. The scheduler lost mid-build is ``ClusterLost``: the build keeps its temp file and
@@ -23,12 +25,12 @@ import re
 import socket
 from collections.abc import Iterable, Iterator, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from h5etl._version import __version__
 from h5etl.config import scheduler_address as addresses
 from h5etl.config.scheduler_address import scheduler_problem
-from h5etl.dataflow import Barrier, BatchResult, DecodeTask
+from h5etl.dataflow import Barrier, BatchResult, DecodeTask, Sample
 from h5etl.decode import task as decode
 from h5etl.decode.recipe import DecodeRecipe
 from h5etl.errors import ClusterError, ClusterLost, UsageError
@@ -41,6 +43,27 @@ WORKERS_SECONDS = 30.0  # for the first worker to join a scheduler that has none
 Views = tuple[tuple[str, sourceviews.View], ...]
 """(source folder, the build's view of it): what every worker must see alike."""
 _SEEN: set[tuple[str, sourceviews.View]] = set()  # in a worker: folders it saw as the build
+
+
+@runtime_checkable
+class Planned(Protocol):
+    """Tasks that know their plan up front (``tasks.TaskCutter``): the samples they will hold."""
+
+    def samples(self) -> Iterator[Sample]: ...
+
+
+def planned_inputs(todo: Iterable[DecodeTask | Barrier]) -> Iterator[tuple[str, str]]:
+    """Every input file the tasks ``todo`` will read, (source folder, relative path), in
+    plan order; none from a one-shot iterator (it cannot be looked at before it is run)."""
+    if isinstance(todo, Planned):
+        samples: Iterable[Sample] = todo.samples()
+    elif isinstance(todo, Sequence):
+        samples = (s for task in todo if isinstance(task, DecodeTask) for s in task.samples)
+    else:
+        return
+    for sample in samples:
+        for (_, root), relpath in zip(sample.roots, sample.relpaths, strict=True):
+            yield root, relpath
 
 
 def _distributed() -> Any:
@@ -180,6 +203,17 @@ class Cluster:
                     f"h5etl on every worker ({_install()})"
                 )
 
+    def _check_inputs(self, todo: Iterable[DecodeTask | Barrier]) -> None:
+        """Every worker must see a spread of the files ``todo`` will hand it as this process
+        does (``sourceviews.planned``), on top of the first level checked on connecting: a
+        share whose class folders were made again but hold nothing fails here, in one line."""
+        files = sourceviews.planned(planned_inputs(todo))
+        if not files:
+            return
+        roots = dict.fromkeys([*self.roots, *files])
+        self.views = tuple((root, sourceviews.view_of(root, files.get(root, ()))) for root in roots)
+        self._ask_workers()
+
     def run_tasks(
         self,
         tasks: Iterable[DecodeTask | Barrier],
@@ -192,6 +226,7 @@ class Cluster:
         assert self.client is not None, "Cluster used outside its with-block"
         distributed = _distributed()
         killed = distributed.KilledWorker
+        self._check_inputs(tasks)
         try:
             shared = self.client.scatter(recipe, broadcast=True, hash=False)
             # in a list: a tuple would be scattered item by item

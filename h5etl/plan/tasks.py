@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from h5etl.dataflow import Barrier, BatchResult, DecodeTask
+from h5etl.dataflow import Barrier, BatchResult, DecodeTask, Sample
 from h5etl.plan.result import Plan
 
 # Accepted samples per decode task, at least: enough that IPC and task overhead are noise
@@ -143,6 +143,11 @@ class TaskCutter:
     def empty(self) -> bool:
         """Whether the plan holds no sample (every one carried): no task will be cut."""
         return not any(self._plan.splits.values())
+
+    def samples(self) -> Iterator[Sample]:
+        """Every sample of the plan, split by split: the inputs its tasks will read."""
+        for members in self._plan.splits.values():
+            yield from members
 
     @property
     def finished(self) -> bool:

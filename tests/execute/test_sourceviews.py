@@ -45,7 +45,7 @@ def test_an_empty_mount_point_is_named_with_what_the_build_sees(tmp_path: Path) 
     [
         pytest.param({"a.png": b"1"}, (), "sees 1 entries in the source folder", id="missing"),
         pytest.param({"a.png": b"1", "b.png": b"3"}, (), "b.png as 1 bytes", id="size"),
-        pytest.param({"a.png": b"1"}, ("b.png",), "b.png as a folder", id="folder"),
+        pytest.param({"a.png": b"1"}, ("b.png",), "b.png as an empty folder", id="folder"),
     ],
 )
 def test_another_copy_of_the_data_is_a_difference(
@@ -66,3 +66,81 @@ def test_a_folder_the_worker_cannot_see(tmp_path: Path) -> None:
     # a folder the build does not see either: discovery says so, not this check
     assert sourceviews.view_of(missing) == sourceviews.View(-1, ())
     assert sourceviews.difference(missing, sourceviews.view_of(missing)) is None
+
+
+def _classes(root: Path, counts: dict[str, int]) -> list[tuple[str, str]]:
+    """Class folders ``root/<class>/<class>_<i>.png`` (i bytes); their (root, relpath)."""
+    files = []
+    for name, n in counts.items():
+        (root / name).mkdir(parents=True)
+        for i in range(n):
+            (root / name / f"{name}_{i:03d}.png").write_bytes(b"x" * (i + 1))
+            files.append((str(root), f"{name}/{name}_{i:03d}.png"))
+    return files
+
+
+def test_planned_files_spread_over_every_source_and_every_class_folder(tmp_path: Path) -> None:
+    raw = tmp_path / "raw"
+    files = _classes(raw, {"ant": 300, "bee": 2, "cat": 1})
+    flat = [(str(tmp_path / "masks"), f"m{i:04d}.png") for i in range(500)]
+    chosen = sourceviews.planned([*files, *flat])
+    # half the budget each; each class folder at least one file, the big one the rest
+    assert sorted(chosen) == [str(tmp_path / "masks"), str(raw)]
+    assert len(chosen[str(raw)]) == sourceviews.FILES // 2
+    assert {relpath.split("/")[0] for relpath in chosen[str(raw)]} == {"ant", "bee", "cat"}
+    assert {"ant/ant_000.png", "ant/ant_299.png", "bee/bee_000.png", "bee/bee_001.png"} <= set(
+        chosen[str(raw)]
+    )
+    assert len(chosen[str(tmp_path / "masks")]) == sourceviews.FILES // 2
+    assert {"m0000.png", "m0499.png"} <= set(chosen[str(tmp_path / "masks")])
+    assert sourceviews.planned([*files, *flat]) == chosen  # the same plan, the same files
+    assert sourceviews.planned([]) == {}
+
+
+def test_class_folders_made_again_empty_name_a_planned_file(tmp_path: Path) -> None:
+    # issue 25, B3: a worker whose share did not mount, with the class folders made again
+    # (empty) at the mount point, passed a check of the first level alone
+    raw = tmp_path / "raw"
+    files = _classes(raw, {"a": 40, "b": 40})
+    chosen = sourceviews.planned(files)[str(raw)]
+    view = sourceviews.view_of(str(raw), chosen)
+    assert len(view.files) == len(chosen) == sourceviews.FILES
+    assert ("a/a_000.png", 1) in view.files
+    assert sourceviews.difference(str(raw), view) is None
+    unmounted = tmp_path / "unmounted"
+    (unmounted / "a").mkdir(parents=True)
+    (unmounted / "b").mkdir()
+    # the first level: a class folder this build sees holding files is empty there
+    assert sourceviews.difference(str(unmounted), view) == (
+        f"sees the folder {unmounted / 'a'} empty where this build sees files in it (a share "
+        f"that did not mount on that host?)"
+    )
+    # a level deeper (a/x/...): the first level looks alike, the planned files do not
+    deeper = sourceviews.View(view.entries, view.probes, (("a/x/a_000.png", 1),))
+    (unmounted / "a" / "x").mkdir()
+    (unmounted / "b" / "y").mkdir()
+    assert sourceviews.difference(str(unmounted), deeper) == (
+        f"does not see {unmounted / 'a' / 'x' / 'a_000.png'}, an input of this build (it sees "
+        f"the folder {unmounted / 'a' / 'x'} empty: a share that did not mount on that host?)"
+    )
+
+
+def test_a_planned_file_of_another_size_or_gone_is_a_difference(tmp_path: Path) -> None:
+    raw = tmp_path / "raw"
+    files = _classes(raw, {"a": 3})
+    view = sourceviews.view_of(str(raw), sourceviews.planned(files)[str(raw)])
+    (raw / "a" / "a_001.png").write_bytes(b"changed!")
+    assert sourceviews.difference(str(raw), view) == (
+        f"sees {raw / 'a' / 'a_001.png'} as 8 bytes where this build sees 2 bytes "
+        f"(another copy of the data?)"
+    )
+    (raw / "a" / "a_001.png").unlink()
+    assert sourceviews.difference(str(raw), view) == (
+        f"does not see {raw / 'a' / 'a_001.png'}, an input of this build (another copy of "
+        f"the data?)"
+    )
+    # an empty folder the build saw may be filled since: a folder being filled
+    (raw / "new").mkdir()
+    filling = sourceviews.view_of(str(raw))
+    (raw / "new" / "n.png").write_bytes(b"1")
+    assert sourceviews.difference(str(raw), filling) is None
