@@ -9,11 +9,12 @@ point, not another copy); one that does not fails the build with one line naming
 folder, checked on every worker up front and by each worker on its first task (a worker that
 joins later), before it decodes anything. Up front is twice: the source folders' first level as
 soon as the cluster is reached (while the build plans), then a spread of the files the plan
-will hand the workers, before the first task goes out (class folders there but empty). A worker that dies mid-task: the scheduler reruns
-its tasks elsewhere (``distributed.scheduler.allowed-failures`` times); a task that killed that
-many workers is split sample by sample as locally, so a crash costs only the sample that
-causes it. The scheduler lost mid-build is ``ClusterLost``: the build keeps its temp file and
-journal for ``--resume``.
+will hand the workers, before the first task goes out (class folders there but empty). A
+worker that dies mid-task: the scheduler reruns its tasks elsewhere
+(``distributed.scheduler.allowed-failures`` times); a task that killed that many workers is
+split sample by sample as locally, so a crash costs only the sample that causes it. The
+scheduler lost mid-build is ``ClusterLost``: the build keeps its temp file and journal for
+``--resume``.
 """
 
 from __future__ import annotations

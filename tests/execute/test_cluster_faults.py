@@ -22,8 +22,10 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
-from conftest import MakeRaw, WriteConfig, dataset_digests, read_release
+import yaml
+from conftest import MakeRaw, WriteConfig, dataset_digests, read_release, save
 from typer.testing import CliRunner
 
 from h5etl.cli.app import app
@@ -158,6 +160,70 @@ def test_a_worker_on_which_the_share_did_not_mount_fails_the_build_before_decodi
     status = json.loads((tmp_path / "releases" / "cells.status.json").read_text())
     assert status["state"] == "failed"
     assert status["samples"] == {}  # it failed before planning
+
+
+def _nested(root: Path, folders: Sequence[str], per: int = 6) -> Path:
+    """Image-only inputs under ``root/raw/nested/<folder>/`` (``per`` PNGs in each) and a
+    config reading them all; ``max_rejects: null``, so only the source check stops a build
+    that would lose them."""
+    rng = np.random.default_rng(5)
+    for folder in folders:
+        for i in range(per):
+            image = rng.integers(0, 256, (6, 7, 3), dtype=np.uint8)
+            save(root / "raw" / "nested" / folder / f"img_{i}.png", image)
+    depth = "*/" * (folders[0].count("/") + 1)
+    data = {
+        "name": "cells",
+        "output": "releases",
+        "sources": {"image": {"dir": "raw/nested", "glob": f"{depth}*.png"}},
+        "splits": {"train": 0.75, "valid": 0.25},
+        "seed": 0,
+        "fields": {"image": {"kind": "image", "shape": [3, 8, 8], "mode": "RGB"}},
+        "storage": {"chunk_samples": 2, "compression": "lzf"},
+        "max_rejects": None,
+    }
+    path = root / "config.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False), "utf-8")
+    return path
+
+
+@pytest.mark.skipif(not _mount_namespaces(), reason="needs root and unshare -m")
+@pytest.mark.parametrize(
+    ("folders", "said"),
+    [
+        # the first level holds the class folders, each empty there: named by that level
+        pytest.param(
+            ("a", "b"),
+            "sees the folder {raw}/a empty where this build sees files in it",
+            id="class-folders",
+        ),
+        # a level deeper: the first level looks alike, a planned input file is named
+        pytest.param(
+            ("p1/x", "p2/x"),
+            "does not see {raw}/p1/x/img_0.png, an input of this build (it sees the folder "
+            "{raw}/p1/x empty",
+            id="deeper",
+        ),
+    ],
+)
+def test_a_worker_whose_share_holds_only_empty_folders_fails_before_decoding(
+    tmp_path: Path, scheduler: Any, folders: tuple[str, ...], said: str
+) -> None:
+    # issue 25, B3: a worker whose root holds the class folders a/, b/ but empty passed the
+    # check of the first level; the build made a per-file `unreadable` reject of every
+    # file it was handed, and with max_rejects null would publish
+    config = _nested(tmp_path, folders)
+    raw = str(tmp_path / "raw" / "nested")
+    made_again = 'mount -t tmpfs none "$0" && cd "$0" && mkdir -p ' + " ".join(folders)
+    unmounted = ["unshare", "-m", "sh", "-c", made_again + ' && exec "$@"', raw]
+    with _worker(scheduler, tmp_path, "made-again", prefix=unmounted) as address:
+        cli = _cli(config, "--scheduler", scheduler.scheduler.address)
+    assert cli.returncode == 1, cli.stderr
+    line = _one_line(cli.stderr)
+    assert f"worker {address} on host " in line, line
+    assert said.format(raw=raw) in line, line
+    assert not list((tmp_path / "releases").glob("cells*.h5")), "nothing published or decoded"
+    assert not (tmp_path / "releases" / "cells.h5").exists()
 
 
 def test_a_worker_without_h5etl_is_named_in_one_line(
