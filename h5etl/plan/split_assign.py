@@ -187,10 +187,10 @@ def moving(policy: Mapping[str, Any]) -> str | None:
     moved, groups = int(policy.get("moved", 0)), int(policy.get("moved_groups", 0))
     if not moved:
         return None
-    counts = "/".join(str(n) for n in policy.get("counts", {}).values())
+    counts = ", ".join(f"{split} {n}" for split, n in policy.get("counts", {}).items())
     return (
-        f"{moved} sample{'s' * (moved != 1)} of {groups} group{'s' * (groups != 1)} move "
-        f"between splits to keep groups whole (samples then {counts})"
+        f"{moved} sample{'s' * (moved != 1)} of {groups} group{'s' * (groups != 1)} will move "
+        f"between splits to keep groups whole (then {counts})"
     )
 
 
