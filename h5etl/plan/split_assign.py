@@ -74,7 +74,11 @@ class _Targets:
         self.class_counts[split].update(classes)
 
     def best(
-        self, classes: Counter[Stratum], size: int, allowed: Sequence[int], moves: Sequence[int]
+        self,
+        classes: Counter[Stratum],
+        size: int,
+        allowed: Sequence[int],
+        moves: Sequence[int] | None = None,
     ) -> int:
         """The split (of ``allowed``) where the unit lowers the squared distance from the
         targets most, then the one where it moves fewest samples (``moves`` per split)."""
@@ -85,7 +89,7 @@ class _Targets:
                 total += g * g + 2 * g * (self.class_counts[s][k] - self.class_targets[s][k])
             return total
 
-        return min(allowed, key=lambda s: (cost(s), moves[s], s))
+        return min(allowed, key=lambda s: (cost(s), moves[s] if moves else 0, s))
 
 
 def assign(

@@ -359,3 +359,31 @@ def test_the_exact_search_with_moves_matches_brute_force(
         m for c, m in map(score, itertools.product(*choices)) if c == pytest.approx(best[0])
     )
     assert got[1] == fewest
+
+
+@pytest.mark.parametrize("stratified", [False, True])
+def test_past_the_budget_groups_moved_whole_greedily(
+    monkeypatch: pytest.MonkeyPatch, stratified: bool
+) -> None:
+    # past partition.EXACT_CHOICES (and always with strata) straddling groups are placed
+    # greedily: still whole, the groups held in one split still where they were
+    from h5etl import partition
+
+    monkeypatch.setattr(partition, "EXACT_CHOICES", 0)
+    sizes = [17, 15, 14, 13, 11, 11, 11, 10, 9, 7, 7, 6, 6, 5, 5]
+    keys, groups = _grouped_names(sizes)
+    splits = {"train": 0.8, "valid": 0.2}
+    strata = [k[-1] for k in keys] if stratified else None
+    previous = dict(zip(keys, assign(keys, splits, 0).splits, strict=True))
+    previous.update({f"pt0_{i}": "valid" for i in range(sizes[0])})  # one group whole
+    placed = assign(keys, splits, 0, strata=strata, groups=groups, previous=previous)
+    where: dict[str, set[str]] = {}
+    for group, split in zip(groups, placed.splits, strict=True):
+        where.setdefault(group, set()).add(split)
+    assert all(len(s) == 1 for s in where.values())
+    assert where["pt0"] == {"valid"}
+    assert placed.policy["search"] == "greedy"
+    moved = sum(1 for k, s in zip(keys, placed.splits, strict=True) if previous[k] != s)
+    assert placed.policy["moved"] == moved
+    train = Counter(placed.splits)["train"]
+    assert abs(train - 0.8 * len(keys)) < 6  # near 0.8 N: the greedy is not exact
