@@ -8,7 +8,7 @@ fixed per split, and each split's target (``fraction x N``). Output: each unit's
   unit: a subset sum over the units' sizes on a numpy grid of the counts of the first
   k - 1 splits (the last takes the rest), the first unit that reached each cell remembered,
   so the units are read back without a table per unit. Units restricted to some splits
-  (groups tied between two splits of three): the same over count vectors in dictionaries.
+  (``assign`` no longer restricts any): the same over count vectors in dictionaries.
   Ties: the smaller cost, then more samples in the earlier splits, then the first placement
   found in the units' order (seeded by the caller).
 - **Moves** (``moves[i][s]``: samples unit ``i`` moves when placed in split ``s``, a group
@@ -123,13 +123,13 @@ def _grid_moves(
     for i, size in enumerate(sizes):
         best = fewest + moves[i][axes]  # the last split: the counts of the others unchanged
         chose[i] = axes
-        for axis in range(axes):
+        for axis in reversed(range(axes)):  # an earlier split last: ties go to it
             source = tuple(
                 slice(0, total + 1 - size) if a == axis else slice(None) for a in range(axes)
             )
             target = tuple(slice(size, None) if a == axis else slice(None) for a in range(axes))
             shifted = fewest[source] + moves[i][axis]
-            better = shifted <= best[target]  # ties to the earlier split
+            better = shifted <= best[target]
             best[target][better] = shifted[better]
             chose[i][target][better] = axis
         fewest = np.minimum(best, never)
