@@ -331,7 +331,7 @@ def test_the_exact_search_with_moves_matches_brute_force(
 ) -> None:
     # partition.place with moves: the least cost, then the fewest moves; every split open
     # (the numpy grid) or some units restricted (the dictionaries)
-    from h5etl import partition
+    from h5etl.plan import partition
 
     splits = list(range(k))
     choices = [
@@ -339,7 +339,9 @@ def test_the_exact_search_with_moves_matches_brute_force(
     ]
     moves = [[rnd.randint(0, 5) for _ in splits] for _ in sizes]
     base = [rnd.randint(0, 5) for _ in splits]
-    targets = [rnd.uniform(0, 30) for _ in splits]
+    # targets in tenths, as fraction x N is: costs tie exactly or differ by far more than
+    # float noise (uniform floats made near-ties the search rightly tells apart)
+    targets = [rnd.randint(0, 300) / 10 for _ in splits]
     found = partition.place(sizes, choices, base, targets, moves)
     assert found is not None
     assert all(split in allowed for split, allowed in zip(found, choices, strict=True))
@@ -354,10 +356,8 @@ def test_the_exact_search_with_moves_matches_brute_force(
 
     best = min(score(p) for p in itertools.product(*choices))
     got = score(found)
-    assert got[0] == pytest.approx(best[0])
-    fewest = min(
-        m for c, m in map(score, itertools.product(*choices)) if c == pytest.approx(best[0])
-    )
+    assert abs(got[0] - best[0]) < 1e-6
+    fewest = min(m for c, m in map(score, itertools.product(*choices)) if abs(c - best[0]) < 1e-6)
     assert got[1] == fewest
 
 
@@ -367,7 +367,7 @@ def test_past_the_budget_groups_moved_whole_greedily(
 ) -> None:
     # past partition.EXACT_CHOICES (and always with strata) straddling groups are placed
     # greedily: still whole, the groups held in one split still where they were
-    from h5etl import partition
+    from h5etl.plan import partition
 
     monkeypatch.setattr(partition, "EXACT_CHOICES", 0)
     sizes = [17, 15, 14, 13, 11, 11, 11, 10, 9, 7, 7, 6, 6, 5, 5]
