@@ -26,6 +26,7 @@ from h5etl.incremental import parent
 from h5etl.pipeline import settle
 from h5etl.plan import admit as clean
 from h5etl.plan import discover
+from h5etl.plan import split_assign as assign
 from h5etl.plan.result import Plan
 from h5etl.release.folder import OutputFolder
 from h5etl.stats.tallies import Tallies
@@ -72,6 +73,9 @@ def dry_run(
         report.warnings.extend(unchecked(spec))
     require_samples(spec, report.samples, report)
     report.warnings.extend(plan.warnings)
+    moves = assign.moving(plan.policy)  # groups made whole: the build moves these samples
+    if moves is not None:
+        report.warnings.append(moves)
     linked = OutputFolder(spec.output, spec.name).current_release()
     guard(spec, report, planned(plan), story.read_before(None if linked is None else linked[1]))
     report.seconds = {**watch.seconds, "total": watch.total()}

@@ -17,14 +17,18 @@ policy that placed it (recorded in the file). Pure and deterministic, independen
   order. So the totals come as close to the fractions as the kept samples allow, and when
   the kept samples sit where the exact rule puts them (unchanged inputs, or rejects tried
   again) the release is split exactly as a first release would be.
-- **Groups** are placed whole. A group the previous release holds goes to the split holding
-  most of its kept samples (the fewest moves; recorded as ``moved``, ``moved_groups``): a
-  group never comes to straddle splits, not even when ``group_by`` is new. The others (and
-  those tied between splits, among the tied ones) are placed by ``partition.place``: the
-  counts nearest ``fraction x N`` whole groups allow, groups in the seeded hash order of
-  their names, largest first. Past its budget, or with strata, greedily in that order:
-  each where it lowers the squared distance from the targets (``fraction x N``, and per
-  class ``fraction x class size`` when stratified) the most, ties to the earlier split.
+- **Groups** are placed whole. A group the previous release holds in one split stays there
+  (sticky). The others are placed by ``partition.place``: the counts nearest ``fraction x N``
+  whole groups allow with those fixed ones kept, groups in the seeded hash order of their
+  names, largest first. A group that straddles splits (``group_by`` is new, or the groups
+  changed) may go to any split; among the placements nearest the targets, the one moving
+  the fewest of its kept samples (recorded as ``moved``, ``moved_groups``): a group never
+  comes to straddle splits, and moving to groups never leaves a split short to save moves
+  (the majority rule put 139/8 where 118/29 was reachable). Past its budget, or with
+  strata, greedily in that order: each where it lowers the squared distance from the
+  targets (``fraction x N``, and per class ``fraction x class size`` when stratified) the
+  most, ties to the split moving the fewest samples, then to the earlier split; moves are
+  then not searched, only broken ties.
 """
 
 from __future__ import annotations
@@ -69,9 +73,15 @@ class _Targets:
         self.counts[split] += size
         self.class_counts[split].update(classes)
 
-    def best(self, classes: Counter[Stratum], size: int, allowed: Sequence[int]) -> int:
+    def best(
+        self,
+        classes: Counter[Stratum],
+        size: int,
+        allowed: Sequence[int],
+        moves: Sequence[int] | None = None,
+    ) -> int:
         """The split (of ``allowed``) where the unit lowers the squared distance from the
-        targets most."""
+        targets most, then the one where it moves fewest samples (``moves`` per split)."""
 
         def cost(s: int) -> float:
             total = size * size + 2 * size * (self.counts[s] - self.targets[s])
@@ -79,7 +89,7 @@ class _Targets:
                 total += g * g + 2 * g * (self.class_counts[s][k] - self.class_targets[s][k])
             return total
 
-        return min(allowed, key=lambda s: (cost(s), s))
+        return min(allowed, key=lambda s: (cost(s), moves[s] if moves else 0, s))
 
 
 def assign(
@@ -120,7 +130,7 @@ def _grouped(
     groups: Sequence[str],
     previous: Mapping[str, str] | None,
 ) -> Assignment:
-    """Whole groups: kept ones where most of their kept samples are, the rest searched."""
+    """Whole groups: those held in one split stay, the rest searched (fewest moves)."""
     shares = stratify._shares(fractions)
     order = [split for split, _ in shares]
     index = {split: i for i, split in enumerate(order)}
@@ -130,7 +140,8 @@ def _grouped(
     for i, group in enumerate(groups):
         members.setdefault(group, []).append(i)
     ranked = sorted(members, key=lambda g: (-len(members[g]), _rank(g, seed)))
-    choices = {g: _choices(was, members[g], len(order)) for g in ranked}
+    options = {g: _options(was, members[g], len(order)) for g in ranked}
+    choices = {g: c for g, (c, _) in options.items()}
     targets = _Targets([float(share) for _, share in shares], len(names), strata)
     free = [g for g in ranked if len(choices[g]) > 1]
     split_of = {g: choices[g][0] for g in ranked if len(choices[g]) == 1}
@@ -140,14 +151,14 @@ def _grouped(
     if strata is None:
         found = partition.place(
             [len(members[g]) for g in free], [choices[g] for g in free],
-            targets.counts, targets.targets,
+            targets.counts, targets.targets, [options[g][1] for g in free],
         )  # fmt: skip
     for n, group in enumerate(free):
         classes = _classes(strata, members[group])
         split = (
             found[n]
             if found is not None
-            else targets.best(classes, len(members[group]), choices[group])
+            else targets.best(classes, len(members[group]), choices[group], options[group][1])
         )
         targets.add(split, classes, len(members[group]))
         split_of[group] = split
@@ -163,14 +174,28 @@ def _grouped(
     return Assignment(out, policy)
 
 
-def _choices(was: Sequence[int | None], members: Sequence[int], splits: int) -> list[int]:
-    """The splits a group may go to: those holding most of its kept samples (a group of the
-    previous release moves the fewest samples to sit whole), any for a new group."""
+def _options(
+    was: Sequence[int | None], members: Sequence[int], splits: int
+) -> tuple[list[int], list[int]]:
+    """The splits a group may go to, and the kept samples it moves in each: a group the
+    previous release holds in one split stays there; any split for the others."""
     held = Counter(was[i] for i in members if was[i] is not None)
-    if not held:
-        return list(range(splits))
-    most = max(held.values())
-    return sorted(s for s, n in held.items() if n == most and s is not None)
+    if len(held) == 1:
+        return [next(s for s in held if s is not None)], [0] * splits
+    kept = sum(held.values())
+    return list(range(splits)), [kept - held[s] for s in range(splits)]
+
+
+def moving(policy: Mapping[str, Any]) -> str | None:
+    """What a plan says of the samples its splits move to keep groups whole (None: none)."""
+    moved, groups = int(policy.get("moved", 0)), int(policy.get("moved_groups", 0))
+    if not moved:
+        return None
+    counts = ", ".join(f"{split} {n}" for split, n in policy.get("counts", {}).items())
+    return (
+        f"{moved} sample{'s' * (moved != 1)} of {groups} group{'s' * (groups != 1)} will move "
+        f"between splits to keep groups whole (then {counts})"
+    )
 
 
 def _classes(strata: Sequence[Stratum] | None, members: Sequence[int]) -> Counter[Stratum]:

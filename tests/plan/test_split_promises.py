@@ -8,6 +8,7 @@ from collections import Counter
 from pathlib import Path
 
 import h5py
+import numpy as np
 import pytest
 from conftest import WriteConfig, exact_splits
 from test_splits import PATTERN, add_pairs, policy, where
@@ -38,7 +39,7 @@ def splits_of_groups(found: dict[str, str]) -> dict[str, set[str]]:
     return out
 
 
-def test_adding_group_by_moves_the_fewest_samples_and_says_so(
+def test_adding_group_by_keeps_the_fractions_moves_the_fewest_samples_and_says_so(
     tmp_path: Path, write_config: WriteConfig
 ) -> None:
     # adding group_by kept every sample where it was: 11 of 15 patients in both splits
@@ -57,12 +58,10 @@ def test_adding_group_by_moves_the_fewest_samples_and_says_so(
     after = where(second.path)
     assert set(after) == set(before)
     assert all(len(s) == 1 for s in splits_of_groups(after).values())
-    # the fewest moves: each patient where most of its samples were (a tie either way)
-    fewest = 0
-    for group in splits_of_groups(before):
-        held = Counter(s for k, s in before.items() if k.startswith(f"{group}_"))
-        fewest += sum(held.values()) - max(held.values())
-        assert held[after[f"{group}_00"]] == max(held.values())
+    # the train count nearest 0.8 x N whole patients allow (those whole before staying),
+    # then the fewest moves: brute force
+    train, fewest = _best_with_fixed(before, 0.8)
+    assert stored_counts(second.path) == {"train": train, "valid": len(keys) - train}
     moved = [k for k in keys if before[k] != after[k]]
     groups = {k.split("_")[0] for k in moved}
     assert len(moved) == fewest
@@ -175,3 +174,90 @@ def test_whole_groups_are_placed_for_the_samples_stored(
     assert counts == {"train": best, "valid": sum(stored) - best} == {"train": 115, "valid": 29}
     assert policy(report.path)["counts"] == counts
     assert check_release(report.path).ok
+
+
+# The QA repro of B4: 15 patients, 147 class-folder images (alternately in a/ and b/),
+# split per sample first (118/29), then splits.group_by added
+QA_PATIENTS = [14, 3, 22, 9, 5, 17, 11, 8, 6, 13, 4, 15, 7, 10, 3]
+QA_CONFIG = """name: grp
+pipeline: classification
+output: releases
+sources:
+  image: {{dir: raw, glob: "**/*.png"}}
+splits: {{train: 0.8, valid: 0.2{group_by}}}
+fields:
+  image: {{shape: [3, 4, 4]}}
+  label: {{kind: label, source: image, from: folder}}
+"""
+
+
+def _qa_folder(root: Path) -> Path:
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    keys = [f"pt{p:02d}_{i:02d}" for p, n in enumerate(QA_PATIENTS) for i in range(n)]
+    for j, key in enumerate(keys):
+        path = root / "raw" / "ab"[j % 2] / f"{key}.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(rng.integers(0, 255, (4, 4, 3), dtype=np.uint8)).save(path)
+    config = root / "c.yaml"
+    config.write_text(QA_CONFIG.format(group_by=""))
+    return config
+
+
+def _best_with_fixed(before: dict[str, str], fraction: float) -> tuple[int, int]:
+    """Brute force, independent of h5etl: whole patients whose images all sat in one split
+    stay; over every placement of the others, the train count nearest fraction x N, then
+    the fewest images moved. Returns (train count, moved)."""
+    held: dict[str, Counter[str]] = {}
+    for key, split in before.items():
+        held.setdefault(key.split("_")[0], Counter())[split] += 1
+    fixed = sum(h["train"] for h in held.values() if len(h) == 1)
+    free = [h for h in held.values() if len(h) > 1]
+    target = fraction * len(before)
+    found = []
+    for placed in itertools.product(["train", "valid"], repeat=len(free)):
+        train = fixed + sum(
+            sum(h.values()) for h, s in zip(free, placed, strict=True) if s == "train"
+        )
+        moved = sum(sum(h.values()) - h[s] for h, s in zip(free, placed, strict=True))
+        found.append((round(abs(train - target), 9), moved, train))
+    _, moved, train = min(found)
+    return train, moved
+
+
+def test_moving_to_groups_keeps_the_fractions_and_says_what_will_move(tmp_path: Path) -> None:
+    # B4: each straddling patient went where most of its images were, 139/8 where whole
+    # patients allow 118/29; the plain dry run predicted 139/8 and said nothing would move
+    config = _qa_folder(tmp_path)
+    runner = CliRunner()
+    first = runner.invoke(app, ["build", str(config)])
+    assert first.exit_code == 0, first.output
+    v1 = tmp_path / "releases" / "grp-v0001.h5"
+    before = {k.split("/")[-1].removesuffix(".png"): s for k, s in where(v1).items()}
+    assert any(len(s) > 1 for s in splits_of_groups(before).values())
+    train, moved = _best_with_fixed(before, 0.8)
+    assert (train, 147 - train) == (118, 29)
+    config.write_text(QA_CONFIG.format(group_by=', group_by: "(pt\\\\d+)_"'))
+    dry = runner.invoke(app, ["build", str(config), "--dry-run"])
+    assert dry.exit_code == 0, dry.output
+    assert "samples: train 118, valid 29" in dry.stdout
+    second = runner.invoke(app, ["build", str(config)])
+    assert second.exit_code == 0, second.output
+    v2 = tmp_path / "releases" / "grp-v0002.h5"
+    after = {k.split("/")[-1].removesuffix(".png"): s for k, s in where(v2).items()}
+    assert set(after) == set(before)
+    assert all(len(s) == 1 for s in splits_of_groups(after).values())
+    assert stored_counts(v2) == {"train": 118, "valid": 29}
+    changed = [k for k in before if before[k] != after[k]]
+    assert len(changed) == moved
+    groups = len({k.split("_")[0] for k in changed})
+    line = f"moved {moved} samples of {groups} groups to keep groups whole"
+    will = f"{moved} samples of {groups} groups will move between splits to keep groups whole"
+    assert f"{will} (then train 118, valid 29)" in dry.stdout
+    assert line in second.stdout
+    assert policy(v2)["moved"] == moved
+    diff = runner.invoke(app, ["diff", str(v1), str(v2)])
+    assert diff.exit_code == 0, diff.output
+    assert line in diff.stdout
+    assert check_release(v2).ok
