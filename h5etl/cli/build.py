@@ -93,10 +93,12 @@ def _summary(report: BuildReport) -> None:
     splits = ", ".join(f"{split} {count}" for split, count in report.samples.items())
     _say(f"samples: {splits} (of {report.inputs} input files)")
     if report.rejects:
+        from h5etl.report import rejects_said
+
         reasons = ", ".join(f"{reason} {n}" for reason, n in report.reject_counts.items())
         counts = report.reject_counts  # one reason: its own section; more: the page
         see = docrefs.reject(next(iter(counts))) if len(counts) == 1 else docrefs.REJECTS
-        _say(f"rejects: {len(report.rejects)} files ({reasons}); see {see}")
+        _say(f"rejects: {rejects_said(report.rejects)} ({reasons}); see {see}")
     else:
         _say("rejects: none")
     from h5etl.history.build_report import CONVERSIONS

@@ -102,6 +102,22 @@ def _reject_limit(spec: Spec, inputs: int, *, lifted: bool = True) -> int | None
     return spec.max_rejects
 
 
+def rejected_files(rejects: list[Reject]) -> int:
+    """The input files ``rejects`` name, each once: a recording cut into windows is one
+    input file however many of its windows were rejected, so the count and ``max_rejects``
+    stay in the unit of ``inputs`` (a share never above 100 %)."""
+    return len({r.path for r in rejects})
+
+
+def rejects_said(rejects: list[Reject]) -> str:
+    """How many files were rejected, and how many samples when that differs (windows)."""
+    files = rejected_files(rejects)
+    said = f"{files} file{'' if files == 1 else 's'}"
+    if len(rejects) > files:  # several samples of one file (windows): both, each in its unit
+        said += f", {len(rejects)} samples"
+    return said
+
+
 def _tally(rejects: list[Reject]) -> str:
     counts = Counter(r.reason for r in rejects)
     return ", ".join(f"{reason} {count}" for reason, count in sorted(counts.items()))
@@ -109,7 +125,7 @@ def _tally(rejects: list[Reject]) -> str:
 
 def enforce_limit(spec: Spec, rejects: list[Reject], inputs: int) -> None:
     limit = _reject_limit(spec, inputs)
-    if limit is None or len(rejects) <= limit:
+    if limit is None or rejected_files(rejects) <= limit:
         return
     if spec.on_error == "fail":
         first = rejects[0]
@@ -130,9 +146,11 @@ def enforce_limit(spec: Spec, rejects: list[Reject], inputs: int) -> None:
 def _over_limit(spec: Spec, rejects: list[Reject], inputs: int, *, final: bool = True) -> str:
     """The rejects past ``max_rejects``; not ``final``: the build stopped there, and the
     files it did not decode may hold more."""
-    share = f" ({len(rejects) / inputs:.0%})" if inputs else ""
+    files = rejected_files(rejects)
+    share = f" ({files / inputs:.0%})" if inputs else ""
+    samples = f", {len(rejects)} samples" if len(rejects) > files else ""
     return (
-        f"{'' if final else 'at least '}{len(rejects)} of {inputs} input files rejected{share}, "
+        f"{'' if final else 'at least '}{files} of {inputs} input files rejected{share}{samples}, "
         f"over max_rejects "
         f"{spec.max_rejects} ({_tally(rejects)})"
     )
@@ -154,7 +172,7 @@ def require_samples(spec: Spec, samples: dict[str, int], report: BuildReport) ->
             rejects=report.rejects,
         )
     raise BuildFailed(
-        f"no sample to store: {len(report.rejects)} of {report.inputs} input files were "
+        f"no sample to store: {rejected_files(report.rejects)} of {report.inputs} input files were "
         f"rejected{why}; no release was made",
         path=spec.config_file,
         rejects=report.rejects,
@@ -191,7 +209,7 @@ def guard(
         )
     # published: every loss is said, and which only --allow-loss let through
     limit = _reject_limit(spec, report.inputs, lifted=False)
-    if spec.loss_allowed and limit is not None and len(report.rejects) > limit:
+    if spec.loss_allowed and limit is not None and rejected_files(report.rejects) > limit:
         report.warnings.append(f"--allow-loss: {_over_limit(spec, report.rejects, report.inputs)}")
     for text, new in empty:
         report.warnings.append(f"--allow-loss: {text}" if new and not spec.allow_empty else text)
