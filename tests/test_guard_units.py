@@ -13,6 +13,7 @@ from typing import Any
 
 import h5py
 import numpy as np
+import pytest
 import yaml
 from typer.testing import CliRunner, Result
 
@@ -83,3 +84,66 @@ def test_the_windows_of_one_recording_count_as_one_rejected_file(tmp_path: Path)
     )
     assert refused.exit_code == 1, refused.output
     assert "1 of 4 input files rejected (25%), 5 samples, over max_rejects 0.2" in refused.stderr
+
+
+def _png(path: Path, rng: np.random.Generator) -> None:
+    from PIL import Image
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(rng.integers(0, 256, (6, 7, 3), dtype=np.uint8)).save(path)
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[:40])
+
+
+def _labelled(root: Path, table: bool) -> Path:
+    """12 PNGs of classes ant/bee/owl, labelled by folder or by a table; every owl truncated."""
+    rng = np.random.default_rng(5)
+    rows = []
+    for label in ("ant", "bee", "owl"):
+        for i in range(4):
+            relpath = f"{label}_{i}.png" if table else f"{label}/{label}_{i}.png"
+            _png(root / "raw" / relpath, rng)
+            rows.append(f"{relpath},{label}\n")
+            if label == "owl":
+                _truncate(root / "raw" / relpath)
+    label: dict[str, Any] = {"kind": "label", "source": "image", "from": "folder"}
+    if table:
+        (root / "labels.csv").write_text("file,label\n" + "".join(rows))
+        table_of = {"table": "labels.csv", "key": "file", "column": "label"}
+        label = {"kind": "label", "source": "image", "from": table_of}
+    config = {
+        "name": "pets",
+        "sources": {"image": {"dir": "raw", "glob": "*.png" if table else "*/*.png"}},
+        "splits": {"train": 0.75, "valid": 0.25},
+        "fields": {"image": {"kind": "image", "shape": [3, 8, 8], "mode": "RGB"}, "label": label},
+        "max_rejects": 4,
+    }
+    path = root / "pets.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+@pytest.mark.parametrize("table", [False, True], ids=["class-folders", "label-table"])
+def test_a_plain_dry_run_fails_on_a_class_its_header_checks_emptied(
+    tmp_path: Path, table: bool
+) -> None:
+    config = _labelled(tmp_path, table)
+    for decode in ((), ("--decode",)):
+        dry = cli("build", "-j", 1, "--dry-run", *decode, config)
+        assert dry.exit_code == 1, dry.output
+        assert "class 'owl' of field 'label' is empty" in dry.stderr
+        # the rejected files' rows match their files: no "match no input file" warning
+        assert "match no input" not in dry.output
+    assert not (tmp_path / "releases").exists() or not list((tmp_path / "releases").glob("*.h5"))
+
+
+def test_table_rows_of_rejected_files_are_not_said_to_match_no_file(tmp_path: Path) -> None:
+    config = _labelled(tmp_path, table=True)
+    for i in range(1, 4):  # one owl truncated, the others whole again
+        _png(tmp_path / "raw" / f"owl_{i}.png", np.random.default_rng(i))
+    dry = cli("build", "-j", 1, "--dry-run", config)
+    assert dry.exit_code == 0, dry.output
+    assert "rejects: 1 file (truncated 1)" in dry.stdout
+    assert "match no input" not in dry.output

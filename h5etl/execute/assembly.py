@@ -12,6 +12,7 @@ import logging
 import math
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -152,6 +153,23 @@ def layout_record(spec: Spec, plan: Plan) -> fileformat.LayoutRecord:
 def planned(plan: Plan) -> dict[str, int]:
     """Samples per split of a plan."""
     return {split: len(members) for split, members in plan.splits.items()}
+
+
+def planned_classes(plan: clean.Plan) -> dict[str, dict[str, dict[str, int]]]:
+    """Samples per class, per split and label field, as planned: a label is a plan-side value
+    (a class folder, a table row), so a dry run that decodes nothing knows every class."""
+    side = [kind for kind in plan.kinds if kind.plan_side]
+    out: dict[str, dict[str, dict[str, int]]] = {}
+    for column, kind in enumerate(side):
+        classes = kind.record().extra.get(fileformat.CLASSES_ATTR)
+        if classes is None:
+            continue
+        for split, samples in plan.splits.items():
+            counts = Counter(sample.extras[column] for sample in samples)
+            out.setdefault(split, {})[kind.name] = {
+                str(label): counts.get(i, 0) for i, label in enumerate(classes)
+            }
+    return out
 
 
 def processed(result: BatchResult) -> int:

@@ -187,9 +187,8 @@ def guard(
     Lost: a split left empty that held samples in ``before`` (the parent release) or whose
     planned samples were all rejected; a class (of a label field) left empty that was not
     empty in ``before`` (any, in a first build); more than ``max_shrink`` of the parent's
-    samples. ``report.class_counts`` empty: classes not known (a dry run
-    that decodes nothing). Rejects past ``max_rejects`` fail earlier (``enforce_limit``);
-    under ``--allow-loss`` they are warned of here.
+    samples. ``report.class_counts`` empty: no label field. Rejects past ``max_rejects``
+    fail earlier (``enforce_limit``); under ``--allow-loss`` they are warned of here.
 
     Raises:
         BuildFailed: one line naming every loss and the counts, and how to publish anyway.

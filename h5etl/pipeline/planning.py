@@ -40,7 +40,8 @@ def dry_run(
     spec: Spec, hook: ProgressHook, jobs: int, decoder: schedule.Decoder | None
 ) -> BuildReport:
     """A dry run; with a ``decoder``, every sample is decoded as a build would. The loss
-    guard compares with the linked release as the build would (classes only when decoding)."""
+    guard compares with the linked release as the build would (without decoding, the
+    classes as planned: a label is known before decoding)."""
     report, plan, watch, _ = plan_only(spec, hook, jobs, headers=decoder is None)
     report.checks = (
         [*PLAN_CHECKS, *header_checks(spec)]
@@ -70,6 +71,7 @@ def dry_run(
             plan = settled  # what the build's loss guard sees planned
         watch.lap("decode")
     else:
+        report.class_counts = buildparts.planned_classes(plan)  # the guard's empty classes
         report.warnings.extend(unchecked(spec))
     require_samples(spec, report.samples, report)
     report.warnings.extend(plan.warnings)

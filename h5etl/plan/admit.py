@@ -144,7 +144,10 @@ def plan(
                 passed.append((sample, outcome))
         if progress is not None:
             progress(len(batch))
-    annotated, bound, warnings = _annotated(passed, kinds, rejects)
+    # bound on every input, the ones a header probe rejected included: the classes and the
+    # table rows they name are the build's (which probes nothing), so a dry run sees a class
+    # all of whose files were rejected, and rejected files' rows still match a file
+    annotated, bound, warnings = _annotated(passed, kinds, rejects, renamed_samples)
     by_split, policy = _assigned(spec, annotated, bound, renamed, previous, rejects)
     by_split = expansion.expanded(by_split, bound)
     digest = hashlib.sha256()
@@ -181,14 +184,16 @@ def write_order(seed: int, by_split: Mapping[str, Sequence[Sample]]) -> dict[str
 
 
 def _annotated(
-    passed: list[tuple[Sample, Probed]], kinds: Sequence[Kind], rejects: list[Reject]
+    passed: list[tuple[Sample, Probed]],
+    kinds: Sequence[Kind],
+    rejects: list[Reject],
+    inputs: Sequence[Sample],
 ) -> tuple[list[tuple[Sample, Probed]], list[Kind], list[str]]:
-    """Each sample with its plan-side values (``extras``); the kinds bound to the inputs."""
+    """Each sample with its plan-side values (``extras``); the kinds bound to all ``inputs``."""
     planned = [kind for kind in kinds if kind.plan_side]
     if not planned:
         return passed, list(kinds), []
-    samples = [sample for sample, _ in passed]
-    prepared: list[Prepared] = [kind.prepare(samples) for kind in planned]
+    prepared: list[Prepared] = [kind.prepare(inputs) for kind in planned]
     bound = {p.kind.name: p.kind for p in prepared}
     out = []
     for sample, outcome in passed:
