@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from h5etl.config import resources
+from h5etl.config import places, resources
 from h5etl.config.fields import TableRef, inferred_kind
 from h5etl.config.messages import Found, Origin, find_typos, from_validation, shown_problems
 from h5etl.config.spec import Spec
@@ -270,9 +270,13 @@ def parse_spec(data: Mapping[str, Any], *, config_path: Path, check_paths: bool 
 
 def _topic(shown: list[Found]) -> str:
     """The config key whose reference section explains the first problem: its top-level
-    key, or the list of every key (an unknown or misplaced top-level key)."""
+    key (a misplaced key's: where it belongs), or the list of every key (an unknown
+    top-level key)."""
     key = shown[0].keys[0] if shown and shown[0].keys else ()
     top = str(key[0]) if key else ""
+    home = places.home(str(key[-1]), key[:-1]) if key else None
+    if home is not None and shown[0].kind == "unknown_key":  # misplaced: where it belongs
+        return home
     if top in Spec.model_fields and not (len(key) == 1 and shown[0].kind == "unknown_key"):
         return top
     return "top-level"

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ValidationError
 from h5etl.config.fields import FIELD_MODELS, JsonRef, TableRef, inferred_kind
 from h5etl.config.places import (
     SECTIONS,
+    article,
     belongs,
     keys_of,
     matches,
@@ -69,6 +70,7 @@ def _unknown_key(key: Key) -> str:
 def _unknown_field_key(kind: str, name: str, *, inferred: bool = False) -> str:
     """An unknown key of a field: its kind's own keys, and which kind takes it if another."""
     keys = keys_of(FIELD_MODELS[kind])
+    a = article(kind)
     # a key of another kind is a key the user meant: say so before guessing a typo
     others = [k for k, model in FIELD_MODELS.items() if name in keys_of(model)]
     if others and inferred and kind == "image":  # no kind and no clue: the old default guess
@@ -78,16 +80,18 @@ def _unknown_field_key(kind: str, name: str, *, inferred: bool = False) -> str:
         )
     if others:
         return (
-            f"a {kind} field takes no {name} (that is a key of {' and '.join(others)} fields; "
-            f"a {kind} field's keys: {', '.join(keys)})"
+            f"{a} {kind} field takes no {name} (that is a key of {' and '.join(others)} fields; "
+            f"{a} {kind} field's keys: {', '.join(keys)})"
         )
     place = belongs(name, ("fields", ""))
     if place is not None:
-        return f"{'an' if kind[0] in 'aeiou' else 'a'} {kind} field takes no {name}: {place}"
+        return f"{a} {kind} field takes no {name}: {place}"
     close = difflib.get_close_matches(name, keys, n=1)
     if close:
-        return f"unknown key; did you mean {close[0]!r}? (a {kind} field's keys: {', '.join(keys)})"
-    return f"unknown key (a {kind} field's keys: {', '.join(keys)})"
+        return (
+            f"unknown key; did you mean {close[0]!r}? ({a} {kind} field's keys: {', '.join(keys)})"
+        )
+    return f"unknown key ({a} {kind} field's keys: {', '.join(keys)})"
 
 
 def find_typos(data: Mapping[str, Any], merged: Mapping[str, Any]) -> list[Found]:

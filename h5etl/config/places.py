@@ -60,12 +60,41 @@ def belongs(name: str, parent: Key) -> str | None:
     """Where a key that ``parent``'s mapping does not take belongs, if any other does:
     ``"compression belongs under storage: (or under a field, fields.<name>:)"``."""
     places = [
-        where for pattern, keys, where in SECTIONS if name in keys and not matches(pattern, parent)
+        _where(pattern, where, name)
+        for pattern, keys, where in SECTIONS
+        if name in keys and not matches(pattern, parent)
     ]
     if not places:
         return None
     more = f" (or {', '.join(places[1:3])})" if len(places) > 1 else ""
     return f"{name} belongs {places[0]}{more}"
+
+
+def home(name: str, parent: Key) -> str | None:
+    """The top-level key whose docs section explains where a misplaced ``name`` belongs
+    (``pad`` for a top-level ``fill``; ``stratify`` for itself), or None if nowhere else
+    (a key of another kind of field is explained with the fields)."""
+    if any(name in keys and matches(pattern, parent) for pattern, keys, _ in SECTIONS):
+        return None
+    for pattern, keys, _ in SECTIONS:
+        if name in keys and not matches(pattern, parent):
+            return str(pattern[0]) if pattern else name
+    return None
+
+
+def _where(pattern: tuple[str | None, ...], where: str, name: str) -> str:
+    """Where a section is, for ``name``: a field's key that only some kinds take names them
+    (``fill`` belongs under a volume field, not any field)."""
+    if pattern != ("fields", None):
+        return where
+    kinds = [kind for kind, model in FIELD_MODELS.items() if name in keys_of(model)]
+    if len(kinds) == len(FIELD_MODELS):
+        return where
+    return f"under {article(kinds[0])} {' or '.join(kinds)} field, fields.<name>:"
+
+
+def article(word: str) -> str:
+    return "an" if word[:1] in set("aeiou") else "a"
 
 
 @functools.cache

@@ -64,8 +64,8 @@ def _with(**changes: Any) -> dict[str, Any]:
     [
         pytest.param(
             _with(compression="gzip"),
-            "compression: compression belongs under storage: (or under a field, "
-            "fields.<name>:), not at the top level",
+            "compression: compression belongs under storage: (or under an image or mask or "
+            "volume or series field, fields.<name>:), not at the top level",
             id="top-level-compression",
         ),
         pytest.param(
@@ -99,7 +99,7 @@ def _with(**changes: Any) -> dict[str, Any]:
         ),
         pytest.param(
             _with(storage__fill=0),
-            "storage.fill: fill belongs under pad: (or under a field, fields.<name>:), "
+            "storage.fill: fill belongs under pad: (or under a volume field, fields.<name>:), "
             "not under storage:",
             id="fill-in-storage",
         ),
@@ -189,3 +189,50 @@ def test_an_image_shape_of_other_channels_says_which_it_can_take(tmp_path: Path)
         "fields.image.shape: an image field has 3 channels (mode RGB) or 1 (mode L), "
         "channels first: [3, H, W] or [1, H, W], got [4, 24, 24]"
     ]
+
+
+@pytest.mark.parametrize(
+    ("document", "section", "words"),
+    [
+        # a key in the wrong place points at the docs of where it belongs
+        pytest.param(_with(fill=0), "pad", "under a volume field", id="top-level-fill"),
+        pytest.param(
+            _with(fields__image__stratify="label"),
+            "stratify",
+            "stratify belongs at the top level",
+            id="stratify-in-a-field",
+        ),
+        pytest.param(
+            _with(sources__image__compression="lzf"),
+            "storage",
+            "compression belongs under storage:",
+            id="compression-in-a-source",
+        ),
+        # a key of another kind of field is explained with the fields, in plain grammar
+        pytest.param(
+            _with(fields__image={**base_config()["fields"]["image"], "kind": "image", "fill": 0}),
+            "fields",
+            "an image field takes no fill (that is a key of volume fields; an image field's",
+            id="fill-in-an-image-field",
+        ),
+        pytest.param(
+            _with(fields__image__colour="RGB"),
+            "fields",
+            "unknown key (an image field's keys:",
+            id="unknown-image-key",
+        ),
+    ],
+)
+def test_a_misplaced_key_points_at_the_docs_of_its_place(
+    tmp_path: Path, document: dict[str, Any], section: str, words: str
+) -> None:
+    (tmp_path / "raw" / "images").mkdir(parents=True)
+    (tmp_path / "raw" / "masks").mkdir(parents=True)
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(document, sort_keys=False), "utf-8")
+    with pytest.raises(ConfigError) as caught:
+        load_spec(path)
+    line = str(caught.value)
+    assert "\n" not in line, line
+    assert words in line
+    assert line.endswith(f"(see docs/reference/config.md#{section})"), line
