@@ -175,10 +175,20 @@ class ClusterLost(ClusterError):
     """The connection to the Dask scheduler was lost mid-build; nothing was published.
 
     ``resumable``: the build's temp file and journal stay, so ``--resume`` continues from
-    the last checkpoint, as after a kill.
+    the last checkpoint, as after a kill; ``kept`` says which (before the first checkpoint
+    there is nothing to continue).
     """
 
     resumable = True
+
+    def kept(self, checkpoint: bool) -> None:
+        """End the message with what ``--resume`` can do: the release folder knows whether
+        a checkpoint stayed."""
+        self.message += (
+            ": --resume continues from the last checkpoint"
+            if checkpoint
+            else " (no checkpoint had been written yet: the next build starts from the start)"
+        )
 
 
 class ShardError(H5EtlError):

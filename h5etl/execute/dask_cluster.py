@@ -283,7 +283,7 @@ class Cluster:
         reason = getattr(exc, "reason", None) or _one_line(exc)
         return ClusterLost(
             f"lost the Dask scheduler at {self.address} mid-build ({reason}); nothing was "
-            f"published: --resume continues from the last checkpoint"
+            "published"  # the release folder adds what --resume can do (ClusterLost.kept)
         )
 
 
@@ -311,12 +311,20 @@ def _install() -> str:
 _WRAPPED = re.compile(r"^(\w+)\((.*)\)$", re.DOTALL)
 
 
+def _unquoted(text: str) -> str:
+    """A repr'd string without its quotes, and only those: "No module named 'h5etl'"
+    keeps the quote that closes the module's name."""
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        return text[1:-1]
+    return text
+
+
 def _cannot_run(exc: BaseException, address: str | None = None) -> ClusterError:
     """One line for a worker that cannot run h5etl's functions (``address``: which)."""
     kind, text = type(exc).__name__, _one_line(exc)
     wrapped = _WRAPPED.match(text) if kind == "Exception" else None
     if wrapped is not None:
-        kind, text = wrapped[1], wrapped[2].strip("'\"")
+        kind, text = wrapped[1], _unquoted(wrapped[2])
     who = f"the Dask worker {address}" if address else "a Dask worker"
     if issubclass(getattr(builtins, kind, Exception), ImportError):
         return ClusterError(

@@ -207,3 +207,10 @@ def read(path: Path) -> ResumeState | None:
         except (KeyError, TypeError, AttributeError, ValueError, IndexError):
             break  # not a checkpoint this h5etl wrote: trust only what came before it
     return state
+
+
+def holds_checkpoint(path: Path) -> bool:
+    """Whether the journal at ``path`` holds a checkpoint ``--resume`` can continue from
+    (a build writes its journal's header before its first checkpoint)."""
+    state = read(path)
+    return state is not None and bool(state.chunks or state.samples)

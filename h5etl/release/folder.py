@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from h5etl.dataflow import Reject
-from h5etl.errors import H5EtlError, ReleaseError, ReleaseUsageError, io_problem
+from h5etl.errors import ClusterLost, H5EtlError, ReleaseError, ReleaseUsageError, io_problem
 from h5etl.release.lock import BuildLock
 from h5etl.release.naming import (
     PARTIAL_MARK,
@@ -155,8 +155,8 @@ class OutputFolder:
     @contextlib.contextmanager
     def staged(self) -> Iterator[Path]:
         """A temp path for the new file (its journal beside it); both removed at the end,
-        unless the build stopped on an error that leaves it resumable (a lost Dask scheduler):
-        then they stay for ``--resume``, as a killed build's do.
+        unless the build stopped on an error that leaves it resumable (a lost Dask scheduler)
+        after a checkpoint: then they stay for ``--resume``, as a killed build's do.
 
         Removing them never raises over the error that ended the build.
         """
@@ -165,7 +165,11 @@ class OutputFolder:
         try:
             yield path
         except H5EtlError as exc:
-            keep = exc.resumable and self.journal_of(path).is_file()
+            from h5etl.format.journal import holds_checkpoint  # numpy: only when a build failed
+
+            keep = exc.resumable and holds_checkpoint(self.journal_of(path))
+            if isinstance(exc, ClusterLost):
+                exc.kept(keep)  # say the truth: no checkpoint yet, no --resume to promise
             raise
         finally:
             for leftover in () if keep else (path, self.journal_of(path)):

@@ -235,14 +235,15 @@ def test_a_worker_without_h5etl_is_named_in_one_line(
     config = write_config(tmp_path)
     hidden = tmp_path / "hidden" / "h5etl"
     hidden.mkdir(parents=True)
-    (hidden / "__init__.py").write_text("raise ImportError('No module named h5etl here')\n")
+    # as a worker without h5etl says it: the message ends with a quote, which stays
+    (hidden / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'h5etl'\")\n")
     env = _env(str(hidden.parent))
     with _worker(scheduler, tmp_path, "without-h5etl", env=env) as address:
         cli = _cli(config, "--scheduler", scheduler.scheduler.address)
     assert cli.returncode == 1, cli.stderr
     line = _one_line(cli.stderr)
     assert f"the Dask worker {address} cannot run h5etl" in line, line
-    assert "No module named h5etl here" in line
+    assert "(ModuleNotFoundError: No module named 'h5etl')" in line
     assert "pip install 'h5etl[dask]==" in line
     _nothing_left(tmp_path / "releases")
 
@@ -384,3 +385,56 @@ def test_a_scheduler_killed_mid_build_is_one_line_and_resume_continues(
     for name, rows in expected_rows.items():
         assert (stored_rows[name] == rows).all(), name
     assert sorted(p.name for p in (killed / "releases").glob(".cells.partial-*")) == []
+
+
+# A worker that holds every task until it is killed, saying so in the file MARKER (dask runs
+# a copy of a preload file): no checkpoint is ever written
+HOLD_ALL = """
+import pathlib
+import threading
+
+import h5etl.decode
+
+
+def _held(task, recipe):
+    pathlib.Path(MARKER).touch()
+    threading.Event().wait()
+
+
+h5etl.decode.decode_batch = _held
+"""
+
+
+def test_a_scheduler_killed_before_the_first_checkpoint_promises_no_resume(
+    tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig
+) -> None:
+    # it said "--resume continues from the last checkpoint": there was none, and --resume
+    # built from the start
+    make_raw(tmp_path, n=8)
+    config = write_config(tmp_path)
+    marker = tmp_path / "holding"
+    (tmp_path / "hold.py").write_text(HOLD_ALL.replace("MARKER", repr(str(marker))))
+    command = [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1"]
+    command += ["--port", "0", "--no-dashboard", "--scheduler-file", str(tmp_path / "s.json")]
+    with _process(command, tmp_path, _env()) as dying:
+        _wait("the scheduler", (tmp_path / "s.json").is_file, dying)
+        address = json.loads((tmp_path / "s.json").read_text())["address"]
+        holding = [sys.executable, "-m", "distributed.cli.dask_worker", address, "--nthreads"]
+        holding += ["1", "--no-nanny", "--no-dashboard", "--preload", str(tmp_path / "hold.py")]
+        with _process(holding, tmp_path, _env()):
+            build = [sys.executable, "-m", "h5etl", "build", str(config), "-q"]
+            with subprocess.Popen(
+                [*build, "--scheduler", address], stderr=subprocess.PIPE, text=True, env=_env()
+            ) as cli:
+                _wait("a task held", marker.is_file, cli)
+                os.kill(dying.pid, signal.SIGKILL)
+                _, stderr = cli.communicate(timeout=STARTED_SECONDS)
+    assert cli.returncode == 1, stderr
+    line = _one_line(stderr)
+    assert line.startswith(f"h5etl: error: lost the Dask scheduler at {address} mid-build"), line
+    assert "--resume continues" not in line
+    assert line.endswith(
+        "nothing was published (no checkpoint had been written yet: the next build starts "
+        "from the start)"
+    )
+    _nothing_left(tmp_path / "releases")
