@@ -101,12 +101,12 @@ def _labelled(root: Path, table: bool) -> Path:
     """12 PNGs of classes ant/bee/owl, labelled by folder or by a table; every owl truncated."""
     rng = np.random.default_rng(5)
     rows = []
-    for label in ("ant", "bee", "owl"):
+    for name in ("ant", "bee", "owl"):
         for i in range(4):
-            relpath = f"{label}_{i}.png" if table else f"{label}/{label}_{i}.png"
+            relpath = f"{name}_{i}.png" if table else f"{name}/{name}_{i}.png"
             _png(root / "raw" / relpath, rng)
-            rows.append(f"{relpath},{label}\n")
-            if label == "owl":
+            rows.append(f"{relpath},{name}\n")
+            if name == "owl":
                 _truncate(root / "raw" / relpath)
     label: dict[str, Any] = {"kind": "label", "source": "image", "from": "folder"}
     if table:
