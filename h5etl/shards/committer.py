@@ -24,7 +24,7 @@ from h5etl import errors
 from h5etl.config.spec import Spec, spec_sha256
 from h5etl.dataflow import DecodeTask, Reject
 from h5etl.decode.recipe import DecodeRecipe
-from h5etl.errors import H5EtlError, ShardError, UsageError
+from h5etl.errors import ClusterLost, H5EtlError, ShardError, UsageError
 from h5etl.execute import assembly as buildparts
 from h5etl.format import partfiles
 from h5etl.history.build_report import BuildReport
@@ -219,7 +219,13 @@ def write_shards(
     committed = _committed(jobs) if sharding.reuse else {}
     advance(len(committed))
     left = [job for job in jobs if job.index not in committed]
-    manifests = {**committed, **_run(left, advance)}
+    try:
+        ran = _run(left, advance)
+    except ClusterLost as exc:
+        # what --resume reuses: the committed shards that decoded something
+        exc.kept(any(manifest["tasks"] for manifest in _committed(jobs).values()))
+        raise
+    manifests = {**committed, **ran}
     keys = {split: [sample.key for sample in members] for split, members in plan.splits.items()}
     for job in jobs:
         shards.check_manifest(manifests[job.index], job.tasks, keys)

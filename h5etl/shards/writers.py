@@ -155,6 +155,22 @@ def write_shard(job: ShardJob, cutter: TaskCutter | None = None) -> dict[str, An
     return manifest
 
 
+def _quiet_dask_logs() -> None:
+    """A lost scheduler's reconnect tracebacks stay out of the terminal, as in the parent
+    (``h5etl.cli``): the committer says what went wrong in one line. A root handler, as the
+    parent has, keeps distributed from adding its own stderr handlers when it is imported;
+    the ones it added already (imported by the fork server) are dropped."""
+    logging.basicConfig(level=logging.WARNING, format="h5etl: %(message)s")
+    names = [n for n in logging.root.manager.loggerDict if n.split(".")[0] in DASK_LOGGERS]
+    for name in {*DASK_LOGGERS, *names}:
+        logger = logging.getLogger(name)
+        logger.handlers = [logging.NullHandler()]
+        logger.propagate = False
+
+
+DASK_LOGGERS = ("distributed", "tornado", "bokeh")
+
+
 def _die_with_parent() -> None:
     """Linux: this process gets SIGKILL when the committer dies (no orphan writes on)."""
     if sys.platform.startswith("linux"):
@@ -166,6 +182,7 @@ def run_shard(job: ShardJob, outcome: Connection) -> None:
     """A shard writer process's entry: write the shard; send ``("ok", "")`` or the error."""
     _die_with_parent()
     workers.limit_native_threads()
+    _quiet_dask_logs()
     try:
         write_shard(job)
     except H5EtlError as exc:

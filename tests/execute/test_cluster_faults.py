@@ -405,8 +405,9 @@ h5etl.decode.decode_batch = _held
 """
 
 
+@pytest.mark.parametrize("shards", [(), ("--shards", "2")], ids=["one-writer", "sharded"])
 def test_a_scheduler_killed_before_the_first_checkpoint_promises_no_resume(
-    tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig
+    tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig, shards: tuple[str, ...]
 ) -> None:
     # it said "--resume continues from the last checkpoint": there was none, and --resume
     # built from the start
@@ -422,7 +423,7 @@ def test_a_scheduler_killed_before_the_first_checkpoint_promises_no_resume(
         holding = [sys.executable, "-m", "distributed.cli.dask_worker", address, "--nthreads"]
         holding += ["1", "--no-nanny", "--no-dashboard", "--preload", str(tmp_path / "hold.py")]
         with _process(holding, tmp_path, _env()):
-            build = [sys.executable, "-m", "h5etl", "build", str(config), "-q"]
+            build = [sys.executable, "-m", "h5etl", "build", str(config), "-q", *shards]
             with subprocess.Popen(
                 [*build, "--scheduler", address], stderr=subprocess.PIPE, text=True, env=_env()
             ) as cli:
@@ -437,4 +438,7 @@ def test_a_scheduler_killed_before_the_first_checkpoint_promises_no_resume(
         "nothing was published (no checkpoint had been written yet: the next build starts "
         "from the start)"
     )
-    _nothing_left(tmp_path / "releases")
+    if shards:  # a sharded build's shard files stay (--resume checks and reuses them)
+        assert not list((tmp_path / "releases").glob("cells*.h5"))
+    else:
+        _nothing_left(tmp_path / "releases")
