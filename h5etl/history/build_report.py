@@ -125,7 +125,8 @@ def _tally(rejects: list[Reject]) -> str:
 
 def enforce_limit(spec: Spec, rejects: list[Reject], inputs: int) -> None:
     limit = _reject_limit(spec, inputs)
-    if limit is None or rejected_files(rejects) <= limit:
+    # called after every decoded batch: count the files (a set) only past the cheap bound
+    if limit is None or len(rejects) <= limit or rejected_files(rejects) <= limit:
         return
     if spec.on_error == "fail":
         first = rejects[0]
