@@ -93,7 +93,7 @@ def _summary(report: BuildReport) -> None:
     splits = ", ".join(f"{split} {count}" for split, count in report.samples.items())
     _say(f"samples: {splits} (of {report.inputs} input files)")
     if report.rejects:
-        from h5etl.report import rejects_said
+        from h5etl.history.build_report import rejects_said
 
         reasons = ", ".join(f"{reason} {n}" for reason, n in report.reject_counts.items())
         counts = report.reject_counts  # one reason: its own section; more: the page

@@ -155,7 +155,7 @@ def planned(plan: Plan) -> dict[str, int]:
     return {split: len(members) for split, members in plan.splits.items()}
 
 
-def planned_classes(plan: clean.Plan) -> dict[str, dict[str, dict[str, int]]]:
+def planned_classes(plan: Plan) -> dict[str, dict[str, dict[str, int]]]:
     """Samples per class, per split and label field, as planned: a label is a plan-side value
     (a class folder, a table row), so a dry run that decodes nothing knows every class."""
     side = [kind for kind in plan.kinds if kind.plan_side]

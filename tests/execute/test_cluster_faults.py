@@ -393,7 +393,7 @@ HOLD_ALL = """
 import pathlib
 import threading
 
-import h5etl.decode
+import h5etl.decode.task
 
 
 def _held(task, recipe):
@@ -401,7 +401,7 @@ def _held(task, recipe):
     threading.Event().wait()
 
 
-h5etl.decode.decode_batch = _held
+h5etl.decode.task.decode_batch = _held
 """
 
 

@@ -17,7 +17,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner, Result
 
-from h5etl.cli import app
+from h5etl.cli.app import app
 
 
 def cli(*args: object) -> Result:
