@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import importlib
 import json
 import os
 import resource
@@ -58,7 +59,10 @@ from corpus import (
 )
 from installed import byte_compile, warm
 
-from h5etl.execute.pool import NATIVE_THREAD_LIMITS
+try:
+    from h5etl.execute.pool import NATIVE_THREAD_LIMITS
+except ModuleNotFoundError:  # a --variant tree from before the concept folders (issue 26)
+    NATIVE_THREAD_LIMITS = importlib.import_module("h5etl.workers").NATIVE_THREAD_LIMITS
 
 MIB = 2**20
 SMOKE = os.environ.get("H5ETL_BENCH_SMOKE") == "1"
