@@ -123,6 +123,11 @@ class ResumeState:
     def samples(self) -> int:
         return sum(self.rows.values())
 
+    @property
+    def checkpointed(self) -> bool:
+        """Whether a checkpoint stored anything (a build writes the header before its first)."""
+        return bool(self.chunks or self.samples)
+
     def apply(self, delta: dict[str, Any]) -> None:
         for split, queue in delta["queues"].items():
             known = self.queues.setdefault(split, {"deferred": []})
@@ -213,4 +218,4 @@ def holds_checkpoint(path: Path) -> bool:
     """Whether the journal at ``path`` holds a checkpoint ``--resume`` can continue from
     (a build writes its journal's header before its first checkpoint)."""
     state = read(path)
-    return state is not None and bool(state.chunks or state.samples)
+    return state is not None and state.checkpointed

@@ -129,7 +129,7 @@ def usable_resume(candidates: list[tuple[Path, Path]], spec: Spec, plan: Plan) -
         if state is None:
             logger.info("the journal %s is unreadable or of another h5etl version", journal_path)
             continue
-        if not state.chunks and not state.samples:
+        if not state.checkpointed:
             logger.info("the journal %s holds no checkpoint", journal_path)
             continue
         if state.config_sha256 != spec_sha256(spec) or state.plan_sha256 != plan.fingerprint():
