@@ -3,17 +3,11 @@
 from __future__ import annotations
 
 import functools
-import hashlib
-import json
 import logging
-import threading
-from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from h5etl.config.spec import Spec, spec_text
-from h5etl.decode import memory
 from h5etl.errors import BuildFailed, ResumeMismatch
 from h5etl.execute import assembly as buildparts
 from h5etl.execute import local_threads as inprocess
@@ -23,31 +17,25 @@ from h5etl.execute.assembly import (
     Stopwatch,
     decoding,
     planned,
-    processed,
     sink_layout,
     source_roots,
 )
-from h5etl.format import contract as fileformat
 from h5etl.history import clock as reproducible
 from h5etl.history import provenance
-from h5etl.history.build_report import BuildReport, enforce_limit, guard, require_samples
-from h5etl.history.release_notes import Annotator, stored_rejects
+from h5etl.history.build_report import BuildReport, enforce_limit, require_samples
 from h5etl.incremental import parent, uptodate
 from h5etl.incremental import reuse as carry
-from h5etl.pipeline import interrupts, planning, settle
+from h5etl.pipeline import interrupts, planning, settle, write
 from h5etl.pipeline.planning import ProgressHook
 from h5etl.pipeline.status import BuildStatus
+from h5etl.pipeline.write import BuildRun
 from h5etl.plan import kind_registry as registry
 from h5etl.plan.result import Plan
 from h5etl.release.folder import OutputFolder
 from h5etl.resume import journal_use as resume
 from h5etl.shards.committer import Sharding, Shards, start_sharded
-from h5etl.sink.writer import Sink
-from h5etl.stats.tallies import Tallies, block_json
 
 logger = logging.getLogger(__name__)
-
-# Where they lived before buildparts: tests and benchmarks derive recipes and layouts here.
 
 
 def build(
@@ -118,7 +106,9 @@ def build(
             status(stage, advance, total)
             hook(stage, advance, total)
 
-        run = _Run(spec, output, jobs, both, status, checkpoint_seconds, epoch, decoder, sharding)
+        run = BuildRun(
+            spec, output, jobs, both, status, checkpoint_seconds, epoch, decoder, sharding
+        )
         try:  # the status says how it ended, also when the cluster fails its check
             if full or resume or sharding is not None or output.current_release() is None:
                 decoder.start()  # it will decode: the workers start while this process plans
@@ -130,22 +120,7 @@ def build(
             raise
 
 
-@dataclass(frozen=True, slots=True)
-class _Run:
-    """What every step of one build needs beside the plan: where, how, who listens."""
-
-    spec: Spec
-    output: OutputFolder
-    jobs: int
-    hook: ProgressHook  # the status file's, then the caller's
-    status: BuildStatus
-    checkpoint_seconds: float
-    epoch: datetime | None  # SOURCE_DATE_EPOCH
-    decoder: LazyDecoder  # the local pool or the Dask cluster, started when needed
-    sharding: Sharding | None = None  # K shard writers (--shards)
-
-
-def _build_locked(run: _Run, *, resume: bool, full: bool) -> BuildReport:
+def _build_locked(run: BuildRun, *, resume: bool, full: bool) -> BuildReport:
     spec, output, jobs, hook, status = run.spec, run.output, run.jobs, run.hook, run.status
     previous = output.resumables() if resume else []
     # --resume keeps every leftover until the release is out: shards have no journal
@@ -197,7 +172,7 @@ def _build_locked(run: _Run, *, resume: bool, full: bool) -> BuildReport:
 
 
 def _up_to_date(
-    run: _Run, report: BuildReport, watch: Stopwatch, warnings: list[str]
+    run: BuildRun, report: BuildReport, watch: Stopwatch, warnings: list[str]
 ) -> BuildReport:
     """An up-to-date build's end: no release, the linked one named, as ``report`` says."""
     report.seconds = {**watch.seconds, "total": watch.total()}
@@ -214,7 +189,7 @@ def _up_to_date(
 
 
 def _build_planned(
-    run: _Run,
+    run: BuildRun,
     plan: Plan,
     report: BuildReport,
     watch: Stopwatch,
@@ -247,7 +222,7 @@ def _build_planned(
         try:
             with output.staged() as temp:
                 warned = len(report.warnings)
-                written = _write(
+                written = write.write_release(
                     run, plan, report, temp, version=version, watch=watch, earlier=earlier,
                     carried=carried, gate=gate,
                 )  # fmt: skip
@@ -265,7 +240,7 @@ def _build_planned(
                             sharded = _sharded(run, settled, report, version, watch)
                             report.shards_reused += reused  # those of the first write too
                         rewrite = functools.partial(
-                            _write, run, version=version, watch=watch, earlier=sharded,
+                            write.write_release, run, version=version, watch=watch, earlier=sharded,
                             gate=gate, planned_as=plan,
                         )  # fmt: skip
                         written = settle.rewrite(
@@ -291,7 +266,9 @@ def _build_planned(
             report.resumed = 0
 
 
-def _sharded(run: _Run, plan: Plan, report: BuildReport, version: int, watch: Stopwatch) -> Shards:
+def _sharded(
+    run: BuildRun, plan: Plan, report: BuildReport, version: int, watch: Stopwatch
+) -> Shards:
     """The first round of ``plan`` written by the shard writers (``--shards K``)."""
     assert run.sharding is not None
     run.hook("shards", 0, run.sharding.count)
@@ -304,7 +281,7 @@ def _sharded(run: _Run, plan: Plan, report: BuildReport, version: int, watch: St
 
 
 def _publish(
-    run: _Run, report: BuildReport, temp: Path, version: int, earlier: resume.Start | None
+    run: BuildRun, report: BuildReport, temp: Path, version: int, earlier: resume.Start | None
 ) -> Any:
     facts = provenance.build_facts(report, run.jobs)
     facts["shards"] = run.sharding.count if run.sharding else 0
@@ -313,154 +290,3 @@ def _publish(
     parts = earlier.parts if isinstance(earlier, Shards) and earlier.virtual else []
     interrupts.check()  # never publish after a Ctrl-C, even one Python lost
     return run.output.publish(temp, report.rejects, version=version, facts=facts, parts=parts)
-
-
-def _write(
-    run: _Run,
-    plan: Plan,
-    report: BuildReport,
-    temp: Path,
-    *,
-    version: int,
-    watch: Stopwatch,
-    earlier: resume.Start | None,
-    carried: carry.CarryPlan | None = None,
-    gate: uptodate.Gate | None = None,
-    planned_as: Plan | None = None,
-) -> tuple[str, carry.BlockLog] | None:
-    """Write the release to ``temp``; return its fingerprint and block tallies (for its carry
-    record), or None after a resume or a sharded build (their tallies are not per block).
-    ``planned_as``: the plan the loss guard holds the counts against, when it is not ``plan``
-    (the first plan, for the second write of a build whose decoding rejected samples)."""
-    spec, hook, status = run.spec, run.hook, run.status
-    recipe = buildparts.recipe_of(plan)
-    record = buildparts.layout_record(spec, plan)
-    state = earlier.queues if earlier is not None else None
-    tallies = earlier.tallies() if earlier is not None else Tallies()
-    todo = carried.decode if carried is not None and carried.decode is not None else plan
-    try:
-        cutter = buildparts.cutter(spec, todo, state)
-    except ValueError as exc:  # a journal of another h5etl: its tasks were cut otherwise
-        raise ResumeMismatch(str(exc), path=temp) from exc
-    checkpoints = resume.Checkpoints(
-        OutputFolder.journal_of(temp), spec, todo, cutter, run.checkpoint_seconds, tallies
-    )
-    log = carry.BlockLog() if earlier is None else None
-    fingerprint = hashlib.sha256()  # over key and file digests in write order: no list kept
-    worker_seconds = writer_seconds = 0.0  # of other processes: the shards' workers and writers
-    virtual = isinstance(earlier, Shards) and earlier.virtual
-    linked = run.output.current_release()  # the parent, as for the splits
-    annotate = Annotator(None if linked is None else linked[1])  # the change label
-    created = threading.Event()
-    try:
-        with (
-            # with chunks to copy first, the workers decode meanwhile (a thread pulls them),
-            # from once the file exists, while the sink copies the parent's first rows or a
-            # killed build's chunks (a resume after a kill at half time copied 1.7 s first)
-            buildparts.results(
-                cutter,
-                recipe,
-                run.decoder,
-                early=carried is not None or earlier is not None,
-                start=created,
-            ) as results,
-            Sink(
-                temp,
-                sink_layout(spec, plan),
-                virtual=virtual,
-                seed=None if carried is None else carried.seed(),
-                on_rows=annotate.rows,
-                on_created=created.set,
-            ) as sink,
-        ):
-            if earlier is not None:
-                restored = earlier.restore(sink, checkpoints)
-                # This build's journal now holds everything the killed builds' files did
-                # (a virtual release keeps its parts: they are published beside it).
-                parts = earlier.parts if isinstance(earlier, Shards) and virtual else []
-                keep = {temp, OutputFolder.journal_of(temp), *parts}
-                run.output.remove_stale_partials(keep=keep)
-                fingerprint.update(restored.fingerprint.encode())
-                report.rejects.extend(restored.rejects)
-                report.resumed = restored.samples if restored.resumed else 0
-                status.resumed(dict(sink.counts))
-                watch.lap(restored.stage)
-                worker_seconds, writer_seconds = restored.worker_seconds, restored.writer_seconds
-            if carried is not None and log is not None:
-                # the copied chunks fsynced as they are copied (and the page cache handed back)
-                between = functools.partial(checkpoints.sync_soon, sink)
-                carried_lines, copied = carry.copy_into(sink, carried, tallies, log, between)
-                fingerprint.update(carried_lines.encode())
-                report.reused, report.reused_bytes = carried.samples, copied
-                status.resumed(dict(sink.counts))  # carried rows are stored rows for status
-                checkpoints.sync_soon(sink)  # while the decoding finishes (0.05-0.08 s here)
-                watch.lap("carry")
-            annotate.prepare()  # while the decoders work: read the parent's snapshot
-            hook("decode+write", 0, todo.total)  # in order: a decoded batch is written at once
-            if earlier is not None:
-                hook("decode+write", sum(sink.counts.values()), None)
-            for result in results:
-                interrupts.check()
-                report.rejects.extend(result.rejects)
-                enforce_limit(spec, report.rejects, report.inputs)
-                sink.write(result)
-                status.stored(result)
-                tallies.add(result)
-                if log is not None:
-                    tallied = [block_json(b) for b in result.blocks]
-                    log.add(result.task.split, tallied, carry.row_keys(result))
-                    log.decoded(processed(result), result.seconds)
-                lines = provenance.fingerprint_lines(result)
-                fingerprint.update("".join(lines).encode())
-                checkpoints.note(result, lines)
-                if not cutter.finished:  # after the last result the build ends at once
-                    checkpoints.maybe_write(sink)
-                if checkpoints.due_for_trim():
-                    memory.release_free_memory()
-                worker_seconds += result.seconds
-                hook("decode+write", processed(result), None)
-                del result  # written: not held while the next is decoded (buildparts.decoded)
-            watch.lap("decode_and_write")
-            report.samples = dict(sink.counts)
-            require_samples(spec, report.samples, report)
-            report.created_at = reproducible.created_at(run.epoch)
-            attrs = provenance.file_attrs(spec, version, fingerprint, report.created_at)
-            attrs[fileformat.LAYOUT_ATTR] = record.to_json()
-            # the counts the file holds, decode-time rejects and a recording's windows counted
-            policy = {**plan.policy, "counts": dict(report.samples)}
-            attrs[fileformat.SPLIT_POLICY_ATTR] = json.dumps(policy)
-            if isinstance(earlier, Shards) and virtual:  # what check and the readers verify
-                attrs[fileformat.PARTS_ATTR] = earlier.part_record()
-            if carried is not None:
-                facts = carry.facts(carried, report.reused_bytes, sum(report.samples.values()))
-                attrs[fileformat.PARENT_ATTR] = json.dumps(facts)
-            diagnostics = provenance.diagnostics(report, plan)
-            diagnostics.update(tallies.diagnostics(record))
-            report.conversions = tallies.conversions
-            report.class_counts = tallies.class_counts(record)
-            guard(spec, report, planned(planned_as or plan), annotate.before())
-            memory.release_free_memory()
-            report.datasets = sink.finish(
-                attrs,
-                diagnostics,
-                tallies.dataset_attrs(record),
-                rejects=stored_rejects(spec, report.rejects),
-                annotate=annotate,
-            )
-            if gate is not None and gate.nothing_new(annotate.same_rows):
-                raise uptodate.NothingNew
-            report.change = annotate.line()
-            report.chunk_paths = sink.chunk_paths
-            checkpoints.drain()
-    finally:
-        checkpoints.close()
-    watch.lap("finish")
-    # How long things took is a build fact (build.json), not part of the reproducible file.
-    report.seconds = {
-        **watch.seconds,
-        "workers_decode": round(worker_seconds, 4),
-        "writer": round(writer_seconds + sink.seconds, 4),
-    }
-    report.raw_bytes = sum(d["raw_bytes"] for d in report.datasets.values())
-    report.stored_bytes = sum(d["stored_bytes"] for d in report.datasets.values())
-    return None if log is None else (attrs[fileformat.FINGERPRINT_ATTR], log)

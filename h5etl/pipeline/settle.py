@@ -98,7 +98,7 @@ def line(first: Plan, settled: Plan) -> str:
 
 
 class Write(Protocol):
-    """``pipeline._write`` for one plan: writes it into a temp file, returns its block log."""
+    """``write.write_release`` for one plan: writes it into a temp file, returns its block log."""
 
     def __call__(
         self, plan: Plan, report: BuildReport, temp: Path, *, carried: carry.CarryPlan | None
