@@ -17,7 +17,7 @@ from h5etl.cli.common import app, run, say
 from h5etl.units import human_size
 
 if TYPE_CHECKING:
-    from h5etl.history.diff import Change, ReleaseDiff
+    from h5etl.history.changes import Change, ReleaseDiff
     from h5etl.history.diff_rejects import RejectChange
     from h5etl.release.naming import ReleaseInfo
     from h5etl.release.prune import PrunePlan
