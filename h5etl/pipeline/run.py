@@ -33,7 +33,8 @@ from h5etl.plan import kind_registry as registry
 from h5etl.plan.result import Plan
 from h5etl.release.folder import OutputFolder
 from h5etl.resume import journal_use as resume
-from h5etl.shards.committer import Sharding, Shards, start_sharded
+from h5etl.shards.committer import Sharding, start_sharded
+from h5etl.shards.stitch import Shards
 
 logger = logging.getLogger(__name__)
 

@@ -39,7 +39,8 @@ from h5etl.pipeline.status import BuildStatus
 from h5etl.plan.result import Plan
 from h5etl.release.folder import OutputFolder
 from h5etl.resume import journal_use as resume
-from h5etl.shards.committer import Sharding, Shards
+from h5etl.shards.committer import Sharding
+from h5etl.shards.stitch import Shards
 from h5etl.sink.writer import Sink
 from h5etl.stats.tallies import Tallies, block_json
 
