@@ -69,3 +69,44 @@ def test_only_the_sink_writes_hdf5() -> None:
         for line in hdf5_writes(path.read_text(encoding="utf-8"))
     }
     assert found == set()
+
+
+ARCHITECTURE = PACKAGE.parent / "docs" / "internals" / "architecture.md"
+PYPROJECT = PACKAGE.parent / "pyproject.toml"
+
+
+def _layers_contract() -> list[str]:
+    """The folders of the ``layers`` import contract, top first, siblings in their order."""
+    import tomllib
+
+    contracts = tomllib.loads(PYPROJECT.read_text())["tool"]["importlinter"]["contracts"]
+    layers = next(c["layers"] for c in contracts if c["type"] == "layers")
+    names = [part.strip() for layer in layers for part in layer.replace(":", "|").split("|")]
+    return [name.removeprefix("h5etl.") for name in names]
+
+
+def _pictured_folders() -> list[str]:
+    """The folders and root modules the architecture page's tree draws, top first."""
+    text = ARCHITECTURE.read_text(encoding="utf-8")
+    tree = text.split("## How it is built", 1)[1].split("```", 2)[1]
+    names: list[str] = []
+    for line in tree.splitlines():
+        if line.startswith("  ") and not line.startswith("   "):
+            first = line.split()[0]
+            if first.endswith("/"):
+                names.append(first.removesuffix("/"))
+            elif first.endswith(".py"):  # the root modules' line
+                names.extend(w.removesuffix(".py") for w in line.split() if w.endswith(".py"))
+    return names
+
+
+def test_the_architecture_page_draws_the_layers_the_import_contract_enforces() -> None:
+    # the picture drifted from pyproject's contract once already: a newcomer reads the picture
+    pictured = _pictured_folders()
+    enforced = [name for name in _layers_contract() if name != "_version"]
+    assert pictured == enforced
+
+
+def test_every_package_folder_is_in_the_layers_contract() -> None:
+    folders = {path.parent.name for path in PACKAGE.glob("*/__init__.py")}
+    assert folders <= set(_layers_contract())
