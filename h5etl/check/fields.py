@@ -168,7 +168,7 @@ def empty_classes(
 
 
 def group_lines(handle: h5py.File, record: fileformat.LayoutRecord, problem: Problem) -> list[str]:
-    """The groups of the per-sample record: how many, and a problem for each group found in
+    """The groups of the sample keys: how many, and a problem for each group found in
     more than one split (leakage: one patient's images in train and valid)."""
     if fileformat.SAMPLE_GROUP not in record.samples:
         return []

@@ -41,7 +41,7 @@ __all__ = [
 ]
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
-RESERVED_NAMES = frozenset({fileformat.LINEAGE, *fileformat.SAMPLE_RECORD, fileformat.DIAGNOSTICS})
+RESERVED_NAMES = frozenset({fileformat.LINEAGE, *fileformat.SAMPLE_KEYS, fileformat.DIAGNOSTICS})
 MAX_CHUNK_BYTES = 2**32 - 1  # HDF5 refuses chunks of 4 GiB or more
 # A decode task holds a whole chunk of every image field: the lcm of their chunk rows. Fields
 # that agree make that one chunk, the user's own choice; fields that disagree may grow it to
@@ -257,7 +257,7 @@ def _path_problems(spec: SpecView) -> list[Problem]:
     for split in spec.splits:
         for field_name, name in [
             *names,
-            *((n, n) for n in (fileformat.LINEAGE, *fileformat.SAMPLE_RECORD)),
+            *((n, n) for n in (fileformat.LINEAGE, *fileformat.SAMPLE_KEYS)),
         ]:
             path = _dataset_path(spec, split, field_name, name)
             node = fileformat.diagnostics_node(path)

@@ -194,7 +194,7 @@ def join_results(into: BatchResult, recipe: DecodeRecipe, parts: Sequence[BatchR
             known = into.conversions.setdefault(name, {})
             for code, count in codes.items():
                 known[code] = known.get(code, 0) + count
-    for name in fileformat.SAMPLE_RECORD:
+    for name in fileformat.SAMPLE_KEYS:
         into.columns[name] = [text for part in parts for text in part.columns[name]]  # type: ignore[union-attr]
     for _, name, column in recipe.columns:
         pieces = [part.columns[name] for part in parts]

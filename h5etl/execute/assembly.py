@@ -52,7 +52,7 @@ def sink_layout(spec: Spec, plan: Plan) -> SinkLayout:
         tuple(spec.splits),
         {
             **{name: column for kind in plan.kinds for name, column in kind.columns.items()},
-            **{name: TextColumn() for name in fileformat.SAMPLE_RECORD},  # the sample record
+            **{name: TextColumn() for name in fileformat.SAMPLE_KEYS},  # the sample keys
         },
         tuple(spec.sources),
         spec.layout,
@@ -146,7 +146,7 @@ def layout_record(spec: Spec, plan: Plan) -> fileformat.LayoutRecord:
         spec.layout,
         tuple(spec.splits),
         layout_records(plan.kinds),
-        samples=fileformat.SAMPLE_RECORD,
+        samples=fileformat.SAMPLE_KEYS,
     )
 
 

@@ -33,7 +33,7 @@ __all__ = [
     "REQUIRED_ATTRS",
     "SAMPLE_GROUP",
     "SAMPLE_KEY",
-    "SAMPLE_RECORD",
+    "SAMPLE_KEYS",
     "SPLIT_POLICY_ATTR",
     "STAT_ATTRS",
     "STORY_ATTRS",
@@ -54,10 +54,10 @@ DIAGNOSTICS_DATASETS = f"{DIAGNOSTICS}/{DATASETS_GROUP}"
 BLOCK_DIGESTS = "block_sha256"  # in each of those groups: S64 digests of its row blocks
 LINEAGE = "source_sha256"  # per split: (N, sources) S64, the SHA-256 of each input file
 LINEAGE_COLUMNS_ATTR = "columns"  # on the lineage dataset: the source names, in order
-# The per-sample record, per split, row-aligned with the split's fields and lineage:
+# The sample keys, per split, row-aligned with the split's fields and lineage:
 SAMPLE_KEY = "sample_key"  # (N,) UTF-8: the name the sample's split is seeded by (NFC)
 SAMPLE_GROUP = "sample_group"  # (N,) UTF-8: the sample's group (splits.group_by), "" if none
-SAMPLE_RECORD = (SAMPLE_KEY, SAMPLE_GROUP)
+SAMPLE_KEYS = (SAMPLE_KEY, SAMPLE_GROUP)
 # Root attributes (the required ones, then the tool's version, which older files may lack)
 NAME_ATTR, VERSION_ATTR, CREATED_AT_ATTR = "name", "version", "created_at"
 CONFIG_ATTR, CONFIG_SHA256_ATTR, FINGERPRINT_ATTR = "config", "config_sha256", "source_fingerprint"
@@ -193,7 +193,7 @@ class LayoutRecord:
     splits: tuple[str, ...]
     fields: Mapping[str, FieldRecord]
     inferred: bool = False  # no record in the file: read from an older release's shape
-    samples: tuple[str, ...] = ()  # the per-sample record's datasets (older releases: none)
+    samples: tuple[str, ...] = ()  # the sample-key datasets (older releases: none)
 
     def path(self, split: str, field_name: str) -> str:
         return dataset_path(self.template, split, field_name)
@@ -202,7 +202,7 @@ class LayoutRecord:
         return dataset_path(self.template, split, LINEAGE)
 
     def sample_paths(self, split: str) -> dict[str, str]:
-        """The per-sample record's dataset paths in ``split`` (empty for older releases)."""
+        """The sample-key dataset paths in ``split`` (empty for older releases)."""
         return {name: dataset_path(self.template, split, name) for name in self.samples}
 
     def paths(self, split: str) -> dict[str, str]:
@@ -317,7 +317,7 @@ def _inferred_layout(handle: h5py.File) -> LayoutRecord:
     fields: dict[str, FieldRecord] = {}
     for split in splits:
         for name, node in handle[split].items():
-            beside = name in (LINEAGE, *SAMPLE_RECORD)
+            beside = name in (LINEAGE, *SAMPLE_KEYS)
             if beside or name in fields or not isinstance(node, h5py.Dataset):
                 continue
             entry = config.get(name)

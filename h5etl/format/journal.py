@@ -32,7 +32,7 @@ FORMAT = 5
 
 
 @dataclass(frozen=True, slots=True)
-class ChunkRecord:
+class WrittenChunk:
     dataset: str
     offset: tuple[int, ...]
     filter_mask: int
@@ -74,7 +74,7 @@ def pack_chunks(
     }
 
 
-def unpack_chunks(table: dict[str, Any]) -> list[ChunkRecord]:
+def unpack_chunks(table: dict[str, Any]) -> list[WrittenChunk]:
     """The chunk records of a table ``pack_chunks`` made.
 
     Raises:
@@ -96,7 +96,7 @@ def unpack_chunks(table: dict[str, Any]) -> list[ChunkRecord]:
         mask, byte_offset, size = place
         sha = digests[32 * index : 32 * index + 32].hex()
         offset = tuple(flat[end - rank : end].tolist())
-        records.append(ChunkRecord(names[dataset], offset, mask, byte_offset, size, sha))
+        records.append(WrittenChunk(names[dataset], offset, mask, byte_offset, size, sha))
     return records
 
 
@@ -108,7 +108,7 @@ class ResumeState:
     plan_sha256: str
     queues: dict[str, dict[str, Any]] = field(default_factory=dict)  # the task cutter's state
     rows: dict[str, int] = field(default_factory=dict)
-    chunks: list[ChunkRecord] = field(default_factory=list)  # in write order
+    chunks: list[WrittenChunk] = field(default_factory=list)  # in write order
     runs: list[tuple[str, int]] = field(default_factory=list)  # (split, chunks before it)
     blocks: dict[str, list[str]] = field(default_factory=dict)  # image dataset -> block digests
     texts: dict[str, list[str]] = field(default_factory=dict)  # text dataset -> rows
@@ -116,7 +116,7 @@ class ResumeState:
     fingerprint: list[str] = field(default_factory=list)
     rejects: list[dict[str, str]] = field(default_factory=list)
     tallies: dict[str, Any] = field(default_factory=dict)  # the latest snapshot (not a delta)
-    # ragged values dataset -> rows in whole chunks and the carry (latest snapshot)
+    # ragged values dataset -> rows in whole chunks and the partial chunk (latest snapshot)
     ragged: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property

@@ -50,7 +50,7 @@ BOOKKEEPING = frozenset(
 # What a layout inferred from a release without a record knows of each field
 INFERRED_PROPS = frozenset({"kind", "column", "dtype", "shape", fileformat.VALUES_KEY})
 IDENTITY_WORDS: dict[Identity, str] = {
-    "key": "their key (the per-sample record)",
+    "key": "their key (the sample keys)",
     "filename": f"their file name (the {FILENAME_FIELD!r} field)",
     "sources": "the SHA-256 of their source files",
 }

@@ -274,7 +274,7 @@ def sample_facts(
     split: str, sources: Sequence[str], hashes: np.ndarray, texts: Mapping[str, Sequence[str]]
 ) -> list[SampleFacts]:
     """The facts of a split's rows from its columns: the lineage (S64 digests, a column per
-    source) and the texts of the per-sample record and the ``filename`` field, where stored."""
+    source) and the texts of the sample keys and the ``filename`` field, where stored."""
     nothing: list[str | None] = [None] * len(hashes)
     keys, groups, filenames = (
         texts.get(name, nothing)

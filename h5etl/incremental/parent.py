@@ -54,8 +54,8 @@ class Parent:
         return sum(len(split.keys) for split in self.splits.values())
 
 
-class NoRecord(Exception):
-    """The parent cannot serve as one: no per-sample record, or unreadable (the message says)."""
+class NoSampleKeys(Exception):
+    """The parent cannot serve as one: no sample keys, or unreadable (the message says)."""
 
 
 def _texts(dataset: h5py.Dataset) -> list[str]:
@@ -80,14 +80,14 @@ def read_parent(path: Path, version: int) -> Parent:
     """Read the parent release at ``path``.
 
     Raises:
-        NoRecord: it is not readable as HDF5, its layout record is damaged, or it is of a
-            version of h5etl that stored no per-sample record.
+        NoSampleKeys: it is not readable as HDF5, its layout record is damaged, or it is of a
+            version of h5etl that stored no sample keys.
     """
     try:
         with h5py.File(path, "r") as handle:
             layout = fileformat.read_layout(handle)
-            if set(fileformat.SAMPLE_RECORD) - set(layout.samples):
-                raise NoRecord(f"{path.name} stores no per-sample record (an older h5etl)")
+            if set(fileformat.SAMPLE_KEYS) - set(layout.samples):
+                raise NoSampleKeys(f"{path.name} stores no sample keys (an older h5etl)")
             splits = {}
             for split in layout.splits:
                 record = layout.sample_paths(split)
@@ -108,10 +108,10 @@ def read_parent(path: Path, version: int) -> Parent:
                 tool_version=str(attrs.get(fileformat.TOOL_VERSION_ATTR, "")),
                 rejects=_stored_rejects(handle),
             )
-    except NoRecord:
+    except NoSampleKeys:
         raise
     except (OSError, KeyError, ValueError, TypeError) as exc:
-        raise NoRecord(f"{path.name} cannot be read ({type(exc).__name__}: {exc})") from exc
+        raise NoSampleKeys(f"{path.name} cannot be read ({type(exc).__name__}: {exc})") from exc
 
 
 def parent_of(output: OutputFolder) -> tuple[Parent | None, list[str]]:
@@ -122,5 +122,5 @@ def parent_of(output: OutputFolder) -> tuple[Parent | None, list[str]]:
     version, path = found
     try:
         return read_parent(path, version), []
-    except NoRecord as exc:
+    except NoSampleKeys as exc:
         return None, [f"{exc}: splits are assigned afresh, not kept from v{version:04d}"]

@@ -392,7 +392,7 @@ def record_of(
 
 
 def record_rows(samples: tuple[Sample, ...]) -> dict[str, list[str]]:
-    """This build's per-sample record of carried rows (its own keys and groups)."""
+    """This build's sample keys of carried rows (its own keys and groups)."""
     from h5etl.format import contract as fileformat
 
     return {

@@ -238,7 +238,7 @@ def _assigned(
     )
     by_split: dict[str, list[tuple[Sample, Probed]]] = {name: [] for name in spec.splits}
     for (sample, outcome), name, split in zip(annotated, names, placed.splits, strict=True):
-        if name != sample.key:  # the per-sample record stores the name, not the new key
+        if name != sample.key:  # the sample keys store the name, not the new key
             sample = dataclasses.replace(sample, name=name)
         by_split[split].append((sample, outcome))
     policy = {

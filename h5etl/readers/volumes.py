@@ -148,7 +148,7 @@ class Volumes:
         self.affine = np.asarray(self._file[paths["affine"]][...])
         self.series_uid = _texts(self._file[paths["series_uid"]])
         # each case's name (its sample key), what a loss or a metric is reported by; a
-        # release without the sample record names a case by its number
+        # release without the sample keys names a case by its number
         self.keys = (
             _texts(self._file[paths["key"]])
             if "key" in paths

@@ -50,7 +50,7 @@ class JournalSide:
     def consistent(self) -> bool:
         """True when every stored row is in whole chunks: a point a resume can start from.
 
-        A ragged column's carry (the values after its last whole chunk) does not count: the
+        A ragged column's partial chunk (the values after its last whole chunk) does not count: the
         checkpoint records it (``sink_ragged.snapshot``), as it almost never empties.
         """
         return all(

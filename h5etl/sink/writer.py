@@ -248,7 +248,7 @@ class Sink(JournalSide):
         block's chunks byte for byte (``sink_copy.copy_rows``: the filter mask travels with
         the bytes, so every codec stays intact; a ragged column's value rows around its whole
         chunks are re-cut), the block digests the parent recorded, its text, scalar, offsets
-        and lineage rows as values, and ``record`` (this build's per-sample record of those
+        and lineage rows as values, and ``record`` (this build's sample keys of those
         rows). Call before any ``write`` to ``split``. Returns the stored bytes copied.
         ``between``: called now and then while the chunks are copied (the build fsyncs them).
         """

@@ -35,7 +35,7 @@ def test_a_chunk_table_reads_back_as_written(chunks: list[tuple[Any, ...]]) -> N
     table = journal.pack_chunks(DATASETS, which, offsets, places, digests)
     text = json.loads(json.dumps(table))  # as a journal line carries it
     expected = [
-        journal.ChunkRecord(DATASETS[w], o, p[0], p[1], p[2], d)
+        journal.WrittenChunk(DATASETS[w], o, p[0], p[1], p[2], d)
         for w, o, p, d in zip(which, offsets, places, digests, strict=True)
     ]
     assert journal.unpack_chunks(text) == expected
@@ -67,7 +67,7 @@ def test_a_damaged_chunk_table_ends_what_the_journal_is_trusted_for(tmp_path: Pa
     _journal(tmp_path / "j", [good, short, later])
     state = journal.read(tmp_path / "j")
     assert state is not None
-    assert state.chunks == [journal.ChunkRecord("/train/ct", (0, 0, 0), 0, 4096, 10, sha)]
+    assert state.chunks == [journal.WrittenChunk("/train/ct", (0, 0, 0), 0, 4096, 10, sha)]
 
 
 def test_a_journal_of_the_previous_format_is_not_resumed(tmp_path: Path) -> None:

@@ -34,7 +34,7 @@ def _build(config: Path) -> Path:
 
 
 def _split_of(path: Path, key: str) -> str:
-    """The split whose per-sample record holds ``key``, read with h5py."""
+    """The split whose sample keys hold ``key``, read with h5py."""
     with h5py.File(path, "r") as handle:
         for split in ("train", "valid"):
             if key in handle[f"{split}/sample_key"].asstr()[...].tolist():

@@ -23,7 +23,7 @@ from h5etl import examples
 from h5etl.cli.app import app
 from h5etl.report_html import SECTIONS, write_html_report
 
-# The datasets of a split the layout table leaves out: the lineage, the per-sample record and
+# The datasets of a split the layout table leaves out: the lineage, the sample keys and
 # the offsets beside ragged columns (the table shows the column they belong to).
 BOOKKEEPING = ("source_sha256", "sample_key", "sample_group")
 BLOSC = 32001  # the HDF5 filter id of Blosc

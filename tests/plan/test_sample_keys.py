@@ -1,4 +1,4 @@
-"""The per-sample record: each split's sample_key and sample_group, row-aligned with its fields."""
+"""The sample keys: each split's sample_key and sample_group, row-aligned with its fields."""
 
 from __future__ import annotations
 
