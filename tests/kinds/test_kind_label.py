@@ -23,6 +23,7 @@ import h5etl
 from h5etl.check.health import check_release
 from h5etl.cli.app import app
 from h5etl.readers import iter_batches
+from h5etl.testing import Broken, KindContractTests
 
 os.environ.setdefault("KERAS_BACKEND", "torch")  # before anything imports keras
 
@@ -542,3 +543,25 @@ def test_labels_chunked_by_bytes_do_not_widen_the_reading_unit(pets_release: Pat
     dataset = KerasDataset(pets_release, "train", shuffle=False)
     assert dataset.batch_size == image_rows
     dataset.close()
+
+
+class TestLabelContract(KindContractTests):
+    """The kind checklist (h5etl.testing): class folders, the label the folder's index."""
+
+    field = "label"
+
+    def make_raw(self, root: Path) -> Path:
+        make_pets(root, {"cat": 3, "dog": 3, "bird": 2}, extras=False)
+        return pets_config(root)
+
+    def break_input(self, root: Path) -> Broken:
+        path = root / "raw" / "pets" / "dog" / "dog_1.png"
+        path.write_text("not a PNG\n", encoding="utf-8")
+        return Broken("dog/dog_1", path, "unreadable")
+
+    def expected(self, root: Path) -> dict[str, int]:
+        classes = sorted(p.name for p in (root / "raw" / "pets").iterdir())
+        return {
+            f"{png.parent.name}/{png.stem}": classes.index(png.parent.name)
+            for png in (root / "raw" / "pets").glob("*/*.png")
+        }
