@@ -117,7 +117,8 @@ def flip_a_stored_byte(path: Path, dataset: str) -> None:
                 # past the last row (which no reader sees)
                 rows = min(node.chunks[0], node.shape[0])
                 size = min(size, rows * int(np.prod(node.chunks[1:])) * node.dtype.itemsize)
-    assert offset is not None and size > 0, f"{dataset} stores no bytes"
+    assert offset is not None, f"{dataset} stores no bytes"
+    assert size > 0, f"{dataset} stores no bytes"
     with open(path, "r+b") as handle:
         handle.seek(offset + size // 2)
         byte = handle.read(1)[0]

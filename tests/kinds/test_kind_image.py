@@ -22,7 +22,7 @@ import imagecodecs
 import numpy as np
 import pytest
 import yaml
-from conftest import dataset_digests, run_killed_build
+from conftest import dataset_digests
 from PIL import Image
 from typer.testing import CliRunner
 
@@ -31,6 +31,7 @@ from h5etl.cli.app import app
 from h5etl.config.load import load_spec
 from h5etl.plan import tasks
 from h5etl.readers import Release, iter_batches
+from h5etl.testing import run_killed_build
 
 SIDE = 16  # the field's H and W; inputs are smaller, so every row has padding
 SIZES = ((10, 12), (16, 16), (13, 9), (11, 15))

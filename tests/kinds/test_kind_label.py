@@ -15,7 +15,7 @@ import h5py
 import numpy as np
 import pytest
 import yaml
-from conftest import dataset_digests, exact_splits, run_killed_build, save
+from conftest import dataset_digests, exact_splits, save
 from PIL import Image
 from typer.testing import CliRunner
 
@@ -23,7 +23,7 @@ import h5etl
 from h5etl.check.health import check_release
 from h5etl.cli.app import app
 from h5etl.readers import iter_batches
-from h5etl.testing import Broken, KindContractTests
+from h5etl.testing import Broken, KindContractTests, run_killed_build
 
 os.environ.setdefault("KERAS_BACKEND", "torch")  # before anything imports keras
 

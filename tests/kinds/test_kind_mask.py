@@ -19,7 +19,7 @@ import h5py
 import numpy as np
 import pytest
 import yaml
-from conftest import base_config, dataset_digests, merge, run_killed_build, save
+from conftest import base_config, dataset_digests, merge, save
 from PIL import Image
 from typer.testing import CliRunner
 
@@ -28,6 +28,7 @@ from h5etl.cli.app import app
 from h5etl.config.load import load_spec
 from h5etl.plan import tasks
 from h5etl.readers import Release
+from h5etl.testing import run_killed_build
 
 SHAPE = 24
 SIZES = ((10, 12), (24, 24), (17, 9), (20, 23), (13, 24), (8, 8))

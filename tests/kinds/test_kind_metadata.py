@@ -13,13 +13,14 @@ import h5py
 import numpy as np
 import pytest
 import yaml
-from conftest import dataset_digests, run_killed_build, save
+from conftest import dataset_digests, save
 from typer.testing import CliRunner
 
 import h5etl
 from h5etl.check.health import check_release
 from h5etl.cli.app import app
 from h5etl.readers import iter_batches
+from h5etl.testing import run_killed_build
 
 runner = CliRunner()
 N = 12

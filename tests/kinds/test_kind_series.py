@@ -14,12 +14,13 @@ import h5py
 import numpy as np
 import pytest
 import yaml
-from conftest import dataset_digests, run_killed_build
+from conftest import dataset_digests
 from typer.testing import CliRunner
 
 import h5etl
 from h5etl.check.health import check_release
 from h5etl.cli.app import app
+from h5etl.testing import run_killed_build
 
 runner = CliRunner()
 ACCEL_HZ, VOLT_HZ = 50, 10  # small rates: tests stay tiny

@@ -17,7 +17,7 @@ import imagecodecs
 import numpy as np
 import pytest
 import yaml
-from conftest import dataset_digests, run_killed_build
+from conftest import dataset_digests
 from PIL import Image
 from typer.testing import CliRunner
 
@@ -26,6 +26,7 @@ from h5etl.cli.app import app
 from h5etl.config.load import load_spec
 from h5etl.plan import tasks
 from h5etl.readers import iter_batches
+from h5etl.testing import run_killed_build
 
 LOW, HIGH, FACTOR = 64, 256, 4
 STATS = ("mean", "std", "min", "max", "count")

@@ -15,13 +15,14 @@ import imagecodecs
 import numpy as np
 import pytest
 import yaml
-from conftest import dataset_digests, run_killed_build
+from conftest import dataset_digests
 
 import h5etl
 from h5etl.check.health import check_release
 from h5etl.errors import ConfigError
 from h5etl.examples.volumes import ct_case, series_affine, write_dicom_series, write_nifti
 from h5etl.format import contract as fileformat
+from h5etl.testing import run_killed_build
 
 SHAPE = (16, 16)  # (y, x) of every slice
 SPACING = (2.5, 0.8, 0.7)

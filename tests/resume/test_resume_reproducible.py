@@ -10,13 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from conftest import run_killed_build
 
 import h5etl
 import h5etl.examples
 import h5etl.plan.tasks
 from h5etl.examples.volumes import ct_case, write_nifti
 from h5etl.history import clock as reproducible
+from h5etl.testing import run_killed_build
 
 EPOCH = "1700000000"
 
