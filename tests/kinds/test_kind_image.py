@@ -31,7 +31,7 @@ from h5etl.cli.app import app
 from h5etl.config.load import load_spec
 from h5etl.plan import tasks
 from h5etl.readers import Release, iter_batches
-from h5etl.testing import run_killed_build
+from h5etl.testing import Broken, KindContractTests, run_killed_build
 
 SIDE = 16  # the field's H and W; inputs are smaller, so every row has padding
 SIZES = ((10, 12), (16, 16), (13, 9), (11, 15))
@@ -487,3 +487,28 @@ def test_resume_after_a_kill_equals_a_clean_build(
             assert again[split][key].tobytes() == statistics[split][key].tobytes(), (split, key)
     code, output = cli("check", "--deep", resumed.path)
     assert code == 0, output
+
+
+# --- the kind checklist (h5etl.testing) ----------------------------------------------------
+
+
+class TestImageContract(KindContractTests):
+    """16-bit grey PNGs into a uint16 field, centre-padded; a PNG cut in half is truncated."""
+
+    field = "image"
+
+    def make_raw(self, root: Path) -> Path:
+        ct_slices(root, n=8)
+        return write_config(root, grey("uint16"))
+
+    def break_input(self, root: Path) -> Broken:
+        path = root / "raw" / "img" / "ct03.png"
+        data = path.read_bytes()
+        path.write_bytes(data[: len(data) // 2])
+        return Broken("ct03", path, "truncated")
+
+    def expected(self, root: Path) -> dict[str, np.ndarray]:
+        return {
+            png.stem: padded(imagecodecs.png_decode(png.read_bytes()), "uint16")
+            for png in (root / "raw" / "img").glob("*.png")
+        }

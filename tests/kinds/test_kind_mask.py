@@ -28,7 +28,7 @@ from h5etl.cli.app import app
 from h5etl.config.load import load_spec
 from h5etl.plan import tasks
 from h5etl.readers import Release
-from h5etl.testing import run_killed_build
+from h5etl.testing import Broken, KindContractTests, run_killed_build
 
 SHAPE = 24
 SIZES = ((10, 12), (24, 24), (17, 9), (20, 23), (13, 24), (8, 8))
@@ -899,3 +899,39 @@ def test_a_key_of_another_kind_on_a_mask_is_one_line_naming_it(
     assert len(output.strip().splitlines()) == 1, output
     assert f"fields.mask.{key}" in output
     assert f"a mask field takes no {key}" in output, output
+
+
+# --- the kind checklist (h5etl.testing) ----------------------------------------------------
+
+
+class TestMaskContract(KindContractTests):
+    """Colour-coded RGB masks mapped through a colour table to labels 0, 3, 7, centre-padded;
+    a colour outside the table rejects its sample."""
+
+    field = "mask"
+
+    def make_raw(self, root: Path) -> Path:
+        rgb, _ = colour_masks(n=8, seed=7)
+        write_pairs(root, dict(rgb))
+        return write_config(
+            root, mask_field([0, 3, 7]), colors_yaml=AS_HEX, storage={"chunk_samples": 2}
+        )
+
+    def break_input(self, root: Path) -> Broken:
+        path = root / "raw" / "masks" / "s002.png"
+        with Image.open(path) as image:
+            pixels = np.asarray(image).copy()
+        pixels[1, 1] = (1, 2, 3)
+        save(path, pixels)
+        return Broken("s002", path, "unknown_color")
+
+    def expected(self, root: Path) -> dict[str, np.ndarray]:
+        out = {}
+        for png in (root / "raw" / "masks").glob("*.png"):
+            with Image.open(png) as image:
+                pixels = np.asarray(image.convert("RGB"))
+            labels = np.zeros(pixels.shape[:2], np.uint8)
+            for colour, label in COLOUR_LABELS.items():
+                labels[(pixels == colour).all(axis=2)] = label
+            out[png.stem] = centre_pad(labels, SHAPE, SHAPE)
+        return out

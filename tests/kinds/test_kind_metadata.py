@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import signal
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import h5py
 import numpy as np
@@ -20,7 +20,7 @@ import h5etl
 from h5etl.check.health import check_release
 from h5etl.cli.app import app
 from h5etl.readers import iter_batches
-from h5etl.testing import run_killed_build
+from h5etl.testing import Broken, KindContractTests, run_killed_build
 
 runner = CliRunner()
 N = 12
@@ -399,3 +399,56 @@ def test_torch_loader_gives_typed_metadata(meta: tuple[Path, dict[str, dict[str,
             seen += 1
     dataset.close()
     assert seen == report.samples["train"]
+
+
+# --- the kind checklist (h5etl.testing) ----------------------------------------------------
+
+
+class MetadataCase(KindContractTests):
+    """``make_meta``'s images with JSON sidecars and a CSV (``BROKEN`` rejected throughout);
+    a field read from the sidecars, whose expectation this reads with ``json``."""
+
+    key: ClassVar[str]  # the sidecar key the field reads
+
+    def make_raw(self, root: Path) -> Path:
+        make_meta(root)
+        return meta_config(root)
+
+    def expected(self, root: Path) -> dict[str, Any]:
+        out = {}
+        for sidecar in (root / "raw" / "meta").glob("*.json"):
+            if sidecar.stem not in BROKEN:
+                value: Any = json.loads(sidecar.read_text("utf-8"))
+                for part in self.key.split("."):
+                    value = value[part]
+                out[sidecar.stem] = value
+        return out
+
+    def spoil(self, root: Path, key: str, value: Any) -> Path:
+        """Set (None: delete) ``self.key`` of sample ``key``'s sidecar; its path."""
+        path = root / "raw" / "meta" / f"{key}.json"
+        document = json.loads(path.read_text("utf-8"))
+        *parents, last = self.key.split(".")
+        inner = document
+        for part in parents:
+            inner = inner[part]
+        if value is None:
+            del inner[last]
+        else:
+            inner[last] = value
+        path.write_text(json.dumps(document), "utf-8")
+        return path
+
+
+class TestTextContract(MetadataCase):
+    field, key = "model", "scanner.model"
+
+    def break_input(self, root: Path) -> Broken:
+        return Broken("s03", self.spoil(root, "s03", None), "no_value")
+
+
+class TestValueContract(MetadataCase):
+    field, key = "slices", "scanner.slices"
+
+    def break_input(self, root: Path) -> Broken:
+        return Broken("s03", self.spoil(root, "s03", "many"), "bad_value")

@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 import h5etl
 from h5etl.check.health import check_release
 from h5etl.cli.app import app
-from h5etl.testing import run_killed_build
+from h5etl.testing import Broken, KindContractTests, run_killed_build
 
 runner = CliRunner()
 ACCEL_HZ, VOLT_HZ = 50, 10  # small rates: tests stay tiny
@@ -340,3 +340,25 @@ def test_a_nan_rejects_only_the_windows_holding_it(tmp_path: Path) -> None:
     detail = json.loads(lines[0])["detail"]
     assert f"inf at sample {2 * ACCEL_HZ + 5} (2.1 s), component (0,)" in detail
     assert str(accel) in detail
+
+
+# --- the kind checklist (h5etl.testing) ----------------------------------------------------
+
+
+class TestSeriesContract(KindContractTests):
+    """Recordings of three channels; the (n, 3) accelerometer channel read with numpy; a
+    recording missing a channel is rejected."""
+
+    field, column = "rec", "rec_accel"
+
+    def make_raw(self, root: Path) -> Path:
+        make_recordings(root, LENGTHS)
+        return series_config(root)
+
+    def break_input(self, root: Path) -> Broken:
+        folder = root / "raw" / "rec" / "c"
+        _break(folder, "gone")
+        return Broken("c", folder, "missing_channel")
+
+    def expected(self, root: Path) -> dict[str, np.ndarray]:
+        return {rec.name: np.load(rec / "accel.npy") for rec in (root / "raw" / "rec").iterdir()}

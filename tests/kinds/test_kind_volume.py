@@ -22,7 +22,7 @@ from h5etl.check.health import check_release
 from h5etl.errors import ConfigError
 from h5etl.examples.volumes import ct_case, series_affine, write_dicom_series, write_nifti
 from h5etl.format import contract as fileformat
-from h5etl.testing import run_killed_build
+from h5etl.testing import Broken, KindContractTests, run_killed_build
 
 SHAPE = (16, 16)  # (y, x) of every slice
 SPACING = (2.5, 0.8, 0.7)
@@ -364,3 +364,34 @@ def test_a_label_volume_is_one_form_over_all_its_slabs(
         return
     out = [check(slab, first=first) for first, slab in enumerate(arrays)]
     assert [o.ravel().tolist() for o in out] == stored
+
+
+# --- the kind checklist (h5etl.testing) ----------------------------------------------------
+
+
+def read_dicom_volume(folder: Path) -> np.ndarray:
+    """A series' HU volume read here with pydicom: slices by z position, rescaled."""
+    import pydicom
+
+    slices = [pydicom.dcmread(path) for path in folder.iterdir()]
+    slices.sort(key=lambda ds: float(ds.ImagePositionPatient[2]))
+    planes = [ds.pixel_array * float(ds.RescaleSlope) + float(ds.RescaleIntercept) for ds in slices]
+    return np.stack(planes).astype(np.int16)
+
+
+class TestVolumeContract(KindContractTests):
+    """DICOM series (names shuffled) with NIfTI labels; one file of a series not DICOM."""
+
+    field = "ct"
+
+    def make_raw(self, root: Path) -> Path:
+        make_ct(root, cases=6)
+        return ct_config(root)
+
+    def break_input(self, root: Path) -> Broken:
+        folder = root / "raw" / "ct" / "case_2"
+        sorted(folder.iterdir())[1].write_text("not DICOM", encoding="utf-8")
+        return Broken("case_2", folder, "unreadable")
+
+    def expected(self, root: Path) -> dict[str, np.ndarray]:
+        return {case.name: read_dicom_volume(case) for case in (root / "raw" / "ct").iterdir()}
