@@ -28,6 +28,9 @@ import pytest
 import yaml
 from PIL import Image
 
+# The kind contract suite's asserts say what differed (pytest rewrites them, as in tests/)
+pytest.register_assert_rewrite("h5etl.testing")
+
 # Broken kinds make_raw knows, and the reject reason each one must produce.
 BROKEN_REASONS: dict[str, str] = {
     "truncated": "truncated",  # image PNG cut in half (caught by the header probe)
