@@ -133,12 +133,15 @@ class KindContractTests:
     Required: ``field`` (the field under test), ``make_raw``, ``break_input``, ``expected``.
     Optional: ``column`` (the dataset the readers return the value under, default the field),
     ``kill_after`` (samples written before the killed build dies; the case needs more),
-    ``assert_value`` (how one read value is compared with its expectation).
+    ``assert_value`` (how one read value is compared with its expectation), ``prelude``
+    (Python the killed build's subprocess runs first: a kind this process put in place by
+    hand, which a fresh interpreter would not find).
     """
 
     field: ClassVar[str]
     column: ClassVar[str | None] = None
     kill_after: ClassVar[int] = 4
+    prelude: ClassVar[str] = ""
 
     # --- the case: what a kind's test module provides ------------------------------------
 
@@ -226,7 +229,8 @@ class KindContractTests:
         total = sum(baseline.report.samples.values())
         assert total > self.kill_after, f"the case needs more than {self.kill_after} samples"
         with pinned():
-            assert run_killed_build(config, self.kill_after) == -signal.SIGKILL
+            code = run_killed_build(config, self.kill_after, prelude=self.prelude)
+        assert code == -signal.SIGKILL, f"the killed build ended with {code}"
         resumed = build(config, jobs=2, resume=True, checkpoint_seconds=0)
         assert resumed.path is not None
         assert 0 < resumed.resumed < total, "the resumed build reused no checkpoint"
