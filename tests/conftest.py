@@ -12,15 +12,10 @@ Use them as pytest fixtures::
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import io
 import math
 import os
-import signal
-import subprocess
-import sys
-import textwrap
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -32,6 +27,9 @@ import numpy as np
 import pytest
 import yaml
 from PIL import Image
+
+# The kind contract suite's asserts say what differed (pytest rewrites them, as in tests/)
+pytest.register_assert_rewrite("h5etl.testing")
 
 # Broken kinds make_raw knows, and the reject reason each one must produce.
 BROKEN_REASONS: dict[str, str] = {
@@ -343,45 +341,6 @@ def dataset_digests(path: Path) -> dict[str, str]:
     with h5py.File(path, "r") as handle:
         group = handle["diagnostics/datasets"]
         return {str(node.attrs["dataset"]): str(node.attrs["sha256"]) for node in group.values()}
-
-
-# A build that SIGKILLs itself once ``after`` samples went through the sink, checkpointing
-# after every task of 2 samples (the resume tests of every kind run it).
-KILLED_BUILD = """
-    import os, signal, sys
-    import h5etl, h5etl.plan.tasks
-    h5etl.plan.tasks.TASK_SAMPLES = 2
-    config, after, jobs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    seen = 0
-    def hook(stage, advance, total):
-        global seen
-        if stage == "decode+write" and total is None:
-            seen += advance
-            if seen >= after:
-                os.kill(os.getpid(), signal.SIGKILL)
-    h5etl.build(h5etl.load_spec(config), jobs=jobs, progress=hook, checkpoint_seconds=0)
-"""
-
-
-def run_killed_build(config: Path, after: int, jobs: int = 1, prelude: str = "") -> int:
-    """Run ``KILLED_BUILD`` in a fresh session; its return code (``-SIGKILL`` if it got there).
-
-    Resuming it must cut tasks the same way: set ``h5etl.plan.tasks.TASK_SAMPLES`` to 2 too.
-    ``prelude`` is Python run first (a test-only kind put in place, say).
-    """
-    script = textwrap.dedent(prelude) + textwrap.dedent(KILLED_BUILD)
-    with open(os.devnull, "w") as sink:
-        proc = subprocess.Popen(
-            [sys.executable, "-c", script, str(config), str(after), str(jobs)],
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        try:
-            return proc.wait(timeout=120)
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
 
 
 def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:

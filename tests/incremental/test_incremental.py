@@ -13,11 +13,12 @@ from typing import Any
 import h5py
 import numpy as np
 import pytest
-from conftest import WriteConfig, add_pairs, random_pair, run_killed_build, save
+from conftest import WriteConfig, add_pairs, random_pair, save
 
 from h5etl import build, load_spec
 from h5etl.check.health import check_release
 from h5etl.history.build_report import BuildReport
+from h5etl.testing import run_killed_build
 
 CODECS = ["lzf", "gzip", {"codec": "blosc", "cname": "lz4"}, "zstd"]
 FIELDS = ("image", "mask", "filename")

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import signal
 from collections.abc import Mapping
 from fractions import Fraction
 from pathlib import Path
@@ -22,15 +21,15 @@ import imagecodecs
 import numpy as np
 import pytest
 import yaml
-from conftest import dataset_digests, run_killed_build
+from conftest import dataset_digests
 from PIL import Image
 from typer.testing import CliRunner
 
 import h5etl
 from h5etl.cli.app import app
 from h5etl.config.load import load_spec
-from h5etl.plan import tasks
 from h5etl.readers import Release, iter_batches
+from h5etl.testing import Broken, KindContractTests
 
 SIDE = 16  # the field's H and W; inputs are smaller, so every row has padding
 SIZES = ((10, 12), (16, 16), (13, 9), (11, 15))
@@ -455,34 +454,26 @@ def test_a_truncated_sixteen_bit_rgb_png_is_truncated(tmp_path: Path) -> None:
 # --- resume after a kill -------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("jobs", [1, 2])
-def test_resume_after_a_kill_equals_a_clean_build(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, jobs: int
-) -> None:
-    monkeypatch.setattr(tasks, "TASK_SAMPLES", 2)  # as run_killed_build cuts them
-    written = ct_slices(tmp_path, n=16)
-    config = write_config(tmp_path, grey("uint16"))
-    clean = build(config)
-    assert clean.path is not None
-    digests, data, statistics = (
-        dataset_digests(clean.path),
-        arrays(clean.path),
-        stored_stats(clean.path),
-    )
-    clean.path.unlink()
-    (clean.path.parent / "ct.h5").unlink()
+# --- the kind checklist (h5etl.testing) ----------------------------------------------------
 
-    assert run_killed_build(config, 6, jobs) == -signal.SIGKILL
-    resumed = build(config, jobs=jobs, resume=True)
 
-    assert resumed.path is not None
-    assert 0 < resumed.resumed < len(written)
-    assert dataset_digests(resumed.path) == digests
-    for name, array in arrays(resumed.path).items():
-        np.testing.assert_array_equal(array, data[name], err_msg=name)
-    again = stored_stats(resumed.path)
-    for split in statistics:
-        for key in STATS:
-            assert again[split][key].tobytes() == statistics[split][key].tobytes(), (split, key)
-    code, output = cli("check", "--deep", resumed.path)
-    assert code == 0, output
+class TestImageContract(KindContractTests):
+    """16-bit grey PNGs into a uint16 field, centre-padded; a PNG cut in half is truncated."""
+
+    field = "image"
+
+    def make_raw(self, root: Path) -> Path:
+        ct_slices(root, n=8)
+        return write_config(root, grey("uint16"))
+
+    def break_input(self, root: Path) -> Broken:
+        path = root / "raw" / "img" / "ct03.png"
+        data = path.read_bytes()
+        path.write_bytes(data[: len(data) // 2])
+        return Broken("ct03", path, "truncated")
+
+    def expected(self, root: Path) -> dict[str, np.ndarray]:
+        return {
+            png.stem: padded(imagecodecs.png_decode(png.read_bytes()), "uint16")
+            for png in (root / "raw" / "img").glob("*.png")
+        }

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,7 @@ import h5py
 import numpy as np
 import pytest
 import yaml
-from conftest import dataset_digests, exact_splits, run_killed_build, save
+from conftest import dataset_digests, exact_splits, save
 from PIL import Image
 from typer.testing import CliRunner
 
@@ -23,6 +22,7 @@ import h5etl
 from h5etl.check.health import check_release
 from h5etl.cli.app import app
 from h5etl.readers import iter_batches
+from h5etl.testing import Broken, KindContractTests
 
 os.environ.setdefault("KERAS_BACKEND", "torch")  # before anything imports keras
 
@@ -426,47 +426,6 @@ def test_without_stratify_the_split_is_the_exact_seeded_rule(tmp_path: Path) -> 
 # --- determinism, check, resume, readers -----------------------------------------------------
 
 
-def test_jobs_one_and_two_give_identical_releases(tmp_path: Path) -> None:
-    make_pets(tmp_path)
-    config = pets_config(tmp_path)
-
-    one, two = build(config, jobs=1), build(config, jobs=2, full=True)  # else: up to date
-
-    assert one.path is not None
-    assert two.path is not None
-    assert dataset_digests(one.path) == dataset_digests(two.path)
-    assert one.class_counts == two.class_counts
-    code, output = _cli("check", two.path, "--deep")
-    assert code == 0, output
-
-
-def test_resume_after_a_kill_ends_identical(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from h5etl.plan import tasks
-
-    monkeypatch.setattr(tasks, "TASK_SAMPLES", 2)
-    make_pets(tmp_path, STRATA, extras=False)
-    config = pets_config(tmp_path, stratify="label")
-    reference = build(config, jobs=1)
-    assert reference.path is not None
-    expected = dataset_digests(reference.path)
-    reference.path.unlink()
-    (reference.path.parent / "pets.h5").unlink()
-
-    assert run_killed_build(config, 12) == -signal.SIGKILL
-    resumed = build(config, jobs=2, resume=True)
-
-    assert resumed.path is not None
-    assert 0 < resumed.resumed < sum(resumed.samples.values())
-    assert dataset_digests(resumed.path) == expected
-    assert resumed.class_counts == reference.class_counts
-    with h5py.File(resumed.path, "r") as handle:
-        assert json.loads(handle["diagnostics"].attrs["class_counts"]) == reference.class_counts
-    report = check_release(resumed.path, deep=True)
-    assert report.ok, report.problems
-
-
 @pytest.fixture
 def pets_release(tmp_path: Path) -> Path:
     make_pets(tmp_path)
@@ -542,3 +501,25 @@ def test_labels_chunked_by_bytes_do_not_widen_the_reading_unit(pets_release: Pat
     dataset = KerasDataset(pets_release, "train", shuffle=False)
     assert dataset.batch_size == image_rows
     dataset.close()
+
+
+class TestLabelContract(KindContractTests):
+    """The kind checklist (h5etl.testing): class folders, the label the folder's index."""
+
+    field = "label"
+
+    def make_raw(self, root: Path) -> Path:
+        make_pets(root, {"cat": 3, "dog": 3, "bird": 2}, extras=False)
+        return pets_config(root)
+
+    def break_input(self, root: Path) -> Broken:
+        path = root / "raw" / "pets" / "dog" / "dog_1.png"
+        path.write_text("not a PNG\n", encoding="utf-8")
+        return Broken("dog/dog_1", path, "unreadable")
+
+    def expected(self, root: Path) -> dict[str, int]:
+        classes = sorted(p.name for p in (root / "raw" / "pets").iterdir())
+        return {
+            f"{png.parent.name}/{png.stem}": classes.index(png.parent.name)
+            for png in (root / "raw" / "pets").glob("*/*.png")
+        }

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import signal
 from pathlib import Path
 from typing import Any
 
@@ -14,12 +13,13 @@ import h5py
 import numpy as np
 import pytest
 import yaml
-from conftest import dataset_digests, run_killed_build
+from conftest import dataset_digests
 from typer.testing import CliRunner
 
 import h5etl
 from h5etl.check.health import check_release
 from h5etl.cli.app import app
+from h5etl.testing import Broken, KindContractTests
 
 runner = CliRunner()
 ACCEL_HZ, VOLT_HZ = 50, 10  # small rates: tests stay tiny
@@ -226,7 +226,7 @@ def test_every_reject_names_its_file_and_position(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "cut",
     [
-        pytest.param({}, id="ragged"),
+        # ragged recordings (the default): TestSeriesContract (h5etl.testing)
         pytest.param({"fixed": {"seconds": 3}}, id="fixed"),
         pytest.param({"window": {"seconds": 2, "stride": 1}}, id="windows"),
     ],
@@ -239,29 +239,6 @@ def test_jobs_one_and_two_give_identical_releases(tmp_path: Path, cut: dict[str,
     assert two.path is not None
     assert dataset_digests(one.path) == dataset_digests(two.path)
     report = check_release(two.path, deep=True)
-    assert report.ok, report.problems
-
-
-def test_resume_after_a_kill_ends_identical(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from h5etl.plan import tasks
-
-    monkeypatch.setattr(tasks, "TASK_SAMPLES", 2)
-    make_recordings(tmp_path, {f"r{i:02d}": 2 + i % 4 for i in range(12)})
-    config = series_config(tmp_path)
-    reference = build(config, jobs=1)
-    assert reference.path is not None
-    expected = dataset_digests(reference.path)
-    reference.path.unlink()
-    (reference.path.parent / "vib.h5").unlink()
-
-    assert run_killed_build(config, 6) == -signal.SIGKILL
-    resumed = build(config, jobs=2, resume=True)
-    assert resumed.path is not None
-    assert 0 < resumed.resumed < sum(resumed.samples.values())
-    assert dataset_digests(resumed.path) == expected
-    report = check_release(resumed.path, deep=True)
     assert report.ok, report.problems
 
 
@@ -339,3 +316,25 @@ def test_a_nan_rejects_only_the_windows_holding_it(tmp_path: Path) -> None:
     detail = json.loads(lines[0])["detail"]
     assert f"inf at sample {2 * ACCEL_HZ + 5} (2.1 s), component (0,)" in detail
     assert str(accel) in detail
+
+
+# --- the kind checklist (h5etl.testing) ----------------------------------------------------
+
+
+class TestSeriesContract(KindContractTests):
+    """Recordings of three channels; the (n, 3) accelerometer channel read with numpy; a
+    recording missing a channel is rejected."""
+
+    field, column = "rec", "rec_accel"
+
+    def make_raw(self, root: Path) -> Path:
+        make_recordings(root, LENGTHS)
+        return series_config(root)
+
+    def break_input(self, root: Path) -> Broken:
+        folder = root / "raw" / "rec" / "c"
+        _break(folder, "gone")
+        return Broken("c", folder, "missing_channel")
+
+    def expected(self, root: Path) -> dict[str, np.ndarray]:
+        return {rec.name: np.load(rec / "accel.npy") for rec in (root / "raw" / "rec").iterdir()}

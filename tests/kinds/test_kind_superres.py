@@ -8,7 +8,6 @@ of them (``Image.resize`` with the matching ``Image.Resampling``), not h5etl's c
 
 from __future__ import annotations
 
-import signal
 from pathlib import Path
 from typing import Any
 
@@ -17,15 +16,14 @@ import imagecodecs
 import numpy as np
 import pytest
 import yaml
-from conftest import dataset_digests, run_killed_build
 from PIL import Image
 from typer.testing import CliRunner
 
 import h5etl
 from h5etl.cli.app import app
 from h5etl.config.load import load_spec
-from h5etl.plan import tasks
 from h5etl.readers import iter_batches
+from h5etl.testing import Broken, KindContractTests
 
 LOW, HIGH, FACTOR = 64, 256, 4
 STATS = ("mean", "std", "min", "max", "count")
@@ -393,22 +391,6 @@ def test_torch_batches_hold_both_shapes(tmp_path: Path) -> None:
 # --- determinism, check, broken inputs, resume ---------------------------------------------
 
 
-@pytest.mark.parametrize("derived", [False, True], ids=["paired", "derived"])
-def test_builds_are_identical_for_any_jobs_and_pass_check_deep(
-    tmp_path: Path, derived: bool
-) -> None:
-    write_pairs(tmp_path, 6, low=not derived)
-    fields = derived_fields("lanczos") if derived else paired_fields()
-    config = write_config(tmp_path, fields, low=not derived)
-    one, two = build(config, jobs=1), build(config, jobs=2)
-    assert dataset_digests(one) == dataset_digests(two)
-    assert_same(everything(one), everything(two))
-    code, output = cli("check", "--deep", two)
-    assert code == 0, output
-    assert "low stats: mean" in output
-    assert "high stats: mean" in output
-
-
 def test_broken_high_and_low_inputs_are_rejected(tmp_path: Path) -> None:
     written = write_pairs(tmp_path, 4)
     (tmp_path / "raw" / "high" / "p01.png").write_text("not an image\n", encoding="utf-8")
@@ -432,25 +414,62 @@ def test_a_broken_high_image_rejects_its_derived_sample(tmp_path: Path) -> None:
     assert [(r.path, r.reason) for r in report.rejects] == [(str(broken), "unreadable")]
 
 
-@pytest.mark.parametrize(("derived", "jobs"), [(False, 2), (True, 1)], ids=["paired", "derived"])
-def test_resume_after_a_kill_equals_a_clean_build(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, derived: bool, jobs: int
-) -> None:
-    monkeypatch.setattr(tasks, "TASK_SAMPLES", 2)  # as run_killed_build cuts them
-    write_pairs(tmp_path, 12, low=not derived)
-    fields = derived_fields("area") if derived else paired_fields()
-    config = write_config(tmp_path, fields, low=not derived)
-    clean = build(config)
-    digests, content = dataset_digests(clean), everything(clean)
-    clean.unlink()
-    (clean.parent / "sr.h5").unlink()
-
-    assert run_killed_build(config, 4, jobs) == -signal.SIGKILL
-    report = h5etl.build(load_spec(config), jobs=jobs, resume=True)
-
-    assert report.path is not None
-    assert 0 < report.resumed < 12
-    assert dataset_digests(report.path) == digests
-    assert_same(everything(report.path), content)
-    code, output = cli("check", "--deep", report.path)
+def test_check_deep_prints_both_fields_statistics(tmp_path: Path) -> None:
+    # --jobs 1 = 2, check --deep passing and resume: Test*ImagesContract (h5etl.testing)
+    write_pairs(tmp_path, 4)
+    code, output = cli("check", "--deep", build(write_config(tmp_path, paired_fields())))
     assert code == 0, output
+    assert "low stats: mean" in output
+    assert "high stats: mean" in output
+
+
+# --- the kind checklist (h5etl.testing) ----------------------------------------------------
+
+
+def read_rgb(path: Path) -> np.ndarray:
+    with Image.open(path) as image:
+        return np.asarray(image.convert("RGB"))
+
+
+class TestPairedImagesContract(KindContractTests):
+    """Low and high images paired by stem, each field its own chunks and compression; the
+    high field under test; a low image cut in half rejects its pair."""
+
+    field = "high"
+
+    def make_raw(self, root: Path) -> Path:
+        write_pairs(root, 6)
+        return write_config(root, paired_fields())
+
+    def break_input(self, root: Path) -> Broken:
+        path = root / "raw" / "low" / "p02.png"
+        data = path.read_bytes()
+        path.write_bytes(data[: len(data) // 2])
+        return Broken("p02", path, "truncated")
+
+    def expected(self, root: Path) -> dict[str, np.ndarray]:
+        return {png.stem: chw(read_rgb(png)) for png in (root / "raw" / "high").glob("*.png")}
+
+
+class TestDerivedImageContract(KindContractTests):
+    """A low field derived from each high image by Pillow's box filter (``area``); a high
+    image that is not a PNG rejects its sample."""
+
+    field = "low"
+
+    def make_raw(self, root: Path) -> Path:
+        write_pairs(root, 6, low=False)
+        return write_config(root, derived_fields("area"), low=False)
+
+    def break_input(self, root: Path) -> Broken:
+        path = root / "raw" / "high" / "p02.png"
+        path.write_text("not an image\n", encoding="utf-8")
+        return Broken("p02", path, "unreadable")
+
+    def expected(self, root: Path) -> dict[str, np.ndarray]:
+        return {
+            png.stem: chw(
+                np.asarray(Image.fromarray(read_rgb(png)).resize((LOW, LOW), FILTERS["area"]))
+            )
+            for png in (root / "raw" / "high").glob("*.png")
+        }

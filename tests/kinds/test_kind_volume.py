@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import signal
 from pathlib import Path
 from typing import Any
 
@@ -15,13 +14,12 @@ import imagecodecs
 import numpy as np
 import pytest
 import yaml
-from conftest import dataset_digests, run_killed_build
 
 import h5etl
-from h5etl.check.health import check_release
 from h5etl.errors import ConfigError
 from h5etl.examples.volumes import ct_case, series_affine, write_dicom_series, write_nifti
 from h5etl.format import contract as fileformat
+from h5etl.testing import Broken, KindContractTests
 
 SHAPE = (16, 16)  # (y, x) of every slice
 SPACING = (2.5, 0.8, 0.7)
@@ -193,38 +191,6 @@ def test_broken_cases_of_every_kind_are_rejects_naming_the_file(tmp_path: Path) 
     assert sorted(stored_cases(report.path)) == sorted(truth)  # the others, untouched
 
 
-def test_jobs_do_not_change_the_release_and_check_deep_passes(tmp_path: Path) -> None:
-    make_ct(tmp_path, cases=7)
-    one = build(ct_config(tmp_path), jobs=1)
-    two = build(ct_config(tmp_path), jobs=2)
-    assert one.path is not None
-    assert two.path is not None
-    assert dataset_digests(one.path) == dataset_digests(two.path)
-    report = check_release(two.path, deep=True)
-    assert report.ok, report.problems
-
-
-def test_resume_after_a_kill_ends_identical(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from h5etl.plan import tasks
-
-    monkeypatch.setattr(tasks, "TASK_SAMPLES", 2)
-    make_ct(tmp_path, cases=8)
-    config = ct_config(tmp_path)
-    reference = build(config, jobs=1)
-    assert reference.path is not None
-    expected = dataset_digests(reference.path)
-    reference.path.unlink()
-    (reference.path.parent / "ct.h5").unlink()
-    assert run_killed_build(config, 3) == -signal.SIGKILL
-    resumed = build(config, jobs=2, resume=True)
-    assert resumed.path is not None
-    assert 0 < resumed.resumed < 8
-    assert dataset_digests(resumed.path) == expected
-    assert check_release(resumed.path, deep=True).ok
-
-
 def test_resampling_to_a_spacing_is_an_option(tmp_path: Path) -> None:
     make_ct(tmp_path, cases=2)
     config = ct_config(
@@ -363,3 +329,34 @@ def test_a_label_volume_is_one_form_over_all_its_slabs(
         return
     out = [check(slab, first=first) for first, slab in enumerate(arrays)]
     assert [o.ravel().tolist() for o in out] == stored
+
+
+# --- the kind checklist (h5etl.testing) ----------------------------------------------------
+
+
+def read_dicom_volume(folder: Path) -> np.ndarray:
+    """A series' HU volume read here with pydicom: slices by z position, rescaled."""
+    import pydicom
+
+    slices = [pydicom.dcmread(path) for path in folder.iterdir()]
+    slices.sort(key=lambda ds: float(ds.ImagePositionPatient[2]))
+    planes = [ds.pixel_array * float(ds.RescaleSlope) + float(ds.RescaleIntercept) for ds in slices]
+    return np.stack(planes).astype(np.int16)
+
+
+class TestVolumeContract(KindContractTests):
+    """DICOM series (names shuffled) with NIfTI labels; one file of a series not DICOM."""
+
+    field = "ct"
+
+    def make_raw(self, root: Path) -> Path:
+        make_ct(root, cases=6)
+        return ct_config(root)
+
+    def break_input(self, root: Path) -> Broken:
+        folder = root / "raw" / "ct" / "case_2"
+        sorted(folder.iterdir())[1].write_text("not DICOM", encoding="utf-8")
+        return Broken("case_2", folder, "unreadable")
+
+    def expected(self, root: Path) -> dict[str, np.ndarray]:
+        return {case.name: read_dicom_volume(case) for case in (root / "raw" / "ct").iterdir()}

@@ -18,12 +18,13 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-from conftest import dataset_digests, read_release, run_killed_build
+from conftest import dataset_digests, read_release
 from ragged_kind import use_npy_recording
 
 import h5etl
 from h5etl.check.health import check_release
 from h5etl.format import contract as fileformat
+from h5etl.testing import run_killed_build
 
 os.environ.setdefault("KERAS_BACKEND", "torch")  # before anything imports keras
 

@@ -10,13 +10,14 @@ from pathlib import Path
 
 import h5py
 import pytest
-from conftest import MakeRaw, WriteConfig, dataset_digests, run_killed_build
+from conftest import MakeRaw, WriteConfig, dataset_digests
 
 from h5etl import build, load_spec
 from h5etl.check.health import check_release
 from h5etl.format import contract as fileformat
 from h5etl.plan import tasks
 from h5etl.readers import Release
+from h5etl.testing import run_killed_build
 
 
 def _texts(handle: h5py.File, path: str) -> list[str]:

@@ -22,7 +22,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-from conftest import KILLED_BUILD, dataset_digests, read_release
+from conftest import dataset_digests, read_release
 from ragged_kind import use_npy_recording
 from test_kind_series import LENGTHS, make_recordings, series_config
 from test_kind_volume import ct_config, make_ct
@@ -35,6 +35,7 @@ from h5etl.format import contract as fileformat
 from h5etl.history.build_report import BuildReport
 from h5etl.pipeline import run as pipeline
 from h5etl.plan import tasks
+from h5etl.testing.kill import KILLED_BUILD, KILLED_TASK_SAMPLES
 
 
 def _path(report: BuildReport) -> Path:
@@ -150,10 +151,10 @@ def test_a_ragged_stitch_killed_in_the_tail_resumes_identical(
     script = prelude(5) + textwrap.dedent(KILLED_BUILD).replace(
         "jobs=jobs,", "jobs=jobs, shards=2,"
     )
-    log = tmp_path / "killed.log"
+    log, tasks_arg = tmp_path / "killed.log", str(KILLED_TASK_SAMPLES)
     with open(log, "w") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-c", script, str(tmp_path / "config.yaml"), "1", "2"],
+            [sys.executable, "-c", script, str(tmp_path / "config.yaml"), "1", "2", tasks_arg],
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
