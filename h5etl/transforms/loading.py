@@ -199,9 +199,7 @@ def _import(text: str, name: str, config_dir: Path | None) -> tuple[ModuleRef, M
         ref = ModuleRef(name, "beside_config", str(beside), _sha256(source), source)
         return ref, _run_source(text, ref)
     module = _import_installed(text, name)
-    path = getattr(module, "__file__", None)
-    digest = _file_sha256(text, Path(path)) if path else None
-    return ModuleRef(name, "installed", path, digest), module
+    return ModuleRef(name, "installed", module.__file__, _installed_sha256(text, module)), module
 
 
 def _import_installed(text: str, name: str) -> ModuleType:
@@ -219,11 +217,21 @@ def _import_installed(text: str, name: str) -> ModuleType:
         raise CallError(text, f"importing {name} failed: {_one_line(exc)}") from exc
 
 
-def _file_sha256(text: str, path: Path) -> str:
-    try:
-        return _sha256(path.read_bytes())
-    except OSError as exc:
-        raise CallError(text, f"cannot read {path}: {exc.strerror or exc}") from exc
+_HASHES: dict[
+    str, str | None
+] = {}  # an installed module's file, hashed when this process imported it
+
+
+def _installed_sha256(text: str, module: ModuleType) -> str | None:
+    """The SHA-256 of ``module``'s file as this process first saw it (the code it runs: a file
+    edited later does not change a module already imported), None for one without a file."""
+    if module.__name__ not in _HASHES:
+        path = getattr(module, "__file__", None)
+        try:
+            _HASHES[module.__name__] = _sha256(Path(path).read_bytes()) if path else None
+        except OSError as exc:
+            raise CallError(text, f"cannot read {path}: {exc.strerror or exc}") from exc
+    return _HASHES[module.__name__]
 
 
 def _run_source(text: str, ref: ModuleRef) -> ModuleType:
@@ -325,11 +333,10 @@ def _module_here(spec: CallSpec) -> ModuleType:
     if ref.origin == "beside_config":
         return _run_source(spec.text, ref)
     module = _import_installed(spec.text, ref.name)
-    path = getattr(module, "__file__", None)
-    here = _file_sha256(spec.text, Path(path)) if path else None
+    here = _installed_sha256(spec.text, module)
     if here != ref.sha256:
         raise CodeChanged(
-            f"{spec.text}: {path or ref.name} is not the code this build recorded "
+            f"{spec.text}: {module.__file__ or ref.name} is not the code this build recorded "
             f"(sha256 {here} here, {ref.sha256} when the build started): install the same "
             "version everywhere, and do not edit a transform's module during a build"
         )
