@@ -201,7 +201,7 @@ def apply_transforms(transforms: Transforms, key: str, values: Mapping[str, Any]
                 "transform_output",
                 f"{where}: {step.call.text}: expected a dict of {list(step.fields)}, got {came}",
             )
-        out.update(result)
+        out.update({name: _contiguous(value) for name, value in result.items()})
     _check(transforms, out)
     return out
 
@@ -222,7 +222,12 @@ def _run(spec: CallSpec, value: Any, seed: int, key: str, site: str, where: str)
         raise TransformRejected(
             "transform_error", f"{where}: {spec.text}: {_described(exc)}", frame=_frame(exc, spec)
         ) from exc
-    return np.ascontiguousarray(result) if isinstance(result, np.ndarray) else result
+    return _contiguous(result)
+
+
+def _contiguous(value: Any) -> Any:
+    """An array result in C order (a crop's view is not; the sink and the digests want it)."""
+    return np.ascontiguousarray(value) if isinstance(value, np.ndarray) else value
 
 
 def _check(transforms: Transforms, values: Mapping[str, Any]) -> None:

@@ -88,7 +88,10 @@ class ModuleRef:
     def loaded_name(self) -> str:
         """The name the module has in ``sys.modules`` of every process that runs it."""
         if self.origin == "beside_config":
-            return f"_h5etl_user_{self.name}_{(self.sha256 or '')[:16]}"
+            # the path too: the same bytes in two folders are two modules, each with its file
+            # in tracebacks
+            tag = _sha256(f"{self.path}\0{self.sha256}".encode())[:16]
+            return f"_h5etl_user_{self.name}_{tag}"
         return self.name
 
 
