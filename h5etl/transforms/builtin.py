@@ -154,18 +154,17 @@ def cast(value: np.ndarray, *, dtype: str, round: Rounding = "nearest") -> np.nd
             found = f"values {_number(array.min())}..{_number(array.max())}"
             raise _refused(dtype, f"{found} outside {info.min}..{info.max}")
         return array.astype(target)
-    out = array.astype(target)
+    with np.errstate(over="ignore"):  # overflow is refused below, by name
+        out = array.astype(target)
     if array.size and np.isfinite(array).all() and not np.isfinite(out).all():
         raise _refused(dtype, f"values beyond its range (up to {np.finfo(target).max:.4g})")
     return out
 
 
 def _number(value: Any) -> str:
-    return (
-        np.format_float_positional(value, trim="-")
-        if isinstance(value, np.floating)
-        else str(value)
-    )
+    if isinstance(value, np.floating):
+        return np.format_float_positional(value + 0.0, trim="-")  # + 0.0: no "-0"
+    return str(value)
 
 
 def _refused(dtype: str, found: str) -> RejectError:

@@ -100,9 +100,11 @@ def _holds(distribution: str, path: Path) -> bool:
 
 def describe(transforms: Transforms) -> dict[str, object]:
     """The build's transforms as JSON for the layout record and the lineage: each field's
-    chain and each sample-level call, with their identities, and the seed."""
+    chain and each sample-level call, with their identities, the seed, and each touched
+    field's digest (``field_digests``: what the next incremental build compares)."""
     return {
         "seed": transforms.seed,
+        "digests": field_digests(transforms),
         "fields": {
             chain.field: [identity_of(spec).as_json() for spec in chain.calls]
             for chain in transforms.chains
