@@ -31,7 +31,10 @@ __all__ = [
     "Transforms",
     "apply_transforms",
     "chain_site",
+    "check_results",
     "rng_for",
+    "run_chain",
+    "run_sample_calls",
     "sample_site",
 ]
 
@@ -176,6 +179,10 @@ def rng_for(seed: int, key: str, site: str) -> np.random.Generator:
 def apply_transforms(transforms: Transforms, key: str, values: Mapping[str, Any]) -> dict[str, Any]:
     """``values`` (a sample's decoded, fitted fields) after ``transforms``; a new dict.
 
+    The three steps (``run_chain``, ``run_sample_calls``, ``check_results``) are public for
+    a decoder that runs a field's chain as soon as the field is decoded, so the fields
+    derived from it see its transformed value.
+
     Raises:
         TransformRejected: ``transform_error`` (user code raised) or ``transform_output``
             (a result the field cannot store, or a sample call's result not its fields).
@@ -184,15 +191,27 @@ def apply_transforms(transforms: Transforms, key: str, values: Mapping[str, Any]
     """
     out = dict(values)
     for chain in transforms.chains:
-        value = out[chain.field]
-        for position, spec in enumerate(chain.calls):
-            site = chain_site(chain.field, position)
-            value = _run(spec, value, transforms.seed, key, site, chain.field)
-        out[chain.field] = value
+        out[chain.field] = run_chain(transforms, chain, key, out[chain.field])
+    out.update(run_sample_calls(transforms, key, out))
+    check_results(transforms, out)
+    return out
+
+
+def run_chain(transforms: Transforms, chain: FieldChain, key: str, value: Any) -> Any:
+    """One field's value after its chain (sample ``key``)."""
+    for position, spec in enumerate(chain.calls):
+        site = chain_site(chain.field, position)
+        value = _run(spec, value, transforms.seed, key, site, chain.field)
+    return value
+
+
+def run_sample_calls(transforms: Transforms, key: str, values: Mapping[str, Any]) -> dict[str, Any]:
+    """The values the sample-level calls make, in order, each seeing the ones before."""
+    out: dict[str, Any] = {}
     seen: dict[tuple[str, ...], int] = {}
     for step in transforms.sample_calls:
         where = "+".join(step.fields)
-        given = {name: out[name] for name in step.fields}
+        given = {name: out[name] if name in out else values[name] for name in step.fields}
         site = sample_site(step.fields, seen)
         result = _run(step.call, given, transforms.seed, key, site, where)
         if not isinstance(result, Mapping) or set(result) != set(step.fields):
@@ -202,7 +221,6 @@ def apply_transforms(transforms: Transforms, key: str, values: Mapping[str, Any]
                 f"{where}: {step.call.text}: expected a dict of {list(step.fields)}, got {came}",
             )
         out.update({name: _contiguous(value) for name, value in result.items()})
-    _check(transforms, out)
     return out
 
 
@@ -230,7 +248,8 @@ def _contiguous(value: Any) -> Any:
     return np.ascontiguousarray(value) if isinstance(value, np.ndarray) else value
 
 
-def _check(transforms: Transforms, values: Mapping[str, Any]) -> None:
+def check_results(transforms: Transforms, values: Mapping[str, Any]) -> None:
+    """Each touched field's final value against its ``Expectation``."""
     expect = dict(transforms.expect)
     for name in transforms.touched:
         if name in expect and (problem := expect[name].problem(values[name])) is not None:

@@ -232,10 +232,10 @@ def _check_normalise(*, method: str = "minmax", mean: object = None, std: object
         raise ValueError(f"method must be minmax or meanstd, got {method!r}")
     if mean is None or std is None:
         raise ValueError("method meanstd needs both mean and std")
-    stds = std if isinstance(std, list) else [std]
+    stds: list[float] = std if isinstance(std, list) else [std]  # type: ignore[list-item]
     _real(**{f"mean[{i}]": m for i, m in enumerate(mean if isinstance(mean, list) else [mean])})
     _real(**{f"std[{i}]": s for i, s in enumerate(stds)})
-    if any(s <= 0 for s in stds):
+    if any(s <= 0 for s in stds):  # _real made them numbers
         raise ValueError(f"std must be above 0, got {std!r}")
 
 

@@ -5,6 +5,7 @@ cast that never wraps."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -25,7 +26,7 @@ DTYPES = st.sampled_from(["uint8", "uint16", "int16", "float32"])
 def images(draw: st.DrawFn, dtype: str | None = None) -> np.ndarray:
     """(h, w) or (h, w, 3) arrays of a field dtype, 1..12 pixels a side."""
     chosen = dtype or draw(DTYPES)
-    shape = draw(st.tuples(st.integers(1, 12), st.integers(1, 12)))
+    shape: tuple[int, ...] = draw(st.tuples(st.integers(1, 12), st.integers(1, 12)))
     if draw(st.booleans()):
         shape = (*shape, 3)
     elements = (
@@ -140,7 +141,12 @@ def test_meanstd_per_channel() -> None:
     np.testing.assert_array_equal(out, np.array([[[0, 5, 5]]], np.float32))
 
 
-ROUNDING = {"nearest": round, "floor": math.floor, "trunc": math.trunc}  # round: half to even
+# Python's round is half to even, as numpy's rint
+ROUNDING: dict[str, Callable[[float], int]] = {
+    "nearest": round,
+    "floor": math.floor,
+    "trunc": math.trunc,
+}
 
 
 @QUICK
