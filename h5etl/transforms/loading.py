@@ -290,8 +290,11 @@ def _check_signature(text: str, function: Callable[..., Any], args: dict[str, An
 
 
 def _check_builtin(text: str, attr: str, args: dict[str, Any]) -> None:
+    entry = builtin.BUILTINS.get(attr)  # None: another function of the module, named in full
+    if entry is None:
+        return
     try:
-        builtin.BUILTINS[attr].check(**args)
+        entry.check(**args)
     except (TypeError, ValueError) as exc:
         raise CallError(text, str(exc)) from exc
 

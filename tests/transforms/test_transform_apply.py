@@ -5,6 +5,7 @@ of its own reason, random draws the same in any process."""
 from __future__ import annotations
 
 import pickle
+import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -249,3 +250,23 @@ def test_loky_workers_draw_what_the_parent_draws_from_the_shipped_code(
     )
     for mine, theirs in zip(here, there, strict=True):
         np.testing.assert_array_equal(mine, theirs["image"])
+
+
+def test_threads_of_a_fresh_process_load_the_module_once(
+    loader: Loader, sample: dict[str, np.ndarray], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from h5etl.transforms import loading
+
+    transforms = _noisy(loader, 4)
+    expected = [apply_transforms(transforms, f"k{i}", sample)["image"] for i in range(8)]
+    # as in a worker that has not run the module yet: its threads race to load it
+    spec = transforms.chains[0].calls[0]
+    monkeypatch.setattr(loading, "_FUNCTIONS", {})
+    monkeypatch.delitem(sys.modules, spec.module.loaded_name)
+    with ThreadPoolExecutor(4) as pool:
+        found = list(pool.map(lambda i: apply_transforms(transforms, f"k{i}", sample), range(8)))
+    for mine, theirs in zip(expected, found, strict=True):
+        np.testing.assert_array_equal(mine, theirs["image"])
+    assert len(loading._FUNCTIONS) == 1
