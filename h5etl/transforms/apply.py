@@ -12,6 +12,7 @@ build give every sample the same numbers.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import traceback
 from collections.abc import Mapping
@@ -68,36 +69,49 @@ class Expectation:
     max_shape: tuple[int, ...] | None = None
     values: frozenset[int] | None = None
     classes: int | None = None
+    # the dtype itself, made once: numpy's dtypes are shared objects, so a sample's is most
+    # often this very one (``dtype.name`` is worked out on every access)
+    numpy_dtype: np.dtype[Any] | None = dataclasses.field(
+        init=False, repr=False, compare=False, default=None
+    )
+
+    def __post_init__(self) -> None:
+        if self.dtype is not None:
+            made = np.dtype(self.dtype)
+            object.__setattr__(self, "dtype", made.name)
+            object.__setattr__(self, "numpy_dtype", made)
 
     def problem(self, value: object) -> str | None:
         """What is wrong with ``value`` for this field, or None when it fits."""
         if not isinstance(value, np.ndarray | np.generic | int | float):
             return f"expected {self._what()}, got a {type(value).__name__}"
-        array = np.asarray(value)
-        came = f"{array.dtype} {_dims(array.shape)}"
-        if self.dtype is not None and array.dtype != np.dtype(self.dtype):
-            return f"expected {self._what()}, got {came}"
-        if not self._fits(array.shape):
-            return f"expected {self._what()}, got {came}"
+        array = value if isinstance(value, np.ndarray) else np.asarray(value)
+        want = self.numpy_dtype
+        if (want is not None and array.dtype is not want and array.dtype != want) or not (
+            self._fits(array.shape)
+        ):
+            return f"expected {self._what()}, got {array.dtype} {_dims(array.shape)}"
+        if self.values is None and self.classes is None:
+            return None
         return self._labels(array)
 
     def _fits(self, shape: tuple[int, ...]) -> bool:
-        if self.shape is not None and (
-            len(shape) != len(self.shape)
-            or any(
-                want is not None and have != want
-                for have, want in zip(shape, self.shape, strict=True)
-            )
-        ):
-            return False
-        return self.max_shape is None or (
-            len(shape) == len(self.max_shape)
-            and all(have <= most for have, most in zip(shape, self.max_shape, strict=True))
-        )
+        exact, most = self.shape, self.max_shape
+        if exact is not None:
+            if len(shape) != len(exact):
+                return False
+            for have, want in zip(shape, exact, strict=True):
+                if want is not None and have != want:
+                    return False
+        if most is not None:
+            if len(shape) != len(most):
+                return False
+            for have, limit in zip(shape, most, strict=True):
+                if have > limit:
+                    return False
+        return True
 
     def _labels(self, array: np.ndarray) -> str | None:
-        if self.values is None and self.classes is None:
-            return None
         if array.dtype.kind not in "iu":
             return f"expected integer labels, got {array.dtype}"
         found = np.unique(array)
@@ -147,12 +161,19 @@ class Transforms:
     chains: tuple[FieldChain, ...] = ()
     sample_calls: tuple[SampleCall, ...] = ()
     expect: tuple[tuple[str, Expectation], ...] = ()
+    # the fields whose stored value a transform makes, in order of first mention, and their
+    # expectations: worked out once, not per sample
+    touched: tuple[str, ...] = dataclasses.field(init=False, repr=False, compare=False)
+    checks: tuple[tuple[str, Expectation], ...] = dataclasses.field(
+        init=False, repr=False, compare=False
+    )
 
-    @property
-    def touched(self) -> tuple[str, ...]:
-        """The fields whose stored value a transform makes, in field order of first mention."""
+    def __post_init__(self) -> None:
         names = [c.field for c in self.chains] + [f for s in self.sample_calls for f in s.fields]
-        return tuple(dict.fromkeys(names))
+        touched = tuple(dict.fromkeys(names))
+        expect = dict(self.expect)
+        object.__setattr__(self, "touched", touched)
+        object.__setattr__(self, "checks", tuple((n, expect[n]) for n in touched if n in expect))
 
 
 def chain_site(field: str, position: int) -> str:
@@ -250,9 +271,8 @@ def _contiguous(value: Any) -> Any:
 
 def check_results(transforms: Transforms, values: Mapping[str, Any]) -> None:
     """Each touched field's final value against its ``Expectation``."""
-    expect = dict(transforms.expect)
-    for name in transforms.touched:
-        if name in expect and (problem := expect[name].problem(values[name])) is not None:
+    for name, expectation in transforms.checks:
+        if (problem := expectation.problem(values[name])) is not None:
             raise TransformRejected("transform_output", f"{name}: {problem}")
 
 

@@ -114,6 +114,8 @@ class CallSpec:
     def args(self) -> dict[str, Any]:
         """A fresh copy of the arguments (a function that changes its dict changes no other
         sample's)."""
+        if self.args_json == "{}":
+            return {}
         args: dict[str, Any] = json.loads(self.args_json)
         return args
 
@@ -312,7 +314,7 @@ def _one_line(exc: BaseException) -> str:
 # --- worker side: a spec back to its function, once per process ----------------------------
 
 _LOCK = threading.Lock()  # in-process threads resolve concurrently
-_FUNCTIONS: dict[tuple[str, str | None, str], Callable[..., Any]] = {}
+_FUNCTIONS: dict[tuple[str, str | None, str | None, str], Callable[..., Any]] = {}
 
 
 def function_of(spec: CallSpec) -> Callable[..., Any]:
@@ -322,7 +324,8 @@ def function_of(spec: CallSpec) -> Callable[..., Any]:
         CodeChanged: an installed module's file no longer has the bytes the parent recorded.
         CallError: the module cannot be imported here (a Dask worker without the package).
     """
-    key = (spec.module.loaded_name, spec.module.sha256, spec.attr)
+    ref = spec.module
+    key = (ref.name, ref.path, ref.sha256, spec.attr)  # per sample: no hashing of its own
     found = _FUNCTIONS.get(key)
     if found is not None:
         return found
