@@ -87,9 +87,9 @@ class Expectation:
             return f"expected {self._what()}, got a {type(value).__name__}"
         array = value if isinstance(value, np.ndarray) else np.asarray(value)
         want = self.numpy_dtype
-        if (want is not None and array.dtype is not want and array.dtype != want) or not (
-            self._fits(array.shape)
-        ):
+        # ``name`` is the same for either byte order (the row takes either exactly)
+        wrong = want is not None and array.dtype is not want and array.dtype.name != self.dtype
+        if wrong or not self._fits(array.shape):
             return f"expected {self._what()}, got {array.dtype} {_dims(array.shape)}"
         if self.values is None and self.classes is None:
             return None
@@ -259,7 +259,9 @@ def _run(spec: CallSpec, value: Any, seed: int, key: str, site: str, where: str)
         raise TransformRejected(reason, f"{where}: {spec.text}: {exc.message}") from exc
     except (Exception, SystemExit) as exc:  # user code: the sample's problem, not the build's
         raise TransformRejected(
-            "transform_error", f"{where}: {spec.text}: {_described(exc)}", frame=_frame(exc, spec)
+            "transform_error",
+            f"{where}: {spec.text}: {_described(exc, spec)}",
+            frame=_frame(exc, spec),
         ) from exc
     return _contiguous(result)
 
@@ -276,13 +278,12 @@ def check_results(transforms: Transforms, values: Mapping[str, Any]) -> None:
             raise TransformRejected("transform_output", f"{name}: {problem}")
 
 
-def _described(exc: BaseException) -> str:
+def _described(exc: BaseException, spec: CallSpec) -> str:
     kind = type(exc)
-    name = (
-        kind.__qualname__
-        if kind.__module__ == "builtins"
-        else f"{kind.__module__}.{kind.__qualname__}"
-    )
+    module = kind.__module__
+    if module == spec.module.loaded_name:
+        module = spec.module.name  # an exception class of the module beside the config
+    name = kind.__qualname__ if module == "builtins" else f"{module}.{kind.__qualname__}"
     words = " ".join(str(exc).split())
     if len(words) > _MESSAGE:
         words = words[: _MESSAGE - 3] + "..."

@@ -58,6 +58,12 @@ def noisy(value, *, scale, rng):
 
 def only_image(sample):
     return {"image": sample["image"]}
+
+class NoBody(Exception):
+    pass
+
+def refuse(value):
+    raise NoBody("nothing above the threshold")
 """
 
 BODY = (slice(5, 21), slice(8, 31))  # rows 5..20, columns 8..30 of a 32 x 40 image
@@ -270,3 +276,57 @@ def test_threads_of_a_fresh_process_load_the_module_once(
     for mine, theirs in zip(expected, found, strict=True):
         np.testing.assert_array_equal(mine, theirs["image"])
     assert len(loading._FUNCTIONS) == 1
+
+
+def test_an_exception_class_of_the_users_module_is_named_by_the_module(
+    loader: Loader, sample: dict[str, np.ndarray]
+) -> None:
+    chain = _chain(loader, "mask", ("prep:refuse", {}))
+    with pytest.raises(TransformRejected) as caught:
+        apply_transforms(Transforms(0, chains=(chain,)), "a", sample)
+    assert caught.value.message == "mask: prep:refuse: prep.NoBody: nothing above the threshold"
+
+
+@pytest.mark.parametrize(
+    ("expectation", "value", "problem"),
+    [
+        pytest.param(Expectation(dtype="<u2"), np.zeros(3, np.uint16), None, id="dtype-spelt"),
+        pytest.param(
+            Expectation(dtype="uint16"),
+            np.zeros(3, ">u2"),
+            None,
+            id="byte-order",
+        ),
+        pytest.param(
+            Expectation(shape=(None, 4)),
+            np.zeros((9, 5)),
+            "expected an array (any x 4), got float64 (9 x 5)",
+            id="shape",
+        ),
+        pytest.param(Expectation(shape=(None, 4)), np.zeros((9, 4)), None, id="free-axis"),
+        pytest.param(
+            Expectation(max_shape=(4, 4)),
+            np.zeros((4, 4, 1)),
+            "expected an array at most (4 x 4), got float64 (4 x 4 x 1)",
+            id="axes",
+        ),
+        pytest.param(
+            Expectation(dtype="int64", classes=3),
+            np.int64(3),
+            "expected class labels 0..2, got 3",
+            id="classes",
+        ),
+        pytest.param(Expectation(dtype="int64", classes=3), np.int64(2), None, id="a-class"),
+        pytest.param(
+            Expectation(values=frozenset({0, 1})),
+            np.array([0.0, 1.0]),
+            "expected integer labels, got float64",
+            id="float-labels",
+        ),
+        pytest.param(Expectation(dtype="uint8"), None, "expected uint8, got a NoneType", id="none"),
+    ],
+)
+def test_an_expectation_names_what_it_wanted_and_what_came(
+    expectation: Expectation, value: object, problem: str | None
+) -> None:
+    assert expectation.problem(value) == problem
