@@ -1,0 +1,25 @@
+"""The transforms benchmark runs end to end, so it cannot rot; no timings."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).parent / "transforms_bench.py"
+
+
+def test_the_transforms_benchmark_prints_its_table() -> None:
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT)],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "H5ETL_BENCH_SMOKE": "1"},
+    )
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| ")]
+    assert [row.split(" | ")[0].removeprefix("| ") for row in rows[1:]] == [
+        "work limit: the function called directly",
+        "apply_transforms (chain of 1, output checked)",
+    ]
