@@ -39,8 +39,14 @@ def releases(output: Location, name: str) -> list[RemoteRelease]:
     """Every uploaded version of ``name`` in ``output``, oldest first."""
     pointer = read_pointer(output, name)
     return [
-        RemoteRelease(name, version, obj.url, obj.size, obj.etag,
-                      pointer is not None and pointer.version == version)
+        RemoteRelease(
+            name,
+            version,
+            obj.url,
+            obj.size,
+            obj.etag,
+            pointer is not None and pointer.version == version,
+        )
         for version, obj in versions(output, name).items()
     ]
 
@@ -70,8 +76,20 @@ def _plan(output: Location, name: str, keep: int) -> list[RemoteRelease]:
     newest = {r.version for r in listed[-keep:]}
     planned = []
     for entry in listed:
-        why = [w for w, yes in ((f"newest {keep}", entry.version in newest),
-                                ("current", entry.current)) if yes]
-        planned.append(RemoteRelease(entry.name, entry.version, entry.url, entry.size,
-                                     entry.etag, entry.current, ", ".join(why)))
+        why = [
+            w
+            for w, yes in ((f"newest {keep}", entry.version in newest), ("current", entry.current))
+            if yes
+        ]
+        planned.append(
+            RemoteRelease(
+                entry.name,
+                entry.version,
+                entry.url,
+                entry.size,
+                entry.etag,
+                entry.current,
+                ", ".join(why),
+            )
+        )
     return planned

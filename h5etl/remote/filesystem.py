@@ -135,9 +135,12 @@ def client_code(exc: BaseException) -> str | None:
     return None
 
 
-def problem(exc: BaseException, location: Location, doing: str) -> RemoteError:
+def problem(
+    exc: BaseException, location: Location, doing: str, missing: str = "no such object or prefix"
+) -> RemoteError:
     """One line for a failed request ``doing`` (``"list"``, ``"read"``) on ``location``: what
-    went wrong and what to do, as the error class the CLI gives its exit code by."""
+    went wrong and what to do, as the error class the CLI gives its exit code by; ``missing``
+    says what a not-found answer means."""
     code = client_code(exc)
     url = location.url
     if code in _DENIED or isinstance(exc, PermissionError):
@@ -149,7 +152,7 @@ def problem(exc: BaseException, location: Location, doing: str) -> RemoteError:
     if code == "NoSuchBucket":
         return RemoteUsageError(f"cannot {doing}: no such bucket {location.bucket!r}", path=url)
     if code in _GONE or isinstance(exc, FileNotFoundError):
-        return RemoteUsageError(f"cannot {doing}: no such object or prefix", path=url)
+        return RemoteUsageError(f"cannot {doing}: {missing}", path=url)
     if getattr(exc, "errno", None) == errno.ENOSPC:
         return RemoteError(f"cannot {doing}: no space left on the local disk", path=url)
     text = scrub(" ".join(str(exc).split())) or type(exc).__name__

@@ -58,9 +58,8 @@ class Location:
         """The location as a user writes it (a plain path for local ones)."""
         if self.is_local:
             return self.key
-        return f"{self.protocol}://{self.bucket}/{self.key}" if self.key else (
-            f"{self.protocol}://{self.bucket}"
-        )
+        root = f"{self.protocol}://{self.bucket}"
+        return f"{root}/{self.key}" if self.key else root
 
     @property
     def fs_path(self) -> str:

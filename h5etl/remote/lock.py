@@ -70,8 +70,9 @@ class RemoteLock:
             try:
                 s3.delete(self.location, if_match=etag)
             except s3.Precondition:
-                logger.warning("%s: the lock was taken from this build; left as it is",
-                               self.location.url)
+                logger.warning(
+                    "%s: the lock was taken from this build; left as it is", self.location.url
+                )
 
     def _acquire(self) -> str:
         holder = {
@@ -93,8 +94,11 @@ class RemoteLock:
             # a dead holder's lock: delete exactly that one (If-Match), then try again
             with contextlib.suppress(s3.Precondition):
                 s3.delete(self.location, if_match=found[1].etag)
-            logger.warning("%s: took the lock of a build that is gone (%s)", self.location.url,
-                           _holder(found[0]))
+            logger.warning(
+                "%s: took the lock of a build that is gone (%s)",
+                self.location.url,
+                _holder(found[0]),
+            )
         found = s3.get(self.location)
         self._raise_held(_holder(found[0]) if found else {})
 

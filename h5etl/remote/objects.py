@@ -61,9 +61,12 @@ def list_objects(folder: Location, pattern: str = "*") -> list[RemoteObject]:
         RemoteError: the server failed the request.
     """
     fs = filesystem(folder)
+    if folder.protocol == "s3":  # a missing bucket would list as empty: ask for it first
+        try:
+            fs.info(folder.bucket)
+        except Exception as exc:
+            raise problem(exc, folder, "list", f"no such bucket {folder.bucket!r}") from exc
     try:
-        if folder.protocol == "s3":
-            fs.info(folder.bucket)  # a missing bucket lists as empty: ask for it first
         found: dict[str, dict[str, Any]] = fs.find(folder.fs_path, detail=True, withdirs=False)
     except Exception as exc:  # OSErrors, and botocore's own (no credentials) that are not
         raise problem(exc, folder, "list") from exc
@@ -81,9 +84,9 @@ def stat_object(location: Location) -> RemoteObject:
     """One object's record, asked of the store now (size, ETag, version)."""
     fs = filesystem(location)
     try:
-        info = fs.info(location.fs_path, refresh=True) if location.protocol == "s3" else (
-            fs.info(location.fs_path)
-        )
+        # s3fs would answer from its listings cache; ask the store
+        refresh = {"refresh": True} if location.protocol == "s3" else {}
+        info = fs.info(location.fs_path, **refresh)
     except Exception as exc:
         raise problem(exc, location, "read") from exc
     return _record(location.parent(), info, fs, location)

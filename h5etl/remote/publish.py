@@ -139,8 +139,9 @@ def upload_release(
     """
     digests = s3.digests(local, part_size)
     try:
-        stored = s3.upload_file(local, target, part_size=part_size,
-                                metadata={"sha256": digests.sha256})
+        stored = s3.upload_file(
+            local, target, part_size=part_size, metadata={"sha256": digests.sha256}
+        )
     except s3.Precondition as exc:
         raise ReleaseError(
             "that release version is already uploaded (another build?); nothing was published",
@@ -166,8 +167,9 @@ def _verify(target: Location, digests: s3.Digests) -> None:
     if problem:
         if stored is not None:
             s3.delete(target, if_match=stored.etag)
-        raise ReleaseError(f"the upload is not the release ({problem}); nothing was published",
-                           path=target.url)
+        raise ReleaseError(
+            f"the upload is not the release ({problem}); nothing was published", path=target.url
+        )
 
 
 def _sha256_of(target: Location, stored: s3.Stored) -> str:
@@ -195,10 +197,7 @@ def publish(
     version = max(existing, default=0) + 1
     target = output.child(release_filename(name, version))
     stored, digests = upload_release(local, target, part_size=part_size)
-    pointer = Pointer(
-        name, version, target.name, digests.size, digests.sha256, stored.etag,
-        stored.version_id, datetime.now(UTC).isoformat(timespec="seconds"),
-    )
+    pointer = _pointer(name, version, target, stored, digests.sha256)
     write_pointer(output, pointer, replaces=before[1] if before else None)
     logger.info("published %s as %s", target.url, pointer_location(output, name).url)
     return pointer
@@ -242,18 +241,27 @@ def rollback(output: Location, name: str, version: int) -> Pointer:
     if stored is None or "sha256" not in stored.metadata:
         raise ReleaseError("not an h5etl release upload (no sha256 metadata)", path=target.url)
     before = _read_pointer(output, name)
-    pointer = Pointer(
-        name, version, target.name, stored.size, stored.metadata["sha256"], stored.etag,
-        stored.version_id, datetime.now(UTC).isoformat(timespec="seconds"),
-    )
+    pointer = _pointer(name, version, target, stored, stored.metadata["sha256"])
     write_pointer(output, pointer, replaces=before[1] if before else None)
     return pointer
+
+
+def _pointer(name: str, version: int, target: Location, stored: s3.Stored, sha256: str) -> Pointer:
+    return Pointer(
+        name=name,
+        version=version,
+        file=target.name,
+        size=stored.size,
+        sha256=sha256,
+        etag=stored.etag,
+        version_id=stored.version_id,
+        published=datetime.now(UTC).isoformat(timespec="seconds"),
+    )
 
 
 def _check_output(output: Location) -> None:
     if output.protocol != "s3":
         raise RemoteUsageError(
-            f"releases can be published to s3:// (or a local folder), not "
-            f"{output.protocol}://", path=output.url,
+            f"releases can be published to s3:// (or a local folder), not {output.protocol}://",
+            path=output.url,
         )
-

@@ -40,7 +40,7 @@ _REFUSED = {"PreconditionFailed", "412", "ConditionalRequestConflict", "409"}
 _MISSING = {"NoSuchKey", "404", "NotFound", "NoSuchVersion"}
 
 
-class Precondition(Exception):  # noqa: N818 - it names the HTTP status, not a failure of ours
+class Precondition(Exception):
     """The store refused a conditional request: the key is taken, or no longer as read."""
 
 
@@ -172,12 +172,20 @@ def upload_file(
     size = local.stat().st_size
     if size <= part_size:
         out = _conditional(
-            location, "upload", "put_object", Body=local.read_bytes(), IfNoneMatch="*",
-            Metadata=metadata, ContentType="application/x-hdf5",
+            location,
+            "upload",
+            "put_object",
+            Body=local.read_bytes(),
+            IfNoneMatch="*",
+            Metadata=metadata,
+            ContentType="application/x-hdf5",
         )
         return _stored(out, size, metadata)
     started = _conditional(
-        location, "upload", "create_multipart_upload", Metadata=metadata,
+        location,
+        "upload",
+        "create_multipart_upload",
+        Metadata=metadata,
         ContentType="application/x-hdf5",
     )
     upload_id = started["UploadId"]
@@ -187,8 +195,12 @@ def upload_file(
             for number, chunk in enumerate(_parts(local, part_size), start=1)
         ]
         out = _conditional(
-            location, "upload", "complete_multipart_upload", UploadId=upload_id,
-            MultipartUpload={"Parts": parts}, IfNoneMatch="*",
+            location,
+            "upload",
+            "complete_multipart_upload",
+            UploadId=upload_id,
+            MultipartUpload={"Parts": parts},
+            IfNoneMatch="*",
         )
     except BaseException:  # a KeyboardInterrupt too: leave no upload behind
         with contextlib.suppress(Exception):

@@ -90,12 +90,17 @@ def _admin_key(endpoint: str) -> tuple[str, str]:
     import boto3
 
     iam = boto3.client(
-        "iam", endpoint_url=endpoint, region_name=REGION,
-        aws_access_key_id="bootstrap", aws_secret_access_key="bootstrap",
+        "iam",
+        endpoint_url=endpoint,
+        region_name=REGION,
+        aws_access_key_id="bootstrap",
+        aws_secret_access_key="bootstrap",
     )
     iam.create_user(UserName="h5etl-tests")
-    everything = {"Version": "2012-10-17", "Statement": [
-        {"Effect": "Allow", "Action": "*", "Resource": "*"}]}
+    everything = {
+        "Version": "2012-10-17",
+        "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}],
+    }
     iam.put_user_policy(
         UserName="h5etl-tests", PolicyName="all", PolicyDocument=json.dumps(everything)
     )
@@ -116,7 +121,9 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     with log.open("wb") as out:
         process = subprocess.Popen(
             [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-            stdout=out, stderr=subprocess.STDOUT, env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
         )
     try:
         _wait_until_up(endpoint, process, log)
@@ -169,15 +176,16 @@ def _bucket(monkeypatch: pytest.MonkeyPatch, server: Server, *, versioned: bool)
 
     _environment(monkeypatch, server)
     client = boto3.client(
-        "s3", endpoint_url=server.endpoint, region_name=REGION,
-        aws_access_key_id=server.key_id, aws_secret_access_key=server.secret,
+        "s3",
+        endpoint_url=server.endpoint,
+        region_name=REGION,
+        aws_access_key_id=server.key_id,
+        aws_secret_access_key=server.secret,
     )
     name = f"h5etl-{uuid.uuid4().hex[:16]}"
     client.create_bucket(Bucket=name)
     if versioned:
-        client.put_bucket_versioning(
-            Bucket=name, VersioningConfiguration={"Status": "Enabled"}
-        )
+        client.put_bucket_versioning(Bucket=name, VersioningConfiguration={"Status": "Enabled"})
     return Bucket(name, client, server)
 
 

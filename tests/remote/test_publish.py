@@ -68,8 +68,9 @@ def test_a_small_release_goes_up_in_one_request(s3: Bucket, tmp_path: Path) -> N
 def test_the_next_build_gets_the_next_version(s3: Bucket, tmp_path: Path) -> None:
     output = s3.location("releases")
     for seed in (1, 2, 3):
-        publish.publish(release_file(tmp_path / f"{seed}.h5", seed), output, "cells",
-                        part_size=PART_MIN)
+        publish.publish(
+            release_file(tmp_path / f"{seed}.h5", seed), output, "cells", part_size=PART_MIN
+        )
     assert [r.version for r in catalog.releases(output, "cells")] == [1, 2, 3]
     assert [r.current for r in catalog.releases(output, "cells")] == [False, False, True]
     # the names are the local release folder's
@@ -147,7 +148,10 @@ def test_prune_keeps_the_newest_and_the_pointed_at_version(s3: Bucket, tmp_path:
 
     planned = catalog.prune(output, "cells", keep=2)
     assert [(r.version, r.kept) for r in planned] == [
-        (1, "current"), (2, ""), (3, "newest 2"), (4, "newest 2")
+        (1, "current"),
+        (2, ""),
+        (3, "newest 2"),
+        (4, "newest 2"),
     ]
     assert len(s3.keys()) == 5  # a dry run deletes nothing
 
