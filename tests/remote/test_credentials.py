@@ -7,7 +7,7 @@ import pickle
 from pathlib import Path
 
 import pytest
-from conftest import Bucket
+from s3_server import Bucket
 
 from h5etl.remote import Location, list_objects, parse_location, read_bytes, stat_object
 from h5etl.remote import publish as remote_publish

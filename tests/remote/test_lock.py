@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import Bucket
+from s3_server import Bucket
 
 from h5etl.errors import LockHeld
 from h5etl.remote.lock import RemoteLock

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 
 import pytest
-from conftest import Bucket
+from s3_server import Bucket
 
 from h5etl.remote import list_objects, read_bytes
 from h5etl.remote.errors import RemoteChanged

@@ -11,7 +11,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-from conftest import PART_MIN, Bucket
+from s3_server import PART_MIN, Bucket
 
 from h5etl.errors import ReleaseUsageError
 from h5etl.release import naming
