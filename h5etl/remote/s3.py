@@ -221,8 +221,11 @@ def _conditional(location: Location, doing: str, method: str, **kw: Any) -> dict
     try:
         return _call(filesystem(location), method, location, **kw)
     except Exception as exc:
-        if client_code(exc) in _REFUSED or isinstance(exc, FileExistsError):
+        code = client_code(exc)
+        if code in _REFUSED or isinstance(exc, FileExistsError):
             raise Precondition(location.url) from exc
+        if method == "put_object" and "IfMatch" in kw and code in _MISSING:
+            raise Precondition(location.url) from exc  # AWS: If-Match on a deleted key is 404
         if isinstance(exc, RemoteError):
             raise
         raise problem(exc, location, doing) from exc
