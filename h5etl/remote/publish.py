@@ -32,7 +32,7 @@ from h5etl.errors import ReleaseError, ReleaseUsageError
 from h5etl.remote import s3
 from h5etl.remote.errors import RemoteUsageError
 from h5etl.remote.location import Location
-from h5etl.remote.objects import RemoteObject, list_objects, read_bytes
+from h5etl.remote.objects import RemoteObject, list_objects, read_bytes, stat_object
 
 __all__ = [
     "POINTER_SUFFIX",
@@ -41,6 +41,7 @@ __all__ = [
     "publish",
     "read_pointer",
     "release_filename",
+    "resolve",
     "rollback",
     "upload_release",
     "versions",
@@ -125,6 +126,31 @@ def _read_pointer(output: Location, name: str) -> tuple[Pointer, str] | None:
     if got is None:
         return None
     return Pointer.from_json(got[0], where), got[1].etag
+
+
+def resolve(location: Location) -> RemoteObject:
+    """The release a reader opens for ``location``, pinned: for ``.../cells.h5``, the file its
+    pointer ``cells.h5.json`` names (one GET), with the size, ETag and version it was published
+    with; a versioned name (``cells-v0007.h5``) as it is now.
+
+    Raises:
+        ReleaseUsageError: no pointer and no such release (exit code 2).
+        ReleaseError: the pointer is not readable.
+    """
+    if _VERSION.match(location.name):
+        return stat_object(location)
+    got = s3.get(location.parent().child(location.name + ".json"))
+    if got is None:
+        raise ReleaseUsageError(
+            f"no release published there (no pointer {location.name}.json)", path=location.url
+        )
+    pointer = Pointer.from_json(got[0], location)
+    return RemoteObject(
+        pointer.location(location.parent()),
+        pointer.size,
+        etag=pointer.etag,
+        version_id=pointer.version_id,
+    )
 
 
 def upload_release(

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 
 import pytest
 from s3_server import Bucket
 
-from h5etl.remote import list_objects, read_bytes
+from h5etl.remote import list_objects, parse_location, read_bytes
 from h5etl.remote.errors import RemoteChanged
 
 
@@ -65,3 +66,20 @@ def test_a_versioned_bucket_reads_the_listed_version_after_a_change(
     s3_versioned.put("raw/a.png", b"second")
     # the listed version is still there: the build reads exactly what it listed
     assert read_bytes(obj) == b"first"
+
+
+def test_a_local_folder_goes_through_the_same_api(tmp_path: Path) -> None:
+    # no server: local paths keep working, stamped by size and mtime
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "b.png").write_bytes(b"bravo")
+    (tmp_path / "a.png").write_bytes(b"alpha")
+    (tmp_path / "c.txt").write_bytes(b"text")
+    folder = parse_location(tmp_path)
+
+    listed = list_objects(folder, "*.png")
+
+    assert [folder.relative(o.location) for o in listed] == ["a.png", "sub/b.png"]
+    assert read_bytes(listed[1], 1, 3) == b"ra"
+    (tmp_path / "a.png").write_bytes(b"alpha, rewritten")
+    with pytest.raises(RemoteChanged, match="changed during the build"):
+        read_bytes(listed[0])

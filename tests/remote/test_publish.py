@@ -6,6 +6,9 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import h5py
@@ -15,7 +18,7 @@ from s3_server import PART_MIN, Bucket
 
 from h5etl.errors import ReleaseUsageError
 from h5etl.release import naming
-from h5etl.remote import catalog, publish
+from h5etl.remote import catalog, publish, read_bytes
 from h5etl.remote import s3 as requests
 from h5etl.remote.publish import Pointer
 
@@ -163,3 +166,73 @@ def test_prune_keeps_the_newest_and_the_pointed_at_version(s3: Bucket, tmp_path:
         "releases/cells.h5.json",
     ]
     assert publish.read_pointer(output, "cells").version == 1  # type: ignore[union-attr]
+
+
+KILLED_MIDWAY = """
+import os, sys
+from pathlib import Path
+from h5etl.remote import parse_location, publish, s3
+
+sent = s3.send_part
+
+def dies(location, upload_id, number, chunk):
+    if number == 2:
+        os.kill(os.getpid(), 9)  # SIGKILL: no except, no finally, no abort
+    return sent(location, upload_id, number, chunk)
+
+s3.send_part = dies
+publish.publish(Path(sys.argv[1]), parse_location(sys.argv[2]), "cells", part_size=int(sys.argv[3]))
+"""
+
+
+def test_a_build_killed_mid_upload_publishes_nothing_and_the_next_one_works(
+    s3: Bucket, tmp_path: Path
+) -> None:
+    output = s3.location("releases")
+    first = publish.publish(release_file(tmp_path / "1.h5", 1), output, "cells")
+    pointer_before = s3.get("releases/cells.h5.json")
+
+    killed = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            KILLED_MIDWAY,
+            str(release_file(tmp_path / "2.h5", 2)),
+            output.url,
+            str(PART_MIN),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert s3.keys() == ["releases/cells-v0001.h5", "releases/cells.h5.json"]
+    assert s3.get("releases/cells.h5.json") == pointer_before
+    # what it leaves: one incomplete multipart upload, invisible to readers (a bucket's
+    # lifecycle rule aborts such uploads)
+    uploads = s3.client.list_multipart_uploads(Bucket=s3.name).get("Uploads", [])
+    assert [u["Key"] for u in uploads] == ["releases/cells-v0002.h5"]
+    assert publish.read_pointer(output, "cells") == first
+    again = publish.publish(release_file(tmp_path / "3.h5", 3), output, "cells")
+    assert again.version == 2
+    assert publish.read_pointer(output, "cells") == again
+
+
+def test_a_reader_resolves_the_pointer_once_and_keeps_its_release(
+    s3: Bucket, tmp_path: Path
+) -> None:
+    output = s3.location("releases")
+    first = release_file(tmp_path / "1.h5", 1)
+    publish.publish(first, output, "cells")
+
+    pinned = publish.resolve(s3.location("releases/cells.h5"))
+    assert pinned.location == s3.location("releases/cells-v0001.h5")
+    publish.publish(release_file(tmp_path / "2.h5", 2), output, "cells")  # published meanwhile
+
+    assert read_bytes(pinned) == first.read_bytes()  # the reader's release, whole
+    newer = publish.resolve(s3.location("releases/cells.h5"))
+    assert newer.location.name == "cells-v0002.h5"
+    assert publish.resolve(s3.location("releases/cells-v0001.h5")).etag == pinned.etag
+    with pytest.raises(ReleaseUsageError, match=r"no release published there"):
+        publish.resolve(s3.location("releases/nuclei.h5"))
