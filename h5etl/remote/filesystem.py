@@ -46,6 +46,8 @@ _DENIED = {
     "AuthorizationHeaderMalformed",
     "AllAccessDisabled",
 }
+# botocore's errors for credentials it cannot find at all (no request was sent)
+_NO_CREDENTIALS = {"NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError"}
 _GONE = {"NoSuchBucket", "NoSuchKey", "NoSuchVersion", "404"}
 _OPEN: dict[tuple[str, str, int], FileSystem] = {}
 
@@ -120,18 +122,22 @@ def scrub(text: str) -> str:
     return _SIGNED.sub(lambda m: f"{m[1]}=***", text)
 
 
+def _chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and its causes, nearest first (s3fs re-raises botocore's errors ``from`` them)."""
+    found = [exc]
+    while len(found) < 8 and (cause := found[-1].__cause__ or found[-1].__context__):
+        found.append(cause)
+    return found
+
+
 def client_code(exc: BaseException) -> str | None:
     """The S3 error code (``NoSuchKey``, ``PreconditionFailed``) behind ``exc``, found along its
     causes (s3fs turns botocore's ClientError into an OSError ``from`` it)."""
-    seen: BaseException | None = exc
-    for _ in range(8):
-        if seen is None:
-            return None
+    for seen in _chain(exc):
         response = getattr(seen, "response", None)
         if isinstance(response, dict):
             code = response.get("Error", {}).get("Code")
             return str(code) if code else None
-        seen = seen.__cause__ or seen.__context__
     return None
 
 
@@ -143,6 +149,13 @@ def problem(
     says what a not-found answer means."""
     code = client_code(exc)
     url = location.url
+    if _NO_CREDENTIALS & {type(e).__name__ for e in _chain(exc)}:
+        return RemoteAccessDenied(
+            f"cannot {doing}: no {location.protocol} credentials found; set them in the "
+            f"environment or the backend's config files (for S3: AWS_ACCESS_KEY_ID and "
+            f"AWS_SECRET_ACCESS_KEY, AWS_PROFILE, ~/.aws/credentials)",
+            path=url,
+        )
     if code in _DENIED or isinstance(exc, PermissionError):
         return RemoteAccessDenied(
             f"cannot {doing}: the server refused the credentials ({code or 'access denied'}); "

@@ -3,6 +3,7 @@ pointer or an error; wrong credentials and a missing bucket are one line each, e
 
 from __future__ import annotations
 
+import os
 import pickle
 from pathlib import Path
 
@@ -108,3 +109,21 @@ def test_a_missing_bucket_is_one_line(s3: Bucket) -> None:
 
 def test_an_empty_prefix_lists_nothing(s3: Bucket) -> None:
     assert list_objects(s3.location("nothing/here")) == []
+
+
+def test_no_credentials_at_all_is_one_line_saying_where_they_go(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pytest.importorskip("s3fs", reason="needs the cloud extra: pip install 'h5etl[cloud]'")
+    for name in [k for k in os.environ if k.startswith("AWS_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # never asked: no key to sign
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", os.devnull)
+    monkeypatch.setenv("AWS_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    with pytest.raises(RemoteAccessDenied, match="no s3 credentials found") as caught:
+        list_objects(parse_location("s3://bucket/raw"))
+    assert str(caught.value).startswith("s3://bucket/raw: ")
+    assert "AWS_ACCESS_KEY_ID" in str(caught.value)
+    assert caught.value.exit_code == 2
