@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 from collections.abc import Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ __all__ = [
 ]
 
 DEFAULT_PART_SIZE = 64 * 2**20  # S3 takes 5 MiB to 5 GiB per part, at most 10,000 parts
+PART_CONCURRENCY = 4  # parts in flight at once (and in memory: 4 x 64 MiB)
 _REFUSED = {"PreconditionFailed", "412", "ConditionalRequestConflict", "409"}
 _MISSING = {"NoSuchKey", "404", "NotFound", "NoSuchVersion"}
 
@@ -190,10 +192,7 @@ def upload_file(
     )
     upload_id = started["UploadId"]
     try:
-        parts = [
-            {"PartNumber": number, "ETag": send_part(location, upload_id, number, chunk)}
-            for number, chunk in enumerate(_parts(local, part_size), start=1)
-        ]
+        parts = _send_parts(local, location, upload_id, part_size)
         out = _conditional(
             location,
             "upload",
@@ -207,6 +206,34 @@ def upload_file(
             _call(filesystem(location), "abort_multipart_upload", location, UploadId=upload_id)
         raise
     return _stored(out, size, metadata)
+
+
+def _send_parts(local: Path, location: Location, upload_id: str, part_size: int) -> list[Any]:
+    """Send the parts of ``local``, ``PART_CONCURRENCY`` at a time (one request's round trip
+    would otherwise bound the throughput); at most that many parts are held in memory."""
+    etags: dict[int, str] = {}
+    with ThreadPoolExecutor(PART_CONCURRENCY, thread_name_prefix="h5etl-upload") as pool:
+        pending: set[Future[str]] = set()
+        numbers: dict[Future[str], int] = {}
+        for number, chunk in enumerate(_parts(local, part_size), start=1):
+            if len(pending) >= PART_CONCURRENCY:
+                _collect(wait(pending, return_when=FIRST_COMPLETED).done, pending, numbers, etags)
+            future = pool.submit(send_part, location, upload_id, number, chunk)
+            pending.add(future)
+            numbers[future] = number
+        _collect(wait(pending).done, pending, numbers, etags)
+    return [{"PartNumber": n, "ETag": etags[n]} for n in sorted(etags)]
+
+
+def _collect(
+    done: set[Future[str]],
+    pending: set[Future[str]],
+    numbers: dict[Future[str], int],
+    etags: dict[int, str],
+) -> None:
+    for future in done:
+        pending.discard(future)
+        etags[numbers.pop(future)] = future.result()  # a failed part raises here
 
 
 def send_part(location: Location, upload_id: str, number: int, chunk: bytes) -> str:
