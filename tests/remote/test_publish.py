@@ -20,6 +20,7 @@ from h5etl.errors import ReleaseUsageError
 from h5etl.release import naming
 from h5etl.remote import catalog, publish, read_bytes
 from h5etl.remote import s3 as requests
+from h5etl.remote.lock import RemoteLock
 from h5etl.remote.publish import Pointer
 
 
@@ -236,3 +237,25 @@ def test_a_reader_resolves_the_pointer_once_and_keeps_its_release(
     assert publish.resolve(s3.location("releases/cells-v0001.h5")).etag == pinned.etag
     with pytest.raises(ReleaseUsageError, match=r"no release published there"):
         publish.resolve(s3.location("releases/nuclei.h5"))
+
+
+def test_a_versioned_bucket_publishes_pins_and_prunes_alike(
+    s3_versioned: Bucket, tmp_path: Path
+) -> None:
+    bucket = s3_versioned
+    output = bucket.location("releases")
+    for seed in (1, 2, 3):
+        publish.publish(release_file(tmp_path / f"{seed}.h5", seed), output, "cells")
+    pointer = publish.read_pointer(output, "cells")
+    assert pointer is not None
+    head = bucket.client.head_object(Bucket=bucket.name, Key="releases/cells-v0003.h5")
+    assert pointer.version_id == head["VersionId"]
+
+    catalog.prune(output, "cells", keep=1, apply=True)
+
+    # a delete in a versioned bucket leaves a delete marker: the listing must not show it
+    assert [r.version for r in catalog.releases(output, "cells")] == [3]
+    assert bucket.keys() == ["releases/cells-v0003.h5", "releases/cells.h5.json"]
+    for _ in range(2):  # the lock's delete markers do not keep the next build out
+        with RemoteLock(output, "cells").held():
+            pass
