@@ -13,6 +13,7 @@ from s3_server import Bucket
 from h5etl.remote import Location, list_objects, parse_location, read_bytes, stat_object
 from h5etl.remote import publish as remote_publish
 from h5etl.remote.errors import RemoteAccessDenied, RemoteUsageError
+from h5etl.remote.lock import RemoteLock
 
 
 @pytest.mark.parametrize(
@@ -127,3 +128,17 @@ def test_no_credentials_at_all_is_one_line_saying_where_they_go(
     assert str(caught.value).startswith("s3://bucket/raw: ")
     assert "AWS_ACCESS_KEY_ID" in str(caught.value)
     assert caught.value.exit_code == 2
+
+
+def test_publishing_to_a_missing_bucket_is_one_line(s3: Bucket, tmp_path: Path) -> None:
+    local = tmp_path / "cells.h5"
+    local.write_bytes(b"a finished release")
+    output = parse_location("s3://h5etl-no-such-bucket/releases")
+    for call in (
+        lambda: remote_publish.publish(local, output, "cells"),
+        lambda: RemoteLock(output, "cells").held().__enter__(),
+    ):
+        with pytest.raises(RemoteUsageError, match="no such bucket 'h5etl-no-such-bucket'") as e:
+            call()
+        assert str(e.value).startswith("s3://h5etl-no-such-bucket/releases")
+        assert "\n" not in str(e.value)
