@@ -37,6 +37,7 @@ _ENVIRONMENT = re.compile(r"^(AWS_|GOOGLE_|GCS_|AZURE_|FSSPEC_)")
 _SECRET_NAME = re.compile(r"(SECRET|KEY|TOKEN|PASSWORD|CONNECTION_STRING|SAS|CREDENTIAL)")
 # What a server may echo of a signed request
 _SIGNED = re.compile(r"(Credential|Signature|X-Amz-Security-Token|AWSAccessKeyId)=[^&\s,\"']+")
+_USERINFO = re.compile(r"://[^/@\s]+@")  # an endpoint URL with a user and password in it
 _DENIED = {
     "AccessDenied",
     "InvalidAccessKeyId",
@@ -119,6 +120,7 @@ def scrub(text: str) -> str:
     for name, value in os.environ.items():
         if _ENVIRONMENT.match(name) and _SECRET_NAME.search(name) and len(value) >= 4:
             text = text.replace(value, "***")
+    text = _USERINFO.sub("://***@", text)
     return _SIGNED.sub(lambda m: f"{m[1]}=***", text)
 
 

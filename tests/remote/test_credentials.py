@@ -13,6 +13,7 @@ from s3_server import Bucket
 from h5etl.remote import Location, list_objects, parse_location, read_bytes, stat_object
 from h5etl.remote import publish as remote_publish
 from h5etl.remote.errors import RemoteAccessDenied, RemoteUsageError
+from h5etl.remote.filesystem import scrub
 from h5etl.remote.lock import RemoteLock
 
 
@@ -142,3 +143,17 @@ def test_publishing_to_a_missing_bucket_is_one_line(s3: Bucket, tmp_path: Path) 
             call()
         assert str(e.value).startswith("s3://h5etl-no-such-bucket/releases")
         assert "\n" not in str(e.value)
+
+
+def test_scrub_masks_what_a_backend_may_echo(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wJalrXUtnFEMI-secret")
+    monkeypatch.setenv("AWS_SESSION_TOKEN", "FwoGZXIvYXdzE-token")
+    text = (
+        "denied wJalrXUtnFEMI-secret with FwoGZXIvYXdzE-token at "
+        "http://minio:pa55w0rd@minio.lab:9000/b?X-Amz-Credential=AKIAEXAMPLE%2F2026&"
+        "X-Amz-Signature=abc123"
+    )
+    scrubbed = scrub(text)
+    for secret in ("wJalrXUtnFEMI", "FwoGZXIvYXdzE", "pa55w0rd", "AKIAEXAMPLE", "abc123"):
+        assert secret not in scrubbed
+    assert "minio.lab:9000" in scrubbed  # where, still said
