@@ -1,0 +1,181 @@
+"""objects: list the objects under a Location with their stamps, and read their bytes.
+
+A listing gives plain records (``RemoteObject``): the object, its size and its stamp, which for
+object storage is its ETag (and VersionId in a versioned bucket), never a modification time, so
+an incremental build sees an object as changed exactly when its bytes are. A read gets the bytes
+the listing saw or fails: on S3 the request names the listed version, or carries
+``If-Match: <ETag>``, so the server itself refuses a changed object; on other protocols the stamp
+is compared before and after the read. A changed object is ``RemoteChanged``, naming the URL.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass
+from typing import Any
+
+from h5etl.remote.errors import RemoteChanged, RemoteError
+from h5etl.remote.filesystem import FileSystem, client_code, filesystem, problem, run
+from h5etl.remote.location import Location
+
+__all__ = ["RemoteObject", "list_objects", "read_bytes", "stat_object"]
+
+_CHANGED_CODES = {"PreconditionFailed", "NoSuchVersion", "NoSuchKey", "412", "404"}
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteObject:
+    """One object as listed: where, how many bytes, and its stamp.
+
+    ``etag`` is the store's ETag (quotes kept off); ``version_id`` its VersionId in a versioned
+    S3 bucket, else None; ``mtime_ns`` is set for local files only (their one stamp).
+    """
+
+    location: Location
+    size: int
+    etag: str | None = None
+    version_id: str | None = None
+    mtime_ns: int | None = None
+
+    @property
+    def url(self) -> str:
+        return self.location.url
+
+    @property
+    def stamp(self) -> str:
+        """What an incremental build compares: the ETag and version, else the local mtime."""
+        if self.etag is None and self.version_id is None:
+            return f"size={self.size};mtime_ns={self.mtime_ns}"
+        version = f";version={self.version_id}" if self.version_id else ""
+        return f"size={self.size};etag={self.etag}{version}"
+
+
+def list_objects(folder: Location, pattern: str = "*") -> list[RemoteObject]:
+    """The objects under ``folder`` whose key relative to it matches ``pattern``, sorted by key.
+
+    ``pattern`` is an ``fnmatch`` pattern whose ``*`` also crosses ``/`` (``*.png`` matches
+    ``a/b.png``). An empty or missing prefix lists nothing; a missing bucket is an error.
+
+    Raises:
+        RemoteUsageError: no such bucket, or the credentials are refused (exit code 2).
+        RemoteError: the server failed the request.
+    """
+    fs = filesystem(folder)
+    if folder.protocol == "s3":  # a missing bucket would list as empty: ask for it first
+        try:
+            fs.info(folder.bucket)
+        except Exception as exc:
+            raise problem(exc, folder, "list", f"no such bucket {folder.bucket!r}") from exc
+    try:
+        found: dict[str, dict[str, Any]] = fs.find(folder.fs_path, detail=True, withdirs=False)
+    except Exception as exc:  # OSErrors, and botocore's own (no credentials) that are not
+        raise problem(exc, folder, "list") from exc
+    objects = []
+    for info in found.values():
+        if info.get("type", "file") != "file":
+            continue
+        obj = _record(folder, info, fs)
+        if fnmatch.fnmatchcase(folder.relative(obj.location), pattern):
+            objects.append(obj)
+    return sorted(objects, key=lambda o: o.location.key)
+
+
+def stat_object(location: Location) -> RemoteObject:
+    """One object's record, asked of the store now (size, ETag, version)."""
+    fs = filesystem(location)
+    try:
+        # s3fs would answer from its listings cache; ask the store
+        refresh = {"refresh": True} if location.protocol == "s3" else {}
+        info = fs.info(location.fs_path, **refresh)
+    except Exception as exc:
+        raise problem(exc, location, "read") from exc
+    return _record(location.parent(), info, fs, location)
+
+
+def read_bytes(obj: RemoteObject, start: int | None = None, end: int | None = None) -> bytes:
+    """The bytes ``[start, end)`` of ``obj`` (all of them by default), as listed.
+
+    Raises:
+        RemoteChanged: the object was changed, replaced or deleted since it was listed.
+        RemoteError: the server failed the request.
+    """
+    fs = filesystem(obj.location)
+    if obj.location.protocol == "s3":
+        return _read_s3(fs, obj, start, end)
+    try:
+        data: bytes = fs.cat_file(obj.location.fs_path, start=start, end=end)
+        now = stat_object(obj.location)
+    except RemoteError as exc:
+        raise _changed(obj, "it is gone") from exc
+    except Exception as exc:
+        raise problem(exc, obj.location, "read") from exc
+    if now.stamp != obj.stamp:
+        raise _changed(obj, f"listed as {obj.stamp}, now {now.stamp}")
+    return data
+
+
+def _read_s3(fs: FileSystem, obj: RemoteObject, start: int | None, end: int | None) -> bytes:
+    ask: dict[str, str] = {}
+    if obj.version_id:
+        ask["VersionId"] = obj.version_id  # that version's bytes, whatever came after
+    if obj.etag:
+        ask["IfMatch"] = f'"{obj.etag}"'
+    if start is not None or end is not None:
+        first = start or 0
+        last = obj.size if end is None else min(end, obj.size)
+        if last <= first:
+            return b""
+        ask["Range"] = f"bytes={first}-{last - 1}"
+    try:
+        return run(fs, _get_object, fs, obj.location.bucket, obj.location.key, ask)
+    except Exception as exc:
+        if client_code(exc) in _CHANGED_CODES:
+            raise _changed(obj, "its ETag or version is no longer the listed one") from exc
+        raise problem(exc, obj.location, "read") from exc
+
+
+async def _get_object(fs: FileSystem, bucket: str, key: str, ask: dict[str, str]) -> bytes:
+    response = await fs._call_s3("get_object", Bucket=bucket, Key=key, **ask)
+    body = response["Body"]
+    try:
+        data: bytes = await body.read()
+    finally:
+        body.close()
+    return data
+
+
+def _changed(obj: RemoteObject, how: str) -> RemoteChanged:
+    return RemoteChanged(
+        f"the object changed during the build ({how}); nothing from it was used: build again "
+        f"once the uploads to that prefix are done",
+        path=obj.url,
+    )
+
+
+def _record(
+    folder: Location, info: dict[str, Any], fs: FileSystem, at: Location | None = None
+) -> RemoteObject:
+    """A listing entry (fsspec's info dict) as a RemoteObject."""
+    if at is None:
+        at = _location_of(folder, str(info["name"]), fs)
+    etag = info.get("ETag") or info.get("etag") or info.get("md5Hash")
+    version = info.get("VersionId") or info.get("generation")
+    if at.is_local:
+        return RemoteObject(at, int(info["size"]), mtime_ns=int(info["mtime"] * 1e9))
+    return RemoteObject(
+        at,
+        int(info["size"]),
+        etag=str(etag).strip('"') if etag else None,
+        version_id=str(version) if version and version != "null" else None,
+    )
+
+
+def _location_of(folder: Location, name: str, fs: FileSystem) -> Location:
+    """The Location of a listed ``name`` (fsspec's path: bucket/key, or a local path)."""
+    if folder.is_local:
+        return Location("file", "", name)
+    if folder.protocol in ("https", "http"):
+        return Location(folder.protocol, folder.bucket, name.split("://", 1)[-1].split("/", 1)[1])
+    path = fs._strip_protocol(name)
+    bucket, _, key = path.partition("/")
+    return Location(folder.protocol, bucket, key)
