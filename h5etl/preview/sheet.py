@@ -23,6 +23,7 @@ from PIL import Image, ImageDraw, ImageFont
 from h5etl.format import contract as fileformat
 from h5etl.format import fileinfo as hdf5info
 from h5etl.format.contract import FieldRecord, LayoutRecord
+from h5etl.format.reader_hints import hints_of
 from h5etl.preview.drawn import draw_tiles, drawn_field
 from h5etl.readers import ReaderError, Release
 
@@ -36,7 +37,6 @@ TILE = 192  # target tile edge in pixels
 GAP = 8
 BACKGROUND = (255, 255, 255)
 INK = (30, 30, 30)
-LABEL = "label"  # the kind whose int64 values index class names
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +80,7 @@ def caption_fields(layout: LayoutRecord) -> tuple[str, ...]:
     (``filename`` first), else its sample key. A column of another field (a volume's
     ``ct_series_uid``) names no sample for a person: only when nothing else does."""
     columns = layout.storage
-    labels = [n for n, f in columns.items() if f.kind == LABEL and not f.shape]
+    labels = [n for n, f in columns.items() if hints_of(f).class_indices and not f.shape]
     texts = [n for n, f in columns.items() if f.column == "text"]
     own = sorted(
         (n for n in texts if fileformat.FIELD_KEY not in columns[n].extra),
@@ -250,7 +250,7 @@ def _roles_or_drawn(
         if drawn is None:
             raise ReaderError(
                 f"split {split!r}: {exc.message}, nor a field of a kind that draws its own "
-                "tiles (h5etl.plan.kind_registry.PREVIEW_DRAWERS)",
+                "tiles (a kind registry entry's preview)",
                 path=os.fspath(path),
             ) from exc
         return Roles(image=drawn, mask=None, captions=caption_fields(layout)), drawn

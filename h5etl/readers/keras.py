@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import keras
 import numpy as np
 
 from h5etl.errors import ReaderError
+from h5etl.format.contract import FieldRecord
+from h5etl.format.reader_hints import KerasRole, hints_of
 from h5etl.readers._core import CacheBytes, Release
 from h5etl.readers._fields import channel_fields, channels_last
 
@@ -27,21 +29,25 @@ AUTO = "auto"  # x or y taken from the release's layout record
 def _from_record(
     path: str | os.PathLike[str], split: str, x: Fields, y: Fields | None
 ) -> tuple[Fields, Fields | None]:
-    """``x`` and ``y`` where they are ``AUTO``: the first image field; the first mask, else
-    the first label field."""
+    """``x`` and ``y`` where they are ``AUTO``, from the kinds' reader hints: the first input
+    field (an image); the first target, a mask before a label (``keras_rank``)."""
     fields = Release(path, split).layout.fields
-    by_kind = {kind: [n for n, f in fields.items() if f.kind == kind] for kind in KINDS}
     if x == AUTO:
-        if not by_kind["image"]:
+        inputs = _by_role(fields, "input")
+        if not inputs:
             raise ReaderError(f"split {split!r} has no image field: pass x=", path=os.fspath(path))
-        x = by_kind["image"][0]
+        x = inputs[0]
     if y == AUTO:
-        targets = by_kind["mask"] or by_kind["label"]
+        targets = _by_role(fields, "target")
         y = targets[0] if targets else None
     return x, y
 
 
-KINDS = ("image", "mask", "label")
+def _by_role(fields: Mapping[str, FieldRecord], role: KerasRole) -> list[str]:
+    """The fields of ``role``, best first (their kinds' rank, then the layout's order)."""
+    hints = {name: hints_of(record) for name, record in fields.items()}
+    found = [name for name, hint in hints.items() if hint.keras == role]
+    return sorted(found, key=lambda name: hints[name].keras_rank)
 
 
 class KerasDataset(keras.utils.PyDataset):  # type: ignore[misc]
