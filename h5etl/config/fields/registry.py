@@ -107,8 +107,8 @@ def load_registry(
             continue
         entries[point.name] = found
         plugins[point.name] = plugin
-    for line in ignored:
-        logger.warning("%s", line)
+    for line in ignored:  # said by ``h5etl validate``: every command's stderr is no place
+        logger.debug("%s", line)
     return Registry(entries, plugins, broken, tuple(ignored))
 
 
