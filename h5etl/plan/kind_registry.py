@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from h5etl.config.fields import ArrayField
+from h5etl.config.fields import ImageField, MaskField
 from h5etl.config.fields.builtin import array_layout
 from h5etl.config.fields.entry import BuildContext
 from h5etl.config.fields.registry import REGISTRY, entry_of
@@ -40,7 +40,7 @@ def build_context(spec: Spec, name: str) -> BuildContext:
 def layout_of(spec: Spec, name: str) -> ChunkLayout:
     """How an array field is stored: shape, dtype, chunks and filters."""
     field = spec.fields[name]
-    assert isinstance(field, ArrayField)
+    assert isinstance(field, ImageField | MaskField)
     return array_layout(field, build_context(spec, name))
 
 

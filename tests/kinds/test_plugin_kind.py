@@ -30,7 +30,7 @@ from h5etl.readers import iter_batches
 
 PLUGIN = Path(__file__).parent / "plugin"
 HEAD = 4  # h5etl_filesize.kind.HEAD
-MAX_BYTES = 300  # the config's max_bytes: a larger file is rejected (too_large)
+MAX_BYTES = 300  # CONFIG's max_bytes: a larger file is rejected (too_large)
 
 CONFIG = """\
 name: sizes
@@ -40,9 +40,9 @@ sources:
 splits: {train: 0.75, valid: 0.25}
 storage: {chunk_samples: 2}
 fields:
-  size: {kind: filesize, max_bytes: %d}
+  size: {kind: filesize, max_bytes: 300}
 max_rejects: null  # big.bin is rejected on purpose
-""" % MAX_BYTES
+"""
 
 BROKEN = {
     "pyproject.toml": """\
@@ -132,6 +132,21 @@ def test_installed_as_pip_installs_a_distribution(site: Path) -> None:
     assert (point.name, point.value) == ("filesize", "h5etl_filesize.entry:ENTRY")
 
 
+def test_the_plugins_behaviour_imports_no_pydantic(site: Path, tmp_path: Path) -> None:
+    """What a worker imports to unpickle the kind stays free of pydantic and the config."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), env.get("PYTHONPATH")) if p)
+    script = (
+        "import sys, pickle, h5etl_filesize.kind as k\n"
+        "pickle.loads(pickle.dumps(k.FileSizeKind('size', 0)))\n"
+        "print(sorted(m for m in sys.modules if m == 'pydantic' or m.startswith('h5etl.config')))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=False, env=env
+    )
+    assert (done.returncode, done.stdout.strip()) == (0, "[]"), done.stderr
+
+
 def test_validate_says_which_plugin_a_kind_comes_from(site: Path, built: Path) -> None:
     done = h5etl_cli(site, "validate", "config.yaml", cwd=built)
     assert done.returncode == 0, done.stderr
@@ -213,7 +228,7 @@ def test_a_broken_plugin_stops_only_configs_naming_its_kind(
     ) in done.stdout.splitlines()
 
     (tmp_path / "raw").mkdir()
-    config = CONFIG.replace("{kind: filesize, max_bytes: %d}" % MAX_BYTES, "{kind: broken}")
+    config = CONFIG.replace("{kind: filesize, max_bytes: 300}", "{kind: broken}")
     (tmp_path / "config.yaml").write_text(config, "utf-8")
     done = h5etl_cli(site, "validate", "config.yaml", cwd=tmp_path)
     assert done.returncode == 2

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from h5etl.config.fields.arrays import ArrayField, ImageField, MaskField
+from h5etl.config.fields.arrays import ImageField, MaskField
 from h5etl.config.fields.base import TableRef
 from h5etl.config.fields.entry import BuildContext, KindEntry
 from h5etl.config.fields.series import SeriesField
@@ -29,7 +29,7 @@ from h5etl.kinds.volume import VolumeKind
 __all__ = ["BUILTIN_ENTRIES", "array_layout", "recording_spec"]
 
 
-def array_layout(field: ArrayField, context: BuildContext) -> ChunkLayout:
+def array_layout(field: ImageField | MaskField, context: BuildContext) -> ChunkLayout:
     """How an image or mask field is stored: shape, dtype, chunks and filters."""
     assert field.shape is not None
     chunks = tuple(field.chunks) if field.chunks is not None else None
