@@ -7,7 +7,7 @@ inferred), so a field's dataset is ``record.path(split, field)`` whatever the te
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,8 +18,8 @@ import numpy as np
 from h5etl.errors import ReaderError
 from h5etl.format import contract as fileformat
 from h5etl.format import partfiles
-from h5etl.format.contract import LayoutRecord
-from h5etl.format.reader_hints import hints_of
+from h5etl.format.contract import FieldRecord, LayoutRecord
+from h5etl.format.reader_hints import KerasRole, hints_of
 from h5etl.readers._layout import FieldInfo, field_info
 
 INT64 = np.dtype(np.int64)
@@ -139,6 +139,14 @@ def _wanted(record: LayoutRecord, fields: Sequence[str] | None) -> list[str]:
         else:
             out.append(name)
     return list(dict.fromkeys(out))
+
+
+def keras_fields(fields: Mapping[str, FieldRecord], role: KerasRole) -> list[str]:
+    """The fields of Keras ``role`` (input: ``x``, target: ``y``), best first: their kinds'
+    ``keras_rank``, then the layout's order."""
+    hints = {name: hints_of(record) for name, record in fields.items()}
+    found = [name for name, hint in hints.items() if hint.keras == role]
+    return sorted(found, key=lambda name: hints[name].keras_rank)
 
 
 def channel_fields(record: LayoutRecord, names: Sequence[str]) -> frozenset[str]:

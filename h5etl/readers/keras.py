@@ -8,17 +8,15 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import keras
 import numpy as np
 
 from h5etl.errors import ReaderError
-from h5etl.format.contract import FieldRecord
-from h5etl.format.reader_hints import KerasRole, hints_of
 from h5etl.readers._core import CacheBytes, Release
-from h5etl.readers._fields import channel_fields, channels_last
+from h5etl.readers._fields import channel_fields, channels_last, keras_fields
 
 Fields = str | Sequence[str]
 
@@ -33,21 +31,14 @@ def _from_record(
     field (an image); the first target, a mask before a label (``keras_rank``)."""
     fields = Release(path, split).layout.fields
     if x == AUTO:
-        inputs = _by_role(fields, "input")
+        inputs = keras_fields(fields, "input")
         if not inputs:
             raise ReaderError(f"split {split!r} has no image field: pass x=", path=os.fspath(path))
         x = inputs[0]
     if y == AUTO:
-        targets = _by_role(fields, "target")
+        targets = keras_fields(fields, "target")
         y = targets[0] if targets else None
     return x, y
-
-
-def _by_role(fields: Mapping[str, FieldRecord], role: KerasRole) -> list[str]:
-    """The fields of ``role``, best first (their kinds' rank, then the layout's order)."""
-    hints = {name: hints_of(record) for name, record in fields.items()}
-    found = [name for name, hint in hints.items() if hint.keras == role]
-    return sorted(found, key=lambda name: hints[name].keras_rank)
 
 
 class KerasDataset(keras.utils.PyDataset):  # type: ignore[misc]

@@ -27,6 +27,7 @@ import pytest
 from h5etl.format.contract import read_layout
 from h5etl.format.reader_hints import HINTS_KEY, ReaderHints, hints_of
 from h5etl.readers import iter_batches
+from h5etl.readers._fields import keras_fields
 
 PLUGIN = Path(__file__).parent / "plugin"
 HEAD = 4  # h5etl_filesize.kind.HEAD
@@ -194,9 +195,12 @@ def test_readers_read_the_field_and_its_hints(built: Path) -> None:
     release = built / "releases" / "sizes.h5"
     with h5py.File(release, "r") as handle:
         names = [n.decode() for n in handle["train/filename"][...]]
-        record = read_layout(handle).fields["size"]
+        fields = read_layout(handle).fields
+    record = fields["size"]  # a plugin kind's hints travel in its layout record
     assert record.extra[HINTS_KEY] == ReaderHints(keras="target", keras_rank=5).as_json()
     assert hints_of(record) == ReaderHints(keras="target", keras_rank=5)
+    assert keras_fields(fields, "target") == ["size"]  # Keras's default y
+    assert keras_fields(fields, "input") == []
     batches = list(iter_batches(release, "train", 2, fields=["size", "size_head"], shuffle=False))
     sizes = np.concatenate([b["size"] for b in batches])
     assert sizes.tolist() == [os.path.getsize(built / "raw" / n) for n in names]
