@@ -10,11 +10,13 @@ it claims the built-in name ``image``) must not stop configs that do not name it
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
 import sys
 import textwrap
+import tomllib
 from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
@@ -87,10 +89,38 @@ def install_plugins(target: Path, work: Path) -> None:
     for name, text in BROKEN.items():
         (broken / name).parent.mkdir(parents=True, exist_ok=True)
         (broken / name).write_text(textwrap.dedent(text), "utf-8")
+    if importlib.util.find_spec("setuptools") is None:  # no build backend offline
+        for source in (filesize, broken):
+            install_by_hand(target, source)
+        return
     command = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index"]
     command += ["--no-build-isolation", "--target", str(target), str(filesize), str(broken)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr
+
+
+def install_by_hand(target: Path, source: Path) -> None:
+    """What pip's install of ``source`` leaves in ``target``: its packages and a
+    ``.dist-info`` (METADATA, entry_points.txt, RECORD), for an environment without
+    setuptools."""
+    project = tomllib.loads((source / "pyproject.toml").read_text("utf-8"))["project"]
+    name, version = project["name"], project["version"]
+    files: list[Path] = []
+    for package in (p for p in source.iterdir() if (p / "__init__.py").is_file()):
+        shutil.copytree(package, target / package.name, dirs_exist_ok=True)
+        files += sorted((target / package.name).rglob("*.py"))
+    info = target / f"{name.replace('-', '_')}-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n", "utf-8"
+    )
+    points: list[str] = []
+    for group, entries in project.get("entry-points", {}).items():
+        points += [f"[{group}]", *(f"{k} = {v}" for k, v in entries.items()), ""]
+    (info / "entry_points.txt").write_text("\n".join(points), "utf-8")
+    files += [info / "METADATA", info / "entry_points.txt"]
+    rows = [f"{f.relative_to(target).as_posix()},," for f in files]
+    (info / "RECORD").write_text("\n".join([*rows, f"{info.name}/RECORD,,", ""]), "utf-8")
 
 
 @pytest.fixture(scope="module")
