@@ -23,6 +23,8 @@
     ├── ShardError                  a shard of a sharded build does not hold what the plan
     │                               gave it (missing or extra rows, a chunk whose bytes changed)
     ├── CheckFailed                 ``h5etl check`` found a damaged release
+    ├── KindDefinitionError         (also TypeError) a kind's entry or class lacks a required
+    │                               hook (a plugin's is reported when a config names it)
     └── ReaderError                 a release cannot be read as asked (not HDF5, no such
                                     split or field); exit code 2
 
@@ -220,6 +222,11 @@ def io_problem(exc: BaseException, detail: str = "") -> str:
     text = os.strerror(code)
     text = text[:1].lower() + text[1:] + (f" ({detail})" if detail else "")
     return f"{text}; {_NO_ROOM_HINTS[code]}" if code in _NO_ROOM_HINTS else text
+
+
+class KindDefinitionError(H5EtlError, TypeError):
+    """A kind's registry entry or behaviour class breaks the kind contract (no ``kind`` name,
+    no column, no decode): raised when the entry is made, naming the class and the hook."""
 
 
 class ReaderError(H5EtlError):

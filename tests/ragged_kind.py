@@ -11,22 +11,27 @@ subprocess through ``install``. A NaN in the file is a reject.
 from __future__ import annotations
 
 import io
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 
-from h5etl.errors import RejectError
-from h5etl.format.codec import ChunkLayout, Codec
-from h5etl.kinds.base import (
+from h5etl.kind_api import (
     ArrayColumn,
+    BuildContext,
+    ChunkLayout,
+    Codec,
     Column,
+    FieldModel,
     Kind,
+    KindEntry,
     RaggedColumn,
+    RejectError,
     SampleContext,
     ScalarColumn,
     TextColumn,
+    own_or_first,
 )
 
 TRAILING = (3,)
@@ -89,7 +94,7 @@ DRAWN: list[tuple[str, int, np.ndarray]] = []  # (field, sample index, rows read
 
 def draw(sample: Any, field: str) -> Any:
     """A preview tile: the sample's middle row of values as three grey bars (a drawer, as
-    ``h5etl.plan.kind_registry.PREVIEW_DRAWERS`` names them); it reads that row only."""
+    ``ENTRY`` names it); it reads that row only."""
     from PIL import Image
 
     values = next(c for c in sample.columns_of(field) if sample.record(c).column == "ragged")
@@ -126,7 +131,24 @@ def use_npy_recording(monkeypatch: Any, field: str = "rec", **options: Any) -> N
     monkeypatch.setattr(registry, "kinds_of", _patched(registry.kinds_of, field, options))
 
 
-__all__ = ["NpyRecording", "install", "use_npy_recording"]
+class NpyRecordingField(FieldModel):
+    """The config of an ``npyrec`` field (for its registry entry; configs of these tests
+    write a text field that ``install`` swaps)."""
+
+    kind: Literal["npyrec"]
+    source: str | None = None
+
+    def source_name(self, field_name: str, sources: Sequence[str]) -> str | None:
+        return own_or_first(field_name, self.source, sources)
+
+
+def _build(name: str, field: NpyRecordingField, context: BuildContext) -> Kind:
+    return NpyRecording(name, context.source_index)
+
+
+ENTRY = KindEntry("npyrec", NpyRecordingField, NpyRecording, _build, preview="ragged_kind:draw")
+
+__all__ = ["ENTRY", "NpyRecording", "install", "use_npy_recording"]
 
 
 def decode_or_die(task: Any, recipe: Any, *, parent: int) -> Any:

@@ -45,3 +45,41 @@ def test_errors_share_one_root() -> None:
 
 def test_package_is_typed() -> None:
     assert (Path(h5etl.__file__).parent / "py.typed").is_file()
+
+
+KIND_API = [
+    "GROUP",
+    "ArrayColumn",
+    "BuildContext",
+    "Builder",
+    "ChunkLayout",
+    "Codec",
+    "Column",
+    "FieldModel",
+    "FieldRecord",
+    "Kind",
+    "KindDefinitionError",
+    "KindEntry",
+    "Prepared",
+    "ProbeTarget",
+    "RaggedColumn",
+    "ReaderHints",
+    "RejectError",
+    "Sample",
+    "SampleContext",
+    "ScalarColumn",
+    "StatsKind",
+    "TextColumn",
+    "check_hooks",
+    "own_or_first",
+]
+
+
+def test_the_kind_authors_api_is_pinned() -> None:
+    # what a plugin kind imports (h5etl.kind_api): changing it breaks plugins, so it is a
+    # decision like the public API's
+    from h5etl import kind_api
+
+    assert kind_api.__all__ == KIND_API  # in ruff's order (RUF022: constants first)
+    for name in kind_api.__all__:
+        assert hasattr(kind_api, name), name

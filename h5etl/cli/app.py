@@ -26,7 +26,7 @@ __all__ = ["app", "main"]
 def validate(config: ConfigArgument) -> None:
     """Check CONFIG without building."""
     from h5etl.config.load import check_tables, load_spec
-    from h5etl.plan.kind_registry import check_installed
+    from h5etl.plan.kind_registry import check_installed, plugin_notes
 
     spec = _run(lambda: load_spec(config))
     _run(lambda: check_tables(spec))  # a broken table is the config's problem, found now
@@ -38,6 +38,8 @@ def validate(config: ConfigArgument) -> None:
             f"note: fields.{name} has no kind: read as kind: {kind}, as before kinds existed "
             f"(write kind: {kind} to say so)"
         )
+    for line in plugin_notes(spec):
+        _say(line)
 
 
 @app.command()

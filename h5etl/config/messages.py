@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ValidationError
 
 from h5etl.config.fields import FIELD_MODELS, JsonRef, TableRef, inferred_kind
+from h5etl.config.fields.registry import REGISTRY
 from h5etl.config.places import (
     SECTIONS,
     article,
@@ -265,6 +266,9 @@ def _without_kind_tag(loc: Key) -> Key:
 
 def _unknown_kind(data: Any) -> str:
     kind = data.get("kind") if isinstance(data, Mapping) else data
+    broken = REGISTRY.broken.get(kind) if isinstance(kind, str) else None
+    if broken is not None:  # a plugin's kind that did not load: say which and why
+        return broken
     known = list(FIELD_MODELS)
     text = f"kind must be one of {', '.join(known)}, got {kind!r}"
     close = difflib.get_close_matches(str(kind), known, n=1)

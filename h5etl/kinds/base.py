@@ -1,7 +1,8 @@
 """What every field kind is made of: its storage column, its statistics, its two hooks.
 
-A kind is a frozen, picklable dataclass built from its config model in the parent (see
-``h5etl.plan.kind_registry``); decode workers import this package but never pydantic. Values a
+A kind is a frozen, picklable dataclass built from its config model in the parent by its
+registry entry's builder (``h5etl.config.fields.registry``); decode workers import this package but
+never pydantic, and nothing here imports the config. Values a
 kind knows without reading files (a class folder, a table row) come from ``prepare`` at plan
 time, in the parent, and travel with the sample (``Sample.extras``); everything that reads a
 file's bytes happens in ``decode``, in a worker. Both reject a sample with ``RejectError``.
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 import numpy as np
 
 from h5etl.dataflow import EncodedRows, Sample
+from h5etl.errors import KindDefinitionError
 from h5etl.format.codec import ChunkLayout, CompressionLike
 from h5etl.format.contract import FieldRecord
 
@@ -32,6 +34,7 @@ __all__ = [
     "SampleContext",
     "ScalarColumn",
     "TextColumn",
+    "check_hooks",
 ]
 
 StatsKind = Literal["channels", "histogram"] | None
@@ -187,7 +190,32 @@ class EncodedValue:
 
 @dataclass(frozen=True, slots=True)
 class Kind:
-    """The behaviour of one field. Subclasses set ``kind`` and override what they use."""
+    """The behaviour of one field. Subclasses set ``kind`` and override what they use.
+
+    Built in the parent by its registry entry's builder, pickled to the decode workers (so it
+    holds plain data: no open files, no pydantic). Its hooks, which are required and where
+    each runs (``check_hooks`` refuses a class that lacks a required one):
+
+    ===================================  ==========  ================================
+    hook                                 required    runs in
+    ===================================  ==========  ================================
+    ``kind`` (class variable)            yes         (the name configs write)
+    ``column`` or ``columns``            one         parent (plan, sink) and worker
+    ``decode(context)``                  or prepare  worker: a sample's value from bytes
+    ``prepare(samples)``, ``plan_side``  or decode   parent, once at plan time
+    ``expands``, ``expand``              no          parent, plan time
+    ``depends_on``                       no          parent (order) and worker
+    ``stats``, ``task_stats``, ``place`` no          worker
+    ``reads_own_files``                  no          parent and worker
+    ``companion_paths``                  no          parent, plan time (stamps)
+    ``worker_modules``                   no          parent (workers import them early)
+    ``optional_modules``                 no          parent (``validate``: installed?)
+    ``sample_nbytes``                    no          parent (sizes decode tasks)
+    ``probe_header``, ``header_checks``  no          worker (a dry run's header probe)
+    ``probe_target``                     no          parent (a dry run's image probe)
+    ``record()``                         no          parent (the layout record)
+    ===================================  ==========  ================================
+    """
 
     kind: ClassVar[str] = ""
     name: str
@@ -337,4 +365,28 @@ class Kind:
         others = {name: column_record(self.kind, column) for name, column in columns.items()}
         return FieldRecord(
             record.kind, record.column, record.dtype, record.shape, record.extra, others
+        )
+
+
+def check_hooks(cls: type[Kind]) -> None:
+    """Refuse a kind class that lacks a required hook (see ``Kind``), naming class and hook.
+
+    Raises:
+        KindDefinitionError: one line naming the class and the missing hook.
+    """
+    name = f"{cls.__module__}.{cls.__qualname__}"
+    if not (isinstance(cls, type) and issubclass(cls, Kind)):
+        raise KindDefinitionError(f"{name} is no subclass of h5etl.kinds.base.Kind")
+    if not cls.kind:
+        raise KindDefinitionError(
+            f"{name} has no kind name: set kind: ClassVar[str] = '<the name configs write>'"
+        )
+    if cls.column is Kind.column and cls.columns is Kind.columns:
+        raise KindDefinitionError(
+            f"{name} overrides neither column nor columns: a kind stores at least one column"
+        )
+    if cls.decode is Kind.decode and cls.prepare is Kind.prepare:
+        raise KindDefinitionError(
+            f"{name} overrides neither decode (worker) nor prepare (parent, plan time): "
+            "nothing gives a sample its value"
         )

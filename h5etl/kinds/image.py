@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 
@@ -22,9 +22,6 @@ from h5etl.kinds.base import (
     StatsKind,
 )
 from h5etl.kinds.fitting import fit, size_text
-
-if TYPE_CHECKING:
-    from h5etl.config.fields import ImageField
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,32 +142,3 @@ class ImageKind(Kind):
                 f"{self.scale_of} {size_text(other)}",
                 path=path,
             )
-
-
-def from_config(
-    name: str,
-    field: ImageField,
-    *,
-    layout: ChunkLayout,
-    source_index: int | None,
-    fill: float,
-    oversize: str,
-    grid: int = 1,
-) -> ImageKind:
-    assert field.mode is not None
-    derive, scale = field.derive, field.scale
-    return ImageKind(
-        name,
-        source_index,
-        layout,
-        field.mode,
-        fill,
-        oversize,
-        derive_from=derive.from_field if derive else None,
-        derive_filter=derive.resize if derive else "bicubic",
-        derive_factor=derive.factor if derive else None,
-        scale_of=scale.of if scale else None,
-        scale_factor=scale.factor if scale else 1,
-        with_stats=field.stats,
-        grid=grid,
-    )

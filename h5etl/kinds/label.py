@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 from h5etl.dataflow import Sample
 from h5etl.errors import RejectError
@@ -20,9 +20,6 @@ from h5etl.inputs.globs import glob_regex
 from h5etl.kinds.base import Column, Kind, ScalarColumn, StatsKind
 from h5etl.kinds.sidecar import text_value
 from h5etl.kinds.tabular import Prepared, TableSource, shown, table_lookup
-
-if TYPE_CHECKING:
-    from h5etl.config.fields import LabelField
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,26 +116,3 @@ class LabelKind(Kind):
             f"{relpath!r} is not in a class folder: fields.{self.name} takes the class from "
             f"root/<class>/<file>"
         )
-
-
-def from_config(
-    name: str,
-    field: LabelField,
-    *,
-    source_index: int,
-    source_root: str,
-    pattern: str | None = None,
-) -> Kind:
-    origin = field.from_
-    table = (
-        None if isinstance(origin, str) else TableSource(origin.table, origin.key, origin.column)
-    )
-    return LabelKind(
-        name,
-        source_index,
-        source_root,
-        table,
-        field.classes or (),
-        declared=field.classes is not None,
-        pattern=pattern,
-    )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -24,9 +24,6 @@ from h5etl.kinds.base import (
     StatsKind,
 )
 from h5etl.kinds.fitting import fit, size_text
-
-if TYPE_CHECKING:
-    from h5etl.config.fields import MaskField
 
 Colour = tuple[int, int, int]
 
@@ -132,19 +129,3 @@ class MaskKind(Kind):
         context.decoded[self.name] = labels
         context.paths[self.name] = path
         return fit(labels, self.layout, self.oversize, path=path, is_mask=True)
-
-
-def from_config(
-    name: str,
-    field: MaskField,
-    *,
-    layout: ChunkLayout,
-    source_index: int | None,
-    fill: float,
-    oversize: str,
-    of: str | None,
-) -> MaskKind:
-    colors = tuple(field.colors.items()) if field.colors is not None else None
-    return MaskKind(
-        name, source_index, layout, fill, oversize, field.values, colors, of, field.stats
-    )

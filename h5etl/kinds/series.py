@@ -17,7 +17,7 @@ import os
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -27,7 +27,6 @@ from h5etl.format.codec import ChunkLayout, Codec
 from h5etl.inputs import recording
 from h5etl.inputs.channels import ChannelSpec
 from h5etl.inputs.recording import Recording, RecordingSpec
-from h5etl.inputs.series_fit import FixedDuration, Windowing
 from h5etl.kinds.base import (
     ArrayColumn,
     Column,
@@ -38,9 +37,6 @@ from h5etl.kinds.base import (
     TextColumn,
 )
 from h5etl.kinds.tabular import Prepared
-
-if TYPE_CHECKING:
-    from h5etl.config.fields.series import SeriesField
 
 # Rows of a ragged chunk: about ten seconds of the channel, at least 4096 rows and at most
 # about 1 MiB. Small chunks cost a compression call each (a 48 KiB chunk compresses at a
@@ -182,31 +178,6 @@ def _seconds(value: float) -> str:
     return f"{value:.6f}".rstrip("0").rstrip(".")
 
 
-def channel_spec(name: str, field: SeriesField) -> ChannelSpec:
-    model = field.channels[name]
-    return ChannelSpec(
-        name,
-        model.file,
-        model.dtype,
-        tuple(model.shape),
-        model.rate_hz,
-        model.time,
-        tuple(model.columns or ()),
-        model.time_unit,
-        model.units,
-    )
-
-
-def recording_spec(field: SeriesField) -> RecordingSpec:
-    fixed = window = None
-    if field.fixed is not None:
-        fixed = FixedDuration(field.fixed.seconds, field.fixed.shorter, field.fixed.fill)
-    if field.window is not None:
-        window = Windowing(field.window.seconds, field.window.step)
-    channels = tuple(channel_spec(name, field) for name in field.channels)
-    return RecordingSpec(field.recording, channels, field.tolerance, fixed, window)
-
-
 @dataclass(frozen=True, slots=True)
 class Storage:
     """How the field's columns are chunked and compressed."""
@@ -300,12 +271,12 @@ def chunk_rows(rate_hz: float | None, row_bytes: int) -> int:
 
 
 def series_columns(
-    name: str, field: SeriesField, spec: RecordingSpec, storage: Storage
+    name: str, spec: RecordingSpec, storage: Storage, *, stats: bool
 ) -> tuple[tuple[str, Column], ...]:
     """Every column of the field, by dataset name (the order the file lists them)."""
     out: list[tuple[str, Column]] = []
     for channel in spec.channels:
-        values, times = _channel_column(channel, spec, storage, stats=field.stats)
+        values, times = _channel_column(channel, spec, storage, stats=stats)
         out.append((f"{name}_{channel.name}", values))
         if times is not None:
             out.append((f"{name}_{channel.name}_time", times))
@@ -329,10 +300,3 @@ def series_columns(
         }
         out.append((f"{name}_offset", ScalarColumn("float64", attrs=offset_attrs)))
     return tuple(out)
-
-
-def from_config(
-    name: str, field: SeriesField, *, source_index: int | None, storage: Storage
-) -> Kind:
-    spec = recording_spec(field)
-    return SeriesKind(name, source_index, spec, series_columns(name, field, spec, storage))

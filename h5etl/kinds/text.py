@@ -5,16 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 from h5etl.dataflow import Sample
 from h5etl.errors import RejectError
 from h5etl.kinds.base import Column, Kind, SampleContext, TextColumn
 from h5etl.kinds.sidecar import json_value, text_value
 from h5etl.kinds.tabular import Prepared, TableSource, table_lookup
-
-if TYPE_CHECKING:
-    from h5etl.config.fields import TextField
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,14 +64,3 @@ class TextKind(Kind):
         except RejectError as exc:
             exc.path = context.path(self.source_index)
             raise
-
-
-def from_config(name: str, field: TextField, *, source_index: int | None) -> Kind:
-    from h5etl.config.fields import TableRef  # parent only: workers stay free of pydantic
-
-    origin = field.from_
-    if isinstance(origin, str):
-        return TextKind(name, source_index)
-    if isinstance(origin, TableRef):
-        return TextKind(name, source_index, TableSource(origin.table, origin.key, origin.column))
-    return TextKind(name, source_index, json_key=origin.key)

@@ -5,16 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from h5etl.dataflow import Sample
 from h5etl.errors import RejectError
 from h5etl.kinds.base import Column, Kind, SampleContext, ScalarColumn, StatsKind
 from h5etl.kinds.sidecar import json_value, typed_value
 from h5etl.kinds.tabular import Prepared, TableSource, table_lookup
-
-if TYPE_CHECKING:
-    from h5etl.config.fields import ValueField
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,13 +68,3 @@ class ValueKind(Kind):
                 )
             found = self.default
         return typed_value(found, self.dtype, where)
-
-
-def from_config(name: str, field: ValueField, *, source_index: int | None) -> Kind:
-    from h5etl.config.fields import TableRef  # parent only: workers stay free of pydantic
-
-    origin = field.from_
-    if isinstance(origin, TableRef):
-        table = TableSource(origin.table, origin.key, origin.column)
-        return ValueKind(name, source_index, field.dtype, table, default=field.default)
-    return ValueKind(name, source_index, field.dtype, json_key=origin.key, default=field.default)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -36,9 +36,6 @@ from h5etl.kinds.base import (
     StatsKind,
     TextColumn,
 )
-
-if TYPE_CHECKING:
-    from h5etl.config.fields.volume import ResampleSpec, VolumeField
 
 AFFINE_MEANS = "voxel (x, y, z, 1) = (column, row, slice, 1) -> RAS+ mm (nibabel)"
 TYPICAL_SLICES = 512  # for the decoded-size estimate that sizes decode tasks
@@ -356,27 +353,3 @@ class LabelCheck:
                 path=self.path,
             )
         return voxels
-
-
-def from_config(
-    name: str,
-    field: VolumeField,
-    *,
-    layout: ChunkLayout,
-    source_index: int | None,
-    of: str | None,
-    resample: ResampleSpec | None,
-) -> VolumeKind:
-    """``resample``: the field's own, or for a label volume its image volume's."""
-    return VolumeKind(
-        name,
-        source_index,
-        layout,
-        field.form,
-        field.values,
-        of,
-        resample.spacing if resample is not None else None,
-        resample.shape if resample is not None else None,
-        field.fill,
-        field.stats,
-    )

@@ -1,191 +1,66 @@
-"""The one place that knows every kind: config model -> behaviour, for a whole spec.
+"""A whole spec's kinds, built through the kind registry (``h5etl.config.fields.registry``).
 
-Parent side only (it reads the pydantic config); workers receive the built kinds.
+Parent side only (it reads the pydantic config); workers receive the built kinds. Each field's
+registry entry builds its behaviour from its config model and a ``BuildContext`` view of the
+spec; the layout record of a kind that is not built in carries its reader hints.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import replace
 
-from h5etl.config.fields import (
-    ImageField,
-    LabelField,
-    MaskField,
-    SeriesField,
-    TextField,
-    ValueField,
-    VolumeField,
-)
+from h5etl.config.fields import ImageField, MaskField
+from h5etl.config.fields.builtin import array_layout
+from h5etl.config.fields.entry import BuildContext
+from h5etl.config.fields.registry import REGISTRY, entry_of
 from h5etl.config.spec import Spec
 from h5etl.errors import ConfigError
-from h5etl.format.codec import ChunkLayout, Codec
+from h5etl.format.codec import ChunkLayout
 from h5etl.format.contract import FieldRecord
+from h5etl.format.reader_hints import HINTS_KEY
 from h5etl.inputs import extras
-from h5etl.kinds import image, label, mask, series, text, value, volume
 from h5etl.kinds.base import Kind
 
-Builder = Callable[[Spec, str], Kind]
 
-# kind -> "module:function" that draws one stored sample as a preview tile (a volume's middle
-# slice, a series' channels; see h5etl.preview.drawn), imported only when a preview draws it.
-# Image and mask fields need none: the preview draws them itself.
-PREVIEW_DRAWERS: dict[str, str] = {
-    "volume": "h5etl.preview.volumes:draw_middle_slice",
-    "series": "h5etl.preview.series:draw",
-}
+def build_context(spec: Spec, name: str) -> BuildContext:
+    """What the builder of field ``name`` may know of ``spec``."""
+    return BuildContext(
+        name=name,
+        sources=tuple(spec.sources),
+        source=spec.source_of(name),
+        source_dirs={n: s.dir for n, s in spec.sources.items()},
+        source_globs={n: s.glob for n, s in spec.sources.items()},
+        fields=dict(spec.fields),
+        storage=spec.storage,
+        pad=spec.pad,
+    )
 
 
 def layout_of(spec: Spec, name: str) -> ChunkLayout:
     """How an array field is stored: shape, dtype, chunks and filters."""
     field = spec.fields[name]
     assert isinstance(field, ImageField | MaskField)
-    assert field.shape is not None
-    return ChunkLayout(
-        field.shape,
-        field.dtype,
-        spec.chunks_of(name),
-        spec.compression_of(name),
-        spec.shuffle_of(name),
-    )
-
-
-def _index(spec: Spec, source: str | None) -> int | None:
-    return list(spec.sources).index(source) if source is not None else None
-
-
-def _lookup_index(spec: Spec, source: str | None) -> int:
-    """The source whose relative paths key a table (its own ``source``, else the first)."""
-    return list(spec.sources).index(source) if source is not None else 0
-
-
-def _grid(spec: Spec, name: str) -> int:
-    """How much finer than its partner a paired image field is (1: unpaired): it pads and
-    crops on multiples of that, so the pair lines up pixel for pixel."""
-    field = spec.fields[name]
-    factors = [field.scale.factor] if isinstance(field, ImageField) and field.scale else []
-    factors.extend(
-        other.derive.factor
-        for other in spec.fields.values()
-        if isinstance(other, ImageField)
-        and other.derive is not None
-        and other.derive.from_field == name
-        and other.derive.factor
-    )
-    return math.lcm(*factors) if factors else 1
-
-
-def _image(spec: Spec, name: str) -> Kind:
-    field = spec.fields[name]
-    assert isinstance(field, ImageField)
-    return image.from_config(
-        name,
-        field,
-        layout=layout_of(spec, name),
-        source_index=_index(spec, spec.source_of(name)),
-        fill=spec.pad.fill,
-        oversize=spec.pad.oversize,
-        grid=_grid(spec, name),
-    )
-
-
-def _mask(spec: Spec, name: str) -> Kind:
-    field = spec.fields[name]
-    assert isinstance(field, MaskField)
-    plain = [n for n, f in spec.fields.items() if isinstance(f, ImageField) and f.derive is None]
-    return mask.from_config(
-        name,
-        field,
-        layout=layout_of(spec, name),
-        source_index=_index(spec, spec.source_of(name)),
-        fill=spec.pad.mask_fill,
-        oversize=spec.pad.oversize,
-        of=field.of if field.of is not None else (plain[0] if plain else None),
-    )
-
-
-def _label(spec: Spec, name: str) -> Kind:
-    field = spec.fields[name]
-    assert isinstance(field, LabelField)
-    source = field.source or next(iter(spec.sources))
-    return label.from_config(
-        name,
-        field,
-        source_index=_lookup_index(spec, source),
-        source_root=str(spec.sources[source].dir),
-        pattern=spec.sources[source].glob,
-    )
-
-
-def _text(spec: Spec, name: str) -> Kind:
-    field = spec.fields[name]
-    assert isinstance(field, TextField)
-    source = spec.source_of(name)
-    index = _index(spec, source) if source is not None else _lookup_index(spec, field.source)
-    return text.from_config(name, field, source_index=index)
-
-
-def _value(spec: Spec, name: str) -> Kind:
-    field = spec.fields[name]
-    assert isinstance(field, ValueField)
-    source = spec.source_of(name)
-    index = _index(spec, source) if source is not None else 0
-    return value.from_config(name, field, source_index=index)
-
-
-def _volume(spec: Spec, name: str) -> Kind:
-    field = spec.fields[name]
-    assert isinstance(field, VolumeField)
-    images = [n for n, f in spec.fields.items() if isinstance(f, VolumeField) and not f.is_label]
-    of = (field.of or images[0]) if field.is_label else None
-    owner = spec.fields[of] if of is not None else field  # a label volume resamples as it
-    assert isinstance(owner, VolumeField)
-    layout = ChunkLayout(
-        field.plane,
-        field.stored_dtype,
-        field.chunk_shape(),
-        field.compression or spec.storage.compression,
-        spec.storage.shuffle if field.shuffle is None else field.shuffle,
-    )
-    return volume.from_config(
-        name,
-        field,
-        layout=layout,
-        source_index=_index(spec, spec.source_of(name)),
-        of=of,
-        resample=owner.resample,
-    )
-
-
-def _series(spec: Spec, name: str) -> Kind:
-    field = spec.fields[name]
-    assert isinstance(field, SeriesField)
-    storage = series.Storage(
-        Codec.of(field.compression or spec.storage.compression),
-        spec.storage.shuffle if field.shuffle is None else field.shuffle,
-        spec.storage.chunk_samples,
-        field.chunk_rows,
-    )
-    return series.from_config(
-        name, field, source_index=_index(spec, spec.source_of(name)), storage=storage
-    )
-
-
-BUILDERS: dict[type[Any], Builder] = {
-    ImageField: _image,
-    MaskField: _mask,
-    LabelField: _label,
-    TextField: _text,
-    ValueField: _value,
-    VolumeField: _volume,
-    SeriesField: _series,
-}
+    return array_layout(field, build_context(spec, name))
 
 
 def kinds_of(spec: Spec) -> tuple[Kind, ...]:
     """Every field's behaviour, in config order."""
-    return tuple(BUILDERS[type(field)](spec, name) for name, field in spec.fields.items())
+    return tuple(
+        entry_of(field.kind).build(name, field, build_context(spec, name))
+        for name, field in spec.fields.items()
+    )
+
+
+def plugin_notes(spec: Spec) -> list[str]:
+    """What ``h5etl validate`` says of the kinds ``spec`` takes from plugins (third-party
+    code a build runs), and of plugins set aside."""
+    notes = [
+        f"note: fields.{name}: kind {field.kind} comes from {REGISTRY.plugins[field.kind]}"
+        for name, field in spec.fields.items()
+        if field.kind in REGISTRY.plugins
+    ]
+    return notes + [f"note: {line}" for line in REGISTRY.ignored]
 
 
 def worker_modules(spec: Spec) -> tuple[str, ...]:
@@ -237,4 +112,14 @@ def decode_order(kinds: Sequence[Kind]) -> tuple[int, ...]:
 
 
 def layout_records(kinds: Sequence[Kind]) -> dict[str, FieldRecord]:
-    return {kind.name: kind.record() for kind in kinds}
+    """Each field's layout record; a plugin kind's carries its reader hints (readers cannot
+    ask the registry), a built-in kind's does not (``h5etl.format.reader_hints`` has them)."""
+    return {kind.name: _record(kind) for kind in kinds}
+
+
+def _record(kind: Kind) -> FieldRecord:
+    record = kind.record()
+    if REGISTRY.is_builtin(kind.kind) or kind.kind not in REGISTRY.entries:
+        return record
+    hints = entry_of(kind.kind).reader_hints.as_json()
+    return replace(record, extra={**record.extra, HINTS_KEY: hints})

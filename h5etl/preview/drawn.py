@@ -1,7 +1,6 @@
 """preview, for kinds that draw their own tiles: a volume's middle slice, a series' channels.
 
-A kind registers a drawer in ``h5etl.plan.kind_registry.PREVIEW_DRAWERS`` (kind ->
-"module:function",
+A kind names a drawer in its registry entry (``KindEntry.preview``: "module:function",
 imported only when a preview draws that kind). A drawer is ``draw(sample, field) -> PIL
 image``: ``sample`` (a ``PreviewSample``) reads the stored sample's columns on demand, so a
 drawer of a 262 MB case reads the one slice it shows (``rows``), never the case. The sheet, the
@@ -77,9 +76,10 @@ Drawer = Callable[[PreviewSample, str], Image.Image]
 
 def drawer_of(kind: str) -> Drawer | None:
     """The registered drawer of ``kind``, imported now; None when it has none."""
-    from h5etl.plan.kind_registry import PREVIEW_DRAWERS
+    from h5etl.config.fields.registry import REGISTRY
 
-    target = PREVIEW_DRAWERS.get(kind)
+    entry = REGISTRY.entries.get(kind)
+    target = entry.preview if entry is not None else None
     if target is None:
         return None
     module, _, name = target.partition(":")

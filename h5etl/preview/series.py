@@ -5,7 +5,7 @@ channel is reduced to one min-max pair per pixel column, so a 10 kHz channel dra
 a 1 Hz one and its peaks stay visible; a channel of shape (n, 3) draws each component in its
 own band with its own range (an accelerometer's z carries gravity: on a shared axis x and y
 would be flat lines). A preview reads at most ``MAX_ROWS`` rows of a channel (its start).
-Registered as the series kind's drawer (``h5etl.plan.kind_registry.PREVIEW_DRAWERS``).
+Registered as the series kind's drawer (its registry entry's ``preview``).
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from PIL import Image, ImageDraw, ImageFont
 from h5etl.format import contract as fileformat
 from h5etl.format import fileinfo as hdf5info
 from h5etl.format.contract import FieldRecord, LayoutRecord
+from h5etl.format.reader_hints import KerasRole, hints_of
 from h5etl.preview.drawn import draw_tiles, drawn_field
 from h5etl.readers import ReaderError, Release
 
@@ -36,7 +37,6 @@ TILE = 192  # target tile edge in pixels
 GAP = 8
 BACKGROUND = (255, 255, 255)
 INK = (30, 30, 30)
-LABEL = "label"  # the kind whose int64 values index class names
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,20 +52,26 @@ def _channels(record: FieldRecord, channels: tuple[int, ...]) -> bool:
     return record.column == "fixed" and len(record.shape) == 3 and record.shape[0] in channels
 
 
-def roles(layout: LayoutRecord) -> Roles:
-    """The image, mask and caption fields of a release, chosen by kind.
+def _pixels(record: FieldRecord, role: KerasRole) -> bool:
+    hints = hints_of(record)
+    return hints.channels_first and hints.keras == role
 
-    The image is a field of kind ``image`` of shape (1 or 3, H, W), RGB first, then one of the
-    mask's size (a super-resolution pair shows the image the mask fits), then record order.
+
+def roles(layout: LayoutRecord) -> Roles:
+    """The image, mask and caption fields of a release, chosen by their kinds' reader hints.
+
+    The image is a channels-first input (kind ``image``) of shape (1 or 3, H, W), the mask a
+    channels-first target of one channel (``mask``). RGB images first, then one of the mask's
+    size (a super-resolution pair shows the image the mask fits), then record order.
     The caption is a label's class name and a text field (``filename`` first) under it.
 
     Raises:
         ReaderError: the release records no image field of that shape.
     """
     fields = layout.fields
-    masks = [n for n, f in fields.items() if f.kind == "mask" and _channels(f, (1,))]
+    masks = [n for n, f in fields.items() if _pixels(f, "target") and _channels(f, (1,))]
     mask = masks[0] if masks else None
-    images = [n for n, f in fields.items() if f.kind == "image" and _channels(f, (1, 3))]
+    images = [n for n, f in fields.items() if _pixels(f, "input") and _channels(f, (1, 3))]
     if not images:
         raise ReaderError("the release has no image field (N, 1|3, H, W) to show")
     fits = fields[mask].shape[1:] if mask else None
@@ -80,7 +86,7 @@ def caption_fields(layout: LayoutRecord) -> tuple[str, ...]:
     (``filename`` first), else its sample key. A column of another field (a volume's
     ``ct_series_uid``) names no sample for a person: only when nothing else does."""
     columns = layout.storage
-    labels = [n for n, f in columns.items() if f.kind == LABEL and not f.shape]
+    labels = [n for n, f in columns.items() if hints_of(f).class_indices and not f.shape]
     texts = [n for n, f in columns.items() if f.column == "text"]
     own = sorted(
         (n for n in texts if fileformat.FIELD_KEY not in columns[n].extra),
@@ -250,7 +256,7 @@ def _roles_or_drawn(
         if drawn is None:
             raise ReaderError(
                 f"split {split!r}: {exc.message}, nor a field of a kind that draws its own "
-                "tiles (h5etl.plan.kind_registry.PREVIEW_DRAWERS)",
+                "tiles (a kind registry entry's preview)",
                 path=os.fspath(path),
             ) from exc
         return Roles(image=drawn, mask=None, captions=caption_fields(layout)), drawn

@@ -1,6 +1,6 @@
 """preview of volume releases: the middle slice of each case, its label volume drawn over it.
 
-The ``volume`` kind's drawer (``h5etl.plan.kind_registry.PREVIEW_DRAWERS``): it reads the one
+The ``volume`` kind's drawer (its registry entry's ``preview``): it reads the one
 slice it shows of the image volume and of its label volume, never the case. Slices are shown
 with their 1st..99th percentile stretched to grey (CT and MR alike: a fixed HU window would
 blank MR), labels in the preview's palette, outlined.

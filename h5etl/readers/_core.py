@@ -21,6 +21,7 @@ import numpy as np
 
 from h5etl.errors import ReaderError
 from h5etl.format.contract import LayoutRecord
+from h5etl.format.reader_hints import hints_of
 from h5etl.readers import _fork
 from h5etl.readers._chunks import (
     ChunkCache,
@@ -28,7 +29,7 @@ from h5etl.readers._chunks import (
     ChunkStore,
     open_stores,
 )
-from h5etl.readers._fields import CHANNEL_KINDS, resolve
+from h5etl.readers._fields import resolve
 from h5etl.readers._fork import _INHERITED
 from h5etl.readers._layout import (
     CacheSize,
@@ -242,7 +243,7 @@ class Release(_Reading):
             if i.chunks
             and not i.text
             and n not in self.ragged  # (those are rows of values)
-            and (i.filtered or (n in columns and columns[n].kind in CHANNEL_KINDS))
+            and (i.filtered or (n in columns and hints_of(columns[n]).channels_first))
         ]
         return max(rows, default=1)
 

@@ -7,7 +7,7 @@ inferred), so a field's dataset is ``record.path(split, field)`` whatever the te
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,13 +18,14 @@ import numpy as np
 from h5etl.errors import ReaderError
 from h5etl.format import contract as fileformat
 from h5etl.format import partfiles
-from h5etl.format.contract import LayoutRecord
+from h5etl.format.contract import FieldRecord, LayoutRecord
+from h5etl.format.reader_hints import KerasRole, hints_of
 from h5etl.readers._layout import FieldInfo, field_info
 
-LABEL = "label"  # the kind whose values come back as int64 class indices
 INT64 = np.dtype(np.int64)
-# Kinds stored channels first, (N, C, H, W): the ones a channels-last batch moves the axis of
-CHANNEL_KINDS = ("image", "mask")
+# What a reader may assume of each kind (class indices read as int64, channels first: the
+# axis a channels-last batch moves) is ``h5etl.format.reader_hints``: built-in kinds' from its
+# table, a plugin kind's from its layout record.
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +113,7 @@ def resolve(
     if len(set(lengths.values())) > 1:
         raise ReaderError(f"fields of split {split!r} differ in length: {lengths}", path=path)
     info = {n: field_info(d, n) for n, d in found.items()}
-    labels = {n for n in found if n in columns and columns[n].kind == LABEL}
+    labels = {n for n in found if n in columns and hints_of(columns[n]).class_indices}
     return Fields(
         layout=record,
         paths=paths,
@@ -140,14 +141,23 @@ def _wanted(record: LayoutRecord, fields: Sequence[str] | None) -> list[str]:
     return list(dict.fromkeys(out))
 
 
+def keras_fields(fields: Mapping[str, FieldRecord], role: KerasRole) -> list[str]:
+    """The fields of Keras ``role`` (input: ``x``, target: ``y``), best first: their kinds'
+    ``keras_rank``, then the layout's order."""
+    hints = {name: hints_of(record) for name, record in fields.items()}
+    found = [name for name, hint in hints.items() if hint.keras == role]
+    return sorted(found, key=lambda name: hints[name].keras_rank)
+
+
 def channel_fields(record: LayoutRecord, names: Sequence[str]) -> frozenset[str]:
-    """Which of ``names`` are fixed arrays stored channels first: images and masks."""
+    """Which of ``names`` are fixed arrays stored channels first (images, masks: their
+    kinds' reader hints)."""
     columns = record.storage
     return frozenset(
         n
         for n in names
         if n in columns
-        and columns[n].kind in CHANNEL_KINDS
+        and hints_of(columns[n]).channels_first
         and columns[n].column == "fixed"
         and len(columns[n].shape) >= 2
     )

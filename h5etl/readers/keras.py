@@ -16,7 +16,7 @@ import numpy as np
 
 from h5etl.errors import ReaderError
 from h5etl.readers._core import CacheBytes, Release
-from h5etl.readers._fields import channel_fields, channels_last
+from h5etl.readers._fields import channel_fields, channels_last, keras_fields
 
 Fields = str | Sequence[str]
 
@@ -27,21 +27,18 @@ AUTO = "auto"  # x or y taken from the release's layout record
 def _from_record(
     path: str | os.PathLike[str], split: str, x: Fields, y: Fields | None
 ) -> tuple[Fields, Fields | None]:
-    """``x`` and ``y`` where they are ``AUTO``: the first image field; the first mask, else
-    the first label field."""
+    """``x`` and ``y`` where they are ``AUTO``, from the kinds' reader hints: the first input
+    field (an image); the first target, a mask before a label (``keras_rank``)."""
     fields = Release(path, split).layout.fields
-    by_kind = {kind: [n for n, f in fields.items() if f.kind == kind] for kind in KINDS}
     if x == AUTO:
-        if not by_kind["image"]:
+        inputs = keras_fields(fields, "input")
+        if not inputs:
             raise ReaderError(f"split {split!r} has no image field: pass x=", path=os.fspath(path))
-        x = by_kind["image"][0]
+        x = inputs[0]
     if y == AUTO:
-        targets = by_kind["mask"] or by_kind["label"]
+        targets = keras_fields(fields, "target")
         y = targets[0] if targets else None
     return x, y
-
-
-KINDS = ("image", "mask", "label")
 
 
 class KerasDataset(keras.utils.PyDataset):  # type: ignore[misc]

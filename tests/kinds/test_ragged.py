@@ -417,13 +417,15 @@ def test_preview_draws_a_kind_through_its_drawer(
 ) -> None:
     import ragged_kind
 
-    from h5etl.plan import kind_registry as registry
+    from h5etl.config.fields.registry import REGISTRY
     from h5etl.preview.sheet import render_preview
 
     path, truth = built
     with pytest.raises(h5etl.errors.ReaderError, match="nor a field of a kind that draws"):
         render_preview(path, split="train")
-    monkeypatch.setitem(registry.PREVIEW_DRAWERS, "npyrec", "ragged_kind:draw")
+    entries = REGISTRY.entries
+    assert isinstance(entries, dict)
+    monkeypatch.setitem(entries, "npyrec", ragged_kind.ENTRY)  # registered, as a plugin's is
     ragged_kind.DRAWN.clear()
     picture = render_preview(path, split="train", n=4)
     assert picture.width > 4 * 12

@@ -1,0 +1,66 @@
+"""Everything a field kind's author imports, in one place: for a kind of another package.
+
+A kind is one ``KindEntry``: its config model (a ``FieldModel`` with ``kind:
+Literal["<name>"]``), its behaviour (a frozen ``Kind`` dataclass; its docstring says which
+hooks are required and where each runs), the builder from the one to the other (given a
+``BuildContext``, not the whole config), an optional preview drawer and ``ReaderHints``. A
+package registers it as an entry point of the group ``h5etl.kinds`` named like the kind::
+
+    [project.entry-points."h5etl.kinds"]
+    filesize = "h5etl_filesize:ENTRY"
+
+See docs/internals/add-a-kind.md. Parent side (it imports pydantic through the config);
+a kind's behaviour module should import only ``h5etl.kinds.base`` and below, so that decode
+workers stay free of pydantic.
+"""
+
+from __future__ import annotations
+
+from h5etl.config.fields.base import FieldModel, own_or_first
+from h5etl.config.fields.entry import BuildContext, Builder, KindEntry
+from h5etl.config.fields.registry import GROUP
+from h5etl.dataflow import Sample
+from h5etl.errors import KindDefinitionError, RejectError
+from h5etl.format.codec import ChunkLayout, Codec
+from h5etl.format.contract import FieldRecord
+from h5etl.format.reader_hints import ReaderHints
+from h5etl.kinds.base import (
+    ArrayColumn,
+    Column,
+    Kind,
+    ProbeTarget,
+    RaggedColumn,
+    SampleContext,
+    ScalarColumn,
+    StatsKind,
+    TextColumn,
+    check_hooks,
+)
+from h5etl.kinds.tabular import Prepared
+
+__all__ = [
+    "GROUP",
+    "ArrayColumn",
+    "BuildContext",
+    "Builder",
+    "ChunkLayout",
+    "Codec",
+    "Column",
+    "FieldModel",
+    "FieldRecord",
+    "Kind",
+    "KindDefinitionError",
+    "KindEntry",
+    "Prepared",
+    "ProbeTarget",
+    "RaggedColumn",
+    "ReaderHints",
+    "RejectError",
+    "Sample",
+    "SampleContext",
+    "ScalarColumn",
+    "StatsKind",
+    "TextColumn",
+    "check_hooks",
+    "own_or_first",
+]
