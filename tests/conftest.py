@@ -31,6 +31,11 @@ from PIL import Image
 # The kind contract suite's asserts say what differed (pytest rewrites them, as in tests/)
 pytest.register_assert_rewrite("h5etl.testing")
 
+# tests/remote's S3 server fixtures (one conftest module name only: `from conftest import`
+# elsewhere must find this one)
+pytest_plugins = ["s3_server"]
+
+
 # Broken kinds make_raw knows, and the reject reason each one must produce.
 BROKEN_REASONS: dict[str, str] = {
     "truncated": "truncated",  # image PNG cut in half (caught by the header probe)
