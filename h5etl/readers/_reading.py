@@ -101,9 +101,13 @@ class _Reading:
         rest = [n for n in self.fields if n not in out]
         if not rest:
             return as_int64(out, self._widen)
-        unique, inverse = np.unique(wanted, return_inverse=True)
-        pieces = runs(unique)
-        in_order = len(unique) == len(wanted) and bool(np.array_equal(unique, wanted))
+        if len(wanted) == 1:  # one sample: no sorting to do (a random read's usual case)
+            unique, inverse, in_order = wanted, wanted, True
+            pieces = [(0, int(wanted[0]), int(wanted[0]) + 1)]
+        else:
+            unique, inverse = np.unique(wanted, return_inverse=True)
+            pieces = runs(unique)
+            in_order = len(unique) == len(wanted) and bool(np.array_equal(unique, wanted))
         batch = self._read_runs(datasets, pieces, len(unique), rest)
         for name in rest:
             out[name] = batch[name] if in_order else batch[name][inverse]
