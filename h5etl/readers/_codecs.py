@@ -60,7 +60,8 @@ def blosc_range(frame: np.ndarray, start: int, stop: int) -> np.ndarray | None:
     The blocks are copied into a smaller frame of their own (same header but for its sizes,
     offsets renumbered) that Blosc decodes as usual: every codec, shuffle and split it knows,
     at the cost of copying a few compressed blocks. The last block stays the short one only
-    when it is the frame's own, so Blosc splits each block as it did when it wrote it.
+    when it is the frame's own, so Blosc splits each block as it did when it wrote it; it
+    never comes alone (c-blosc refuses a frame shorter than its blocksize).
     Returns None for a frame this does not read in part (unknown version or flags, sizes
     that do not add up); ``Pipeline.decode`` of the whole frame then judges it.
     """
@@ -81,6 +82,10 @@ def blosc_range(frame: np.ndarray, start: int, stop: int) -> np.ndarray | None:
         return frame[BLOSC_HEADER.size + start : BLOSC_HEADER.size + stop]
     nblocks = math.ceil(nbytes / blocksize)
     first, last = start // blocksize, (stop - 1) // blocksize + 1
+    if first and min(nbytes, last * blocksize) - first * blocksize < blocksize:
+        first -= (
+            1  # Blosc refuses a frame smaller than its blocksize: the short block needs company
+        )
     table = BLOSC_HEADER.size + 4 * nblocks
     if table > cbytes:
         return None

@@ -1,0 +1,442 @@
+"""Random reads that decode only part of a chunk, and the cache that keeps whole ones.
+
+Releases are built here by ``h5etl.build`` from tiny PNG folders, one per codec h5etl
+writes; every read is compared with what HDF5 itself (h5py, hdf5plugin's filters) reads
+from the same file. Blosc frames for the pure tests come from imagecodecs' encoder, which
+the writer uses.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from pathlib import Path
+from typing import Any
+
+import h5py
+import hdf5plugin  # noqa: F401  (registers Blosc and Zstd for the truth read)
+import imagecodecs
+import numpy as np
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from PIL import Image
+
+import h5etl
+from h5etl.readers import Release
+from h5etl.readers._chunks import PART_OF, REMEMBERED, ChunkStore
+from h5etl.readers._codecs import BLOSC, SHUFFLE, Pipeline, blosc_range
+
+SIDE = 64  # 12 KiB an image row: a chunk of 16 rows spans several Blosc blocks
+CHUNK = 16
+COUNT = 40  # chunks of 16, 16 and 8 (the last one short)
+CODECS: dict[str, Any] = {
+    "none": "none",
+    "lzf": "lzf",
+    "gzip": "gzip",
+    "zstd": "zstd",
+    "blosc-lz4": {"codec": "blosc", "cname": "lz4"},  # the default
+    "blosc-lz4hc-bit": {"codec": "blosc", "cname": "lz4hc", "blosc_shuffle": "bit"},
+    "blosc-zstd": {"codec": "blosc", "cname": "zstd", "level": 3},
+    "blosc-zlib-noshuffle": {"codec": "blosc", "cname": "zlib", "blosc_shuffle": "none"},
+    "blosc-blosclz": {"codec": "blosc", "cname": "blosclz"},
+}
+BLOSC_CODECS = [name for name in CODECS if name.startswith("blosc")]
+
+
+def write_raw(root: Path, count: int = COUNT, *, classes: int = 0) -> None:
+    """``count`` RGB images (40..64 px, smooth so they compress) with 0/255 masks under raw/;
+    with ``classes``, the images sit in one folder per class and there are no masks."""
+    rng = np.random.default_rng(7)
+    for index in range(count):
+        height, width = (int(v) for v in rng.integers(40, SIDE + 1, size=2))
+        ramp = np.add.outer(np.arange(height), np.arange(width))[..., None] * (index % 5 + 1)
+        image = ((ramp + rng.integers(0, 4, (height, width, 3))) % 256).astype(np.uint8)
+        folder = root / "raw" / "images"
+        if classes:
+            folder = folder / f"class{index % classes}"
+        folder.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(image).save(folder / f"s_{index:03d}.png")
+        if not classes:
+            mask = ((ramp[..., 0] // 16) % 2 * 255).astype(np.uint8)
+            (root / "raw" / "masks").mkdir(parents=True, exist_ok=True)
+            Image.fromarray(mask).save(root / "raw" / "masks" / f"s_{index:03d}.png")
+
+
+def build(root: Path, name: str, compression: Any, **extra: Any) -> Path:
+    """A one-split release of the raw folder under ``root``; returns its link."""
+    config: dict[str, Any] = {
+        "name": "cells",
+        "pipeline": "segmentation",
+        "output": f"releases/{name}",
+        "sources": {
+            "image": {"dir": "raw/images", "glob": "*.png"},
+            "mask": {"dir": "raw/masks", "glob": "*.png"},
+        },
+        "splits": {"train": 1.0},
+        "fields": {
+            "image": {"shape": [3, SIDE, SIDE], "dtype": "uint8", "mode": "RGB"},
+            "mask": {"shape": [1, SIDE, SIDE], "dtype": "uint8", "mode": "L", "values": [0, 1]},
+            "filename": {"dtype": "str"},
+        },
+        "storage": {"chunk_samples": CHUNK, "compression": compression},
+        **extra,
+    }
+    (root / f"{name}.yaml").write_text(yaml.safe_dump(config))
+    report = h5etl.build(h5etl.load_spec(root / f"{name}.yaml"), jobs=1)
+    assert report.link is not None
+    return report.link
+
+
+def truth(path: Path, fields: tuple[str, ...] = ("image", "mask")) -> dict[str, Any]:
+    """Every field read by HDF5 itself."""
+    with h5py.File(path, "r") as handle:
+        out: dict[str, Any] = {name: handle[f"train/{name}"][...] for name in fields}
+        out["filename"] = np.array(handle["train/filename"].asstr()[...], dtype=object)
+    return out
+
+
+@pytest.fixture(scope="module")
+def releases(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """One release per codec, of the same 40 samples."""
+    root = tmp_path_factory.mktemp("partial")
+    write_raw(root)
+    return {name: build(root, name, compression) for name, compression in CODECS.items()}
+
+
+def store(reader: Release, field: str = "image") -> ChunkStore:
+    return reader._handles()[2][field]
+
+
+def assert_rows(batch: dict[str, Any], expected: dict[str, Any], rows: list[int]) -> None:
+    for name, values in expected.items():
+        np.testing.assert_array_equal(batch[name], values[rows], err_msg=name)
+
+
+# --- every codec: single random reads and random batches, against HDF5 ---------------------
+
+
+@pytest.mark.parametrize("codec", list(CODECS))
+def test_random_reads_equal_hdf5s_for_every_codec(releases: dict[str, Path], codec: str) -> None:
+    path = releases[codec]
+    expected = truth(path)
+    order = [*np.random.default_rng(3).permutation(COUNT).tolist(), 0, COUNT - 1, -1, 5, 5]
+    with Release(path, "train", batch_size=1) as reader:
+        for index in order:
+            assert_rows(reader.read([index]), expected, [index])
+        picked = [int(i) for i in np.random.default_rng(4).integers(0, COUNT, 12)]
+        assert_rows(reader.read(picked), expected, picked)
+        stores = reader._handles()[2]
+        parts = sum(s.cache.parts for s in stores.values()) if stores else 0
+    # Blosc reads part of a chunk; the other codecs are one stream a chunk, decoded whole.
+    assert (parts > 0) == (codec in BLOSC_CODECS)
+
+
+@pytest.mark.parametrize("codec", BLOSC_CODECS)
+def test_a_part_decodes_to_the_same_rows_as_the_whole_chunk(
+    releases: dict[str, Path], codec: str
+) -> None:
+    with Release(releases[codec], "train", batch_size=1) as reader:
+        for field in ("image", "mask"):
+            chunks = store(reader, field)
+            assert chunks.partial
+            for base in range(0, COUNT, CHUNK):
+                whole = chunks.chunk(base)
+                rows = min(CHUNK, COUNT - base)
+                for first in range(rows):
+                    for stop in range(first + 1, min(rows, first + CHUNK // PART_OF) + 1):
+                        part = chunks._part(base, first, stop)
+                        assert part is not None
+                        np.testing.assert_array_equal(part, whole[first:stop])
+
+
+# --- the cache: miss (part), second touch (whole, kept), hit, eviction ----------------------
+
+
+def test_a_second_touch_decodes_the_chunk_whole_and_later_reads_hit(
+    releases: dict[str, Path],
+) -> None:
+    expected = truth(releases["blosc-lz4"])
+    with Release(releases["blosc-lz4"], "train", batch_size=1) as reader:
+        assert_rows(reader.read([3]), expected, [3])
+        cache = store(reader).cache
+        assert (cache.parts, cache.loads) == (2, 0)  # image and mask: a part each, none kept
+        assert_rows(reader.read([4]), expected, [4])
+        assert (cache.parts, cache.loads) == (2, 2)  # touched again: decoded whole and kept
+        assert_rows(reader.read([0, 9]), expected, [0, 9])
+        assert (cache.parts, cache.loads) == (2, 2)  # hits
+        assert_rows(reader.read([20]), expected, [20])
+        assert (cache.parts, cache.loads) == (4, 2)  # another chunk: parts again
+
+
+def test_rows_read_one_by_one_in_order_decode_each_chunk_once(releases: dict[str, Path]) -> None:
+    expected = truth(releases["blosc-lz4"])
+    with Release(releases["blosc-lz4"], "train", batch_size=1) as reader:
+        for index in range(COUNT):
+            assert_rows(reader.read([index]), expected, [index])
+        cache = store(reader).cache
+    chunks = 2 * -(-COUNT // CHUNK)  # image and mask
+    assert (cache.parts, cache.loads) == (chunks, chunks)  # a part, then the whole, a chunk
+
+
+def test_the_least_recently_used_chunk_is_evicted_and_read_again_right(
+    releases: dict[str, Path],
+) -> None:
+    path = releases["blosc-lz4"]
+    expected = truth(path)
+    with Release(path, "train", batch_size=1, fields=["image"]) as reader:
+        cache = store(reader).cache
+        chunk_bytes = CHUNK * 3 * SIDE * SIDE
+        assert cache.nbytes == 2 * chunk_bytes  # the default for batch_size=1: two chunks
+        for base in range(0, COUNT, CHUNK):  # every chunk touched twice: decoded and kept
+            reader.read([base])
+            reader.read([base + 1])
+        assert cache.loads == 3
+        assert cache.held <= cache.nbytes
+        assert [key[1] for key in cache._items] == [CHUNK, 2 * CHUNK]  # chunk 0 went first
+        parts = cache.parts
+        batch = reader.read([2])  # chunk 0 again: a miss, read in part
+        assert (cache.parts, cache.loads) == (parts + 1, 3)
+    np.testing.assert_array_equal(batch["image"], expected["image"][[2]])
+
+
+def test_a_split_cache_ends_up_holding_every_chunk(releases: dict[str, Path]) -> None:
+    path = releases["blosc-lz4"]
+    expected = truth(path)
+    rng = np.random.default_rng(5)
+    with Release(path, "train", batch_size=1, cache_bytes="split") as reader:
+        for index in rng.integers(0, COUNT, 200).tolist():
+            assert_rows(reader.read([index]), expected, [index])
+        cache = store(reader).cache
+        assert cache.loads == len(cache) == 2 * -(-COUNT // CHUNK)  # every chunk, once
+        parts = cache.parts
+        reader.read(rng.integers(0, COUNT, 20))
+        assert cache.parts == parts  # from memory now
+
+
+def test_whole_chunk_batches_never_decode_in_part(releases: dict[str, Path]) -> None:
+    path = releases["blosc-lz4"]
+    expected = truth(path)
+    with Release(path, "train", batch_size=CHUNK) as reader:
+        batches = list(reader.iter_batches(CHUNK, prefetch=0))
+        cache = store(reader).cache
+        assert cache.parts == 0
+        assert cache.loads == 2 * -(-COUNT // CHUNK)
+    row_of = {str(name): row for row, name in enumerate(expected["filename"])}
+    for batch in batches:
+        assert_rows(batch, expected, [row_of[str(name)] for name in batch["filename"]])
+    assert sum(len(batch["filename"]) for batch in batches) == COUNT
+
+
+def test_the_chunks_remembered_are_bounded(releases: dict[str, Path]) -> None:
+    with Release(releases["blosc-lz4"], "train", batch_size=1, fields=["image"]) as reader:
+        for base in range(0, COUNT, CHUNK):
+            reader.read([base])
+        cache = store(reader).cache
+        assert len(cache._seen) == 3 <= REMEMBERED
+        for key in range(100):
+            assert not cache.recall(("other", key))
+        assert len(cache._seen) == REMEMBERED
+
+
+# --- labels, ragged columns, DataLoader workers --------------------------------------------
+
+
+def test_labels_come_with_the_images_read_in_part(tmp_path: Path) -> None:
+    write_raw(tmp_path, 24, classes=3)
+    config = {
+        "name": "shapes",
+        "pipeline": "classification",
+        "output": "releases",
+        "sources": {"image": {"dir": "raw/images", "glob": "**/*.png"}},
+        "splits": {"train": 1.0},
+        "fields": {
+            "image": {"shape": [3, SIDE, SIDE]},
+            "label": {"kind": "label", "source": "image", "from": "folder"},
+            "filename": {"dtype": "str"},
+        },
+        "storage": {"chunk_samples": CHUNK},  # the default codec: Blosc lz4
+    }
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    link = h5etl.build(h5etl.load_spec(tmp_path / "config.yaml"), jobs=1).link
+    assert link is not None
+    expected = truth(link, ("image", "label"))
+    with Release(link, "train", batch_size=1) as reader:
+        for index in np.random.default_rng(2).permutation(24).tolist():
+            assert_rows(reader.read([index]), expected, [index])
+        assert store(reader).cache.parts > 0
+
+
+def test_ragged_columns_read_beside_columns_read_in_part(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ragged_kind import use_npy_recording
+
+    rng = np.random.default_rng(3)
+    (tmp_path / "raw" / "rec").mkdir(parents=True)
+    for i in range(20):
+        rows = rng.normal(size=(int(rng.integers(0, 12)), 3)).astype(np.float32)
+        np.save(tmp_path / "raw" / "rec" / f"r{i:02d}.npy", rows)
+    config = {
+        "name": "rec",
+        "output": "releases",
+        "sources": {"rec": {"dir": "raw/rec", "glob": "*.npy"}},
+        "splits": {"train": 1.0},
+        "storage": {"chunk_samples": CHUNK},
+        "fields": {"rec": {"kind": "image", "shape": [1, 4, 4], "mode": "L"}},
+    }
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    use_npy_recording(monkeypatch, "rec", codec="blosc")
+    link = h5etl.build(h5etl.load_spec(tmp_path / "config.yaml"), jobs=1).link
+    assert link is not None
+    with Release(link, "train", batch_size=1) as reader:
+        whole = reader.read_slice(0, len(reader))
+        for index in np.random.default_rng(1).permutation(len(reader)).tolist():
+            one = reader.read([index])
+            for name, values in whole.items():
+                if values.dtype == object and name == "rec":
+                    np.testing.assert_array_equal(one[name][0], values[index])
+                else:
+                    np.testing.assert_array_equal(one[name], values[[index]], err_msg=name)
+
+
+def test_dataloader_workers_read_in_part_with_caches_of_their_own(
+    releases: dict[str, Path],
+) -> None:
+    torch = pytest.importorskip("torch")
+    from h5etl.readers import H5Dataset
+
+    path = releases["blosc-lz4"]
+    expected = truth(path)
+    dataset = H5Dataset(path, "train", batch_size=1)
+    dataset[7]  # the parent reads first: its cache must not reach the workers' reads
+    parent = store(dataset.release).cache
+    counts = (parent.parts, parent.loads)
+    order = np.random.default_rng(8).permutation(COUNT).tolist()
+    loader = torch.utils.data.DataLoader(
+        dataset,
+        sampler=order,
+        batch_size=None,
+        num_workers=2,
+        multiprocessing_context=multiprocessing.get_context("fork"),
+    )
+    samples = list(loader)
+    for index, sample in zip(order, samples, strict=True):
+        np.testing.assert_array_equal(np.asarray(sample["image"]), expected["image"][index])
+        np.testing.assert_array_equal(np.asarray(sample["mask"]), expected["mask"][index])
+        assert sample["filename"] == expected["filename"][index]
+    assert (parent.parts, parent.loads) == counts  # the workers decoded in their own caches
+    assert store(dataset.release).cache is parent
+    dataset.close()
+
+
+# --- the pure pieces: Blosc frames read in part --------------------------------------------
+
+
+def encoded(data: np.ndarray, cname: str, level: int, shuffle: int, typesize: int) -> np.ndarray:
+    frame = imagecodecs.blosc_encode(
+        data.tobytes(), level, compressor=cname, shuffle=shuffle, typesize=typesize, numthreads=1
+    )
+    return np.frombuffer(frame, dtype=np.uint8)
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    cname=st.sampled_from(["lz4", "lz4hc", "zstd", "zlib", "blosclz"]),
+    level=st.integers(0, 9),
+    shuffle=st.sampled_from([0, 1, 2]),
+    typesize=st.sampled_from([1, 2, 4, 8]),
+    items=st.integers(1, 40_000),
+    noise=st.booleans(),
+    data=st.data(),
+)
+def test_any_range_of_a_blosc_frame_decodes_to_the_whole_frames_bytes(
+    cname: str,
+    level: int,
+    shuffle: int,
+    typesize: int,
+    items: int,
+    noise: bool,
+    data: st.DataObject,
+) -> None:
+    rng = np.random.default_rng(items)
+    if noise:  # incompressible: Blosc stores it as it is (the "memcpyed" frame)
+        raw = rng.integers(0, 256, items * typesize, dtype=np.uint8)
+    else:
+        raw = (np.arange(items * typesize) // 7 % 251).astype(np.uint8)
+    frame = encoded(raw, cname, level, shuffle, typesize)
+    start = data.draw(st.integers(0, raw.size - 1))
+    stop = data.draw(st.integers(start + 1, raw.size))
+    part = blosc_range(frame, start, stop)
+    assert part is not None
+    np.testing.assert_array_equal(part, raw[start:stop])
+
+
+@pytest.mark.parametrize("cname", ["lz4", "lz4hc", "zstd", "zlib", "blosclz"])
+@pytest.mark.parametrize("typesize", [1, 2, 4, 8])
+@pytest.mark.parametrize("shuffle", [0, 1, 2])
+def test_ranges_at_block_edges_and_in_the_short_last_block(
+    cname: str, typesize: int, shuffle: int
+) -> None:
+    # a range inside the short last block alone made a frame c-blosc refuses
+    raw = (np.arange(300_001 * typesize) // 9 % 241).astype(np.uint8)
+    frame = encoded(raw, cname, 5, shuffle, typesize)
+    blocksize = int(np.frombuffer(frame[8:12].tobytes(), "<i4")[0])
+    size = raw.size
+    ranges = [(0, 1), (size - 1, size), (size - 3 * typesize, size), (0, size)]
+    ranges += [(blocksize - 1, blocksize + 1), (blocksize, 2 * blocksize)]
+    for start, stop in ranges:
+        part = blosc_range(frame, start, min(stop, size))
+        assert part is not None
+        np.testing.assert_array_equal(part, raw[start : min(stop, size)])
+
+
+def test_blocks_stored_out_of_order_are_found_by_their_offsets() -> None:
+    raw = (np.arange(300_000) // 5 % 200).astype(np.uint8)
+    frame = encoded(raw, "lz4", 5, 1, 1)
+    count = int(np.frombuffer(frame[4:8].tobytes(), "<i4")[0])
+    blocksize = int(np.frombuffer(frame[8:12].tobytes(), "<i4")[0])
+    nblocks = -(-count // blocksize)
+    offsets = np.frombuffer(frame[16 : 16 + 4 * nblocks].tobytes(), "<i4").astype(np.int64)
+    ends = np.append(offsets[1:], frame.size)
+    blocks = [frame[b:e] for b, e in zip(offsets, ends, strict=True)]
+    order = list(reversed(range(nblocks)))  # as threads may store them: last block first
+    moved, at = np.empty(nblocks, np.int64), 16 + 4 * nblocks
+    for j in order:
+        moved[j], at = at, at + blocks[j].size
+    shuffled = np.concatenate(
+        [frame[:16], moved.astype("<i4").view(np.uint8), *(blocks[j] for j in order)]
+    )
+    whole = np.frombuffer(imagecodecs.blosc_decode(shuffled), dtype=np.uint8)
+    np.testing.assert_array_equal(whole, raw)  # still a valid frame
+    for start, stop in [(0, 10), (blocksize - 3, blocksize + 3), (raw.size - 7, raw.size)]:
+        part = blosc_range(shuffled, start, stop)
+        assert part is not None
+        np.testing.assert_array_equal(part, raw[start:stop])
+
+
+def test_frames_not_understood_are_left_to_the_whole_decode() -> None:
+    frame = encoded((np.arange(100_000) % 7).astype(np.uint8), "lz4", 5, 1, 1)
+    assert blosc_range(frame[:10], 0, 1) is None  # shorter than a header
+    newer = frame.copy()
+    newer[0] = 3  # a frame version c-blosc 1 does not write
+    assert blosc_range(newer, 0, 1) is None
+    flagged = frame.copy()
+    flagged[2] |= 0x8  # a flag c-blosc 1 does not set
+    assert blosc_range(flagged, 0, 1) is None
+    assert blosc_range(frame[:-5], 0, 1) is None  # cut short: cbytes past the end
+    assert blosc_range(frame, 5, 200_000) is None  # past the decoded size
+
+
+def test_only_blosc_without_a_byte_moving_shuffle_is_read_in_part() -> None:
+    assert Pipeline((BLOSC,), itemsize=4, nbytes=64).ranged
+    assert Pipeline((SHUFFLE, BLOSC), itemsize=1, nbytes=64).ranged  # moves no byte
+    assert not Pipeline((SHUFFLE, BLOSC), itemsize=2, nbytes=64).ranged
+    assert not Pipeline((32000,), itemsize=1, nbytes=64).ranged
+    frame = encoded(np.zeros(64, np.uint8), "lz4", 5, 1, 1)
+    whole = Pipeline((BLOSC,), itemsize=1, nbytes=64)
+    assert whole.decode_range(frame, 1, 0, 8) is None  # Blosc skipped at write time
+    assert Pipeline((BLOSC,), itemsize=1, nbytes=128).decode_range(frame, 0, 0, 8) is None
+    part = whole.decode_range(frame, 0, 8, 16)
+    assert part is not None
+    np.testing.assert_array_equal(part, np.zeros(8, np.uint8))
