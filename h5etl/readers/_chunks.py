@@ -33,11 +33,14 @@ from h5etl.readers._layout import copy_rows, gather_rows
 logger = logging.getLogger(__name__)
 
 DECODE_THREADS = 4  # at most; never more than the CPUs
-# A chunk missed by rows spanning at most 1/PART_OF of it is decoded in part (where the codec
-# allows it): cold random reads cost a few Blosc blocks, while rows read in chunk order pay
-# at most 1/PART_OF of a chunk more than one whole decode a chunk (the first part, then whole).
+# A chunk missed by rows spanning at most 1/PART_OF of it, when the cache is full, is decoded
+# in part (where the codec allows it): a cold random read costs a few Blosc blocks, while rows
+# read in chunk order pay at most 1/PART_OF of a chunk more than one whole decode a chunk.
 PART_OF = 8
-REMEMBERED = 8  # at least: chunks decoded in part that a second touch decodes whole and keeps
+# Chunks read in part that a second touch decodes whole and keeps, per field: those of the
+# last two reads. More would catch rows read in order no better, and under a uniform random
+# sampler would decode whole (and keep, for nothing) a share REMEMBERED / chunks of reads.
+REMEMBERED = 2
 
 
 class ChunkCache:
@@ -45,8 +48,8 @@ class ChunkCache:
 
     Thread-safe; a chunk being decoded is held as a pending future, so two threads asking
     for it decode it once. The chunk just added always stays, even past ``nbytes``. It also
-    remembers the keys of chunks recently read only in part (``recall``): a chunk touched
-    once is not worth a whole decode, one touched twice soon is (it is being read in order).
+    remembers the keys of chunks lately read only in part (``recall``): once the cache is
+    full, a chunk touched once is not worth a whole decode, one touched twice soon is.
     """
 
     def __init__(self, nbytes: int):
@@ -57,25 +60,27 @@ class ChunkCache:
         self._lock = threading.Lock()
         self._items: OrderedDict[Hashable, Future[np.ndarray]] = OrderedDict()
         self._seen: OrderedDict[Hashable, None] = OrderedDict()
+        self.remember = REMEMBERED  # keys: REMEMBERED per field sharing the cache (set on open)
 
     def __len__(self) -> int:
         return len(self._items)
 
-    def recall(self, key: Hashable) -> bool:
-        """Whether a miss at ``key`` should load the whole chunk and keep it.
+    def recall(self, key: Hashable, nbytes: int) -> bool:
+        """Whether a miss at ``key`` should load the whole chunk (of ``nbytes``) and keep it.
 
-        True when the chunk is held or being loaded, or was read in part recently (the last
-        ``REMEMBERED`` such chunks, or twice as many as are held); otherwise ``key`` is
-        remembered now and the caller reads only the part it needs.
+        True when the chunk is held or being loaded, when the cache has room for it without
+        evicting another (memory granted for decoded chunks: each is decoded once), or when
+        it was read in part lately (one of the last ``remember`` such chunks: it is being
+        read in order). Otherwise ``key`` is remembered now and the caller reads its part.
         """
         with self._lock:
-            if key in self._items:
+            if key in self._items or self.held + nbytes <= self.nbytes:
                 return True
             if key in self._seen:
                 del self._seen[key]
                 return True
             self._seen[key] = None
-            while len(self._seen) > max(REMEMBERED, 2 * len(self._items)):
+            while len(self._seen) > self.remember:
                 self._seen.popitem(last=False)
             return False
 
@@ -231,9 +236,10 @@ class ChunkStore:
     def gather(self, indices: np.ndarray) -> np.ndarray:
         """Rows at ``indices`` in that order: one fancy take per chunk touched.
 
-        A chunk neither held nor touched lately, of which the rows asked span at most
-        1/``PART_OF``, is decoded only in part where the codec allows it (``Pipeline.ranged``)
-        and not kept; the others are decoded whole (several in parallel) and kept.
+        A chunk the cache neither holds nor has room for, not touched lately, of which the
+        rows asked span at most 1/``PART_OF``, is decoded only in part where the codec allows
+        it (``Pipeline.ranged``) and not kept; the others are decoded whole (several in
+        parallel) and kept (see ``ChunkCache.recall``).
         """
         bases = indices - indices % self.rows
         parts = self._parts(indices, bases) if self.partial and len(indices) else {}
@@ -255,7 +261,9 @@ class ChunkStore:
         for base in chunks:
             local = indices - base if lowest == highest else indices[bases == base] - base
             first, stop = int(local.min()), int(local.max()) + 1
-            if (stop - first) * PART_OF > self.rows or self.cache.recall((self.name, base)):
+            if (stop - first) * PART_OF > self.rows:
+                continue
+            if self.cache.recall((self.name, base), self.pipeline.nbytes):
                 continue
             rows = self._part(base, first, stop)
             if rows is not None:

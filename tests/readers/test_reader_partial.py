@@ -153,20 +153,26 @@ def test_a_part_decodes_to_the_same_rows_as_the_whole_chunk(
 # --- the cache: miss (part), second touch (whole, kept), hit, eviction ----------------------
 
 
-def test_a_second_touch_decodes_the_chunk_whole_and_later_reads_hit(
+def test_a_miss_in_a_full_cache_reads_a_part_and_a_second_touch_keeps_the_chunk(
     releases: dict[str, Path],
 ) -> None:
     expected = truth(releases["blosc-lz4"])
     with Release(releases["blosc-lz4"], "train", batch_size=1) as reader:
-        assert_rows(reader.read([3]), expected, [3])
         cache = store(reader).cache
-        assert (cache.parts, cache.loads) == (2, 0)  # image and mask: a part each, none kept
-        assert_rows(reader.read([4]), expected, [4])
-        assert (cache.parts, cache.loads) == (2, 2)  # touched again: decoded whole and kept
-        assert_rows(reader.read([0, 9]), expected, [0, 9])
-        assert (cache.parts, cache.loads) == (2, 2)  # hits
-        assert_rows(reader.read([20]), expected, [20])
-        assert (cache.parts, cache.loads) == (4, 2)  # another chunk: parts again
+        assert cache.nbytes == 2 * CHUNK * 4 * SIDE * SIDE  # two chunks of image and of mask
+        for index, parts, loads in [
+            (20, 0, 2),  # the cache has room: decoded whole and kept (image and mask)
+            (35, 0, 4),  # room for this one too; now it is full
+            (3, 2, 4),  # full: a part of each field, nothing kept
+            (4, 2, 6),  # touched again: decoded whole and kept, chunk 1 evicted
+            (0, 2, 6),  # a hit
+            (21, 4, 6),  # chunk 1 again: evicted, so a part
+            (36, 4, 6),  # chunk 2: still held
+        ]:
+            assert_rows(reader.read([index]), expected, [index])
+            assert (cache.parts, cache.loads) == (parts, loads), index
+        assert cache.held <= cache.nbytes
+        assert sorted(key[1] for key in cache._items) == [0, 0, 2 * CHUNK, 2 * CHUNK]
 
 
 def test_rows_read_one_by_one_in_order_decode_each_chunk_once(releases: dict[str, Path]) -> None:
@@ -175,43 +181,22 @@ def test_rows_read_one_by_one_in_order_decode_each_chunk_once(releases: dict[str
         for index in range(COUNT):
             assert_rows(reader.read([index]), expected, [index])
         cache = store(reader).cache
-    chunks = 2 * -(-COUNT // CHUNK)  # image and mask
-    assert (cache.parts, cache.loads) == (chunks, chunks)  # a part, then the whole, a chunk
+    # chunks 0 and 1 fill the cache; chunk 2: a part, then the whole (image and mask each)
+    assert (cache.parts, cache.loads) == (2, 6)
 
 
-def test_the_least_recently_used_chunk_is_evicted_and_read_again_right(
+def test_a_split_cache_decodes_each_chunk_once_whatever_the_order(
     releases: dict[str, Path],
 ) -> None:
     path = releases["blosc-lz4"]
     expected = truth(path)
-    with Release(path, "train", batch_size=1, fields=["image"]) as reader:
-        cache = store(reader).cache
-        chunk_bytes = CHUNK * 3 * SIDE * SIDE
-        assert cache.nbytes == 2 * chunk_bytes  # the default for batch_size=1: two chunks
-        for base in range(0, COUNT, CHUNK):  # every chunk touched twice: decoded and kept
-            reader.read([base])
-            reader.read([base + 1])
-        assert cache.loads == 3
-        assert cache.held <= cache.nbytes
-        assert [key[1] for key in cache._items] == [CHUNK, 2 * CHUNK]  # chunk 0 went first
-        parts = cache.parts
-        batch = reader.read([2])  # chunk 0 again: a miss, read in part
-        assert (cache.parts, cache.loads) == (parts + 1, 3)
-    np.testing.assert_array_equal(batch["image"], expected["image"][[2]])
-
-
-def test_a_split_cache_ends_up_holding_every_chunk(releases: dict[str, Path]) -> None:
-    path = releases["blosc-lz4"]
-    expected = truth(path)
     rng = np.random.default_rng(5)
     with Release(path, "train", batch_size=1, cache_bytes="split") as reader:
-        for index in rng.integers(0, COUNT, 200).tolist():
+        for index in rng.integers(0, COUNT, 60).tolist():
             assert_rows(reader.read([index]), expected, [index])
         cache = store(reader).cache
         assert cache.loads == len(cache) == 2 * -(-COUNT // CHUNK)  # every chunk, once
-        parts = cache.parts
-        reader.read(rng.integers(0, COUNT, 20))
-        assert cache.parts == parts  # from memory now
+        assert cache.parts == 0  # the memory is there: no chunk is worth reading in part
 
 
 def test_whole_chunk_batches_never_decode_in_part(releases: dict[str, Path]) -> None:
@@ -228,22 +213,28 @@ def test_whole_chunk_batches_never_decode_in_part(releases: dict[str, Path]) -> 
     assert sum(len(batch["filename"]) for batch in batches) == COUNT
 
 
-def test_the_chunks_remembered_are_bounded(releases: dict[str, Path]) -> None:
-    with Release(releases["blosc-lz4"], "train", batch_size=1, fields=["image"]) as reader:
-        for base in range(0, COUNT, CHUNK):
-            reader.read([base])
+def test_the_chunks_remembered_are_those_of_the_last_two_reads(
+    releases: dict[str, Path],
+) -> None:
+    with Release(releases["blosc-lz4"], "train", batch_size=1, cache_bytes=0) as reader:
         cache = store(reader).cache
-        assert len(cache._seen) == 3 <= REMEMBERED
-        for key in range(100):
-            assert not cache.recall(("other", key))
-        assert len(cache._seen) == REMEMBERED
+        assert cache.remember == 2 * REMEMBERED == 4  # two fields share the cache
+        cache.nbytes = 0  # no room at all: every miss of a few rows reads a part
+        for index in (0, 16, 32):  # three chunks, image and mask: six keys met
+            reader.read([index])
+        assert (cache.parts, cache.loads) == (6, 0)
+        assert [key[1] for key in cache._seen] == [16, 16, 32, 32]
+        reader.read([1])  # chunk 0 was forgotten: read in part again
+        assert (cache.parts, cache.loads) == (8, 0)
+        reader.read([33])  # chunk 2 is remembered: decoded whole
+        assert (cache.parts, cache.loads) == (8, 2)
 
 
 # --- labels, ragged columns, DataLoader workers --------------------------------------------
 
 
 def test_labels_come_with_the_images_read_in_part(tmp_path: Path) -> None:
-    write_raw(tmp_path, 24, classes=3)
+    write_raw(tmp_path, COUNT, classes=3)
     config = {
         "name": "shapes",
         "pipeline": "classification",
@@ -262,7 +253,7 @@ def test_labels_come_with_the_images_read_in_part(tmp_path: Path) -> None:
     assert link is not None
     expected = truth(link, ("image", "label"))
     with Release(link, "train", batch_size=1) as reader:
-        for index in np.random.default_rng(2).permutation(24).tolist():
+        for index in np.random.default_rng(2).permutation(COUNT).tolist():
             assert_rows(reader.read([index]), expected, [index])
         assert store(reader).cache.parts > 0
 
