@@ -9,6 +9,8 @@ the writer uses.
 from __future__ import annotations
 
 import multiprocessing
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -431,3 +433,25 @@ def test_only_blosc_without_a_byte_moving_shuffle_is_read_in_part() -> None:
     part = whole.decode_range(frame, 0, 8, 16)
     assert part is not None
     np.testing.assert_array_equal(part, np.zeros(8, np.uint8))
+
+
+# --- the benchmark script runs ---------------------------------------------------------------
+
+
+def test_the_release_read_benchmark_runs_end_to_end(
+    releases: dict[str, Path], tmp_path: Path
+) -> None:
+    script = Path(__file__).parents[1] / "benchmarks" / "read.py"
+    args = ["--release", str(releases["blosc-lz4"]), "--probes", "20", "--warmup", "5"]
+    done = subprocess.run(
+        [sys.executable, str(script), *args, "--epochs", "1", "--dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr
+    for row in ("| first-touch | 3 |", "| uniform | 20 |", "| split-cache | 20 |"):
+        assert row in done.stdout
+    assert "| Release.read |" in done.stdout
+    assert "| np.load(mmap_mode='r') |" in done.stdout
