@@ -67,7 +67,9 @@ def blosc_range(frame: np.ndarray, start: int, stop: int) -> np.ndarray | None:
     """
     if frame.size < BLOSC_HEADER.size:
         return None
-    version, codec, flags, typesize, nbytes, blocksize, cbytes = BLOSC_HEADER.unpack_from(frame)
+    version, codec, flags, typesize, nbytes, blocksize, cbytes = BLOSC_HEADER.unpack_from(
+        frame.data
+    )
     if (
         version not in BLOSC_VERSIONS
         or flags & ~BLOSC_KNOWN_FLAGS
@@ -90,7 +92,7 @@ def blosc_range(frame: np.ndarray, start: int, stop: int) -> np.ndarray | None:
     if table > cbytes:
         return None
     # Python ints: for a few dozen blocks they are several times faster than numpy here.
-    offsets = struct.unpack_from(f"<{nblocks}i", frame, BLOSC_HEADER.size)
+    offsets = struct.unpack_from(f"<{nblocks}i", frame.data, BLOSC_HEADER.size)
     # A block ends where the next stored one starts: threads may store blocks out of order.
     stored = sorted({*offsets, cbytes})
     if stored[0] < table or stored[-1] != cbytes or cbytes in offsets:
@@ -104,7 +106,7 @@ def blosc_range(frame: np.ndarray, start: int, stop: int) -> np.ndarray | None:
         starts.append(at)
         at += end - begin
     part_nbytes = min(nbytes, last * blocksize) - first * blocksize
-    view = memoryview(frame)
+    view = frame.data
     part = b"".join(
         [
             BLOSC_HEADER.pack(version, codec, flags, typesize, part_nbytes, blocksize, at),
@@ -189,4 +191,4 @@ def _blosc_nbytes(frame: np.ndarray) -> int:
     """The decoded size a Blosc frame states (-1 if it is too short to state one)."""
     if frame.size < BLOSC_HEADER.size:
         return -1
-    return int(BLOSC_HEADER.unpack_from(frame)[4])
+    return int(BLOSC_HEADER.unpack_from(frame.data)[4])

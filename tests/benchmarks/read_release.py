@@ -138,13 +138,14 @@ def sequential_phase(
         base, peak = rss_kib("VmRSS"), AnonPeak()
         peak_base = peak.kib
         sampler = ChunkSampler(len(release), release.chunk_rows, seed=args.seed)
+        read: Callable[[np.ndarray], Any] = release.read
         if phase == "memmap":
             arrays = {n: np.load(p, mmap_mode="r") for n, p in npy.items()}
 
-            def read(batch: np.ndarray) -> Any:
+            def from_memmap(batch: np.ndarray) -> Any:
                 return {n: a[batch] for n, a in arrays.items()}
-        else:
-            read = release.read
+
+            read = from_memmap
         best = 0.0
         for epoch in range(args.epochs):
             sampler.set_epoch(epoch)
