@@ -33,6 +33,7 @@ from h5etl.readers._layout import copy_rows, gather_rows
 logger = logging.getLogger(__name__)
 
 DECODE_THREADS = 4  # at most; never more than the CPUs
+# Measured: docs/internals/decisions.md#random-reads.
 # A chunk missed by rows spanning at most 1/PART_OF of it, when the cache is full, is decoded
 # in part (where the codec allows it): a cold random read costs a few Blosc blocks, while rows
 # read in chunk order pay at most 1/PART_OF of a chunk more than one whole decode a chunk.

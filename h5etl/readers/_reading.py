@@ -90,8 +90,10 @@ class _Reading:
 
         Unfiltered fields are gathered straight from the mapped chunks (one copy); compressed
         fields from their decoded chunks (each chunk decoded once, several in parallel, kept
-        in a small cache). Fields neither path understands go through HDF5: the indices are
-        sorted and cut into contiguous runs, each run one slice read.
+        in a small cache), or, for a few rows of a Blosc chunk the full cache does not hold,
+        from just the blocks holding them (a random sample costs two or three blocks, not its
+        chunk). Fields neither path understands go through HDF5: the indices are sorted and
+        cut into contiguous runs, each run one slice read.
         """
         wanted = self._checked(indices)
         datasets, maps, stores = self._handles()
