@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import h5py
-import hdf5plugin  # noqa: F401  (registers Blosc and Zstd for the truth read)
+import hdf5plugin  # (also registers Blosc and Zstd for the truth read)
 import imagecodecs
 import numpy as np
 import pytest
@@ -327,6 +327,34 @@ def test_dataloader_workers_read_in_part_with_caches_of_their_own(
     assert (parent.parts, parent.loads) == counts  # the workers decoded in their own caches
     assert store(dataset.release).cache is parent
     dataset.close()
+
+
+@pytest.mark.parametrize(
+    ("dtype", "filters"),
+    [
+        pytest.param("uint16", {"cname": "lz4", "shuffle": 2}, id="lz4-bitshuffle-uint16"),
+        pytest.param("float32", {"cname": "zstd", "shuffle": 1}, id="zstd-shuffle-float32"),
+        pytest.param(">i8", {"cname": "blosclz", "shuffle": 1}, id="blosclz-big-endian-int64"),
+        pytest.param("uint8", {"cname": "lz4hc", "shuffle": 0}, id="lz4hc-noshuffle-uint8"),
+    ],
+)
+def test_wider_items_written_by_hdf5s_own_blosc_filter_read_in_part(
+    tmp_path: Path, dtype: str, filters: dict[str, Any]
+) -> None:
+    # frames from hdf5plugin's filter (as h5py writes them), items of 1 to 8 bytes
+    rng = np.random.default_rng(9)
+    ramp = np.add.outer(np.arange(40), np.arange(3 * 32 * 32)).reshape(40, 3, 32, 32)
+    data = (ramp % 1000 + rng.integers(0, 3, ramp.shape)).astype(dtype)
+    path = tmp_path / "wide.h5"
+    with h5py.File(path, "w") as handle:
+        blosc = hdf5plugin.Blosc(filters["cname"], 5, filters["shuffle"])
+        handle.create_dataset("train/x", data=data, chunks=(CHUNK, 3, 32, 32), **blosc)
+    with Release(path, "train", batch_size=1, cache_bytes=0) as reader:
+        cache = store(reader, "x").cache
+        cache.nbytes = 0  # no room: every single row is read in part
+        for index in np.random.default_rng(1).permutation(40).tolist():
+            np.testing.assert_array_equal(reader.read([index])["x"], data[[index]])
+        assert cache.parts > 0
 
 
 # --- the pure pieces: Blosc frames read in part --------------------------------------------
