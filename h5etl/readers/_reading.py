@@ -13,7 +13,8 @@ import numpy as np
 
 from h5etl.format.contract import LayoutRecord
 from h5etl.readers import _fork
-from h5etl.readers._chunks import ChunkStore, prefetched
+from h5etl.readers._ahead import prefetched
+from h5etl.readers._chunks import ChunkStore
 from h5etl.readers._fields import as_int64, channel_fields
 from h5etl.readers._fields import channels_last as _channels_last
 from h5etl.readers._fork import _gated

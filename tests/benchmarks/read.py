@@ -45,7 +45,7 @@ import numpy as np
 
 from h5etl.examples.demo import cell_pair
 from h5etl.readers import ChunkSampler, Release, iter_batches
-from h5etl.readers._chunks import prefetched
+from h5etl.readers._ahead import prefetched
 
 SHAPE = (3, 224, 224)
 BATCH = 32

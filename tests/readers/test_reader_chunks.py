@@ -24,7 +24,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from h5etl.readers import Release, _chunks, iter_batches
-from h5etl.readers._chunks import ChunkCache, prefetched
+from h5etl.readers._ahead import prefetched
+from h5etl.readers._chunks import ChunkCache
 from h5etl.readers._codecs import NotDecodable, Pipeline, unshuffle
 
 SHAPE = (2, 12, 12)
