@@ -61,7 +61,7 @@ class ChunkCache:
         self._lock = threading.Lock()
         self._items: OrderedDict[Hashable, Future[np.ndarray]] = OrderedDict()
         self._seen: OrderedDict[Hashable, None] = OrderedDict()
-        self.remember = REMEMBERED  # keys: REMEMBERED per field sharing the cache (set on open)
+        self.remember = REMEMBERED  # keys: REMEMBERED per field sharing it (open_stores)
 
     def __len__(self) -> int:
         return len(self._items)
@@ -349,4 +349,5 @@ def open_stores(
             stores[name] = ChunkStore(dataset, file, cache, h5py_rows(dataset))
         except NotDecodable as exc:
             logger.debug("%s read through h5py: %s", name, exc)
+    cache.remember = REMEMBERED * max(1, len(stores))  # the fields a read touches share it
     return stores

@@ -24,7 +24,6 @@ from h5etl.format.contract import LayoutRecord
 from h5etl.format.reader_hints import hints_of
 from h5etl.readers import _fork
 from h5etl.readers._chunks import (
-    REMEMBERED,
     ChunkCache,
     ChunkFile,
     ChunkStore,
@@ -326,7 +325,6 @@ class Release(_Reading):
         stores = open_stores(datasets, names, ChunkFile(self.path), cache)
         # As large as the HDF5 caches it stands in for; fields h5py reads keep their own.
         cache.nbytes = sum(caches[n].nbytes for n in stores)
-        cache.remember = REMEMBERED * len(stores)
         return stores
 
     def _handles(
