@@ -45,7 +45,11 @@ import numpy as np
 
 from h5etl.examples.demo import cell_pair
 from h5etl.readers import ChunkSampler, Release, iter_batches
-from h5etl.readers._ahead import prefetched
+
+try:
+    from h5etl.readers._ahead import prefetched
+except ImportError:  # a tree from before _ahead.py (--release compares trees on one script)
+    from h5etl.readers._chunks import prefetched  # type: ignore[attr-defined,no-redef]
 
 SHAPE = (3, 224, 224)
 BATCH = 32
