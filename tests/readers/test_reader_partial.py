@@ -9,6 +9,7 @@ the writer uses.
 from __future__ import annotations
 
 import multiprocessing
+import os
 import subprocess
 import sys
 from collections.abc import Hashable, Iterable
@@ -299,6 +300,17 @@ def test_ragged_columns_read_beside_columns_read_in_part(
                     np.testing.assert_array_equal(one[name], values[[index]], err_msg=name)
 
 
+def with_counts(sample: dict[str, Any]) -> dict[str, Any]:
+    """A transform run in the worker: the sample, this process and its cache's counts."""
+    import torch.utils.data
+
+    info = torch.utils.data.get_worker_info()
+    if info is None:  # the main process
+        return sample
+    cache = store(info.dataset.release).cache
+    return {**sample, "pid": os.getpid(), "parts": cache.parts, "loads": cache.loads}
+
+
 def test_dataloader_workers_read_in_part_with_caches_of_their_own(
     releases: dict[str, Path],
 ) -> None:
@@ -307,7 +319,7 @@ def test_dataloader_workers_read_in_part_with_caches_of_their_own(
 
     path = releases["blosc-lz4"]
     expected = truth(path)
-    dataset = H5Dataset(path, "train", batch_size=1)
+    dataset = H5Dataset(path, "train", batch_size=1, transform=with_counts)
     dataset[7]  # the parent reads first: its cache must not reach the workers' reads
     parent = store(dataset.release).cache
     counts = (parent.parts, parent.loads)
@@ -324,6 +336,15 @@ def test_dataloader_workers_read_in_part_with_caches_of_their_own(
         np.testing.assert_array_equal(np.asarray(sample["image"]), expected["image"][index])
         np.testing.assert_array_equal(np.asarray(sample["mask"]), expected["mask"][index])
         assert sample["filename"] == expected["filename"][index]
+    workers: dict[int, tuple[int, int]] = {}
+    for sample in samples:  # each worker's counts only grow, from its own empty cache
+        pid = int(sample["pid"])
+        now = (int(sample["parts"]), int(sample["loads"]))
+        assert now >= workers.get(pid, (0, 0))
+        workers[pid] = now
+    assert len(workers) == 2
+    assert os.getpid() not in workers
+    assert all(parts > 0 and loads >= 4 for parts, loads in workers.values())
     assert (parent.parts, parent.loads) == counts  # the workers decoded in their own caches
     assert store(dataset.release).cache is parent
     dataset.close()
