@@ -307,7 +307,8 @@ def with_counts(sample: dict[str, Any]) -> dict[str, Any]:
     info = torch.utils.data.get_worker_info()
     if info is None:  # the main process
         return sample
-    cache = store(info.dataset.release).cache
+    dataset: Any = info.dataset  # our H5Dataset, in this worker
+    cache = store(dataset.release).cache
     return {**sample, "pid": os.getpid(), "parts": cache.parts, "loads": cache.loads}
 
 
