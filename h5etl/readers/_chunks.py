@@ -5,7 +5,9 @@ Here a field's chunks are indexed once (``chunk_iter``) and their stored bytes d
 straight from a read-only mapping of the file by imagecodecs, which releases the GIL: two
 threads decode two chunks in parallel. Only layouts and filter pipelines understood exactly
 are decoded here (``ChunkStore`` raises ``NotDecodable`` otherwise, and h5py reads that field
-as before); a chunk that fails to decode to exactly its size is read through h5py too.
+as before); a chunk that fails to decode to exactly its size is read through h5py too. A
+few rows of a Blosc chunk that a full cache does not hold are decoded alone, from the blocks
+that hold them (``ChunkStore.gather``, ``_codecs.blosc_range``).
 
 Per-process state only: the mapping, the decoded-chunk cache and the decode pool belong to
 the process that made them (checked by pid), so a forked child builds its own.
@@ -13,117 +15,75 @@ the process that made them (checked by pid), so a forked child builds its own.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import math
 import os
 import threading
-from collections import OrderedDict, deque
-from collections.abc import Callable, Generator, Hashable, Iterable, Iterator
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
 import h5py
-import imagecodecs
 import numpy as np
 
-from h5etl.format import contract as ff
+from h5etl.readers._codecs import NotDecodable, Pipeline
 from h5etl.readers._layout import copy_rows, gather_rows
 
 logger = logging.getLogger(__name__)
 
-SHUFFLE, FLETCHER32, DEFLATE = ff.FILTER_SHUFFLE, ff.FILTER_FLETCHER32, ff.FILTER_DEFLATE
-LZF, BLOSC, ZSTD = ff.FILTER_LZF, ff.FILTER_BLOSC, ff.FILTER_ZSTD
-CODECS = frozenset({DEFLATE, LZF, BLOSC, ZSTD})
 DECODE_THREADS = 4  # at most; never more than the CPUs
-
-
-class NotDecodable(Exception):
-    """This layout, pipeline or chunk is not decoded here; h5py reads it instead."""
-
-
-def _codec(filter_id: int, stored: Any, nbytes: int) -> Any:
-    """One codec's decoded bytes; ``out=nbytes`` makes a longer output an error, not a loss."""
-    if filter_id == LZF:
-        return imagecodecs.lzf_decode(stored, out=nbytes)
-    if filter_id == DEFLATE:  # a zlib stream; libdeflate when the size is known
-        return imagecodecs.deflate_decode(stored, out=nbytes)
-    if filter_id == ZSTD:
-        return imagecodecs.zstd_decode(stored, out=nbytes)
-    return imagecodecs.blosc_decode(stored, numthreads=1)  # the frame states its own size
-
-
-def unshuffle(data: Any, itemsize: int) -> np.ndarray:
-    """Undo HDF5's byte shuffle: byte ``j`` of every item is stored together, for each ``j``."""
-    flat = np.frombuffer(data, dtype=np.uint8)
-    if itemsize == 1 or flat.size % itemsize:
-        raise NotDecodable(f"cannot unshuffle {flat.size} bytes of {itemsize}-byte items")
-    return np.ascontiguousarray(flat.reshape(itemsize, -1).T).reshape(-1)
-
-
-@dataclass(frozen=True, slots=True)
-class Pipeline:
-    """A dataset's filters in write order, reduced to what decoding a chunk needs.
-
-    Accepted: one codec (deflate, lzf, Blosc or Zstd), the byte shuffle, or the shuffle then
-    one codec; anything else (fletcher32, scale-offset, two codecs, shuffle after the codec,
-    unknown plugins) raises ``NotDecodable``. Every stage then has the chunk's own size.
-    """
-
-    filters: tuple[int, ...]
-    itemsize: int
-    nbytes: int  # one decoded chunk
-
-    @classmethod
-    def of(cls, dataset: h5py.Dataset) -> Pipeline:
-        plist = dataset.id.get_create_plist()
-        filters = tuple(int(plist.get_filter(i)[0]) for i in range(plist.get_nfilters()))
-        codecs = [f for f in filters if f in CODECS]
-        allowed = filters in {(*codecs,), (SHUFFLE, *codecs)}
-        if len(codecs) > 1 or not allowed or not filters:
-            raise NotDecodable(f"filter pipeline {filters} is not decoded here")
-        itemsize = dataset.dtype.itemsize
-        return cls(filters, itemsize, math.prod(dataset.chunks) * itemsize)
-
-    def decode(self, stored: Any, mask: int) -> np.ndarray:
-        """One chunk's bytes; filters whose bit is set in ``mask`` were skipped at write time."""
-        data = stored
-        for position in reversed(range(len(self.filters))):
-            if mask >> position & 1:
-                continue
-            filter_id = self.filters[position]
-            if filter_id == SHUFFLE:
-                if self.itemsize > 1:  # HDF5 leaves 1-byte items as they are
-                    data = unshuffle(data, self.itemsize)
-                continue
-            try:
-                data = _codec(filter_id, data, self.nbytes)
-            except (RuntimeError, ValueError) as exc:  # imagecodecs' errors are RuntimeErrors
-                raise NotDecodable(f"filter {filter_id}: {exc}") from exc
-        decoded = np.frombuffer(data, dtype=np.uint8)
-        if decoded.size != self.nbytes:
-            raise NotDecodable(f"decoded {decoded.size} bytes, the chunk has {self.nbytes}")
-        return decoded
+# Measured: docs/internals/decisions.md#random-reads.
+# A chunk missed by rows spanning at most 1/PART_OF of it, when the cache is full, is decoded
+# in part (where the codec allows it): a cold random read costs a few Blosc blocks, while rows
+# read in chunk order pay at most 1/PART_OF of a chunk more than one whole decode a chunk.
+PART_OF = 8
+# Chunks read in part that a second touch decodes whole and keeps, per field: those of the
+# last two reads. More would catch rows read in order no better, and under a uniform random
+# sampler would decode whole (and keep, for nothing) a share REMEMBERED / chunks of reads.
+REMEMBERED = 2
 
 
 class ChunkCache:
     """Decoded chunks by key, least recently used first out, at most ``nbytes`` held.
 
     Thread-safe; a chunk being decoded is held as a pending future, so two threads asking
-    for it decode it once. The chunk just added always stays, even past ``nbytes``.
+    for it decode it once. The chunk just added always stays, even past ``nbytes``. It also
+    remembers the keys of chunks lately read only in part (``recall``): once the cache is
+    full, a chunk touched once is not worth a whole decode, one touched twice soon is.
     """
 
     def __init__(self, nbytes: int):
         self.nbytes = nbytes
         self.held = 0
         self.loads = 0  # chunks loaded (decoded), i.e. misses
+        self.parts = 0  # reads that decoded part of a chunk, not kept
         self._lock = threading.Lock()
         self._items: OrderedDict[Hashable, Future[np.ndarray]] = OrderedDict()
+        self._seen: OrderedDict[Hashable, None] = OrderedDict()
+        self.remember = REMEMBERED  # keys: REMEMBERED per field sharing it (open_stores)
 
     def __len__(self) -> int:
         return len(self._items)
+
+    def recall(self, key: Hashable, nbytes: int) -> bool:
+        """Whether a miss at ``key`` should load the whole chunk (of ``nbytes``) and keep it.
+
+        True when the chunk is held or being loaded, when the cache has room for it without
+        evicting another (memory granted for decoded chunks: each is decoded once), or when
+        it was read in part lately (one of the last ``remember`` such chunks: it is being
+        read in order). Otherwise ``key`` is remembered now and the caller reads its part.
+        """
+        with self._lock:
+            if key in self._items or self.held + nbytes <= self.nbytes:
+                return True
+            if key in self._seen:
+                del self._seen[key]
+                return True
+            self._seen[key] = None
+            while len(self._seen) > self.remember:
+                self._seen.popitem(last=False)
+            return False
 
     def get(self, key: Hashable, load: Callable[[], np.ndarray]) -> np.ndarray:
         """The chunk at ``key``, loaded by this thread unless cached or being loaded."""
@@ -151,6 +111,11 @@ class ChunkCache:
                 self.held += value.nbytes
                 self._evict(keep=key)
         return value
+
+    def count_part(self) -> None:
+        """One read decoded part of a chunk (counted like ``loads``, for tests and benchmarks)."""
+        with self._lock:
+            self.parts += 1
 
     def _evict(self, keep: Hashable) -> None:
         for key in list(self._items):
@@ -215,6 +180,8 @@ class ChunkStore:
         self.chunk_shape = (self.rows, *shape[1:])
         self.file, self.cache, self.fallback = file, cache, fallback
         self.closed = False  # set when its reader closes: queued read-aheads are dropped
+        # Whether a miss on a few rows may decode only their part of the chunk (see gather).
+        self.partial = self.pipeline.ranged and self.rows >= PART_OF
         # Where each chunk is stored, by chunk number: 24 bytes a chunk, not a Python object.
         count = math.ceil(self.length / self.rows)
         self.offsets = np.full(count, -1, dtype=np.int64)
@@ -268,8 +235,58 @@ class ChunkStore:
             self.chunk(base)
 
     def gather(self, indices: np.ndarray) -> np.ndarray:
-        """Rows at ``indices`` in that order: one fancy take per chunk touched."""
-        return gather_rows(indices, self.rows, self.chunk_shape[1:], self.dtype, self.load)
+        """Rows at ``indices`` in that order: one fancy take per chunk touched.
+
+        A chunk the cache neither holds nor has room for, not touched lately, of which the
+        rows asked span at most 1/``PART_OF``, is decoded only in part where the codec allows
+        it (``Pipeline.ranged``) and not kept; the others are decoded whole (several in
+        parallel) and kept (see ``ChunkCache.recall``).
+        """
+        bases = indices - indices % self.rows
+        parts = self._parts(indices, bases) if self.partial and len(indices) else {}
+        if not parts:
+            return gather_rows(indices, self.rows, self.chunk_shape[1:], self.dtype, self.load)
+        whole = [b for b in np.unique(bases).tolist() if b not in parts]
+        pieces = {b: (0, c) for b, c in self.load(whole).items()} | parts
+        out = np.empty((len(indices), *self.chunk_shape[1:]), dtype=self.dtype)
+        for base, (first, rows) in pieces.items():
+            where = np.flatnonzero(bases == base)
+            out[where] = rows[indices[where] - base - first]
+        return out
+
+    def _parts(self, indices: np.ndarray, bases: np.ndarray) -> dict[int, tuple[int, np.ndarray]]:
+        """The chunks worth decoding in part: base -> (first row decoded, the rows decoded)."""
+        parts = {}
+        lowest, highest = int(bases.min()), int(bases.max())
+        chunks = [lowest] if lowest == highest else np.unique(bases).tolist()
+        for base in chunks:
+            local = indices - base if lowest == highest else indices[bases == base] - base
+            first, stop = int(local.min()), int(local.max()) + 1
+            if (stop - first) * PART_OF > self.rows:
+                continue
+            if self.cache.recall((self.name, base), self.pipeline.nbytes):
+                continue
+            rows = self._part(base, first, stop)
+            if rows is not None:
+                parts[base] = (first, rows)
+        return parts
+
+    def _part(self, base: int, first: int, stop: int) -> np.ndarray | None:
+        """Rows ``base + first`` to ``base + stop`` decoded alone, or None: decode it whole."""
+        number = base // self.rows
+        row_bytes = self.pipeline.nbytes // self.rows
+        try:
+            stored = self.file.read(int(self.offsets[number]), int(self.sizes[number]))
+            flat = self.pipeline.decode_range(
+                stored, int(self.masks[number]), first * row_bytes, stop * row_bytes
+            )
+        except NotDecodable as exc:  # the whole decode tries again, then h5py
+            logger.debug("%s: chunk at row %d not decoded in part: %s", self.name, base, exc)
+            return None
+        if flat is None:
+            return None
+        self.cache.count_part()
+        return flat.view(self.dtype).reshape(stop - first, *self.chunk_shape[1:])
 
     def read_into(self, out: np.ndarray, start: int, stop: int, pos: int) -> None:
         """Rows ``start:stop`` copied into ``out[pos:]``."""
@@ -332,73 +349,5 @@ def open_stores(
             stores[name] = ChunkStore(dataset, file, cache, h5py_rows(dataset))
         except NotDecodable as exc:
             logger.debug("%s read through h5py: %s", name, exc)
+    cache.remember = REMEMBERED * max(1, len(stores))  # the fields a read touches share it
     return stores
-
-
-# --- reading ahead, and reads against fork -------------------------------------------------
-
-
-def prefetched(
-    read: Callable[[np.ndarray], dict[str, np.ndarray]], batches: Iterable[np.ndarray], depth: int
-) -> Generator[dict[str, np.ndarray], None, None]:
-    """``read(batch)`` for each batch, in order, with ``depth`` reads running ahead in threads.
-
-    Memory stays bounded (``depth`` batches in flight plus the one yielded); the pool is shut
-    down, queued reads cancelled and running ones awaited, when the generator finishes, is
-    closed or is garbage collected.
-    """
-    owner = os.getpid()
-    todo = iter(batches)
-    pool = ThreadPoolExecutor(min(depth, os.cpu_count() or 1), thread_name_prefix="h5etl-prefetch")
-    try:
-        pending: deque[Future[dict[str, np.ndarray]]] = deque(
-            pool.submit(read, batch) for batch in itertools.islice(todo, depth)
-        )
-        while pending:
-            if os.getpid() != owner:  # the threads filling ``pending`` stayed in the parent
-                raise RuntimeError("a prefetching iterator cannot be resumed in a forked child")
-            batch = pending.popleft().result()  # a reading error surfaces here, in order
-            pending.extend(pool.submit(read, b) for b in itertools.islice(todo, 1))
-            yield batch
-    finally:
-        pool.shutdown(wait=os.getpid() == owner, cancel_futures=True)
-
-
-class ForkGate:
-    """Reads share the gate; a fork waits for the running ones and holds new ones back.
-
-    Handles are closed before a fork (see ``_core``); that is only safe when no other
-    thread (a prefetching one, say) is reading through them, and none reopens one between
-    the close and the fork. Never taken inside the decode pool, which a fork also waits for.
-    """
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._readers = 0
-        self._forking = False
-
-    @contextmanager
-    def reading(self) -> Iterator[None]:
-        with self._cond:
-            while self._forking:
-                self._cond.wait()
-            self._readers += 1
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._readers -= 1
-                self._cond.notify_all()
-
-    def close(self) -> None:
-        """Before a fork: wait until no read runs, and let none start."""
-        with self._cond:
-            self._forking = True
-            while self._readers:
-                self._cond.wait()
-
-    def open(self) -> None:
-        """After the fork, in the parent: let reads run again."""
-        with self._cond:
-            self._forking = False
-            self._cond.notify_all()

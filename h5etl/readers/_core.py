@@ -93,8 +93,12 @@ class Release(_Reading):
         batch_size: the largest batch you will ask for; sizes the chunk cache.
         cache_bytes: decoded chunks of the compressed array fields kept per process.
             ``None`` (the default): the chunks one batch touches, so every epoch decodes every
-            chunk again. ``"split"``: the whole split decoded (``decoded_nbytes``), so each
-            chunk is decoded once per process and later epochs read at memory speed; but at
+            chunk again. Once the cache is full, reading a few rows of a chunk it does not
+            hold decodes only their part where the codec allows it (Blosc, the default: the
+            blocks holding them) and keeps nothing; a chunk met again within the next read
+            is decoded whole and kept, so rows read in order still cost a decode a chunk.
+            ``"split"``: the whole split decoded (``decoded_nbytes``), so each chunk is
+            decoded once per process and later epochs read at memory speed; but at
             most half the memory available (cgroup limits included) divided among
             ``processes``, worked out in each process when it opens the file, with a warning
             when that is less. Every process that reads holds its own cache (each DataLoader

@@ -13,7 +13,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar, cast
 
-from h5etl.readers._chunks import ForkGate
+from h5etl.readers._ahead import ForkGate
 
 
 class Closable(Protocol):

@@ -13,7 +13,8 @@ import numpy as np
 
 from h5etl.format.contract import LayoutRecord
 from h5etl.readers import _fork
-from h5etl.readers._chunks import ChunkStore, prefetched
+from h5etl.readers._ahead import prefetched
+from h5etl.readers._chunks import ChunkStore
 from h5etl.readers._fields import as_int64, channel_fields
 from h5etl.readers._fields import channels_last as _channels_last
 from h5etl.readers._fork import _gated
@@ -90,8 +91,10 @@ class _Reading:
 
         Unfiltered fields are gathered straight from the mapped chunks (one copy); compressed
         fields from their decoded chunks (each chunk decoded once, several in parallel, kept
-        in a small cache). Fields neither path understands go through HDF5: the indices are
-        sorted and cut into contiguous runs, each run one slice read.
+        in a small cache), or, for a few rows of a Blosc chunk the full cache does not hold,
+        from just the blocks holding them (a random sample costs two or three blocks, not its
+        chunk). Fields neither path understands go through HDF5: the indices are sorted and
+        cut into contiguous runs, each run one slice read.
         """
         wanted = self._checked(indices)
         datasets, maps, stores = self._handles()
@@ -101,9 +104,13 @@ class _Reading:
         rest = [n for n in self.fields if n not in out]
         if not rest:
             return as_int64(out, self._widen)
-        unique, inverse = np.unique(wanted, return_inverse=True)
-        pieces = runs(unique)
-        in_order = len(unique) == len(wanted) and bool(np.array_equal(unique, wanted))
+        if len(wanted) == 1:  # one sample: no sorting to do (a random read's usual case)
+            unique, inverse, in_order = wanted, wanted, True
+            pieces = [(0, int(wanted[0]), int(wanted[0]) + 1)]
+        else:
+            unique, inverse = np.unique(wanted, return_inverse=True)
+            pieces = runs(unique)
+            in_order = len(unique) == len(wanted) and bool(np.array_equal(unique, wanted))
         batch = self._read_runs(datasets, pieces, len(unique), rest)
         for name in rest:
             out[name] = batch[name] if in_order else batch[name][inverse]

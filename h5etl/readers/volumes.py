@@ -24,7 +24,8 @@ import numpy as np
 
 from h5etl.errors import ReaderError
 from h5etl.format import contract as fileformat
-from h5etl.readers._chunks import NotDecodable, Pipeline, submit
+from h5etl.readers._chunks import submit
+from h5etl.readers._codecs import NotDecodable, Pipeline
 from h5etl.readers._sampler import ChunkSampler
 
 Transform = Callable[[np.ndarray], np.ndarray]

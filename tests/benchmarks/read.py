@@ -4,6 +4,11 @@ Run on its own (never under pytest; it asserts nothing about time)::
 
     python tests/benchmarks/read.py               # 2048 samples of 3x224x224, ~2-3 minutes
     python tests/benchmarks/read.py --samples 8192 --dir /data/bench   # bigger, on a real disk
+    python tests/benchmarks/read.py --release releases/bench.h5   # a real release instead
+
+``--release PATH`` measures a release you built (``read_release.py``, which see): random
+single samples at first touch and in the steady state, sequential epochs against a raw
+memmap of the same arrays, peak memory and the decoded-chunk cache's bytes.
 
 It writes the same synthetic uint8 images (cell-like pictures, so they compress like real
 ones) into datasets laid out like a release's ``/train/image`` (chunks of 32 samples; no
@@ -40,7 +45,11 @@ import numpy as np
 
 from h5etl.examples.demo import cell_pair
 from h5etl.readers import ChunkSampler, Release, iter_batches
-from h5etl.readers._chunks import prefetched
+
+try:
+    from h5etl.readers._ahead import prefetched
+except ImportError:  # a tree from before _ahead.py (--release compares trees on one script)
+    from h5etl.readers._chunks import prefetched  # type: ignore[attr-defined,no-redef]
 
 SHAPE = (3, 224, 224)
 BATCH = 32
@@ -341,6 +350,12 @@ def chunk_tradeoff(data: np.ndarray, folder: Path, args: argparse.Namespace) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--release" in argv:  # a real release: every other option is read_release.py's
+        import read_release
+
+        at = argv.index("--release")
+        return read_release.main([*argv[:at], *argv[at + 1 :]])
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=2048)
     parser.add_argument("--chunk", type=int, default=32)
@@ -351,6 +366,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prefetch", type=int, default=4, help="iter_batches(prefetch=)")
     parser.add_argument("--dir", type=Path, default=None, help="keep the files here")
     parser.add_argument("--no-loader", action="store_true", help="skip the DataLoader rows")
+    parser.add_argument("--release", type=Path, help="measure this release (read_release.py)")
     args = parser.parse_args(argv)
 
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:

@@ -24,13 +24,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from h5etl.readers import Release, _chunks, iter_batches
-from h5etl.readers._chunks import (
-    ChunkCache,
-    NotDecodable,
-    Pipeline,
-    prefetched,
-    unshuffle,
-)
+from h5etl.readers._ahead import prefetched
+from h5etl.readers._chunks import ChunkCache
+from h5etl.readers._codecs import NotDecodable, Pipeline, unshuffle
 
 SHAPE = (2, 12, 12)
 LENGTH = 21  # chunks of 4: the last one holds a single sample
