@@ -228,7 +228,9 @@ def test_the_plugin_kind_passes_the_kind_contract(site: Path, tmp_path: Path) ->
     here could put the plugin on ``sys.path``."""
     source = site.parent / "filesize"  # install_plugins' copy of the plugin's sources
     junit = tmp_path / "contract.xml"
-    env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
+    # a fresh pytest: none of this run's (PYTEST_XDIST_WORKER, under which pytest-benchmark
+    # warns, an error with the plugin's filterwarnings; PYTEST_ADDOPTS)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), env.get("PYTHONPATH")) if p)
     command = [sys.executable, "-P", "-m", "pytest", "-q", "-p", "no:cacheprovider"]
     command += [f"--basetemp={tmp_path / 'run'}", f"--junitxml={junit}", str(source / "tests")]
