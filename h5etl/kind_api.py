@@ -7,11 +7,11 @@ hooks are required and where each runs), the builder from the one to the other (
 package registers it as an entry point of the group ``h5etl.kinds`` named like the kind::
 
     [project.entry-points."h5etl.kinds"]
-    filesize = "h5etl_filesize:ENTRY"
+    filesize = "h5etl_filesize.entry:ENTRY"
 
-See docs/internals/add-a-kind.md. Parent side (it imports pydantic through the config);
-a kind's behaviour module should import only ``h5etl.kinds.base`` and below, so that decode
-workers stay free of pydantic.
+See docs/internals/add-a-kind.md. Parent side (it imports pydantic through the config):
+a kind's behaviour module, which decode workers import, takes the same names from
+``h5etl.kinds.base`` and ``h5etl.errors`` instead, so that workers stay free of pydantic.
 """
 
 from __future__ import annotations

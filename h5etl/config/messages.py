@@ -16,7 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ValidationError
 
 from h5etl.config.fields import FIELD_MODELS, JsonRef, TableRef, inferred_kind
-from h5etl.config.fields.registry import REGISTRY
+from h5etl.config.fields.registry import GROUP, REGISTRY
 from h5etl.config.places import (
     SECTIONS,
     article,
@@ -272,7 +272,10 @@ def _unknown_kind(data: Any) -> str:
     known = list(FIELD_MODELS)
     text = f"kind must be one of {', '.join(known)}, got {kind!r}"
     close = difflib.get_close_matches(str(kind), known, n=1)
-    return f"{text}; did you mean {close[0]!r}?" if close else text
+    if close:
+        return f"{text}; did you mean {close[0]!r}?"
+    # a config written where a plugin is installed, read where it is not
+    return f"{text}; a kind from a plugin needs its package installed here (entry points {GROUP})"
 
 
 def _depth(tree: Any, key: Key) -> int:

@@ -35,7 +35,7 @@ from h5etl.dataflow import (
 from h5etl.decode import memory, probes
 from h5etl.decode.gather import gather
 from h5etl.decode.recipe import DecodedSample, DecodeRecipe
-from h5etl.errors import RejectError
+from h5etl.errors import H5EtlError, RejectError
 from h5etl.inputs import opening as inputs
 from h5etl.kinds.base import (
     ArrayColumn,
@@ -62,10 +62,18 @@ def _decode_sample(
     values: dict[str, Any] = {}
     for index in recipe.order:
         kind = recipe.kinds[index]
+        try:
+            found = kind.decode(context)
+        except H5EtlError:
+            raise
+        except Exception as exc:  # a kind's bug (a plugin's, say): its traceback names no input
+            exc.add_note(f"h5etl: in {kind.kind} field {kind.name!r} of sample {sample.key!r}")
+            exc.add_note(f"h5etl: its files: {', '.join(files)}")
+            raise
         if kind.name in recipe.multi:
-            values.update(_column_values(kind, kind.decode(context)))
+            values.update(_column_values(kind, found))
         else:
-            values[kind.name] = kind.decode(context)
+            values[kind.name] = found
     decoded = DecodedSample(
         position,
         sample,

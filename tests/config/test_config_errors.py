@@ -266,6 +266,20 @@ def test_a_union_value_is_one_line_naming_the_closest_choice(
     assert _problems(config) == [f"{config}: {expected}"]
 
 
+def test_an_unknown_kind_says_a_plugins_kind_needs_its_package(
+    raw_root: Path, write_config: WriteConfig
+) -> None:
+    # a config of a plugin's kind, read where the plugin is not installed, said only
+    # "kind must be one of ...": nothing hinted that the kind was a plugin's
+    config = write_config(raw_root, fields={"extra": {"kind": "checksum"}})
+    (problem,) = _problems(config)
+    assert problem.startswith(f"{config}: fields.extra.kind: kind must be one of image, mask, ")
+    assert problem.endswith(
+        ", got 'checksum'; a kind from a plugin needs its package installed here (entry "
+        "points h5etl.kinds)"
+    )
+
+
 def test_max_rejects_out_of_range_is_one_line(raw_root: Path, write_config: WriteConfig) -> None:
     config = write_config(raw_root, max_rejects=1.5)
     assert _problems(config) == [

@@ -1,4 +1,5 @@
-"""decode: a worker process that dies (segfault, OOM kill) costs only the samples that kill it.
+"""decode: a worker process that dies (segfault, OOM kill) costs only the samples that kill it;
+a kind that raises (its bug) says which field, sample and files it was decoding.
 
 The crashing functions below run in loky workers, pickled by value (so ``_PARENT`` travels with
 them); each refuses to run in the test's own process, which is the build's parent.
@@ -246,3 +247,34 @@ def test_a_pool_broken_at_submit_time_costs_no_traceback(monkeypatch: pytest.Mon
     outcomes = list(schedule.map_in_workers(_keys_or_die, batches, jobs=2, window=2))
 
     assert [key for batch in outcomes for key in batch] == keys  # no k is DOOMED
+
+
+def test_a_kinds_bug_names_the_field_and_the_files_it_was_decoding(
+    tmp_path: Path,
+    make_raw: MakeRaw,
+    write_config: WriteConfig,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # a plugin kind's bug in decode raised a bare ValueError: the traceback named the plugin's
+    # line but neither the field nor the input file that set it off
+    from h5etl.kinds.mask import MaskKind
+
+    raw = make_raw(tmp_path, n=4)
+    doomed = raw.keys[2]
+    decode_mask = MaskKind.decode
+
+    def buggy(self: MaskKind, context: Any) -> Any:
+        if context.sample.key == doomed:
+            raise ValueError("a bug in the kind")
+        return decode_mask(self, context)
+
+    monkeypatch.setattr(MaskKind, "decode", buggy)
+    with pytest.raises(ValueError, match="a bug in the kind") as caught:
+        h5etl.build(load_spec(write_config(tmp_path)), jobs=1)
+    image = tmp_path / "raw" / "images" / f"{doomed}.png"
+    mask = tmp_path / "raw" / "masks" / f"{doomed}.png"
+    assert caught.value.__notes__ == [
+        f"h5etl: in mask field 'mask' of sample {doomed!r}",
+        f"h5etl: its files: {image}, {mask}",
+    ]
+    assert not list(tmp_path.glob("releases/*.h5"))  # nothing published

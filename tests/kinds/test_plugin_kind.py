@@ -4,8 +4,10 @@ entry-point group.
 The plugin ``tests/kinds/plugin`` (distribution ``h5etl-filesize``: each sample's file size and
 first bytes) is really installed once per session with pip into a folder of its own, then
 configs using its kind run through the CLI in subprocesses whose PYTHONPATH holds that folder
-(this process never sees the plugin). A second, broken plugin (its module fails to import, and
-it claims the built-in name ``image``) must not stop configs that do not name it.
+(this process never sees the plugin), and so does the plugin's own test run (``plugin/tests``:
+the kind contract suite, in a pytest of its own, as the plugin's CI would run it). A second,
+broken plugin (its module fails to import, and it claims the built-in name ``image``) must not
+stop configs that do not name it.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any
+from xml.etree import ElementTree
 
 import h5py
 import numpy as np
@@ -30,6 +33,7 @@ from h5etl.format.contract import read_layout
 from h5etl.format.reader_hints import HINTS_KEY, ReaderHints, hints_of
 from h5etl.readers import iter_batches
 from h5etl.readers._fields import keras_fields
+from h5etl.testing import KindContractTests
 
 PLUGIN = Path(__file__).parent / "plugin"
 HEAD = 4  # h5etl_filesize.kind.HEAD
@@ -216,9 +220,34 @@ def test_the_build_stores_each_file_size_and_head(built: Path) -> None:
     assert "too_large" in rejects
 
 
-def test_check_deep_passes(site: Path, built: Path) -> None:
-    done = h5etl_cli(site, "check", "--deep", "releases/sizes.h5", cwd=built)
-    assert done.returncode == 0, done.stdout + done.stderr
+def test_the_plugin_kind_passes_the_kind_contract(site: Path, tmp_path: Path) -> None:
+    """The plugin's own tests (``tests/kinds/plugin/tests``: ``KindContractTests``, all of
+    it, ``check --deep`` and resume after a kill included) pass as its CI runs them: pytest
+    in a fresh interpreter that finds the installed plugin. Not in this process: the kind
+    registry reads entry points once, when the config is first imported, long before any test
+    here could put the plugin on ``sys.path``."""
+    source = site.parent / "filesize"  # install_plugins' copy of the plugin's sources
+    junit = tmp_path / "contract.xml"
+    # a fresh pytest: none of this run's (PYTEST_XDIST_WORKER, under which pytest-benchmark
+    # warns, an error with the plugin's filterwarnings; PYTEST_ADDOPTS)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), env.get("PYTHONPATH")) if p)
+    command = [sys.executable, "-P", "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+    command += [f"--basetemp={tmp_path / 'run'}", f"--junitxml={junit}", str(source / "tests")]
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=600, check=False, cwd=tmp_path, env=env
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    outcomes = {  # test -> how it did not pass ([]: passed)
+        case.get("name", ""): [c.tag for c in case if c.tag in {"failure", "error", "skipped"}]
+        for case in ElementTree.parse(junit).iter("testcase")
+        if case.get("classname", "").endswith(".TestFileSizeContract")
+    }
+    contract = sorted(name for name in dir(KindContractTests) if name.startswith("test_"))
+    assert sorted(outcomes) == contract  # the whole suite ran, nothing deselected
+    torch = importlib.util.find_spec("torch") is not None
+    skipped = [] if torch else [["skipped"]]  # its DataLoader test needs torch
+    assert sorted(v for v in outcomes.values() if v) == skipped, outcomes
 
 
 def test_readers_read_the_field_and_its_hints(built: Path) -> None:

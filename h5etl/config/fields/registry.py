@@ -1,9 +1,10 @@
 """The kind registry: every field kind h5etl knows, built in or from a plugin, by name.
 
 A plugin is a distribution with an entry point of the group ``h5etl.kinds`` naming a
-``KindEntry`` (``filesize = "h5etl_filesize:ENTRY"``; the entry point's name is the kind's).
-Plugins load when this module is imported (every command that reads a config): a config now
-runs third-party code, so ``h5etl validate`` says which plugin each field's kind comes from.
+``KindEntry`` (``filesize = "h5etl_filesize.entry:ENTRY"``; the entry point's name is the
+kind's). Plugins load when this module is imported (every command that reads a config), once
+per process: a plugin installed later is seen by the next process. A config now runs
+third-party code, so ``h5etl validate`` says which plugin each field's kind comes from.
 A plugin that fails to load breaks only the configs naming its kind (``broken``: one line
 naming the plugin and the error, exit 2); one named like a kind already known is set aside
 (``ignored``), the known kind keeps its name.
@@ -33,7 +34,7 @@ class Plugin:
     """Where a kind that is not built in comes from."""
 
     distribution: str  # its name and version, as installed
-    entry_point: str  # as declared: "filesize = h5etl_filesize:ENTRY"
+    entry_point: str  # as declared: "filesize = h5etl_filesize.entry:ENTRY"
 
     def __str__(self) -> str:
         return f"plugin {self.distribution} (entry point {self.entry_point} in {GROUP})"
