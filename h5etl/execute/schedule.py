@@ -20,6 +20,7 @@ from typing import Any, Protocol, TypeVar
 
 from joblib.externals.loky.process_executor import BrokenProcessPool
 
+from h5etl import timeline
 from h5etl.dataflow import Barrier, BatchResult, DecodeTask, Reject, Sample, sample_rejects
 from h5etl.decode import gather
 from h5etl.decode import task as decode
@@ -294,9 +295,11 @@ def run_pooled(
     go back through shared memory (``shared_values``: the ``slot`` the parent lent this
     task, or files of their own), not the pipe, and a big result still waits for its turn
     to be sent before the pool copies it (``decode.send_one_at_a_time``)."""
+    timeline.mark("worker: first task started", once=True)
     with decode.busy():  # its heap is trimmed once it idles, not between two cases
         result = shared_values.share(run_remote(worker, task, recipe), owner, slot)
     decode.send_one_at_a_time(result)
+    timeline.mark("worker: task sent")
     return result
 
 
@@ -328,6 +331,7 @@ class _Pool:
 
     def submit(self, task: DecodeTask) -> Future[BatchResult]:
         slot = self.slots.take() if self.slots is not None else None
+        timeline.mark("first task submitted", once=True)
         future = _submit(self.jobs, run_pooled, self.worker, task, self.recipe, os.getpid(), slot)
         if slot is not None:
             self._lent[future] = slot
