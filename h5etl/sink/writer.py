@@ -20,7 +20,6 @@ from types import TracebackType
 from typing import Any
 
 import h5py
-import hdf5plugin  # noqa: F401  (registers the Blosc/Zstd filters: a parent's rows are read)
 import numpy as np
 
 from h5etl.dataflow import BatchResult, EncodedRows, RaggedRows, Reject
