@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from tqdm import tqdm
 
-from h5etl import docrefs
+from h5etl import docrefs, timeline
 from h5etl.cli.common import app
 from h5etl.cli.common import fail as _fail
 from h5etl.cli.common import run as _run
@@ -232,6 +232,7 @@ def build(
         raise _fail(UsageError("--vds needs --shards K (K >= 2): it maps the shard files"))
     if scheduler is not None:
         _check_scheduler(scheduler)
+    timeline.mark("cli: command parsed (the CLI's imports done)")
     single = len(configs) == 1 and not configs[0].is_dir()
     pooled = scheduler in (None, "local") and not (single and not full and _has_link(configs[0]))
     if pooled:
@@ -242,9 +243,11 @@ def build(
     )  # fmt: skip
     if single:
         spec = _run(lambda: _load(configs[0], options))
+        timeline.mark("config loaded")
         with _progress(quiet) as bars:
             report = _run(lambda: _build_spec(spec, options, bars), bars)
         _render_build(report, dry_run=dry_run)
+        timeline.mark("cli: summary printed")
         return
     _build_many(configs, options)
 

@@ -7,11 +7,16 @@ second) overlaps the parent's own imports, config loading and planning.
 
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import MutableMapping
 from concurrent.futures import Executor
+from typing import Any, cast
+
+from h5etl import timeline
 
 IDLE_SECONDS = 60  # workers outlive one build briefly, so a second one in-process reuses them
+_started: Executor | None = None  # the pool this process started last (``stop``)
 
 # One thread for the native thread pools under numpy and friends (what joblib's Parallel sets
 # for its workers too). A worker is already one of ``jobs`` processes on as many cores, and
@@ -41,14 +46,31 @@ def pool(jobs: int) -> Executor:
     # Imported here: joblib imports numpy, and the CLI limits native threads before that.
     from joblib.externals.loky import get_reusable_executor
 
+    global _started
     executor: Executor = get_reusable_executor(
         max_workers=jobs, timeout=IDLE_SECONDS, env=NATIVE_THREAD_LIMITS
     )
+    _started = executor
     return executor
 
 
-def _import_decode_stack() -> None:
-    import h5etl.decode.task  # noqa: F401  (the import is the work)
+def stop() -> None:
+    """Stop the workers this process started, now: for a process about to exit (the CLI).
+
+    They are killed, not asked to finish: what they hold is the parent's (shared memory,
+    files), and a worker still importing or idle has nothing to finish. Asked, each would
+    first tear its interpreter down while the exiting CLI waited; a config error would wait
+    for workers that had not finished starting.
+    """
+    global _started
+    if _started is not None:
+        cast(Any, _started).shutdown(wait=True, kill_workers=True)
+        _started = None
+
+
+# What every task runs on: the decoding, and the pool's side of a task (its first task
+# unpickles ``schedule.run_pooled``).
+DECODE_STACK = ("h5etl.decode.task", "h5etl.execute.schedule")
 
 
 def _import_modules(modules: tuple[str, ...]) -> None:
@@ -59,6 +81,18 @@ def _import_modules(modules: tuple[str, ...]) -> None:
         # a missing library: the decode that needs it rejects, naming the extra to install
         with contextlib.suppress(ImportError):
             importlib.import_module(module)
+    timeline.mark(f"worker: imported {', '.join(modules)}")
+
+
+def _warm(modules: tuple[str, ...]) -> None:
+    """In a worker: import ``modules``, then freeze what the imports made. It stays until
+    the worker exits, so the garbage collector need not walk it again, neither while the
+    worker decodes nor when it exits (that last walk kept each build waiting for its
+    workers). The young garbage is collected first, so a task's leftovers are not frozen
+    (a pool reused by a second build in one process warms again)."""
+    _import_modules(modules)
+    gc.collect(1)
+    gc.freeze()
 
 
 def warm_up(jobs: int) -> None:
@@ -66,7 +100,8 @@ def warm_up(jobs: int) -> None:
     if jobs > 1:
         executor = pool(jobs)
         for _ in range(jobs):
-            executor.submit(_import_decode_stack)
+            executor.submit(_warm, DECODE_STACK)
+        timeline.mark("pool: started (workers spawning)")
 
 
 def preload(jobs: int, modules: tuple[str, ...]) -> None:
@@ -77,4 +112,4 @@ def preload(jobs: int, modules: tuple[str, ...]) -> None:
     if jobs > 1 and modules:
         executor = pool(jobs)
         for _ in range(jobs):
-            executor.submit(_import_modules, modules)
+            executor.submit(_warm, modules)

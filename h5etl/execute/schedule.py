@@ -20,6 +20,7 @@ from typing import Any, Protocol, TypeVar
 
 from joblib.externals.loky.process_executor import BrokenProcessPool
 
+from h5etl import timeline
 from h5etl.dataflow import Barrier, BatchResult, DecodeTask, Reject, Sample, sample_rejects
 from h5etl.decode import gather
 from h5etl.decode import task as decode
@@ -27,6 +28,7 @@ from h5etl.decode.recipe import DecodeRecipe
 from h5etl.execute import pool as workers
 from h5etl.execute import shared_memory as shared_values
 from h5etl.execute.inflight import InFlightLimit
+from h5etl.format import codec
 
 PROBE_STAGE = "clean"  # header probes belong to cleaning (clean.STAGE)
 In = TypeVar("In")
@@ -289,15 +291,32 @@ def run_pooled(
     recipe: DecodeRecipe,
     owner: int,
     slot: str | None = None,
+    direct: dict[codec.ChunkLayout, bool] | None = None,
 ) -> BatchResult:
     """``run_remote`` in a worker of the local pool: compressed chunks and raw ragged values
     go back through shared memory (``shared_values``: the ``slot`` the parent lent this
     task, or files of their own), not the pipe, and a big result still waits for its turn
-    to be sent before the pool copies it (``decode.send_one_at_a_time``)."""
+    to be sent before the pool copies it (``decode.send_one_at_a_time``). ``direct``: the
+    parent's ``codec.has_direct`` answers for the recipe's layouts (``direct_verdicts``)."""
+    timeline.mark("worker: first task started", once=True)
+    if direct:
+        codec.trust_direct(direct)
     with decode.busy():  # its heap is trimmed once it idles, not between two cases
         result = shared_values.share(run_remote(worker, task, recipe), owner, slot)
     decode.send_one_at_a_time(result)
+    timeline.mark("worker: task sent")
     return result
+
+
+def direct_verdicts(recipe: DecodeRecipe) -> dict[codec.ChunkLayout, bool]:
+    """``codec.has_direct`` of each storage column's layout, answered here: a worker of the
+    local pool takes them (``codec.trust_direct``) rather than load HDF5 to check them again."""
+    layouts = (getattr(column, "layout", None) for _, _, column in recipe.columns)
+    return {
+        layout: codec.has_direct(layout)
+        for layout in layouts
+        if isinstance(layout, codec.ChunkLayout)
+    }
 
 
 @contextlib.contextmanager
@@ -325,10 +344,16 @@ class _Pool:
         self.recipe = recipe
         self.slots = slots
         self._lent: dict[Future[BatchResult], str] = {}
+        self._direct: dict[codec.ChunkLayout, bool] | None = None
 
     def submit(self, task: DecodeTask) -> Future[BatchResult]:
         slot = self.slots.take() if self.slots is not None else None
-        future = _submit(self.jobs, run_pooled, self.worker, task, self.recipe, os.getpid(), slot)
+        if self._direct is None:
+            self._direct = direct_verdicts(self.recipe)
+        timeline.mark("first task submitted", once=True)
+        future = _submit(
+            self.jobs, run_pooled, self.worker, task, self.recipe, os.getpid(), slot, self._direct
+        )
         if slot is not None:
             self._lent[future] = slot
         return future

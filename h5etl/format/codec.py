@@ -22,15 +22,18 @@ import os
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
-import h5py
-import hdf5plugin
 import imagecodecs
 import numpy as np
 
 from h5etl.dataflow import EncodedChunk
 from h5etl.format import digest
+
+# h5py and hdf5plugin load where HDF5 runs (a scratch file, a dataset's filters): a worker
+# whose every block ``encode_direct`` encodes never needs them (0.1 CPU-s a worker).
+if TYPE_CHECKING:
+    import h5py
 
 _BLOSC_SHUFFLE = {"none": 0, "byte": 1, "bit": 2}
 _BLOSC_MAX_TYPESIZE = 255
@@ -89,6 +92,8 @@ class ChunkLayout:
 
     def filter_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``create_dataset`` that set the filters."""
+        import hdf5plugin  # registers the Blosc and Zstd filters with HDF5, too
+
         codec = self.compression.codec
         kwargs: dict[str, Any] = {}
         if codec == "lzf":
@@ -123,6 +128,8 @@ class ChunkLayout:
 
 
 def _scratch(layout: ChunkLayout) -> tuple[h5py.File, h5py.Dataset]:
+    import h5py
+
     # a name of its own: HDF5 refuses to create a core file under the name of an open one
     name = f"h5etl-scratch-{os.getpid()}-{next(_SCRATCH_NAMES)}"
     scratch = h5py.File(name, "w", driver="core", backing_store=False)
@@ -220,6 +227,18 @@ def _probe_rows(layout: ChunkLayout) -> np.ndarray:
     return data.view(layout.dtype).reshape(layout.rows, *layout.shape)
 
 
+# ``has_direct`` answers another process of this machine found (``trust_direct``): a local
+# pool's worker runs the parent's interpreter, libraries and environment, so it would find
+# the same, and need not load HDF5 to check.
+_TRUSTED: dict[ChunkLayout, bool] = {}
+
+
+def trust_direct(verdicts: dict[ChunkLayout, bool]) -> None:
+    """Take ``has_direct``'s answers from a process with this one's interpreter, libraries
+    and environment (the parent of a local worker pool), instead of checking each again."""
+    _TRUSTED.update(verdicts)
+
+
 @functools.lru_cache(maxsize=256)
 def has_direct(layout: ChunkLayout) -> bool:
     """Whether ``encode_direct`` encodes blocks of ``layout``: a codec call exists and makes,
@@ -227,6 +246,9 @@ def has_direct(layout: ChunkLayout) -> bool:
     a fixed block; a library built otherwise, or a ``BLOSC_*`` variable that HDF5's blosc
     filter obeys, leaves HDF5 to encode). The answer is the same in every process of a build,
     so every process encodes a layout's blocks alike."""
+    trusted = _TRUSTED.get(layout)
+    if trusted is not None:
+        return trusted
     call = _codec_call(layout)
     if call is None:  # lzf's bytes are imagecodecs' by construction: no block to try
         return _plain_lzf(layout)

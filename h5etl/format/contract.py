@@ -13,10 +13,12 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import h5py
-import yaml
+# h5py and yaml load where an older release is read (``_inferred_layout``): the workers
+# import this module for its names and never read one.
+if TYPE_CHECKING:
+    import h5py
 
 __all__ = [
     "COLUMN_TYPES",
@@ -298,6 +300,8 @@ def read_layout(handle: h5py.File) -> LayoutRecord:
 
 
 def _stored_fields(handle: h5py.File) -> dict[str, Any]:
+    import yaml
+
     try:
         config = yaml.safe_load(str(handle.attrs.get("config", ""))) or {}
     except yaml.YAMLError:
@@ -308,6 +312,8 @@ def _stored_fields(handle: h5py.File) -> dict[str, Any]:
 
 def _inferred_layout(handle: h5py.File) -> LayoutRecord:
     """Before the record: ``/<split>/<field>``, kinds as the config implied them then."""
+    import h5py
+
     splits = tuple(
         name
         for name, node in handle.items()

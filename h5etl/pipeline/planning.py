@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from h5etl import timeline
 from h5etl.config.spec import Spec
 from h5etl.execute import assembly as buildparts
 from h5etl.execute import schedule
@@ -126,6 +127,7 @@ def plan_only(
     hook("discover", 0, None)
     found = discover.find_samples(spec, lambda n: hook("discover", n, None))
     watch.lap("discover")
+    timeline.mark("discovered")
     discovered(len(found.samples))
     stage = "probe" if headers else "plan"
     hook(stage, 0, len(found.samples))

@@ -7,6 +7,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from h5etl import timeline
 from h5etl.config.spec import Spec, spec_text
 from h5etl.errors import BuildFailed, ResumeMismatch
 from h5etl.execute import assembly as buildparts
@@ -81,6 +82,7 @@ def build(
         UsageError: ``scheduler`` is no address a Dask scheduler can have.
         ShardError: a shard writer died twice, or a shard does not hold what it committed.
     """
+    timeline.mark("pipeline imported")
     hook = progress or (lambda stage, advance, total: None)
     epoch = reproducible.source_date_epoch()  # a malformed one fails now, not after the work
     registry.check_installed(spec)  # a missing extra too, not as a reject per sample
@@ -133,6 +135,7 @@ def _build_locked(run: BuildRun, *, resume: bool, full: bool) -> BuildReport:
         killed=bool(killed), resume=bool(previous), record=gate.record
     )
     report, plan, watch, origin = planning.plan_only(spec, hook, jobs, discovered=gate.discovered)
+    timeline.mark("planned")
     status.planned(planned(plan), report.rejects)
     redone = (
         [
@@ -160,6 +163,7 @@ def _build_locked(run: BuildRun, *, resume: bool, full: bool) -> BuildReport:
             docs=exc.docs,
         ) from exc
     output.remove_stale_partials()
+    timeline.mark("stale partials removed")
     watch.lap("publish")
     report.seconds = {**report.seconds, **watch.seconds, "total": watch.total()}
     report.version, report.path, report.link = info.version, info.path, output.link
@@ -169,6 +173,7 @@ def _build_locked(run: BuildRun, *, resume: bool, full: bool) -> BuildReport:
     status.succeeded(
         version=info.version, path=info.path, samples=report.samples, seconds=watch.total()
     )
+    timeline.mark("status written")
     return report
 
 
@@ -258,6 +263,7 @@ def _build_planned(
                 carry.leave_record(
                     output, stored, version, *written, rejected=rejected, inherited=inherited
                 )
+                timeline.mark("carry record written")
             return info
         except ResumeMismatch as exc:
             if earlier is None:
@@ -290,4 +296,7 @@ def _publish(
     facts["allowed_losses"] = [w for w in report.warnings if w.startswith("--allow")]
     parts = earlier.parts if isinstance(earlier, Shards) and earlier.virtual else []
     interrupts.check()  # never publish after a Ctrl-C, even one Python lost
-    return run.output.publish(temp, report.rejects, version=version, facts=facts, parts=parts)
+    timeline.mark("publish: start")
+    info = run.output.publish(temp, report.rejects, version=version, facts=facts, parts=parts)
+    timeline.mark("published")
+    return info

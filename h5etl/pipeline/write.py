@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+from h5etl import timeline
 from h5etl.config.spec import Spec
 from h5etl.decode import memory
 from h5etl.errors import ResumeMismatch
@@ -118,6 +119,7 @@ def write_release(
                 on_created=created.set,
             ) as sink,
         ):
+            timeline.mark("sink created")
             if earlier is not None:
                 restored = earlier.restore(sink, checkpoints)
                 # This build's journal now holds everything the killed builds' files did
@@ -145,6 +147,7 @@ def write_release(
             if earlier is not None:
                 hook("decode+write", sum(sink.counts.values()), None)
             for result in results:
+                timeline.mark("result")
                 interrupts.check()
                 report.rejects.extend(result.rejects)
                 enforce_limit(spec, report.rejects, report.inputs)
@@ -166,6 +169,7 @@ def write_release(
                 hook("decode+write", processed(result), None)
                 del result  # written: not held while the next is decoded (buildparts.decoded)
             watch.lap("decode_and_write")
+            timeline.mark("last result written")
             report.samples = dict(sink.counts)
             require_samples(spec, report.samples, report)
             report.created_at = reproducible.created_at(run.epoch)
@@ -185,6 +189,7 @@ def write_release(
             report.class_counts = tallies.class_counts(record)
             guard(spec, report, planned(planned_as or plan), annotate.before())
             memory.release_free_memory()
+            timeline.mark("sink finish: start (attrs, guard done)")
             report.datasets = sink.finish(
                 attrs,
                 diagnostics,
@@ -196,9 +201,11 @@ def write_release(
                 raise uptodate.NothingNew
             report.change = annotate.line()
             report.chunk_paths = sink.chunk_paths
+            timeline.mark("sink finished")
             checkpoints.drain()
     finally:
         checkpoints.close()
+    timeline.mark("sink closed")
     watch.lap("finish")
     # How long things took is a build fact (build.json), not part of the reproducible file.
     report.seconds = {

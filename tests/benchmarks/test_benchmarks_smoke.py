@@ -375,3 +375,16 @@ def test_group_splits_bench_compares_the_exact_search_with_the_greedy() -> None:
     rows = out.splitlines()
     assert rows[0].split()[:2] == ["groups", "sizes"]
     assert [row.split()[0] for row in rows[1:]] == ["15", "60"]
+
+
+def test_timeline_prints_each_step_of_a_build_and_its_variant(bench_dir: Path) -> None:
+    tree = str(Path(__file__).resolve().parents[2])
+    out = _run(
+        "timeline.py", "--dir", str(bench_dir), "--samples", SAMPLES, "--repeats", "1",
+        "--codec", "lzf", "--variant", f"same={tree}",
+    )  # fmt: skip
+    assert "### h5etl build -j2 (lzf): 1 builds" in out
+    assert "### h5etl build -j2 (lzf) [same]: 1 builds" in out
+    for step in ("| config loaded |", "| first task submitted |", "| worker 1: process start |"):
+        assert step in out
+    assert "| exit (this script saw it) |" in out

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -338,3 +340,42 @@ def test_dry_run_over_max_rejects_lists_them_and_fails(
     listed = {line.split(": ")[1] for line in output.splitlines() if line.startswith("reject:")}
     assert listed == set(raw.reasons)
     assert output.splitlines()[-1].startswith("h5etl: error: ")
+
+
+def _processes_with(variable: str, value: str) -> list[int]:
+    """The live processes whose environment holds ``variable=value`` (Linux ``/proc``)."""
+    wanted = f"{variable}={value}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue  # gone, or not ours
+        if wanted in environ:
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs Linux /proc")
+def test_a_config_error_is_one_line_exit_2_and_leaves_no_process_behind(
+    tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig
+) -> None:
+    # the CLI starts its workers before it reads the config, so they start while it does
+    make_raw(tmp_path, n=2)
+    config = write_config(tmp_path, seed="not a number")
+    marks = str(tmp_path / "timeline.txt")
+    env = {**os.environ, "H5ETL_TIMELINE": marks}  # every process of the run carries it
+    done = subprocess.run(
+        [sys.executable, "-m", "h5etl", "build", str(config), "-j", "2", "--quiet"],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert "seed" in _one_error_line(done.stderr)
+    assert "pool: started" in Path(marks).read_text()  # workers had been started
+    # loky's resource tracker sees the CLI's end only once it has exited: a moment later
+    deadline = time.monotonic() + 60
+    while (left := _processes_with("H5ETL_TIMELINE", marks)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert left == []

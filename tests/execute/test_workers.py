@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from h5etl.execute import pool as workers
@@ -69,8 +70,49 @@ def test_preload_asks_every_worker_and_returns_at_once(monkeypatch: pytest.Monke
 
     monkeypatch.setattr(workers, "pool", lambda jobs: Recorder())
     workers.preload(3, ("pydicom",))
-    assert submitted == [(workers._import_modules, ("pydicom",))] * 3
+    assert submitted == [(workers._warm, ("pydicom",))] * 3
     submitted.clear()
     workers.preload(1, ("pydicom",))  # --jobs 1 decodes in this process: no pool
     workers.preload(2, ())
     assert submitted == []
+
+
+def test_a_worker_decodes_images_without_loading_hdf5_yaml_or_pydantic() -> None:
+    # each worker imported h5py, hdf5plugin and yaml for names and a check the parent makes
+    # (codec.has_direct): 0.1 CPU-s a worker, at the start of every build
+    modules = (*workers.DECODE_STACK, "h5etl.kinds.image", "h5etl.kinds.mask", "h5etl.kinds.text")
+    code = (
+        "import sys\n"
+        f"from h5etl.execute.pool import _import_modules\n_import_modules({modules!r})\n"
+        "print(sorted(m for m in ('h5py', 'hdf5plugin', 'yaml', 'pydantic') if m in sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+def test_a_worker_trusting_the_parents_verdict_encodes_hdf5s_bytes_without_hdf5() -> None:
+    from h5etl.format import codec
+
+    layout = codec.ChunkLayout(
+        (3, 8, 8), "uint8", (4, 3, 8, 8), codec.Codec("blosc", 5, "lz4", "byte"), True
+    )
+    code = (
+        "import sys\n"
+        "import numpy as np\n"
+        "from h5etl.format import codec\n"
+        "from h5etl.format.codec import ChunkLayout, Codec\n"
+        f"layout = {layout!r}\n"
+        "codec.trust_direct({layout: True})\n"
+        "rows = (np.arange(4 * 3 * 64) % 7).astype(np.uint8).reshape(4, 3, 8, 8)\n"
+        "[chunk] = codec.encode_direct(layout, rows)\n"
+        "print('h5py' in sys.modules, chunk.data.hex())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    rows = (np.arange(4 * 3 * 64) % 7).astype(np.uint8).reshape(4, 3, 8, 8)
+    scratch, dataset = codec._scratch(layout)  # HDF5's own filter pipeline, here
+    with scratch:
+        dataset.write_direct(rows)
+        _, stored = dataset.id.read_direct_chunk((0, 0, 0, 0))
+    assert done.stdout.split() == ["False", bytes(stored).hex()]
