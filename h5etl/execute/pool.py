@@ -1,4 +1,8 @@
-"""The decode worker processes: joblib's reusable loky pool, started as early as possible.
+"""The decode worker processes: a loky pool of h5etl's own, started as early as possible.
+
+The pool is h5etl's, not loky's process-wide reusable executor: joblib's ``Parallel`` shares
+that one and expects its own set-up on it, so a build in a user's process (a notebook that
+then calls ``Parallel``) broke joblib, and joblib's pool made first was shut down by a build.
 
 This module is light on purpose (no numpy, no HDF5): the CLI starts the workers before it
 imports the pipeline, so their start-up (an interpreter and the decode stack, about half a
@@ -16,7 +20,8 @@ from typing import Any, cast
 from h5etl import timeline
 
 IDLE_SECONDS = 60  # workers outlive one build briefly, so a second one in-process reuses them
-_started: Executor | None = None  # the pool this process started last (``stop``)
+_started: Executor | None = None  # this process's pool (``pool``, ``discard``, ``stop``)
+_size = 0  # its workers
 
 # One thread for the native thread pools under numpy and friends (what joblib's Parallel sets
 # for its workers too). A worker is already one of ``jobs`` processes on as many cores, and
@@ -42,16 +47,31 @@ def limit_native_threads(environ: MutableMapping[str, str] = os.environ) -> None
 
 
 def pool(jobs: int) -> Executor:
-    """The shared pool of ``jobs`` workers (re-created if one died)."""
+    """The pool of ``jobs`` workers (started now if none, or one of another size, or
+    ``discard``-ed after a worker died); idle workers exit after ``IDLE_SECONDS``, and
+    the pool starts new ones as work comes."""
     # Imported here: joblib imports numpy, and the CLI limits native threads before that.
-    from joblib.externals.loky import get_reusable_executor
+    from joblib.externals.loky import ProcessPoolExecutor
 
-    global _started
-    executor: Executor = get_reusable_executor(
-        max_workers=jobs, timeout=IDLE_SECONDS, env=NATIVE_THREAD_LIMITS
-    )
-    _started = executor
-    return executor
+    global _started, _size
+    if _started is None or _size != jobs or _broken(_started):
+        stop()
+        _started = ProcessPoolExecutor(
+            max_workers=jobs, timeout=IDLE_SECONDS, env=NATIVE_THREAD_LIMITS
+        )
+        _size = jobs
+    return _started
+
+
+def _broken(executor: Executor) -> bool:
+    """Whether a worker's death broke ``executor`` (loky's own reusable pool asks the same)."""
+    return bool(getattr(getattr(executor, "_flags", None), "broken", None))
+
+
+def discard() -> None:
+    """Forget a pool a worker's death broke (loky refuses work from then on): the next
+    ``pool`` starts a fresh one. Its other workers are stopped."""
+    stop()
 
 
 def stop() -> None:

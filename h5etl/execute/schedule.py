@@ -155,12 +155,13 @@ def _submit(jobs: int, fn: Callable[..., Got], *args: object) -> Future[Got]:
     """Submit to the pool; a pool a worker broke on the way fails the future, not the build.
 
     loky raises at submit time when a worker died since the pool was last checked; the
-    future then carries that error to ``result``, which reruns or isolates the work as for
-    any crash.
+    future then carries that error to ``result``, which reruns or isolates the work (on a
+    fresh pool) as for any crash.
     """
     try:
         return workers.pool(jobs).submit(fn, *args)
     except BrokenProcessPool as exc:
+        workers.discard()  # the rerun this failure leads to gets a fresh pool
         failed: Future[Got] = Future()
         failed.set_exception(exc)
         return failed
