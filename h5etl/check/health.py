@@ -23,8 +23,7 @@ from h5etl.check import deep as check_deep
 from h5etl.check import ragged as check_ragged
 from h5etl.check.fields import empty_classes, field_lines, grid_problems, group_lines
 from h5etl.format import contract as fileformat
-from h5etl.format import fileinfo as hdf5info
-from h5etl.format import partfiles
+from h5etl.format import fileinfo, partfiles
 from h5etl.format.contract import (
     BLOCK_DIGESTS,
     DIAGNOSTICS,
@@ -148,7 +147,7 @@ def check_release(path: Path, *, deep: bool = False) -> CheckReport:
         CheckFailed: the file is not HDF5, or HDF5 cannot open it (truncated, overwritten).
     """
     report = CheckReport(path, deep=check_deep.DeepTally() if deep else None)
-    with hdf5info.open_file(path) as handle:
+    with fileinfo.open_file(path) as handle:
         with _section(report, "file attrs"):
             _attrs_section(handle, report)
         record = LayoutRecord(fileformat.DEFAULT_TEMPLATE, (), {}, inferred=True)
@@ -168,7 +167,7 @@ def check_release(path: Path, *, deep: bool = False) -> CheckReport:
                     report.problem(f"{name}: dataset listed in diagnostics is missing")
             _ratio_line(expected, report)
         with _section(report, "/"):
-            report.lines.append(hdf5info.readers(_filter_ids(handle, record, counts)))
+            report.lines.append(fileinfo.readers(_filter_ids(handle, record, counts)))
         with _section(report, f"/{DIAGNOSTICS}"):
             _rejects_line(handle, report)
         with _section(report, "classes"):
@@ -251,7 +250,7 @@ def _filter_ids(handle: h5py.File, record: LayoutRecord, splits: Iterable[str]) 
         number
         for node in nodes
         if isinstance(node, h5py.Dataset)
-        for number in hdf5info.filter_ids(node)
+        for number in fileinfo.filter_ids(node)
     ]
 
 
@@ -322,7 +321,7 @@ def _split_section(
 
 
 def _filters(dataset: h5py.Dataset) -> str:
-    names = "+".join(hdf5info.filter_name(n) for n in hdf5info.filter_ids(dataset)) or "none"
+    names = "+".join(fileinfo.filter_name(n) for n in fileinfo.filter_ids(dataset)) or "none"
     if dataset.is_virtual:  # a sharded release's map onto its part files
         return f"{names}, virtual over {len(dataset.virtual_sources())} part files"
     return names

@@ -265,7 +265,7 @@ def _build_spec(spec: Spec, options: _BuildOptions, bars: _Bars) -> BuildReport:
         from h5etl.plan.kind_registry import worker_modules
 
         workers.preload(options.jobs, worker_modules(spec))  # while the pipeline imports
-    from h5etl import dataflow as records
+    from h5etl import dataflow
     from h5etl.pipeline import run as pipeline
 
     try:
@@ -284,7 +284,7 @@ def _build_spec(spec: Spec, options: _BuildOptions, bars: _Bars) -> BuildReport:
     except BuildFailed as exc:
         if options.dry_run:  # what the dry run found before it stopped, as the build would
             bars.close()
-            _reject_lines([r for r in exc.rejects if isinstance(r, records.Reject)])
+            _reject_lines([r for r in exc.rejects if isinstance(r, dataflow.Reject)])
         raise
 
 

@@ -35,7 +35,7 @@ def releases(
     ] = False,
 ) -> None:
     """List the releases in FOLDER: size, creation time, samples, parent, change, notes."""
-    from h5etl.format import fileinfo as hdf5info
+    from h5etl.format import fileinfo
     from h5etl.history.release_notes import read_story
     from h5etl.release import listing as release
 
@@ -48,7 +48,7 @@ def releases(
     for info in found:
         mark = "*" if info.current else " "
         story = read_story(info.path)
-        held = hdf5info.contents(info.path)  # from the layout record the release carries
+        held = fileinfo.contents(info.path)  # from the layout record the release carries
         created = story.created_at or info.modified
         say(f"{mark} {info.path.name}  {human_size(info.size):>10}  {created}  {held}")
         told = []
@@ -64,7 +64,7 @@ def releases(
 
 def _release_json(info: ReleaseInfo) -> dict[str, Any]:
     """What ``releases`` shows of one release, for scripts (``ReleaseInfo`` and its story)."""
-    from h5etl.format import fileinfo as hdf5info
+    from h5etl.format import fileinfo
     from h5etl.history.release_notes import read_story
 
     story = read_story(info.path)
@@ -76,7 +76,7 @@ def _release_json(info: ReleaseInfo) -> dict[str, Any]:
         "size": info.size,
         "created_at": story.created_at or info.modified,
         "samples": story.counts,
-        "fields": hdf5info.field_kinds(info.path),
+        "fields": fileinfo.field_kinds(info.path),
         "parent": story.parent,
         "change": story.change or None,
         "summary": story.summary or None,

@@ -1,6 +1,6 @@
 """scheduler_address: whether a Dask scheduler address can work, decided without connecting.
 
-Standard library only: the config (``specparts``), the CLI and the cluster connection
+Standard library only: the config (``sections``), the CLI and the cluster connection
 (``h5etl.execute.dask_cluster``, which workers import too) all check with it.
 """
 

@@ -21,7 +21,7 @@ from pydantic import (
     model_validator,
 )
 
-from h5etl.config import rules as spec_rules
+from h5etl.config import rules
 from h5etl.config.fields import ArrayField, FieldSpec, SeriesField
 from h5etl.config.rules import NAME_PATTERN, check_name
 from h5etl.config.sections import (
@@ -211,7 +211,7 @@ class Spec(Strict):
 
     @model_validator(mode="after")
     def _fields_match_sources(self) -> Spec:
-        problems = spec_rules.spec_problems(self)
+        problems = rules.spec_problems(self)
         if problems:
             raise SpecProblems(problems)
         return self

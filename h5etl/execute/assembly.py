@@ -22,8 +22,7 @@ from h5etl.dataflow import Barrier, BatchResult, DecodeTask
 from h5etl.decode import task as decode
 from h5etl.decode.recipe import DecodeRecipe
 from h5etl.execute import dask_cluster as cluster
-from h5etl.execute import local_threads as inprocess
-from h5etl.execute import schedule
+from h5etl.execute import local_threads, schedule
 from h5etl.execute.prefetch import Ahead
 from h5etl.format import contract as fileformat
 from h5etl.format.codec import ChunkLayout
@@ -72,7 +71,7 @@ class LazyDecoder:
     """A ``schedule.Decoder`` that starts the local workers (or connects to the Dask cluster)
     on ``start`` or its first call, not before: a build that turns out up to date decodes
     nothing and pays no start-up, and a small increment may decode in this process's threads
-    instead (``decode_here_if_cheap``, ``h5etl.execute.local_threads``). A context manager; the exit
+    instead (``decode_here_if_cheap``, ``local_threads``). A context manager; the exit
     stops what it started."""
 
     def __init__(self, spec: Spec, jobs: int, scheduler: str | None = None):
@@ -96,15 +95,15 @@ class LazyDecoder:
             self.where = ("workers" if self.jobs > 1 else "this process") if local else self.address
         return self._decoder
 
-    def cheap_here(self, samples: int, rate: float | None) -> inprocess.Choice:
-        """Whether ``samples`` at ``rate`` seconds each would decode here (``inprocess``)."""
+    def cheap_here(self, samples: int, rate: float | None) -> local_threads.Choice:
+        """Whether ``samples`` at ``rate`` seconds each would decode here (``local_threads``)."""
         if self.jobs <= 1 or self.address != scheduler_address.LOCAL:
-            return inprocess.Choice(False, "not a local pool")
-        return inprocess.choose(samples, rate, self.refused)
+            return local_threads.Choice(False, "not a local pool")
+        return local_threads.choose(samples, rate, self.refused)
 
     def decode_here_if_cheap(self, samples: int, rate: float | None) -> None:
         """Decode the ``samples`` left in threads of this process when that costs less than
-        starting the workers (``h5etl.execute.local_threads``), else start them now; once started,
+        starting the workers (``local_threads``), else start them now; once started,
         nothing changes."""
         if self._decoder is not None or samples == 0:
             return  # started, or nothing to decode (every block carried): nothing to start
@@ -113,7 +112,7 @@ class LazyDecoder:
             self.start()
             return
         logger.info("decoding in this process (%d threads): %s", self.jobs, choice.why)
-        self._decoder = inprocess.threads(self.jobs)
+        self._decoder = local_threads.threads(self.jobs)
         self.where = f"this process ({self.jobs} threads)"
 
     @property
@@ -204,7 +203,7 @@ def results(
     once ``start`` is set, so the workers decode while this process works on (copies a
     parent's chunks). The build sets it once its temp file exists: a sample that kills this
     process's decoding threads must leave that file, or the next build would not know to
-    decode in workers (``h5etl.execute.local_threads``). Decoding in this process (``--jobs 1``) is
+    decode in workers (``local_threads``). Decoding in this process (``--jobs 1``) is
     pulled as it is used."""
     source = decoded(cutter, recipe, decoder)
     if not early or not decoder.parallel or cutter.empty:

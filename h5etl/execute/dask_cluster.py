@@ -29,7 +29,7 @@ from types import TracebackType
 from typing import Any, Protocol, runtime_checkable
 
 from h5etl._version import __version__
-from h5etl.config import scheduler_address as addresses
+from h5etl.config import scheduler_address
 from h5etl.config.scheduler_address import scheduler_problem
 from h5etl.dataflow import Barrier, BatchResult, DecodeTask, Sample
 from h5etl.decode import task as decode
@@ -291,7 +291,7 @@ class Cluster:
 def decoding(address: str, jobs: int, roots: Sequence[str]) -> Iterator[schedule.Decoder]:
     """A decoder for one build (or shard): ``jobs`` local processes when ``address`` is
     ``local``, else the Dask cluster of that scheduler, connected and checked."""
-    if address == addresses.LOCAL:
+    if address == scheduler_address.LOCAL:
         workers.warm_up(jobs)
         yield schedule.local(jobs)
         return

@@ -26,7 +26,7 @@ from h5etl.decode import gather
 from h5etl.decode import task as decode
 from h5etl.decode.recipe import DecodeRecipe
 from h5etl.execute import pool as workers
-from h5etl.execute import shared_memory as shared_values
+from h5etl.execute import shared_memory
 from h5etl.execute.inflight import InFlightLimit
 from h5etl.format import codec
 
@@ -65,12 +65,12 @@ def run_tasks(
         return
     owner = os.getpid()
     # slots for the tasks in flight and the results held beside them; past that, files
-    slots = shared_values.Slots(owner, most=4 * jobs + 4)
+    slots = shared_memory.Slots(owner, most=4 * jobs + 4)
     pool = _Pool(jobs, worker, recipe, slots)
     with (
         decode.collecting_less(),
         _removed(decode.send_lock_path(owner)),
-        shared_values.swept(owner),
+        shared_memory.swept(owner),
         contextlib.closing(slots),
     ):
         if isinstance(window, InFlightLimit):
@@ -295,7 +295,7 @@ def run_pooled(
     direct: dict[codec.ChunkLayout, bool] | None = None,
 ) -> BatchResult:
     """``run_remote`` in a worker of the local pool: compressed chunks and raw ragged values
-    go back through shared memory (``shared_values``: the ``slot`` the parent lent this
+    go back through shared memory (``shared_memory``: the ``slot`` the parent lent this
     task, or files of their own), not the pipe, and a big result still waits for its turn
     to be sent before the pool copies it (``decode.send_one_at_a_time``). ``direct``: the
     parent's ``codec.has_direct`` answers for the recipe's layouts (``direct_verdicts``)."""
@@ -303,7 +303,7 @@ def run_pooled(
     if direct:
         codec.trust_direct(direct)
     with decode.busy():  # its heap is trimmed once it idles, not between two cases
-        result = shared_values.share(run_remote(worker, task, recipe), owner, slot)
+        result = shared_memory.share(run_remote(worker, task, recipe), owner, slot)
     decode.send_one_at_a_time(result)
     timeline.mark("worker: task sent")
     return result
@@ -331,14 +331,14 @@ def _removed(path: str) -> Iterator[None]:
 
 class _Pool:
     """joblib's reusable loky executor, re-created after a worker dies; each task is lent a
-    slot of shared memory for its result (``shared_values.Slots``)."""
+    slot of shared memory for its result (``shared_memory.Slots``)."""
 
     def __init__(
         self,
         jobs: int,
         worker: Worker,
         recipe: DecodeRecipe,
-        slots: shared_values.Slots | None = None,
+        slots: shared_memory.Slots | None = None,
     ):
         self.jobs = jobs
         self.worker = worker
@@ -369,7 +369,7 @@ class _Pool:
             if slot is not None and self.slots is not None:
                 self.slots.retire(slot)
             raise
-        return shared_values.attach(got, self.slots, slot)
+        return shared_memory.attach(got, self.slots, slot)
 
     def result(self, task: DecodeTask, future: Future[BatchResult]) -> BatchResult:
         alone = lambda part: self.collect(self.submit(part))  # noqa: E731

@@ -9,7 +9,7 @@ nothing touches the disk here.
 Where HDF5's pipeline for a block is one codec call (one chunk a block; blosc, gzip, zstd or no
 filter), ``encode_direct`` makes that call itself: the bytes are the same (checked once per
 process and layout against HDF5's own, ``has_direct``), it is faster, and it runs without the
-GIL, so the sink can compress re-cut blocks in threads beside the writer (``chunkpool``).
+GIL, so the sink can compress re-cut blocks in threads beside the writer (``compress_threads``).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 The file holds what the inputs and config determine (root attributes, ``/diagnostics``), so
 the same inputs make the same bytes; the run's own facts (timings, ``--jobs``, host) go to
-``<name>-vNNNN.build.json`` beside it (``h5etl.history.clock``).
+``<name>-vNNNN.build.json`` beside it (``clock``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import h5py
 from h5etl._version import __version__
 from h5etl.config.spec import Spec, spec_sha256, spec_text
 from h5etl.dataflow import BatchResult, valid_text
-from h5etl.history import clock as reproducible
+from h5etl.history import clock
 from h5etl.history.build_report import BuildReport
 from h5etl.plan.result import Plan
 
@@ -60,7 +60,7 @@ def build_facts(report: BuildReport, jobs: int) -> dict[str, Any]:
     workers, the machine; facts two builds of the same file need not share."""
     return {
         "created_at": report.created_at,
-        "built_at": reproducible.created_at(None),
+        "built_at": clock.created_at(None),
         "host": socket.gethostname(),
         "jobs": jobs,
         "seconds": dict(report.seconds),

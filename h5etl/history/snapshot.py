@@ -20,7 +20,7 @@ import numpy as np
 
 from h5etl.errors import UsageError
 from h5etl.format import contract as fileformat
-from h5etl.format import fileinfo as hdf5info
+from h5etl.format import fileinfo
 from h5etl.format.contract import FieldRecord, LayoutRecord
 
 __all__ = [
@@ -73,7 +73,7 @@ class SampleFacts:
 @dataclass(frozen=True, slots=True)
 class RejectFacts:
     """One row of a release's ``/diagnostics/rejects``: a file left out, and why (paths as
-    the release stores them, ``story.stored_rejects``)."""
+    the release stores them, ``release_notes.stored_rejects``)."""
 
     path: str
     stage: str
@@ -128,7 +128,7 @@ def read_snapshot(path: Path) -> Snapshot:
         CheckFailed: not an HDF5 file, or HDF5 cannot open it (exit code 1).
         ReaderError: its layout record is damaged or newer than this version reads.
     """
-    with hdf5info.open_file(path) as handle:
+    with fileinfo.open_file(path) as handle:
         return snapshot_of(handle, path)
 
 
@@ -157,7 +157,7 @@ def snapshot_of(
     datasets = {split: _datasets(handle, layout, split) for split in layout.splits}
     samples: list[SampleFacts] = []
     counts: dict[str, int] = {}
-    fallback = hdf5info.sample_counts(handle)  # samples of a split without lineage
+    fallback = fileinfo.sample_counts(handle)  # samples of a split without lineage
     for split in layout.splits:
         rows = (written or {}).get(split)
         if rows is None or len(rows) != _lineage_rows(handle, layout, split):
@@ -214,7 +214,7 @@ def _codec(entry: tuple[Any, ...]) -> str:
     dtype and the chunks, which the diff compares on their own.
     """
     number, values = int(entry[0]), [int(v) for v in entry[2]]
-    name = hdf5info.filter_name(number)
+    name = fileinfo.filter_name(number)
     if number == fileformat.FILTER_DEFLATE and values:
         return f"{name}({values[0]})"
     if number == fileformat.FILTER_ZSTD and values:
@@ -290,7 +290,7 @@ def sample_facts(
 
 
 class WrittenRows:
-    """Collects each split's samples as the sink appends its small rows (``sink_rows``), so
+    """Collects each split's samples as the sink appends its small rows (``small_columns``), so
     that the snapshot of the file it finishes need not read them back: that read was most
     of the change label's 0.09 s at the end of an incremental 3,150-pair build, where the
     appends come while the decoders work."""

@@ -4,7 +4,7 @@ Input: the plan, the parent release (``h5etl.incremental.parent``) and the carry
 left beside it (files' stamps, per-block statistics, each row's sample). Output: per split, the
 parent's blocks to copy byte for byte (whole chunk rows of every fixed field, untouched by
 any changed or removed sample; a ragged column's values go with their samples' rows, see
-``sink_carry``), and the plan to decode: the parent's other samples in its row order, then the
+``parent_rows``), and the plan to decode: the parent's other samples in its row order, then the
 new ones in the plan's seeded order. Pure planning, plus hashing the files whose size or
 mtime changed (the fast pre-check failed; equal bytes still carry).
 
@@ -28,7 +28,7 @@ import yaml
 
 from h5etl.dataflow import BatchResult, Sample, text_bytes, valid_text
 from h5etl.errors import RejectError
-from h5etl.execute import local_threads as inprocess
+from h5etl.execute import local_threads
 from h5etl.format.contract import SAMPLE_KEY, LayoutRecord
 from h5etl.incremental.parent import Parent, ParentSplit
 from h5etl.inputs import opening as inputs
@@ -77,9 +77,7 @@ class CarryPlan:
     parent: Parent
     blocks: dict[str, list[CarriedBlock]] = field(default_factory=dict)
     decode: Plan | None = None
-    rate: float | None = (
-        None  # the parent's decode seconds per sample (``h5etl.execute.local_threads``)
-    )
+    rate: float | None = None  # the parent's decode seconds per sample (``local_threads``)
     block: int = 1  # rows of one block (``plan_block``)
 
     @property
@@ -87,7 +85,7 @@ class CarryPlan:
         return sum(b.rows for blocks in self.blocks.values() for b in blocks)
 
     def seed(self) -> Seed:
-        """The rows the sink copies with its datasets (``sink_carry.Seed``): a split's first
+        """The rows the sink copies with its datasets (``parent_rows.Seed``): a split's first
         run of carried blocks, when it starts at row 0 and leaves at most one block of the
         parent's split out (the copy of a dataset is whole, then cut: more would be copied
         for nothing; the other runs are copied chunk by chunk)."""
@@ -253,7 +251,7 @@ def plan_carry(
     plan: Plan, parent: Parent, record: Mapping[str, Any], stamps: Mapping[str, str], block: int
 ) -> CarryPlan:
     """Split the plan into the parent blocks to copy and the plan of samples to decode."""
-    carry = CarryPlan(parent, rate=inprocess.per_sample_seconds(record), block=block)
+    carry = CarryPlan(parent, rate=local_threads.per_sample_seconds(record), block=block)
     decode: dict[str, list[Sample]] = {}
     known: Mapping[str, list[Any]] = record.get("samples", {})
     tallies: Mapping[str, list[Any]] = record.get("blocks", {})
@@ -309,7 +307,7 @@ def decide(
 
 def plan_block(plan: Plan) -> int:
     """Rows of one block: a whole chunk of every array field (``Spec.batch_samples``); a
-    ragged column's values are cut in chunks of value rows, not of samples (``sink_carry``)."""
+    ragged column's values are cut in chunks of value rows, not of samples (``parent_rows``)."""
     from h5etl.kinds.base import ArrayColumn
 
     rows = [
@@ -335,9 +333,9 @@ def leave_record(
         plan, version=version, fingerprint=fingerprint, block=plan_block(plan), log=log
     )
     record["rejected"] = dict(rejected or {})
-    rate = inprocess.rate_of(log.samples_decoded, log.decode_seconds, inherited)
+    rate = local_threads.rate_of(log.samples_decoded, log.decode_seconds, inherited)
     if rate is not None:
-        record[inprocess.RATE_KEY] = rate
+        record[local_threads.RATE_KEY] = rate
     output.write_carry(version, record)
 
 

@@ -27,13 +27,13 @@ from typing import TYPE_CHECKING, Any
 from h5etl._version import __version__
 from h5etl.config.spec import Spec, spec_text
 from h5etl.dataflow import Reject, Sample, valid_text
-from h5etl.execute import local_threads as inprocess
+from h5etl.execute import local_threads
 from h5etl.execute.assembly import layout_record
 from h5etl.format import contract as fileformat
 from h5etl.format.contract import LayoutRecord
 from h5etl.history.build_report import BuildReport
 from h5etl.history.release_notes import local_rejects, stored_rejects
-from h5etl.incremental import reuse as carry
+from h5etl.incremental import reuse
 from h5etl.incremental.parent import Parent
 from h5etl.plan.result import Plan
 from h5etl.release.folder import OutputFolder
@@ -65,8 +65,8 @@ def rejected_of(spec: Spec, plan: Plan, rejects: Sequence[Reject]) -> dict[str, 
         if reject.key in planned:
             rows.setdefault(reject.key, []).append(row)
     return {
-        carry.sample_carry_key(planned[key]): [
-            *carry.sample_state(planned[key], plan.stamps[key]),
+        reuse.sample_carry_key(planned[key]): [
+            *reuse.sample_state(planned[key], plan.stamps[key]),
             [list(row) for row in found],
         ]
         for key, found in rows.items()
@@ -103,7 +103,7 @@ def why_build(
     the rows of the parent's rejects of the samples planned again. A sample the parent
     never saw ends the look at once unless ``thorough`` (``stored_same`` is then None)."""
     config = spec_text(spec)
-    reason = carry.why_not(parent, record, config, layout, carry.plan_block(plan))
+    reason = reuse.why_not(parent, record, config, layout, reuse.plan_block(plan))
     if reason is not None or record is None:
         return Verdict(reason or "no carry record")
     if config != parent.config:
@@ -124,8 +124,8 @@ def why_build(
         known = rejected.get(name)
         if known is None:
             return Verdict(f"{sample.key} is new", stored_same=True)
-        state, rows = carry.rejected_state(known)
-        if state != carry.sample_state(sample, plan.stamps[sample.key]):
+        state, rows = reuse.rejected_state(known)
+        if state != reuse.sample_state(sample, plan.stamps[sample.key]):
             why = f"{sample.key} changed since v{parent.version:04d} rejected it"
             return Verdict(why, stored_same=True)
         found.extend(rows)
@@ -139,7 +139,7 @@ def _first_new(plan: Plan, record: Mapping[str, Any]) -> str | None:
     rejected: Mapping[str, Any] = record.get("rejected", {})
     for members in plan.splits.values():
         for sample in members:
-            name = carry.sample_carry_key(sample)
+            name = reuse.sample_carry_key(sample)
             if name not in known and name not in rejected:
                 return sample.key
     return None
@@ -153,14 +153,14 @@ def _stored_unchanged(
     samples left (by carry key)."""
     known: Mapping[str, list[Any]] = record.get("samples", {})
     rows: Mapping[str, list[str]] = record.get("rows", {})
-    rest = {carry.sample_carry_key(s): s for members in plan.splits.values() for s in members}
+    rest = {reuse.sample_carry_key(s): s for members in plan.splits.values() for s in members}
     touched: dict[str, str] = {}
-    hashable = carry.file_lineage(plan)
+    hashable = reuse.file_lineage(plan)
     for split, old in parent.splits.items():
         keys = rows.get(split, [])
         if len(keys) != len(old.keys):
             return f"the carry record does not list {split}'s rows", {}, {}
-        members = {carry.sample_carry_key(s) for s in plan.splits.get(split, [])}
+        members = {reuse.sample_carry_key(s) for s in plan.splits.get(split, [])}
         for row, name in enumerate(keys):
             sample = rest.pop(name, None) if name in members else None
             if sample is None:
@@ -168,7 +168,7 @@ def _stored_unchanged(
             stamp = plan.stamps[sample.key]
             state = known.get(name)
             lineage = tuple(old.lineage[row])
-            if not carry.unchanged(sample, stamp, state, lineage, hashable=hashable):
+            if not reuse.unchanged(sample, stamp, state, lineage, hashable=hashable):
                 return f"{sample.key} changed", {}, {}
             if state is not None and state[1] != stamp:
                 touched[name] = stamp
@@ -179,7 +179,7 @@ class Gate:
     """One build's answer to "anything to publish?", given as early as it can be: the
     decoder starts once something will be decoded (right after discovery when the samples
     found are not as many as the linked release was built from and more than this process
-    would decode itself, ``h5etl.execute.local_threads``; else after planning), never for an
+    would decode itself, ``local_threads``; else after planning), never for an
     up-to-date build. ``always`` (``--full``, ``--resume``): it builds."""
 
     def __init__(self, output: OutputFolder, decoder: LazyDecoder, *, always: bool = False):
@@ -200,14 +200,14 @@ class Gate:
         """Discovery found ``samples``: start the workers now unless this may be up to date."""
         known = None if self.record is None else self.record.get("samples")
         # discovery finds recordings, the record keeps their windows: count split names
-        names = {carry.split_name_of(key) for key in known} if isinstance(known, dict) else None
+        names = {reuse.split_name_of(key) for key in known} if isinstance(known, dict) else None
         if names is None:
             self.decoder.start()  # nothing carries: the workers start meanwhile
         elif len(names) != samples:
             self._will_copy()  # not up to date: the parent's chunks will be copied
             # something will be decoded: at least the samples found beyond the record's
             new = max(samples - len(names), 0)
-            if not self.decoder.cheap_here(new, inprocess.per_sample_seconds(self.record)).here:
+            if not self.decoder.cheap_here(new, local_threads.per_sample_seconds(self.record)).here:
                 self.decoder.start()  # too many for this process: the workers start meanwhile
 
     def up_to_date(
@@ -227,7 +227,7 @@ class Gate:
             self._will_copy()
             return False
         if verdict.touched:  # the next build need not hash them again
-            self.output.write_carry(parent.version, carry.with_stamps(record, verdict.touched))
+            self.output.write_carry(parent.version, reuse.with_stamps(record, verdict.touched))
         self._name(report, parent)
         # the rejects found before decoding as they are now, the others as the parent's
         report.rejects = [*report.rejects, *local_rejects(spec, verdict.rejected)]

@@ -220,7 +220,7 @@ def decode_field(
     16-bit into uint8 keeps the mask rules (labels up to 255 kept; 8-bit labels widened to
     16 bits shifted back and reported), an RGB file must have equal channels. With
     ``palette="color"`` the array is the (h, w, 3) uint8 colours of any mask file, grey ones
-    too, whatever ``dtype``: ``validate.map_colors`` makes them labels of that dtype.
+    too, whatever ``dtype``: ``mask_values.map_colors`` makes them labels of that dtype.
 
     Raises:
         RejectError: as ``decode`` (truncated, too large, undecodable, EXIF or plugin

@@ -14,7 +14,7 @@ from h5etl.format.codec import ChunkLayout
 from h5etl.format.contract import FieldRecord
 from h5etl.inputs import raster as images
 from h5etl.inputs.pixels import rejecting_surprises
-from h5etl.kinds import mask_values as validate
+from h5etl.kinds import mask_values
 from h5etl.kinds.base import (
     ArrayColumn,
     Column,
@@ -109,14 +109,14 @@ class MaskKind(Kind):
         with rejecting_surprises(path, "check the mask"):
             if labels.ndim == 3:  # colours, to be mapped by the table
                 assert self.colors is not None
-                labels = validate.map_colors(
+                labels = mask_values.map_colors(
                     labels,
                     dict(self.colors),
                     path=path,
                     dtype=np.dtype(self.layout.dtype),
                     what=f"fields.{self.name}.colors",  # where the user adds the colour
                 )
-            labels = validate.check_mask(labels, self.values, path=path)
+            labels = mask_values.check_mask(labels, self.values, path=path)
         if self.of is not None:
             image = context.decoded[self.of]
             if image.shape[:2] != labels.shape[:2]:

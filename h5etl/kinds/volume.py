@@ -324,7 +324,7 @@ def _zyx(values: tuple[float, ...]) -> str:
 class LabelCheck:
     """The labels of one case, checked a slab at a time: every voxel one of ``values``, else
     a ``mask_values`` reject naming where. A binary label volume (``values`` [0, 1]) stored
-    0/255 reads as 0/1, as a 2-D mask does (``validate.check_mask``): over the whole case,
+    0/255 reads as 0/1, as a 2-D mask does (``mask_values.check_mask``): over the whole case,
     so a case holding both 1 and 255 is a reject, whichever slab shows which first."""
 
     def __init__(self, values: tuple[int, ...], path: str):

@@ -11,10 +11,9 @@ from collections.abc import Callable
 
 from h5etl import timeline
 from h5etl.config.spec import Spec
-from h5etl.execute import assembly as buildparts
-from h5etl.execute import schedule
+from h5etl.execute import assembly, schedule
 from h5etl.execute.assembly import Stopwatch, decoded, planned, processed
-from h5etl.history import release_notes as story
+from h5etl.history import release_notes
 from h5etl.history.build_report import (
     DECODE_CHECKS,
     PLAN_CHECKS,
@@ -25,8 +24,7 @@ from h5etl.history.build_report import (
 )
 from h5etl.incremental import parent
 from h5etl.pipeline import settle
-from h5etl.plan import admit as clean
-from h5etl.plan import discover
+from h5etl.plan import admit, discover
 from h5etl.plan import split_assign as assign
 from h5etl.plan.result import Plan
 from h5etl.release.folder import OutputFolder
@@ -52,9 +50,9 @@ def dry_run(
     enforce_limit(spec, report.rejects, report.inputs)
     if decoder is not None:
         counts = dict.fromkeys(plan.splits, 0)
-        recipe = buildparts.recipe_of(plan)
+        recipe = assembly.recipe_of(plan)
         hook("decode", 0, plan.total)
-        cutter = buildparts.cutter(spec, plan, None)
+        cutter = assembly.cutter(spec, plan, None)
         tallies = Tallies()
         planned_rejects = len(report.rejects)
         for result in decoded(cutter, recipe, decoder):
@@ -64,7 +62,7 @@ def dry_run(
             tallies.add(result)
             hook("decode", processed(result), None)
         report.samples = counts
-        report.class_counts = tallies.class_counts(buildparts.layout_record(spec, plan))
+        report.class_counts = tallies.class_counts(assembly.layout_record(spec, plan))
         settled = settle.resettled(spec, plan, report.rejects[planned_rejects:])
         if settled is not None:  # the build splits the samples it stores again: so here
             report.samples = {split: len(members) for split, members in settled.splits.items()}
@@ -72,7 +70,7 @@ def dry_run(
             plan = settled  # what the build's loss guard sees planned
         watch.lap("decode")
     else:
-        report.class_counts = buildparts.planned_classes(plan)  # the guard's empty classes
+        report.class_counts = assembly.planned_classes(plan)  # the guard's empty classes
         report.warnings.extend(unchecked(spec))
     require_samples(spec, report.samples, report)
     report.warnings.extend(plan.warnings)
@@ -80,7 +78,12 @@ def dry_run(
     if moves is not None:
         report.warnings.append(moves)
     linked = OutputFolder(spec.output, spec.name).current_release()
-    guard(spec, report, planned(plan), story.read_before(None if linked is None else linked[1]))
+    guard(
+        spec,
+        report,
+        planned(plan),
+        release_notes.read_before(None if linked is None else linked[1]),
+    )
     report.seconds = {**watch.seconds, "total": watch.total()}
     return report
 
@@ -131,7 +134,7 @@ def plan_only(
     discovered(len(found.samples))
     stage = "probe" if headers else "plan"
     hook(stage, 0, len(found.samples))
-    plan = clean.plan(
+    plan = admit.plan(
         spec,
         found.samples,
         lambda n: hook(stage, n, None),

@@ -10,8 +10,7 @@ from typing import Any
 from h5etl import timeline
 from h5etl.config.spec import Spec, spec_text
 from h5etl.errors import BuildFailed, ResumeMismatch
-from h5etl.execute import assembly as buildparts
-from h5etl.execute import local_threads as inprocess
+from h5etl.execute import assembly, local_threads
 from h5etl.execute import pool as workers
 from h5etl.execute.assembly import (
     LazyDecoder,
@@ -21,11 +20,9 @@ from h5etl.execute.assembly import (
     sink_layout,
     source_roots,
 )
-from h5etl.history import clock as reproducible
-from h5etl.history import provenance
+from h5etl.history import clock, provenance
 from h5etl.history.build_report import BuildReport, enforce_limit, require_samples
-from h5etl.incremental import parent, uptodate
-from h5etl.incremental import reuse as carry
+from h5etl.incremental import parent, reuse, uptodate
 from h5etl.pipeline import interrupts, planning, settle, write
 from h5etl.pipeline.planning import ProgressHook
 from h5etl.pipeline.status import BuildStatus
@@ -84,7 +81,7 @@ def build(
     """
     timeline.mark("pipeline imported")
     hook = progress or (lambda stage, advance, total: None)
-    epoch = reproducible.source_date_epoch()  # a malformed one fails now, not after the work
+    epoch = clock.source_date_epoch()  # a malformed one fails now, not after the work
     registry.check_installed(spec)  # a missing extra too, not as a reject per sample
     if dry_run and not decode:
         workers.warm_up(jobs)  # the header probes run there
@@ -131,7 +128,7 @@ def _build_locked(run: BuildRun, *, resume: bool, full: bool) -> BuildReport:
     # --resume with nothing to resume is a plain build: up to date if nothing changed
     gate = uptodate.Gate(output, run.decoder, always=full or bool(previous))
     killed = [p for p in discarded if p.suffix == ".h5"]
-    run.decoder.refused = inprocess.refusal(
+    run.decoder.refused = local_threads.refusal(
         killed=bool(killed), resume=bool(previous), record=gate.record
     )
     report, plan, watch, origin = planning.plan_only(spec, hook, jobs, discovered=gate.discovered)
@@ -212,8 +209,8 @@ def _build_planned(
         earlier = _sharded(run, plan, report, version, watch)
     carried = None
     if earlier is None and origin is not None:
-        layout_seen = buildparts.layout_record(spec, plan)
-        carried, why = carry.decide(
+        layout_seen = assembly.layout_record(spec, plan)
+        carried, why = reuse.decide(
             plan, origin, output, spec_text(spec), layout_seen, record
         )  # the carry record the up-to-date check read (5 MB of JSON at 30,000 pairs)
         if why is not None:
@@ -252,7 +249,7 @@ def _build_planned(
                         written = settle.rewrite(
                             rewrite, (plan, settled), report, again, origin=origin,
                             output=output, config=spec_text(spec),
-                            layout=buildparts.layout_record(spec, settled), record=record,
+                            layout=assembly.layout_record(spec, settled), record=record,
                         )  # fmt: skip
                         info = _publish(run, report, again, version, sharded)
                     stored = settled
@@ -260,7 +257,7 @@ def _build_planned(
                 late = report.rejects[len(planned_rejects) :]  # rejected while decoding
                 rejected = uptodate.rejected_of(spec, plan, late)
                 inherited = None if carried is None else carried.rate
-                carry.leave_record(
+                reuse.leave_record(
                     output, stored, version, *written, rejected=rejected, inherited=inherited
                 )
                 timeline.mark("carry record written")
@@ -279,7 +276,7 @@ def _sharded(
     """The first round of ``plan`` written by the shard writers (``--shards K``)."""
     assert run.sharding is not None
     run.hook("shards", 0, run.sharding.count)
-    layout, recipe = sink_layout(run.spec, plan), buildparts.recipe_of(plan)
+    layout, recipe = sink_layout(run.spec, plan), assembly.recipe_of(plan)
     started = start_sharded(
         run.spec, plan, run.output, run.sharding, layout, recipe, version, report, run.hook
     )

@@ -1,6 +1,6 @@
 """settle: the release of the samples a build stored, when decoding rejected some of them.
 
-Splits are assigned at plan time (``h5etl.plan.split_assign``), before decoding finds the files it
+Splits are assigned at plan time (``split_assign``), before decoding finds the files it
 must reject; the rejects then leave their splits short (40 good pairs and 4 corrupt ones in
 ``valid`` were stored 35/5 where the exact rule over the 40 gives 32/8). When decoding
 rejected planned samples, ``resettled`` runs the same rule again over the samples stored
@@ -20,8 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from h5etl.dataflow import Reject, Sample, text_bytes
-from h5etl.incremental import parent
-from h5etl.incremental import reuse as carry
+from h5etl.incremental import parent, reuse
 from h5etl.plan import split_assign as assign
 from h5etl.plan.admit import write_order
 from h5etl.plan.result import Plan
@@ -101,8 +100,8 @@ class Write(Protocol):
     """``write.write_release`` for one plan: writes it into a temp file, returns its block log."""
 
     def __call__(
-        self, plan: Plan, report: BuildReport, temp: Path, *, carried: carry.CarryPlan | None
-    ) -> tuple[str, carry.BlockLog] | None: ...
+        self, plan: Plan, report: BuildReport, temp: Path, *, carried: reuse.CarryPlan | None
+    ) -> tuple[str, reuse.BlockLog] | None: ...
 
 
 def rewrite(
@@ -116,7 +115,7 @@ def rewrite(
     config: str,
     layout: LayoutRecord,
     record: Mapping[str, Any] | None,
-) -> tuple[str, carry.BlockLog] | None:
+) -> tuple[str, reuse.BlockLog] | None:
     """Write the release again from the settled plan (``plans[1]``) into ``temp``, carrying
     from ``origin`` (the parent, None for ``--full``) what the settled plan leaves unchanged,
     as the first write did: the file depends on the settled plan alone, never on how the
@@ -125,6 +124,6 @@ def rewrite(
     first, settled = plans
     again = None
     if origin is not None:
-        again, _ = carry.decide(settled, origin, output, config, layout, record)
+        again, _ = reuse.decide(settled, origin, output, config, layout, record)
     report.warnings.append(line(first, settled))
     return write(settled, report, temp, carried=again)

@@ -19,7 +19,7 @@ from h5etl import timeline
 from h5etl.config.spec import Spec
 from h5etl.decode import memory
 from h5etl.errors import ResumeMismatch
-from h5etl.execute import assembly as buildparts
+from h5etl.execute import assembly
 from h5etl.execute.assembly import (
     LazyDecoder,
     Stopwatch,
@@ -28,12 +28,10 @@ from h5etl.execute.assembly import (
     sink_layout,
 )
 from h5etl.format import contract as fileformat
-from h5etl.history import clock as reproducible
-from h5etl.history import provenance
+from h5etl.history import clock, provenance
 from h5etl.history.build_report import BuildReport, enforce_limit, guard, require_samples
 from h5etl.history.release_notes import Annotator, stored_rejects
-from h5etl.incremental import reuse as carry
-from h5etl.incremental import uptodate
+from h5etl.incremental import reuse, uptodate
 from h5etl.pipeline import interrupts
 from h5etl.pipeline.planning import ProgressHook
 from h5etl.pipeline.status import BuildStatus
@@ -70,28 +68,28 @@ def write_release(
     version: int,
     watch: Stopwatch,
     earlier: resume.Start | None,
-    carried: carry.CarryPlan | None = None,
+    carried: reuse.CarryPlan | None = None,
     gate: uptodate.Gate | None = None,
     planned_as: Plan | None = None,
-) -> tuple[str, carry.BlockLog] | None:
+) -> tuple[str, reuse.BlockLog] | None:
     """Write the release to ``temp``; return its fingerprint and block tallies (for its carry
     record), or None after a resume or a sharded build (their tallies are not per block).
     ``planned_as``: the plan the loss guard holds the counts against, when it is not ``plan``
     (the first plan, for the second write of a build whose decoding rejected samples)."""
     spec, hook, status = run.spec, run.hook, run.status
-    recipe = buildparts.recipe_of(plan)
-    record = buildparts.layout_record(spec, plan)
+    recipe = assembly.recipe_of(plan)
+    record = assembly.layout_record(spec, plan)
     state = earlier.queues if earlier is not None else None
     tallies = earlier.tallies() if earlier is not None else Tallies()
     todo = carried.decode if carried is not None and carried.decode is not None else plan
     try:
-        cutter = buildparts.cutter(spec, todo, state)
+        cutter = assembly.cutter(spec, todo, state)
     except ValueError as exc:  # a journal of another h5etl: its tasks were cut otherwise
         raise ResumeMismatch(str(exc), path=temp) from exc
     checkpoints = resume.Checkpoints(
         OutputFolder.journal_of(temp), spec, todo, cutter, run.checkpoint_seconds, tallies
     )
-    log = carry.BlockLog() if earlier is None else None
+    log = reuse.BlockLog() if earlier is None else None
     fingerprint = hashlib.sha256()  # over key and file digests in write order: no list kept
     worker_seconds = writer_seconds = 0.0  # of other processes: the shards' workers and writers
     virtual = isinstance(earlier, Shards) and earlier.virtual
@@ -103,7 +101,7 @@ def write_release(
             # with chunks to copy first, the workers decode meanwhile (a thread pulls them),
             # from once the file exists, while the sink copies the parent's first rows or a
             # killed build's chunks (a resume after a kill at half time copied 1.7 s first)
-            buildparts.results(
+            assembly.results(
                 cutter,
                 recipe,
                 run.decoder,
@@ -136,7 +134,7 @@ def write_release(
             if carried is not None and log is not None:
                 # the copied chunks fsynced as they are copied (and the page cache handed back)
                 between = functools.partial(checkpoints.sync_soon, sink)
-                carried_lines, copied = carry.copy_into(sink, carried, tallies, log, between)
+                carried_lines, copied = reuse.copy_into(sink, carried, tallies, log, between)
                 fingerprint.update(carried_lines.encode())
                 report.reused, report.reused_bytes = carried.samples, copied
                 status.resumed(dict(sink.counts))  # carried rows are stored rows for status
@@ -156,7 +154,7 @@ def write_release(
                 tallies.add(result)
                 if log is not None:
                     tallied = [block_json(b) for b in result.blocks]
-                    log.add(result.task.split, tallied, carry.row_keys(result))
+                    log.add(result.task.split, tallied, reuse.row_keys(result))
                     log.decoded(processed(result), result.seconds)
                 lines = provenance.fingerprint_lines(result)
                 fingerprint.update("".join(lines).encode())
@@ -172,7 +170,7 @@ def write_release(
             timeline.mark("last result written")
             report.samples = dict(sink.counts)
             require_samples(spec, report.samples, report)
-            report.created_at = reproducible.created_at(run.epoch)
+            report.created_at = clock.created_at(run.epoch)
             attrs = provenance.file_attrs(spec, version, fingerprint, report.created_at)
             attrs[fileformat.LAYOUT_ATTR] = record.to_json()
             # the counts the file holds, decode-time rejects and a recording's windows counted
@@ -181,7 +179,7 @@ def write_release(
             if isinstance(earlier, Shards) and virtual:  # what check and the readers verify
                 attrs[fileformat.PARTS_ATTR] = earlier.part_record()
             if carried is not None:
-                facts = carry.facts(carried, report.reused_bytes, sum(report.samples.values()))
+                facts = reuse.facts(carried, report.reused_bytes, sum(report.samples.values()))
                 attrs[fileformat.PARENT_ATTR] = json.dumps(facts)
             diagnostics = provenance.diagnostics(report, plan)
             diagnostics.update(tallies.diagnostics(record))

@@ -6,7 +6,7 @@ split of each sample. Deterministic, independent of the input order, pure (no py
 The rule:
 
 - **Which samples**: the samples (of a stratum) sorted by SHA-256 of ``f"{seed}\\x00{name}"``,
-  the hash ``clean.split_of`` uses, are cut into one block per split, in the order the
+  the hash ``split_assign`` uses, are cut into one block per split, in the order the
   splits are given. ``split_of`` cuts the same order at the fixed positions 0.8, 0.9...;
   here the cuts fall at exact counts, so the two rules differ only near the cuts.
 - **How many, without strata**: cumulative rounding. With ``F_k`` the sum of the first ``k``
@@ -49,7 +49,7 @@ def assign_splits(
     """The split of each name, in the order of ``names`` (see the module docstring).
 
     Args:
-        names: one per sample, unique (e.g. the NFC name ``clean.split_of`` hashes).
+        names: one per sample, unique (e.g. the NFC name ``split_assign`` hashes).
         fractions: split name -> fraction, in split order; normalised to sum to 1.
         seed: the config's seed.
         strata: one per name (e.g. its class), or None for plain exact counts.
@@ -82,7 +82,7 @@ def assign_splits(
 
 
 def _rank(name: str, seed: int) -> bytes:
-    """The hash ``clean.split_of`` reads: the order in which samples fill the splits."""
+    """The hash ``split_assign`` reads: the order in which samples fill the splits."""
     return hashlib.sha256(text_bytes(f"{seed}\x00{name}")).digest()
 
 

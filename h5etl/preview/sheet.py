@@ -21,7 +21,7 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
 from h5etl.format import contract as fileformat
-from h5etl.format import fileinfo as hdf5info
+from h5etl.format import fileinfo
 from h5etl.format.contract import FieldRecord, LayoutRecord
 from h5etl.format.reader_hints import KerasRole, hints_of
 from h5etl.preview.drawn import draw_tiles, drawn_field
@@ -199,7 +199,7 @@ def render_preview(
     if n < 1:
         raise ReaderError(f"--n must be at least 1, got {n}", path=os.fspath(path))
     try:
-        with hdf5info.open_file(Path(os.path.realpath(path))) as handle:
+        with fileinfo.open_file(Path(os.path.realpath(path))) as handle:
             try:
                 layout = fileformat.read_layout(handle)
             except ValueError as exc:

@@ -18,10 +18,14 @@ import h5py
 import imagecodecs
 import numpy as np
 
-from h5etl.format import contract as ff
+from h5etl.format import contract as fileformat
 
-SHUFFLE, FLETCHER32, DEFLATE = ff.FILTER_SHUFFLE, ff.FILTER_FLETCHER32, ff.FILTER_DEFLATE
-LZF, BLOSC, ZSTD = ff.FILTER_LZF, ff.FILTER_BLOSC, ff.FILTER_ZSTD
+SHUFFLE, FLETCHER32, DEFLATE = (
+    fileformat.FILTER_SHUFFLE,
+    fileformat.FILTER_FLETCHER32,
+    fileformat.FILTER_DEFLATE,
+)
+LZF, BLOSC, ZSTD = fileformat.FILTER_LZF, fileformat.FILTER_BLOSC, fileformat.FILTER_ZSTD
 CODECS = frozenset({DEFLATE, LZF, BLOSC, ZSTD})
 
 # c-blosc 1.x frame: version, codec version, flags, typesize, nbytes, blocksize, cbytes.

@@ -1,4 +1,4 @@
-"""listing: with ``release_folder`` and ``release_naming`` (re-exported here), the only modules
+"""listing: with ``folder`` and ``naming`` (re-exported here), the only modules
 that name files, rename them and touch symlinks; here: listing releases and rolling back.
 
 A build writes ``.<name>.partial-<pid>.h5`` in the output folder under a lock file, fsyncs it,

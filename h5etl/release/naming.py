@@ -57,7 +57,7 @@ def rejects_filename(name: str, version: int) -> str:
 
 
 def facts_filename(name: str, version: int) -> str:
-    """The build facts beside a release: timings, workers, host (``reproducible``)."""
+    """The build facts beside a release: timings, workers, host (``clock``)."""
     return f"{name}-v{version:04d}.build.json"
 
 

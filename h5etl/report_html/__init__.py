@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 
 from h5etl.errors import UsageError
-from h5etl.release import naming as release_naming
+from h5etl.release import naming
 from h5etl.report_html.facts import ReleaseFacts, gather
 from h5etl.report_html.page import SECTIONS, render
 
@@ -34,19 +34,19 @@ def find_release(path: Path, name: str | None = None) -> Path:
     if not path.is_dir():
         if name is not None:
             raise UsageError("--name goes with a folder of releases", path=path)
-        beside = path.with_name(release_naming.link_filename(path.name))
+        beside = path.with_name(naming.link_filename(path.name))
         if not path.exists() and not path.is_symlink() and beside.exists():
             return beside
         return path  # opening it says what is wrong with it
-    names = release_naming.release_names(path)
+    names = naming.release_names(path)
     if name is None and len(names) != 1:
         found = f"it holds {', '.join(names)}" if names else "it holds no release"
         raise UsageError(f"a folder: say which release with --name NAME; {found}", path=path)
     chosen = name if name is not None else names[0]
-    link = path / release_naming.link_filename(chosen)
+    link = path / naming.link_filename(chosen)
     if link.exists():
         return link
-    versions = release_naming.versions(path, chosen)
+    versions = naming.versions(path, chosen)
     if not versions:
         raise UsageError(
             f"no release named {chosen!r}; it holds {', '.join(names) or 'none'}", path=path

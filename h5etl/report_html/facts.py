@@ -1,7 +1,7 @@
 """facts: everything the HTML report shows, read through the modules that read releases.
 
 The layout, the samples per split, the class counts and the rejects come from
-``snapshot`` (over the layout record); the parent, change and notes from ``story``; the
+``snapshot`` (over the layout record); the parent, change and notes from ``release_notes``; the
 verdict from ``check``; the pictures from ``preview``. This module only adds what none of
 them keeps: each stored dataset's shape and dtype as HDF5 reports them, and the
 normalisation statistics that ``snapshot`` leaves out (``fileformat.dataset_stats``).
@@ -23,7 +23,7 @@ from PIL import Image
 from h5etl.check.health import CheckReport, check_release
 from h5etl.errors import CheckFailed, H5EtlError, UsageError
 from h5etl.format import contract as fileformat
-from h5etl.format import fileinfo as hdf5info
+from h5etl.format import fileinfo
 from h5etl.history.release_notes import Story, read_story
 from h5etl.history.snapshot import Snapshot, plain, snapshot_of
 
@@ -95,7 +95,7 @@ def gather(path: Path, *, shown: int = 16) -> ReleaseFacts:
     """
     file = Path(os.path.realpath(path))
     try:
-        handle = hdf5info.open_file(path)
+        handle = fileinfo.open_file(path)
     except CheckFailed as exc:  # not HDF5 at all, or a damaged one: nothing to report on
         raise UsageError(f"not a release: {exc.message}", path=path) from exc
     with handle:

@@ -24,7 +24,7 @@ from h5etl.config.spec import Spec, spec_sha256
 from h5etl.dataflow import DecodeTask, Reject
 from h5etl.decode.recipe import DecodeRecipe
 from h5etl.errors import ClusterLost, H5EtlError, ShardError, UsageError
-from h5etl.execute import assembly as buildparts
+from h5etl.execute import assembly
 from h5etl.history.build_report import BuildReport
 from h5etl.kinds.base import ArrayColumn, RaggedColumn, ScalarColumn, TextColumn
 from h5etl.plan.result import Plan
@@ -174,7 +174,7 @@ def start_sharded(
         output,
         layout=layout,
         recipe=recipe,
-        cutter=buildparts.cutter(spec, plan, None),
+        cutter=assembly.cutter(spec, plan, None),
         sharding=sharding,
         planned_rejects=report.rejects,
         inputs=report.inputs,
@@ -186,9 +186,7 @@ def start_sharded(
         sharding.virtual,
     )
     if sharding.virtual:
-        write_tail(
-            done, buildparts.cutter(spec, plan, done.queues), version=version, name=spec.name
-        )
+        write_tail(done, assembly.cutter(spec, plan, done.queues), version=version, name=spec.name)
     return done
 
 

@@ -2,7 +2,7 @@
 
 ``Shards`` is what the committer (``h5etl.shards.committer``) hands the build once every shard
 writer committed: ``restore`` copies each shard's compressed chunks into the sink in write
-order (``h5etl.sink.chunk_copy.carry_shard``, no recompression, each chunk's SHA-256 checked)
+order (``chunk_copy.carry_shard``, no recompression, each chunk's SHA-256 checked)
 and journals them, and ``queues`` is the task cutter's state from which the tail is cut.
 """
 
@@ -18,7 +18,7 @@ from h5etl.format import partfiles
 from h5etl.release.folder import OutputFolder
 from h5etl.resume.journal_use import Checkpoints, Restored
 from h5etl.shards import writers as shards
-from h5etl.sink import chunk_copy as sink_copy
+from h5etl.sink import chunk_copy
 from h5etl.sink.writer import Sink
 from h5etl.stats.tallies import Tallies
 
@@ -103,7 +103,7 @@ class Shards:
         """
         for index, (path, manifest) in enumerate(self._parts()):
             try:
-                sink_copy.carry_shard(
+                chunk_copy.carry_shard(
                     sink,
                     path,
                     manifest["rows"],

@@ -2,11 +2,11 @@
 
 Part of the sink (the only code that writes HDF5): pre-compressed chunks go to
 ``write_direct_chunk``; raw rows (a ragged column's values, a task isolated after a worker
-crash) are re-cut into whole chunks in a partial-chunk buffer and compressed on the sink's threads
-(``chunkpool``). Rows are queued by ``add_*`` and stored, in the order queued, by ``drain``, so
-the blocks of every dataset of a batch compress at once while the file sees the same writes in
-the same order. It records each block's digest and where each chunk sits, for the resume
-journal.
+crash) are re-cut into whole chunks in a partial-chunk buffer and compressed on the sink's
+threads (``compress_threads``). Rows are queued by ``add_*`` and stored, in the order queued,
+by ``drain``, so the blocks of every dataset of a batch compress at once while the file sees
+the same writes in the same order. It records each block's digest and where each chunk
+sits, for the resume journal.
 """
 
 from __future__ import annotations
@@ -221,7 +221,7 @@ class ArrayWriter:
         self, rows: int, blocks: list[bytes], chunks: list[tuple[tuple[int, ...], str]]
     ) -> None:
         """Count ``rows`` rows whose chunks were copied in after those stored so far
-        (``sink_copy.copy_rows``), with their block digests; ``chunks`` (offset, SHA-256)
+        (``chunk_copy.copy_rows``), with their block digests; ``chunks`` (offset, SHA-256)
         go to the resume journal."""
         assert not self.partial_rows, "rows carried in behind rows still in the partial chunk"
         assert not self.queued, "rows carried in behind rows still queued"

@@ -51,7 +51,7 @@ class JournalSide:
         """True when every stored row is in whole chunks: a point a resume can start from.
 
         A ragged column's partial chunk (the values after its last whole chunk) does not count: the
-        checkpoint records it (``sink_ragged.snapshot``), as it almost never empties.
+        checkpoint records it (``ragged.snapshot``), as it almost never empties.
         """
         return all(
             not writer.partial_rows for key, writer in self.arrays.items() if key not in self.ragged

@@ -4,7 +4,7 @@ Part of the sink (the only code that writes HDF5). ``carry_chunks`` reads stored
 source dataset with ``read_direct_chunk`` (checking their bytes against the SHA-256 their
 writer recorded, when given) and stores them with ``write_direct_chunk`` at a row offset of
 the target. ``copy_rows`` is the one way rows move between files, for fixed arrays and
-ragged values alike: an incremental build's carried blocks (``sink_carry``) and a sharded
+ragged values alike: an incremental build's carried blocks (``parent_rows``) and a sharded
 build's stitch (``carry_shard``: every array and ragged column by chunks, ragged offsets
 rebased, the small columns by rows, each checked against the digests the shard recorded).
 Whole chunks are copied where the chunk grids line up; the value rows around them (a ragged

@@ -4,10 +4,10 @@ Each storage column becomes its dataset(s) at the layout's path: a fixed array o
 column's values chunked as their layout says, written whole chunks at a time
 (``ArrayWriter``), a ragged column's offsets beside its values (their first row, 0, written
 now; the rest appended with the small rows' runs), scalars and texts appended in runs
-(``sink_rows``); then the split's lineage; those small columns chunked by bytes
+(``small_columns``); then the split's lineage; those small columns chunked by bytes
 (``small_chunk_rows``). A column's ``attrs``
 go on its dataset at once. A fixed array's dataset may start as a copy of another file's
-(``seed``: an incremental build's first carried rows, ``sink_carry.seed_dataset``).
+(``seed``: an incremental build's first carried rows, ``parent_rows.seed_dataset``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """parent_rows: the sink's copying of a parent release's rows into the file it writes.
 
 Part of the sink (the only code that writes HDF5): for an incremental build, each carried
-block's chunks are copied byte for byte (``sink_copy.copy_rows``, the one mechanism a stitch
+block's chunks are copied byte for byte (``chunk_copy.copy_rows``, the one mechanism a stitch
 uses too) with the block digests the parent recorded, and its text, scalar and lineage rows
 are read as values for the small rows' writer. A ragged column's blocks are the value rows of
 the carried samples: whole chunks are copied where the parent's chunk grid and the new file's
@@ -13,9 +13,9 @@ A split's first run of carried rows can instead come with its array datasets (``
 when the sink creates them, each is HDF5's own copy of the parent's (``H5Ocopy``, one call:
 the raw chunks with their filter masks, never decoded), cut to the run's rows. A chunk loop
 in Python hands the GIL back and forth twice per chunk, and while this process decodes a
-small increment in its threads (``h5etl.execute.local_threads``) every hand-back waited for a
+small increment in its threads (``local_threads``) every hand-back waited for a
 decoder: 170 MiB took 0.25-0.33 s so, 0.08-0.12 s as one object copy, which runs without the GIL
-(``sink_objcopy``): the decoders go on meanwhile.
+(``object_copy``): the decoders go on meanwhile.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Batches arrive in write order per split (the splits' batches may interleave). Th
 whole pre-compressed chunks, stored with ``write_direct_chunk``; rows that come raw (ragged
 values, a task isolated after a worker crash) go through a carry buffer that re-cuts whole
 chunks (the last one padded, as HDF5 stores edge chunks), compressed on threads beside the
-writer (``chunkpool``). Only this module and its parts (``sink_*``: datasets, chunks, rows,
+writer (``compress_threads``). Only this module and its parts (this folder: datasets, chunks, rows,
 ragged values, copies, the journal side, the disk side) write HDF5 files.
 """
 
@@ -58,11 +58,11 @@ class Sink(JournalSide):
         on_rows: RowsWatcher | None = None,
         on_created: Callable[[], None] = lambda: None,
     ):
-        """``virtual``: the array datasets map onto part files (``sink_virtual``) instead of
+        """``virtual``: the array datasets map onto part files (``virtual``) instead of
         holding chunks; ``write`` then takes no array rows. ``seed``: the fixed arrays' first
-        rows of each split come as copies of a parent's datasets (``sink_carry.Seed``); the
+        rows of each split come as copies of a parent's datasets (``parent_rows.Seed``); the
         ``carry`` of those rows then counts them. ``on_rows``: shown every append of small
-        rows (``sink_rows.RowsWatcher``), as they go to the file. ``on_created``: called once
+        rows (``small_columns.RowsWatcher``), as they go to the file. ``on_created``: called once
         the file exists, before its datasets are made (a seed copy takes a while)."""
         self.path = path
         self.layout = layout
@@ -245,7 +245,7 @@ class Sink(JournalSide):
         between: Callable[[], None] = lambda: None,
     ) -> int:
         """Append rows of ``parent``'s ``split`` as they are stored there: each (start, rows)
-        block's chunks byte for byte (``sink_copy.copy_rows``: the filter mask travels with
+        block's chunks byte for byte (``chunk_copy.copy_rows``: the filter mask travels with
         the bytes, so every codec stays intact; a ragged column's value rows around its whole
         chunks are re-cut), the block digests the parent recorded, its text, scalar, offsets
         and lineage rows as values, and ``record`` (this build's sample keys of those
@@ -274,7 +274,7 @@ class Sink(JournalSide):
     def append_rows(
         self, split: str, small: dict[str, list[Any]], lineage: list[list[str]]
     ) -> None:
-        """Take rows of the small columns carried from another file (``sink_copy``), after
+        """Take rows of the small columns carried from another file (``chunk_copy``), after
         those given so far; their array rows are carried as chunks beside. They are buffered
         and appended in runs as decoded rows are, and journaled with them."""
         assert self.file is not None

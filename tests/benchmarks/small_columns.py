@@ -33,7 +33,7 @@ from h5etl.dataflow import BatchResult, DecodeTask, RaggedRows
 from h5etl.format import contract as fileformat
 from h5etl.format.codec import Codec
 from h5etl.kinds.base import RaggedColumn
-from h5etl.sink import datasets as sink_datasets
+from h5etl.sink import datasets
 from h5etl.sink.small_columns import SinkLayout
 from h5etl.sink.writer import Sink
 
@@ -43,12 +43,12 @@ BATCH = 4096  # samples per result handed to the sink
 @contextmanager
 def one_row_chunks() -> Iterator[None]:
     """The sink as it was: every small column one row a chunk."""
-    kept = sink_datasets.small_chunk_rows
-    sink_datasets.small_chunk_rows = lambda row_bytes, planned=None: 1
+    kept = datasets.small_chunk_rows
+    datasets.small_chunk_rows = lambda row_bytes, planned=None: 1
     try:
         yield
     finally:
-        sink_datasets.small_chunk_rows = kept
+        datasets.small_chunk_rows = kept
 
 
 def write(path: Path, samples: int) -> None:

@@ -16,8 +16,7 @@ from h5etl.dataflow import DecodeTask, EncodedChunk, EncodedRows, Sample, Source
 from h5etl.decode import memory
 from h5etl.decode import task as decode
 from h5etl.execute import assembly, schedule
-from h5etl.plan import admit as clean
-from h5etl.plan import discover
+from h5etl.plan import admit, discover
 
 
 def planned(root: Path, key: str) -> Sample:
@@ -43,7 +42,7 @@ def test_a_rejected_sample_leaves_no_pixels_in_the_next_ones_padding(
     save(tmp_path / "raw" / "images" / "small.png", small)
     save(tmp_path / "raw" / "masks" / "small.png", np.zeros((6, 6), np.uint8))
     spec = load_spec(write_config(tmp_path))
-    recipe = assembly.recipe_of(clean.plan(spec, discover.find_samples(spec).samples))
+    recipe = assembly.recipe_of(admit.plan(spec, discover.find_samples(spec).samples))
     samples = (planned(tmp_path, "big"), planned(tmp_path, "small"))
     task = DecodeTask("train", 0, samples, 4, 4, final=True, raw=True)
 
@@ -83,7 +82,7 @@ def test_reused_batch_buffers_never_leak_pixels_between_tasks(
     save(images / "e.png", np.full((24, 24, 3), 90, np.uint8))
     save(masks / "e.png", bad)
     spec = load_spec(write_config(tmp_path, storage={"chunk_samples": 2}))
-    recipe = assembly.recipe_of(clean.plan(spec, discover.find_samples(spec).samples))
+    recipe = assembly.recipe_of(admit.plan(spec, discover.find_samples(spec).samples))
     height, width = spec.chunks_of("image")[2:]
 
     def task(*keys: str, raw: bool = False) -> DecodeTask:

@@ -23,7 +23,7 @@ from conftest import MakeRaw, WriteConfig, dataset_digests, expected_image, read
 
 from h5etl.config.load import load_spec
 from h5etl.errors import ClusterError, ConfigError
-from h5etl.execute import assembly as buildparts
+from h5etl.execute import assembly
 from h5etl.execute import dask_cluster as cluster
 from h5etl.history.build_report import BuildReport
 from h5etl.pipeline import planning
@@ -229,13 +229,13 @@ def test_a_worker_joining_late_checks_the_sources_on_its_first_task(
 ) -> None:
     raw = make_raw(tmp_path, n=6)
     spec = load_spec(write_config(tmp_path))
-    run = cluster.Cluster(dask_cluster.scheduler_address, buildparts.source_roots(spec))
+    run = cluster.Cluster(dask_cluster.scheduler_address, assembly.source_roots(spec))
     _, plan, _, _ = planning.plan_only(spec, lambda stage, advance, total: None, 1)
-    cutter = buildparts.cutter(spec, plan, None)
+    cutter = assembly.cutter(spec, plan, None)
     try:
         with run:  # the up-front check passes; then the workers act as ones that joined later
             client.run(_hide, str(raw.images))
-            results = run.run_tasks(cutter, buildparts.recipe_of(plan))
+            results = run.run_tasks(cutter, assembly.recipe_of(plan))
             with pytest.raises(ClusterError, match=r"cannot see the source folder .*images"):
                 list(results)
     finally:

@@ -29,9 +29,9 @@ from h5etl.config.sections import Compression
 from h5etl.dataflow import BatchResult, DecodeTask, EncodedRows
 from h5etl.errors import ConfigError
 from h5etl.format.codec import ChunkLayout, encode_rows
-from h5etl.history import clock as reproducible
+from h5etl.history import clock
 from h5etl.kinds.base import ArrayColumn, TextColumn
-from h5etl.sink import small_columns as sink_rows
+from h5etl.sink import small_columns
 from h5etl.sink.small_columns import SinkLayout
 from h5etl.sink.writer import Sink
 
@@ -46,9 +46,9 @@ def _project(root: Path, make_raw: MakeRaw, write_config: WriteConfig, **overrid
 
 def _build(config: Path, monkeypatch: pytest.MonkeyPatch, epoch: str | None, **kwargs: Any) -> Path:
     if epoch is None:
-        monkeypatch.delenv(reproducible.ENV, raising=False)
+        monkeypatch.delenv(clock.ENV, raising=False)
     else:
-        monkeypatch.setenv(reproducible.ENV, epoch)
+        monkeypatch.setenv(clock.ENV, epoch)
     report = h5etl.build(h5etl.load_spec(config), **kwargs)
     assert report.path is not None
     return report.path
@@ -157,7 +157,7 @@ def test_a_malformed_source_date_epoch_is_refused_before_any_work(
     tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     config = _project(tmp_path, make_raw, write_config)
-    monkeypatch.setenv(reproducible.ENV, "yesterday")
+    monkeypatch.setenv(clock.ENV, "yesterday")
     result = CliRunner().invoke(app, ["build", str(config), "--jobs", "1", "--quiet"])
     assert result.exit_code == 2
     assert result.stderr.strip().splitlines() == [
@@ -170,10 +170,10 @@ def test_a_malformed_source_date_epoch_is_refused_before_any_work(
 
 @given(st.integers(min_value=0, max_value=253402300799))
 def test_any_epoch_in_range_is_its_second(seconds: int) -> None:
-    moment = reproducible.source_date_epoch({reproducible.ENV: str(seconds)})
+    moment = clock.source_date_epoch({clock.ENV: str(seconds)})
     assert moment is not None
     assert int(moment.timestamp()) == seconds
-    stamp = reproducible.created_at(moment)
+    stamp = clock.created_at(moment)
     assert len(stamp) == 20
     assert stamp.endswith("Z")
     assert datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC) == moment
@@ -188,12 +188,12 @@ def test_any_epoch_in_range_is_its_second(seconds: int) -> None:
 )
 def test_anything_else_is_a_config_error(value: str) -> None:
     with pytest.raises(ConfigError, match="SOURCE_DATE_EPOCH"):
-        reproducible.source_date_epoch({reproducible.ENV: value})
+        clock.source_date_epoch({clock.ENV: value})
 
 
 def test_an_empty_source_date_epoch_is_unset() -> None:
-    assert reproducible.source_date_epoch({reproducible.ENV: ""}) is None
-    assert reproducible.source_date_epoch({}) is None
+    assert clock.source_date_epoch({clock.ENV: ""}) is None
+    assert clock.source_date_epoch({}) is None
 
 
 # --- the sink: every path to the file writes the same bytes ---------------------------------
@@ -252,7 +252,7 @@ def test_small_rows_are_written_in_runs_of_the_row_count_alone(tmp_path: Path) -
     # Text and lineage rows are appended in runs cut by row count, never by batch sizes or
     # checkpoint times (they were flushed at every checkpoint, on the clock).
     layout = SinkLayout(("train",), {"filename": TextColumn()}, ("image",))
-    rows = 2 * sink_rows.SMALL_ROWS_PER_WRITE + 12
+    rows = 2 * small_columns.SMALL_ROWS_PER_WRITE + 12
 
     def written(path: Path, sizes: list[int], checkpoint_every: int) -> bytes:
         with Sink(path, layout) as sink:
@@ -317,8 +317,8 @@ def test_a_resumed_build_is_the_same_file(
     # Small-row runs of 4 rows, so that several come before the kill and must be replayed
     # between the same chunks; the journal lists chunks in write order across datasets.
     monkeypatch.setattr(h5etl.plan.tasks, "TASK_SAMPLES", 2)  # as the killed build cuts its tasks
-    monkeypatch.setattr(sink_rows, "SMALL_ROWS_PER_WRITE", 4)
-    monkeypatch.setenv(reproducible.ENV, EPOCH)  # the killed build inherits it
+    monkeypatch.setattr(small_columns, "SMALL_ROWS_PER_WRITE", 4)
+    monkeypatch.setenv(clock.ENV, EPOCH)  # the killed build inherits it
     reference = _build(_project(tmp_path / "ref", make_raw, write_config), monkeypatch, EPOCH)
     config = _project(tmp_path / "killed", make_raw, write_config)
     script = textwrap.dedent(KILLED_SPARSE)
@@ -338,7 +338,7 @@ def test_examples_build_the_same_bytes_in_other_processes(tmp_path: Path, exampl
     # labels and class names, tables and sidecars (every example does: README).
     files = []
     for seed, jobs in (("1", "1"), ("2", "2")):
-        env = {**os.environ, reproducible.ENV: EPOCH, "PYTHONHASHSEED": seed}
+        env = {**os.environ, clock.ENV: EPOCH, "PYTHONHASHSEED": seed}
         folder = tmp_path / f"{example}-{seed}"
         command = ["demo", "--example", example, "--dir", str(folder), "--jobs", jobs, "--quiet"]
         done = subprocess.run(

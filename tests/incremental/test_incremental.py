@@ -334,11 +334,11 @@ def test_copying_the_chunks_in_pieces_writes_the_file_of_one_copy(
     # a large parent is copied a piece at a time, fsynced between the pieces: the same chunks
     # in the same order, so the very same bytes as copied in one go (by the chunk loop: no
     # run is copied with its dataset here, see test_a_dataset_copy_holds_the_chunks_a_loop_would)
-    from h5etl.incremental import reuse as carry
+    from h5etl.incremental import reuse
     from h5etl.resume import journal_use as resume
     from h5etl.sink import parent_rows as sink_carry
 
-    monkeypatch.setattr(carry.CarryPlan, "seed", no_seed)
+    monkeypatch.setattr(reuse.CarryPlan, "seed", no_seed)
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
     config = load_spec(project(tmp_path, write_config))
     build(config)

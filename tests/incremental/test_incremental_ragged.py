@@ -26,7 +26,7 @@ from h5etl.config.spec import Spec
 from h5etl.examples.volumes import ct_case, series_affine, write_dicom_series, write_nifti
 from h5etl.format import contract as fileformat
 from h5etl.history.build_report import BuildReport
-from h5etl.incremental import reuse as carry
+from h5etl.incremental import reuse
 
 
 def _path(report: BuildReport) -> Path:
@@ -192,14 +192,14 @@ def test_windows_of_a_recording_carry_and_decode_together(
     first = build(config, jobs=1)
     windows = sum(s - 1 for s in LENGTHS.values())
     assert sum(first.samples.values()) == windows
-    planned: list[carry.CarryPlan] = []
-    original = carry.plan_carry
+    planned: list[reuse.CarryPlan] = []
+    original = reuse.plan_carry
 
-    def spy(*args: Any, **kwargs: Any) -> carry.CarryPlan:
+    def spy(*args: Any, **kwargs: Any) -> reuse.CarryPlan:
         planned.append(original(*args, **kwargs))
         return planned[-1]
 
-    monkeypatch.setattr(carry, "plan_carry", spy)
+    monkeypatch.setattr(reuse, "plan_carry", spy)
     # nothing changed: up to date; with new notes, every window is carried (the windows
     # share their recording's key)
     assert build(config, jobs=1).up_to_date
@@ -332,7 +332,7 @@ def test_a_touched_stem_recording_is_decoded_not_hashed(
         return Path(path).read_bytes()
 
     # carry's own reads only (decoding reads the files through h5etl.inputs.opening too)
-    monkeypatch.setattr(carry, "inputs", SimpleNamespace(read_file=spy))
+    monkeypatch.setattr(reuse, "inputs", SimpleNamespace(read_file=spy))
     again = config.model_copy(update={"notes": "touched"})  # new notes: a release either way
     second = build(again, jobs=1)
     assert second.reused == len(LENGTHS) - 1

@@ -15,7 +15,7 @@ from PIL import Image, ImageOps
 from h5etl.errors import RejectError
 from h5etl.inputs import pixels
 from h5etl.inputs import raster as images
-from h5etl.kinds import mask_values as validate
+from h5etl.kinds import mask_values
 
 MASK = frozenset({0, 1})
 rng = np.random.default_rng(11)
@@ -95,7 +95,7 @@ def test_one_bit_mask() -> None:
     assert bits.mode == "1"
     out = images.decode(encode(bits), "L", path="m.png", mask_labels=MASK)
     np.testing.assert_array_equal(
-        validate.check_mask(out, (0, 1), path="m.png"), [[0, 1, 0], [1, 1, 0]]
+        mask_values.check_mask(out, (0, 1), path="m.png"), [[0, 1, 0], [1, 1, 0]]
     )
 
 
@@ -126,20 +126,20 @@ def test_sixteen_bit_full_range() -> None:
 def test_sixteen_bit_mask_0_65535() -> None:
     values = np.array([[0, 65535], [65535, 0]])
     out = images.decode(sixteen_bit(values), "L", path="m16.png", mask_labels=MASK)
-    np.testing.assert_array_equal(validate.check_mask(out, (0, 1), path="m"), [[0, 1], [1, 0]])
+    np.testing.assert_array_equal(mask_values.check_mask(out, (0, 1), path="m"), [[0, 1], [1, 0]])
 
 
 def test_sixteen_bit_mask_already_labels() -> None:
     # a 16-bit mask holding 0/1 would become all zeros under v >> 8
     values = np.array([[0, 1], [1, 1]])
     out = images.decode(sixteen_bit(values), "L", path="m16.png", mask_labels=MASK)
-    np.testing.assert_array_equal(validate.check_mask(out, (0, 1), path="m"), values)
+    np.testing.assert_array_equal(mask_values.check_mask(out, (0, 1), path="m"), values)
 
 
 def decode_mask(data: bytes, *, path: str) -> np.ndarray:
     """What the decode stage does with a mask file: decode, then validate."""
     out = images.decode(data, "L", path=path, mask_labels=MASK)
-    return validate.check_mask(out, (0, 1), path=path)
+    return mask_values.check_mask(out, (0, 1), path=path)
 
 
 @pytest.mark.parametrize(

@@ -29,7 +29,7 @@ from conftest import (
 
 from h5etl import BuildFailed, ConfigError, build, load_spec
 from h5etl.history.build_report import BuildReport
-from h5etl.sink import small_columns as sink_rows
+from h5etl.sink import small_columns
 
 
 def _build(config: Path, jobs: int = 1, *, full: bool = False) -> BuildReport:
@@ -224,7 +224,7 @@ def test_buffered_text_and_lineage_rows_match_per_batch_writes(
     make_raw(tmp_path, n=23, broken={"b1": "mask_128"})
     config = write_config(tmp_path, storage={"chunk_samples": 2})
     whole = _build(config, jobs=1)
-    monkeypatch.setattr(sink_rows, "SMALL_ROWS_PER_WRITE", 3)
+    monkeypatch.setattr(small_columns, "SMALL_ROWS_PER_WRITE", 3)
     cut = _build(config, jobs=1)
     assert whole.path is not None
     assert cut.path is not None

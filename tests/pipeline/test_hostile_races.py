@@ -29,7 +29,7 @@ from h5etl.history.build_report import BuildReport
 from h5etl.inputs import opening as inputs
 from h5etl.inputs import pixels
 from h5etl.inputs import raster as images
-from h5etl.kinds import mask_values as validate
+from h5etl.kinds import mask_values
 from h5etl.pipeline.run import build
 
 T = TypeVar("T")
@@ -210,14 +210,14 @@ def test_a_mask_check_that_raises_rejects_only_its_sample(
     raw = make_raw(tmp_path, n=5)
     spec = load_spec(write_config(tmp_path))
     victim = str(raw.mask("s001"))
-    real = validate.check_mask
+    real = mask_values.check_mask
 
     def check_mask(mask: np.ndarray, values: tuple[int, ...], *, path: str) -> np.ndarray:
         if path == victim:
             raise _Hostile("crafted input")
         return real(mask, values, path=path)
 
-    monkeypatch.setattr(validate, "check_mask", check_mask)
+    monkeypatch.setattr(mask_values, "check_mask", check_mask)
 
     report = build(spec, jobs=1)
 

@@ -606,10 +606,9 @@ def test_crashing_worker_rejects_only_its_sample(project: Path) -> None:
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
     spec = load_spec(project)
-    from h5etl.plan import admit as clean
-    from h5etl.plan import discover
+    from h5etl.plan import admit, discover
 
-    plan = clean.plan(spec, discover.find_samples(spec).samples)
+    plan = admit.plan(spec, discover.find_samples(spec).samples)
     recipe = assembly.recipe_of(plan)
     cutter = tasks.TaskCutter(plan, 2)
     results = []

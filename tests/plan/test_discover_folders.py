@@ -12,8 +12,7 @@ from hypothesis import strategies as st
 
 from h5etl.config.load import parse_spec
 from h5etl.config.spec import Spec
-from h5etl.plan import admit as clean
-from h5etl.plan import discover
+from h5etl.plan import admit, discover
 
 
 def folder_spec(root: Path, *, ct: dict[str, object], masks: dict[str, object]) -> Spec:
@@ -92,10 +91,10 @@ def test_a_folder_entry_is_stamped_by_its_files_so_a_resume_sees_a_changed_slice
     touch(tmp_path / "raw/ct/case_1/IM0001", b"one")
     touch(tmp_path / "raw/masks/case_1/slice_000.png", b"two")
     samples = discover.find_samples(spec).samples
-    before = clean.plan(spec, samples, headers=False)
+    before = admit.plan(spec, samples, headers=False)
     assert before.rejects == []
     touch(tmp_path / "raw/ct/case_1/IM0002", b"three")
-    after = clean.plan(spec, samples, headers=False)
+    after = admit.plan(spec, samples, headers=False)
     assert after.rejects == []
     assert after.fingerprint() != before.fingerprint()
 

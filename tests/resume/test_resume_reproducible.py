@@ -15,7 +15,7 @@ import yaml
 import h5etl
 import h5etl.plan.tasks
 from h5etl.examples.volumes import ct_case, write_nifti
-from h5etl.history import clock as reproducible
+from h5etl.history import clock
 from h5etl.testing import run_killed_build
 
 EPOCH = "1700000000"
@@ -56,7 +56,7 @@ def test_a_resumed_volume_build_is_the_same_file(
     # the layout followed the checkpoints' times, and a resumed build's fall elsewhere. Here
     # the reference never checkpoints; the killed and the resumed build after every task.
     monkeypatch.setattr(h5etl.plan.tasks, "TASK_SAMPLES", 2)  # as the killed build cuts its tasks
-    monkeypatch.setenv(reproducible.ENV, EPOCH)  # the killed build inherits it
+    monkeypatch.setenv(clock.ENV, EPOCH)  # the killed build inherits it
     reference = h5etl.build(
         h5etl.load_spec(nifti_volumes(tmp_path / "reference")),
         checkpoint_seconds=1e9,

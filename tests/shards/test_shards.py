@@ -28,7 +28,7 @@ from h5etl.history.build_report import BuildReport
 from h5etl.pipeline import run as pipeline
 from h5etl.plan import tasks
 from h5etl.plan.result import Plan
-from h5etl.shards import committer as sharded
+from h5etl.shards import committer
 from h5etl.shards import writers as shards
 from h5etl.sink.chunk_copy import carry_chunks
 
@@ -138,7 +138,7 @@ def test_a_shard_writer_killed_is_started_again(
 ) -> None:
     spec = load_spec(_corpus(tmp_path, make_raw, write_config))
     plain = pipeline.build(spec, jobs=1)
-    monkeypatch.setattr(sharded, "SHARD_WRITER", _die_once)
+    monkeypatch.setattr(committer, "SHARD_WRITER", _die_once)
     again = pipeline.build(spec, jobs=2, shards=2)
     assert (tmp_path / "releases" / "died-once").exists()
     _same_release(_published(plain), _published(again))
@@ -149,7 +149,7 @@ def test_a_shard_writer_that_keeps_dying_fails_the_build_cleanly(
 ) -> None:
     spec = load_spec(_corpus(tmp_path, make_raw, write_config))
     first = pipeline.build(spec, jobs=1)
-    monkeypatch.setattr(sharded, "SHARD_WRITER", _always_die)
+    monkeypatch.setattr(committer, "SHARD_WRITER", _always_die)
     with pytest.raises(ShardError, match="shard writer 1 died 2 times"):
         pipeline.build(spec, jobs=2, shards=2)
     link = tmp_path / "releases" / "cells.h5"

@@ -200,14 +200,14 @@ def test_a_damaged_ragged_shard_fails_the_stitch_and_is_written_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str, said: str
 ) -> None:
     from h5etl.errors import ShardError
-    from h5etl.sink import chunk_copy as sink_copy
+    from h5etl.sink import chunk_copy
 
     monkeypatch.setattr(tasks, "TASK_SAMPLES", 2)
     make_npy_recordings(tmp_path)
     use_npy_recording(monkeypatch, "rec")
     spec = load_spec(tmp_path / "config.yaml")
     local = pipeline.build(spec, jobs=1)
-    original = sink_copy.carry_shard
+    original = chunk_copy.carry_shard
     damaged: list[Path] = []
 
     def carry(sink: object, shard: Path, *args: object, **kwargs: object) -> int:
@@ -216,7 +216,7 @@ def test_a_damaged_ragged_shard_fails_the_stitch_and_is_written_again(
             damaged.append(shard)
         return original(sink, shard, *args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(sink_copy, "carry_shard", carry)  # as sharded looks it up
+    monkeypatch.setattr(chunk_copy, "carry_shard", carry)  # as sharded looks it up
     with pytest.raises(ShardError, match=f"{said}; its commit was withdrawn") as failed:
         pipeline.build(spec, jobs=2, shards=2)
     assert failed.value.path == damaged[0]
@@ -225,7 +225,7 @@ def test_a_damaged_ragged_shard_fails_the_stitch_and_is_written_again(
     assert sorted(p.name for p in releases.glob("rec-v*.h5")) == ["rec-v0001.h5"]
     assert (releases / "rec.h5").resolve() == _path(local).resolve()
     assert not damaged[0].with_suffix(".manifest").exists()
-    monkeypatch.setattr(sink_copy, "carry_shard", original)
+    monkeypatch.setattr(chunk_copy, "carry_shard", original)
     resumed = pipeline.build(spec, jobs=2, shards=2, resume=True)
     assert resumed.shards_reused == 1  # the other shard; the damaged one is written again
     _same_release(_path(local), _path(resumed))

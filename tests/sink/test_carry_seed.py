@@ -16,8 +16,8 @@ from test_incremental import no_seed, project, remove_pairs, rows_by_key, stats_
 from h5etl import build, load_spec
 from h5etl.check.health import check_release
 from h5etl.format.codec import ChunkLayout, Codec
-from h5etl.incremental import reuse as carry
-from h5etl.sink import parent_rows as sink_carry
+from h5etl.incremental import reuse
+from h5etl.sink import parent_rows
 
 ARRAYS = ("image", "mask")
 LZF = Codec("lzf", None, "", "none")
@@ -54,7 +54,7 @@ def digests(path: Path) -> dict[str, Any]:
 def seeded_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
     """The datasets the next builds create as copies (path, rows), as they are made."""
     calls: list[tuple[str, int]] = []
-    real = sink_carry.seed_dataset
+    real = parent_rows.seed_dataset
 
     def spy(file: h5py.File, source: h5py.File, path: str, rows: int, chunked: ChunkLayout) -> Any:
         dataset = real(file, source, path, rows, chunked)
@@ -109,7 +109,7 @@ def test_a_dataset_copy_holds_the_chunks_a_loop_would(
         shutil.rmtree(tmp_path / "releases")
         shutil.copytree(parent, tmp_path / "releases", symlinks=True)
         if way == "loop":
-            monkeypatch.setattr(carry.CarryPlan, "seed", no_seed)
+            monkeypatch.setattr(reuse.CarryPlan, "seed", no_seed)
         calls.clear()
         report = build(config)
         assert report.path is not None
@@ -192,9 +192,9 @@ def test_a_dataset_stored_otherwise_is_not_copied(tmp_path: Path, create: dict[s
         h5py.File(tmp_path / "parent.h5", "r") as source,
         h5py.File(tmp_path / "new.h5", "w", libver=("v110", "v110")) as file,
     ):
-        assert sink_carry.seed_dataset(file, source, "/train/image", 8, layout) is None
+        assert parent_rows.seed_dataset(file, source, "/train/image", 8, layout) is None
         assert "train/image" not in file
-        assert sink_carry.seed_dataset(file, source, "/train/other", 8, layout) is None
+        assert parent_rows.seed_dataset(file, source, "/train/other", 8, layout) is None
 
 
 def test_a_dataset_copy_is_cut_to_its_rows(tmp_path: Path) -> None:
@@ -204,7 +204,7 @@ def test_a_dataset_copy_is_cut_to_its_rows(tmp_path: Path) -> None:
         h5py.File(tmp_path / "parent.h5", "r") as source,
         h5py.File(tmp_path / "new.h5", "w", libver=("v110", "v110")) as file,
     ):
-        copied = sink_carry.seed_dataset(file, source, "/train/image", 8, layout)
+        copied = parent_rows.seed_dataset(file, source, "/train/image", 8, layout)
         assert copied is not None
         assert copied.shape == (8, 2, 3)
         assert copied.id.get_num_chunks() == 2

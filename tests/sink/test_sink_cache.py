@@ -12,7 +12,7 @@ import pytest
 from conftest import MakeRaw, WriteConfig
 
 import h5etl
-from h5etl.history import clock as reproducible
+from h5etl.history import clock
 from h5etl.sink import disk as sink_disk
 
 EPOCH = "1700000000"
@@ -32,7 +32,7 @@ def test_durable_pages_are_dropped_and_the_file_is_unchanged(
     for name in ("plain", "dropping"):  # the same project twice: each its first release
         make_raw(tmp_path / name, n=20, broken=["truncated"])
         configs.append(write_config(tmp_path / name, storage={"chunk_samples": 2}))
-    monkeypatch.setenv(reproducible.ENV, EPOCH)
+    monkeypatch.setenv(clock.ENV, EPOCH)
     plain = _build(configs[0], jobs=1)  # no checkpoint before the end: nothing dropped
 
     advised: list[tuple[int, int, int]] = []
@@ -63,7 +63,7 @@ def test_written_bytes_start_to_reach_the_disk_before_the_end_and_the_file_is_un
     for name in ("plain", "written_back"):
         make_raw(tmp_path / name, n=20, broken=["truncated"])
         configs.append(write_config(tmp_path / name, storage={"chunk_samples": 2}))
-    monkeypatch.setenv(reproducible.ENV, EPOCH)
+    monkeypatch.setenv(clock.ENV, EPOCH)
     plain = _build(configs[0], jobs=1)
 
     ranges: list[tuple[int, int]] = []

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from h5etl.format import contract as fileformat
-from h5etl.stats import sums as stats_sums
+from h5etl.stats import sums
 from h5etl.stats.normalisation import ChannelStats, Histogram
 
 DTYPES = [np.uint8, np.uint16, np.int16, np.float32]
@@ -197,7 +197,7 @@ def test_splitting_a_sample_into_blocks_changes_nothing(
     rng = np.random.default_rng(3)
     a = (rng.standard_normal((3, 40, 30)) * 300).astype(dtype)
     whole = ChannelStats.of(a, channel_axis=0)
-    monkeypatch.setattr(stats_sums, "_BLOCK", 7)  # the bound that keeps float64 partial sums exact
+    monkeypatch.setattr(sums, "_BLOCK", 7)  # the bound that keeps float64 partial sums exact
     assert ChannelStats.of(a, channel_axis=0) == whole
 
 

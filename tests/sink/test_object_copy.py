@@ -10,7 +10,7 @@ import h5py
 import numpy as np
 import pytest
 
-from h5etl.sink import object_copy as sink_objcopy
+from h5etl.sink import object_copy
 
 LINUX = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps")
 
@@ -34,7 +34,7 @@ def parent_file(path: Path, rows: int = 64) -> Path:
 def copied(source: Path, target: Path, name: str) -> None:
     with h5py.File(source, "r") as parent, h5py.File(target, "w", track_order=True) as handle:
         group = handle.create_group("train", track_order=True, track_times=False)
-        sink_objcopy.copy_object(parent[f"train/{name}"], group, name, without_attrs=True)
+        object_copy.copy_object(parent[f"train/{name}"], group, name, without_attrs=True)
 
 
 def test_maps_name_each_libhdf5_once(tmp_path: Path) -> None:
@@ -47,11 +47,11 @@ def test_maps_name_each_libhdf5_once(tmp_path: Path) -> None:
         "7f04-7f05 rw-p 00000000 00:00 0 \n"
         "7f05-7f06 r-xp 00000000 08:01 4 /usr/lib/libhdf5.so.old\n"
     )
-    assert sink_objcopy.loaded_libraries(str(maps)) == [
+    assert object_copy.loaded_libraries(str(maps)) == [
         "/usr/lib/libhdf5.so.310.4.0",
         "/opt/my libs/h5py.libs/libhdf5-9e18f0c6.so.320.0.0",
     ]
-    assert sink_objcopy.loaded_libraries(str(tmp_path / "no-such-maps")) == []
+    assert object_copy.loaded_libraries(str(tmp_path / "no-such-maps")) == []
 
 
 @LINUX
@@ -61,7 +61,7 @@ def test_the_copy_is_h5pys_byte_for_byte(
 ) -> None:
     source = parent_file(tmp_path / "parent.h5")
     copied(source, tmp_path / "released.h5", name)
-    monkeypatch.setattr(sink_objcopy, "_h5ocopy", lambda: None)  # h5py's own copy
+    monkeypatch.setattr(object_copy, "_h5ocopy", lambda: None)  # h5py's own copy
     copied(source, tmp_path / "h5py.h5", name)
     assert (tmp_path / "released.h5").read_bytes() == (tmp_path / "h5py.h5").read_bytes()
     with h5py.File(source, "r") as parent, h5py.File(tmp_path / "released.h5", "r") as handle:
@@ -76,7 +76,7 @@ def test_the_copy_is_h5pys_byte_for_byte(
 @LINUX
 def test_other_threads_run_python_while_it_copies(tmp_path: Path) -> None:
     # an incremental build's decoders stopped for the whole copy while h5py held the GIL
-    assert sink_objcopy._h5ocopy() is not None
+    assert object_copy._h5ocopy() is not None
     source = parent_file(tmp_path / "parent.h5", rows=2048)  # ~25 MB: several ms to copy
     ticks = [0]
     stop = threading.Event()
@@ -91,7 +91,7 @@ def test_other_threads_run_python_while_it_copies(tmp_path: Path) -> None:
         with h5py.File(source, "r") as parent, h5py.File(tmp_path / "out.h5", "w") as handle:
             node = parent["train/image"]
             before = ticks[0]  # from here to the read below only the copy lets go of the GIL
-            released = sink_objcopy.copy_object(node, handle, "image", without_attrs=True)
+            released = object_copy.copy_object(node, handle, "image", without_attrs=True)
             during = ticks[0] - before
     finally:
         stop.set()
@@ -105,5 +105,5 @@ def test_a_failed_copy_raises_oserror(tmp_path: Path) -> None:
     with h5py.File(source, "r") as parent, h5py.File(tmp_path / "target.h5", "w") as handle:
         handle.create_dataset("image", data=[1])
         with pytest.raises(OSError, match=r"could not copy /train/image into .*target\.h5"):
-            sink_objcopy.copy_object(parent["train/image"], handle, "image", without_attrs=True)
+            object_copy.copy_object(parent["train/image"], handle, "image", without_attrs=True)
         assert handle["image"][...].tolist() == [1]  # what was there stays

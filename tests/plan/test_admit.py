@@ -1,4 +1,4 @@
-"""clean: key sanitising, split assignment, the plan and the task cutter."""
+"""admit: key sanitising, split assignment, the plan and the task cutter."""
 
 from __future__ import annotations
 
@@ -16,8 +16,7 @@ from h5etl.config.load import load_spec
 from h5etl.dataflow import Sample, SourceFile
 from h5etl.decode import probes
 from h5etl.execute import schedule
-from h5etl.plan import admit as clean
-from h5etl.plan import discover
+from h5etl.plan import admit, discover
 from h5etl.plan import split_assign as assign
 
 keys = st.text(min_size=1, max_size=12)
@@ -48,9 +47,9 @@ def test_plan_keeps_splits_when_the_folder_grows(
     make_raw(tmp_path, n=30)
     spec = load_spec(write_config(tmp_path))
     samples = discover.find_samples(spec).samples
-    half = clean.plan(spec, samples[::2])
+    half = admit.plan(spec, samples[::2])
     where_half = {s.key: split for split, members in half.splits.items() for s in members}
-    full = clean.plan(spec, samples, previous=where_half)  # the half is the previous release
+    full = admit.plan(spec, samples, previous=where_half)  # the half is the previous release
     where_full = {s.key: split for split, members in full.splits.items() for s in members}
     assert len(where_full) == 30
     assert all(where_full[key] == split for key, split in where_half.items())
@@ -60,12 +59,12 @@ def test_plan_order_is_seeded(tmp_path: Path, make_raw: MakeRaw, write_config: W
     make_raw(tmp_path, n=20)
     spec = load_spec(write_config(tmp_path, splits={"train": 1.0}))
     samples = discover.find_samples(spec).samples
-    first = [s.key for s in clean.plan(spec, samples).splits["train"]]
-    again = [s.key for s in clean.plan(spec, list(reversed(samples))).splits["train"]]
+    first = [s.key for s in admit.plan(spec, samples).splits["train"]]
+    again = [s.key for s in admit.plan(spec, list(reversed(samples))).splits["train"]]
     assert first == again
     assert sorted(first) == [s.key for s in samples]
     other = load_spec(write_config(tmp_path, splits={"train": 1.0}, seed=5))
-    assert [s.key for s in clean.plan(other, samples).splits["train"]] != first
+    assert [s.key for s in admit.plan(other, samples).splits["train"]] != first
 
 
 def test_plan_probes_and_rejects_every_file_once(
@@ -73,7 +72,7 @@ def test_plan_probes_and_rejects_every_file_once(
 ) -> None:
     raw = make_raw(tmp_path, n=4, broken=["oversize", "size_mismatch", "empty", "text"])
     spec = load_spec(write_config(tmp_path))
-    plan = clean.plan(spec, discover.find_samples(spec).samples)
+    plan = admit.plan(spec, discover.find_samples(spec).samples)
     assert plan.total == 4
     assert {r.path: r.reason for r in plan.rejects} == raw.reasons
     assert {s.key for members in plan.splits.values() for s in members} == set(raw.keys)
@@ -85,7 +84,7 @@ def test_probe_progress_is_reported(
     make_raw(tmp_path, n=3, broken=["empty"])
     spec = load_spec(write_config(tmp_path))
     ticks: list[int] = []
-    clean.plan(spec, discover.find_samples(spec).samples, ticks.append)
+    admit.plan(spec, discover.find_samples(spec).samples, ticks.append)
     assert sum(ticks) == 4
 
 
@@ -95,8 +94,8 @@ def test_probes_on_the_workers_make_the_same_plan(
     make_raw(tmp_path, n=40, broken=["oversize", "size_mismatch", "empty", "text", "truncated"])
     spec = load_spec(write_config(tmp_path))
     samples = discover.find_samples(spec).samples
-    monkeypatch.setattr(clean, "PROBE_BATCH", 7)  # several batches, the last one short
-    here = clean.plan(spec, samples)
+    monkeypatch.setattr(admit, "PROBE_BATCH", 7)  # several batches, the last one short
+    here = admit.plan(spec, samples)
     batches: list[int] = []
 
     def on_workers(fn: probes.ProbeBatch, items: Iterable[Sequence[Sample]]) -> Iterator[Any]:
@@ -104,7 +103,7 @@ def test_probes_on_the_workers_make_the_same_plan(
             batches.append(len(outcome))
             yield outcome
 
-    there = clean.plan(spec, samples, mapper=on_workers)
+    there = admit.plan(spec, samples, mapper=on_workers)
     assert sum(batches) == len(samples)
     assert len(batches) == -(-len(samples) // 7)
     assert there.fingerprint() == here.fingerprint()
@@ -123,13 +122,13 @@ def test_probes_on_the_workers_make_the_same_plan(
     ],
 )
 def test_sanitize_key(key: str, expected: str) -> None:
-    assert clean.sanitize_key(key) == expected
+    assert admit.sanitize_key(key) == expected
 
 
 def test_sanitize_key_bounds_length_and_stays_distinct() -> None:
     long_a, long_b = "a" * 300, "a" * 299 + "b"
-    clean_a, clean_b = clean.sanitize_key(long_a), clean.sanitize_key(long_b)
-    assert len(clean_a) <= clean.MAX_KEY_LENGTH
+    clean_a, clean_b = admit.sanitize_key(long_a), admit.sanitize_key(long_b)
+    assert len(clean_a) <= admit.MAX_KEY_LENGTH
     assert clean_a != clean_b
     assert clean_a.endswith(hashlib.sha256(long_a.encode()).hexdigest()[:12])
 
@@ -140,7 +139,7 @@ def _sample(key: str) -> Sample:
 
 def test_sanitize_keys_numbers_collisions() -> None:
     samples = [_sample("a:b"), _sample("a\\b"), _sample("c")]
-    out, renamed = clean.sanitize_keys(samples)
+    out, renamed = admit.sanitize_keys(samples)
     assert [s.key for s in out] == ["a_b", "a_b~2", "c"]
     assert renamed == [("a:b", "a_b"), ("a\\b", "a_b~2")]
 
@@ -148,11 +147,11 @@ def test_sanitize_keys_numbers_collisions() -> None:
 def test_sanitize_keys_numbers_around_existing_keys() -> None:
     # "a:b" cleans to "a_b", which a file already has; the real key "a_b~2" exists too
     samples = [_sample("a:b"), _sample("a_b"), _sample("a_b~2")]
-    out, _ = clean.sanitize_keys(samples)
+    out, _ = admit.sanitize_keys(samples)
     assert [s.key for s in out] == ["a_b~3", "a_b", "a_b~2"]  # a clean key keeps its name
 
 
 @given(st.lists(st.text(alphabet="ab:_~2\\", min_size=1, max_size=5), unique=True, max_size=12))
 def test_sanitized_keys_are_unique(names: list[str]) -> None:
-    out, _ = clean.sanitize_keys([_sample(k) for k in sorted(names)])
+    out, _ = admit.sanitize_keys([_sample(k) for k in sorted(names)])
     assert len({s.key for s in out}) == len(names)

@@ -1,4 +1,4 @@
-"""validate: masks are single-channel and hold only their allowed labels."""
+"""mask_values: masks are single-channel and hold only their allowed labels."""
 
 from __future__ import annotations
 

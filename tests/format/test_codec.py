@@ -1,4 +1,4 @@
-"""chunkcodec: workers compress whole chunks exactly as HDF5 would store them."""
+"""codec: workers compress whole chunks exactly as HDF5 would store them."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""chunkpool: the sink compresses the blocks it re-cuts on threads beside the writer, and the
+"""compress_threads: the sink compresses the blocks it re-cuts on threads beside the writer, and the
 file is the same byte for byte however many threads there are and however they finish."""
 
 from __future__ import annotations

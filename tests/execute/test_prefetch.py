@@ -1,4 +1,4 @@
-"""ahead: an iterator pulled by a thread, a few items ahead; and the builds that use it."""
+"""prefetch: an iterator pulled by a thread, a few items ahead; and the builds that use it."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from conftest import MakeRaw, WriteConfig, dataset_digests, random_pair, save
 
 from h5etl import build, load_spec
 from h5etl.check.health import check_release
-from h5etl.execute import assembly as buildparts
+from h5etl.execute import assembly
 from h5etl.execute.prefetch import Ahead
 
 
@@ -98,7 +98,7 @@ def test_an_incremental_build_decoding_beside_the_copy_is_the_same_at_any_jobs(
             pulled.append(depth)
             super().__init__(source, depth, start=start)
 
-    monkeypatch.setattr(buildparts, "Ahead", Counted)
+    monkeypatch.setattr(assembly, "Ahead", Counted)
     folders = []
     for jobs in (1, 2):
         root = tmp_path / f"j{jobs}"

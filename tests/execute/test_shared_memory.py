@@ -1,4 +1,4 @@
-"""shared_values: raw ragged values of local workers come back through /dev/shm, and nothing
+"""shared_memory: raw ragged values of local workers come back through /dev/shm, and nothing
 is left there, whatever happens to the build."""
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from conftest import dataset_digests
 import h5etl
 from h5etl.dataflow import BatchResult, DecodeTask, EncodedRows, RaggedRows
 from h5etl.examples.sensors import START, write_recording
-from h5etl.execute import shared_memory as shared_values
+from h5etl.execute import shared_memory
 
-pytestmark = pytest.mark.skipif(not shared_values.SHM.is_dir(), reason="no /dev/shm here")
+pytestmark = pytest.mark.skipif(not shared_memory.SHM.is_dir(), reason="no /dev/shm here")
 
 CONFIG = """\
 name: vib
@@ -42,19 +42,19 @@ def _spy_on_attach(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The columns every result the parent attaches came with through shared memory (and
     again, marked, those in a slot the parent lent)."""
     taken: list[str] = []
-    original = shared_values.attach
+    original = shared_memory.attach
 
     def attach(result: BatchResult, *lent: Any) -> BatchResult:
         taken.extend(result.shared)
         taken.extend(f"{name} (in a lent slot)" for name, r in result.shared.items() if r.slot)
         return original(result, *lent)
 
-    monkeypatch.setattr(shared_values, "attach", attach)
+    monkeypatch.setattr(shared_memory, "attach", attach)
     return taken
 
 
 def _ours(owner: int) -> list[Path]:
-    return sorted(shared_values.SHM.glob(f"{shared_values.PREFIX}-{owner}-*"))
+    return sorted(shared_memory.SHM.glob(f"{shared_memory.PREFIX}-{owner}-*"))
 
 
 def _result(rows: int) -> BatchResult:
@@ -69,14 +69,14 @@ def _result(rows: int) -> BatchResult:
 
 def test_a_worker_shares_big_values_and_the_parent_takes_them_back() -> None:
     owner = os.getpid()
-    result = shared_values.share(_result(200_000), owner)  # 2.4 MB: shared; 48 bytes: pickled
+    result = shared_memory.share(_result(200_000), owner)  # 2.4 MB: shared; 48 bytes: pickled
     big = result.columns["big"]
     assert isinstance(big, RaggedRows)
     assert isinstance(big.values, np.ndarray)
     assert big.values.shape == (0, 3)
     assert list(result.shared) == ["big"]
     assert len(_ours(owner)) == 1
-    shared_values.attach(result)
+    shared_memory.attach(result)
     assert _ours(owner) == []  # unlinked at once: the memory goes with the array
     assert result.shared == {}
     np.testing.assert_array_equal(
@@ -89,15 +89,15 @@ def test_what_no_parent_will_take_is_swept() -> None:
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True, check=True)  # fmt: skip
     gone = int(dead.stdout)
-    shared_values.share(_result(200_000), gone)  # a killed build's
-    shared_values.share(_result(200_000), os.getpid())  # this build's, given up
-    living = shared_values.SHM / f"{shared_values.PREFIX}-1-left-alone"
+    shared_memory.share(_result(200_000), gone)  # a killed build's
+    shared_memory.share(_result(200_000), os.getpid())  # this build's, given up
+    living = shared_memory.SHM / f"{shared_memory.PREFIX}-1-left-alone"
     living.write_bytes(b"pid 1 lives")
     try:
-        shared_values.sweep()
+        shared_memory.sweep()
         assert _ours(gone) == []
         assert len(_ours(os.getpid())) == 1
-        shared_values.sweep(os.getpid())
+        shared_memory.sweep(os.getpid())
         assert _ours(os.getpid()) == []
         assert living.exists()
     finally:
@@ -147,18 +147,18 @@ def _encoded(sizes: list[list[int]]) -> tuple[BatchResult, list[list[bytes]]]:
 def test_compressed_chunks_come_back_as_views_of_shared_memory() -> None:
     owner = os.getpid()
     result, data = _encoded([[700_000, 0, 300_000], [200_000]])  # 1.2 MB: shared
-    shared_values.share(result, owner)
+    shared_memory.share(result, owner)
     assert list(result.shared) == ["image"]
     rows = result.columns["image"]
     assert isinstance(rows, EncodedRows)
     assert [[c.data for c in block] for block in rows.blocks] == [[b"", b"", b""], [b""]]
     assert len(_ours(owner)) == 1
-    shared_values.attach(result)
+    shared_memory.attach(result)
     assert _ours(owner) == []
     assert [[bytes(c.data) for c in block] for block in rows.blocks] == data
     assert [[c.sha256 for c in block] for block in rows.blocks] == [["0", "1", "2"], ["0"]]
     small, kept = _encoded([[1000, 2000]])
-    shared_values.share(small, owner)  # below MIN_BYTES: pickled as before
+    shared_memory.share(small, owner)  # below MIN_BYTES: pickled as before
     assert small.shared == {}
     unshared = small.columns["image"]
     assert isinstance(unshared, EncodedRows)
@@ -180,11 +180,11 @@ def test_chunks_survive_short_writes_to_shared_memory(monkeypatch: pytest.Monkey
     owner = os.getpid()
     sizes = [[400_000, 0, 7], [300_000, 500_000], *[[900]] * 2000]  # more than IOV_MAX
     result, data = _encoded(sizes)
-    shared_values.share(result, owner)
+    shared_memory.share(result, owner)
     assert list(result.shared) == ["image"]
     assert len(calls) > 3
-    assert max(calls) <= shared_values.IOV_MAX
-    shared_values.attach(result)
+    assert max(calls) <= shared_memory.IOV_MAX
+    shared_memory.attach(result)
     rows = result.columns["image"]
     assert isinstance(rows, EncodedRows)
     assert [[bytes(c.data) for c in block] for block in rows.blocks] == data
@@ -234,15 +234,15 @@ def test_an_image_build_is_the_same_through_shared_memory(
 
 def test_a_lent_slot_comes_back_only_once_no_view_of_its_result_is_left() -> None:
     owner = os.getpid()
-    slots = shared_values.Slots(owner, most=2)
+    slots = shared_memory.Slots(owner, most=2)
     try:
         slot = slots.take()
         assert slot is not None
         first, data = _encoded([[700_000, 500_000]])
-        shared_values.share(first, owner, slot)
+        shared_memory.share(first, owner, slot)
         assert [ref.slot for ref in first.shared.values()] == [True]
         assert len(_ours(owner)) == 1  # the slot itself: no file of the result's own
-        shared_values.attach(first, slots, slot)
+        shared_memory.attach(first, slots, slot)
         rows = first.columns["image"]
         assert isinstance(rows, EncodedRows)
         kept = rows.blocks[0][1].data  # a view of the slot, held past its result
@@ -254,8 +254,8 @@ def test_a_lent_slot_comes_back_only_once_no_view_of_its_result_is_left() -> Non
         del kept
         assert slots.take() == slot  # its last view is gone: lent again
         second, again = _encoded([[300_000, 800_000]])  # shorter first chunk: no stale bytes
-        shared_values.share(second, owner, slot)
-        shared_values.attach(second, slots, slot)
+        shared_memory.share(second, owner, slot)
+        shared_memory.attach(second, slots, slot)
         rows = second.columns["image"]
         assert isinstance(rows, EncodedRows)
         assert [[bytes(c.data) for c in b] for b in rows.blocks] == again
@@ -266,21 +266,21 @@ def test_a_lent_slot_comes_back_only_once_no_view_of_its_result_is_left() -> Non
 
 def test_what_does_not_fit_a_slot_or_finds_it_gone_gets_files_of_its_own() -> None:
     owner = os.getpid()
-    slots = shared_values.Slots(owner, most=4)
+    slots = shared_memory.Slots(owner, most=4)
     try:
         big = slots.take()
         assert big is not None
-        rows = shared_values.SLOT_BYTES // 12 + 1  # float32 x 3: just over a slot
-        result = shared_values.share(_result(rows), owner, big)
+        rows = shared_memory.SLOT_BYTES // 12 + 1  # float32 x 3: just over a slot
+        result = shared_memory.share(_result(rows), owner, big)
         assert [ref.slot for ref in result.shared.values()] == [False]
-        shared_values.attach(result, slots, big)  # the slot, unused, is back at once
+        shared_memory.attach(result, slots, big)  # the slot, unused, is back at once
         assert slots.take() == big
         gone = slots.take()
         assert gone is not None
         slots.retire(gone)  # a task that failed: its slot is never lent again
-        result = shared_values.share(_result(200_000), owner, gone)
+        result = shared_memory.share(_result(200_000), owner, gone)
         assert [ref.slot for ref in result.shared.values()] == [False]
-        shared_values.attach(result)
+        shared_memory.attach(result)
         values = result.columns["big"]
         assert isinstance(values, RaggedRows)
         np.testing.assert_array_equal(
@@ -293,19 +293,19 @@ def test_what_does_not_fit_a_slot_or_finds_it_gone_gets_files_of_its_own() -> No
 
 def test_ragged_values_in_a_slot_are_read_only_views_at_their_offset() -> None:
     owner = os.getpid()
-    slots = shared_values.Slots(owner, most=1)
+    slots = shared_memory.Slots(owner, most=1)
     try:
         slot = slots.take()
         assert slot is not None
         result = _result(200_000)
         chunks, data = _encoded([[1_100_000]])
         result.columns["image"] = chunks.columns["image"]  # two columns in one slot
-        shared_values.share(result, owner, slot)
+        shared_memory.share(result, owner, slot)
         refs = result.shared
         assert sorted(refs) == ["big", "image"]
         assert {ref.name for ref in refs.values()} == {slot}
         assert sorted(ref.offset for ref in refs.values()) == [0, 2_400_000]
-        shared_values.attach(result, slots, slot)
+        shared_memory.attach(result, slots, slot)
         values = result.columns["big"]
         assert isinstance(values, RaggedRows)
         assert isinstance(values.values, np.ndarray)

@@ -1,4 +1,4 @@
-"""inprocess: a small increment decodes in the build's own threads, not in new workers.
+"""local_threads: a small increment decodes in the build's own threads, not in new workers.
 
 Real builds in tmp_path: where the decoding ran (the build facts' ``decoded_in``), that the
 file is the one the workers make (byte for byte, with SOURCE_DATE_EPOCH), that the new rows
@@ -27,7 +27,7 @@ from conftest import add_pairs as add_random_pairs
 
 from h5etl import build, load_spec
 from h5etl.check.health import check_release
-from h5etl.execute import local_threads as inprocess
+from h5etl.execute import local_threads
 from h5etl.execute import pool as workers
 from h5etl.history.build_report import BuildReport
 from h5etl.release.folder import OutputFolder
@@ -92,7 +92,7 @@ def test_a_small_increment_decodes_here_and_writes_the_workers_bytes(
     config = write_config(tmp_path, storage={"chunk_samples": 4})
     first = build(load_spec(config), jobs=2)
     assert facts(first)["decoded_in"] == "workers"  # no parent: everything, in workers
-    assert carry_record(first)[inprocess.RATE_KEY] > 0  # what a sample cost to decode
+    assert carry_record(first)[local_threads.RATE_KEY] > 0  # what a sample cost to decode
     assert pool_starts == [2]
     parent = tmp_path / "parent-releases"
     shutil.copytree(tmp_path / "releases", parent, symlinks=True)
@@ -115,7 +115,7 @@ def test_a_small_increment_decodes_here_and_writes_the_workers_bytes(
     here_bytes = here.path.read_bytes()
     shutil.rmtree(tmp_path / "releases")
     shutil.copytree(parent, tmp_path / "releases", symlinks=True)
-    monkeypatch.setattr(inprocess, "START_SECONDS", 0.0)  # nothing is cheap enough here
+    monkeypatch.setattr(local_threads, "START_SECONDS", 0.0)  # nothing is cheap enough here
     pooled = build(load_spec(config), jobs=2)
     assert facts(pooled)["decoded_in"] == "workers"
     assert pool_starts == [2, 2]
@@ -125,7 +125,7 @@ def test_a_small_increment_decodes_here_and_writes_the_workers_bytes(
 
 def _parent_without_rate(report: BuildReport) -> None:
     record = carry_record(report)
-    del record[inprocess.RATE_KEY]  # a release an older h5etl built
+    del record[local_threads.RATE_KEY]  # a release an older h5etl built
     assert report.path is not None
     report.path.with_name(f".{report.path.name}.carry.json").write_text(json.dumps(record))
 
@@ -146,8 +146,8 @@ def test_the_workers_decode_what_the_rule_does_not_give_this_process(
     if why == "no-rate":
         _parent_without_rate(first)
     elif why == "too-many":
-        rate = carry_record(first)[inprocess.RATE_KEY]
-        monkeypatch.setattr(inprocess, "START_SECONDS", rate * 2.5)  # 2 samples' worth
+        rate = carry_record(first)[local_threads.RATE_KEY]
+        monkeypatch.setattr(local_threads, "START_SECONDS", rate * 2.5)  # 2 samples' worth
     add_pairs(tmp_path, ["new0", "new1", "new2"])
     again = build(load_spec(config), jobs=1 if why == "jobs-1" else 2)
     assert again.path is not None
@@ -168,8 +168,8 @@ def test_a_copy_decodes_nothing_starts_nothing_and_keeps_the_parents_rate(
     assert copy.reused == 12
     assert pool_starts == []
     assert facts(copy)["decoded_in"] == ""  # nothing was decoded anywhere
-    rate = carry_record(first)[inprocess.RATE_KEY]
-    assert carry_record(copy)[inprocess.RATE_KEY] == rate
+    rate = carry_record(first)[local_threads.RATE_KEY]
+    assert carry_record(copy)[local_threads.RATE_KEY] == rate
 
 
 # A build in a child process whose decoder kills its own process on the sample DOOMED: in a
@@ -286,16 +286,16 @@ def test_this_processs_decoders_start_once_the_temp_file_exists(
 
 
 def test_the_rule_in_figures() -> None:
-    assert inprocess.choose(100, 0.001, None).here  # 0.1 s of decoding
-    assert not inprocess.choose(2000, 0.001, None).here  # 2 s: the workers are worth it
-    assert not inprocess.choose(1, 0.001, "a killed build").here
-    assert not inprocess.choose(1, None, None).here  # unknown cost: workers
-    assert inprocess.rate_of(4, 0.02, 0.3) == 0.005
-    assert inprocess.rate_of(0, 0.0, 0.3) == 0.3  # a copy keeps its parent's
-    assert inprocess.rate_of(0, 0.0, None) is None
-    assert inprocess.per_sample_seconds({inprocess.RATE_KEY: 0.004}) == 0.004
-    for broken in ({}, {inprocess.RATE_KEY: "fast"}, {inprocess.RATE_KEY: -1.0}, None):
-        assert inprocess.per_sample_seconds(broken) is None
+    assert local_threads.choose(100, 0.001, None).here  # 0.1 s of decoding
+    assert not local_threads.choose(2000, 0.001, None).here  # 2 s: the workers are worth it
+    assert not local_threads.choose(1, 0.001, "a killed build").here
+    assert not local_threads.choose(1, None, None).here  # unknown cost: workers
+    assert local_threads.rate_of(4, 0.02, 0.3) == 0.005
+    assert local_threads.rate_of(0, 0.0, 0.3) == 0.3  # a copy keeps its parent's
+    assert local_threads.rate_of(0, 0.0, None) is None
+    assert local_threads.per_sample_seconds({local_threads.RATE_KEY: 0.004}) == 0.004
+    for broken in ({}, {local_threads.RATE_KEY: "fast"}, {local_threads.RATE_KEY: -1.0}, None):
+        assert local_threads.per_sample_seconds(broken) is None
     crashed = {"rejected": {"s1": [[], "", "", [["a.png", "decode", "worker_crashed", "", "s1"]]]}}
-    assert inprocess.refusal(killed=False, resume=False, record=crashed) is not None
-    assert inprocess.refusal(killed=False, resume=False, record={"rejected": {}}) is None
+    assert local_threads.refusal(killed=False, resume=False, record=crashed) is not None
+    assert local_threads.refusal(killed=False, resume=False, record={"rejected": {}}) is None

@@ -1,4 +1,4 @@
-"""sink_copy.copy_rows: the one way stored chunks move between files (incremental builds and
+"""chunk_copy.copy_rows: the one way stored chunks move between files (incremental builds and
 the stitch of a sharded build), for fixed arrays and ragged values at any place in a chunk.
 
 Expectations: the rows as numpy concatenates them, block digests from ``digest.array_digest``
