@@ -28,7 +28,7 @@ from typing import Any
 
 from h5etl.dataflow import BatchResult, Reject
 from h5etl.errors import H5EtlError, UsageError
-from h5etl.history import clock as reproducible
+from h5etl.history import clock as build_clock
 from h5etl.release.folder import OutputFolder
 from h5etl.release.lock import pid_alive
 
@@ -43,7 +43,7 @@ logger = logging.getLogger(__name__)
 
 
 def _now() -> str:
-    return reproducible.iso(datetime.now(UTC))
+    return build_clock.iso(datetime.now(UTC))
 
 
 class BuildStatus:

@@ -336,7 +336,7 @@ def test_copying_the_chunks_in_pieces_writes_the_file_of_one_copy(
     # run is copied with its dataset here, see test_a_dataset_copy_holds_the_chunks_a_loop_would)
     from h5etl.incremental import reuse
     from h5etl.resume import journal_use as resume
-    from h5etl.sink import parent_rows as sink_carry
+    from h5etl.sink import parent_rows as parent_rows_module
 
     monkeypatch.setattr(reuse.CarryPlan, "seed", no_seed)
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
@@ -357,7 +357,7 @@ def test_copying_the_chunks_in_pieces_writes_the_file_of_one_copy(
     for piece in (10**9, 4):
         shutil.rmtree(tmp_path / "releases")
         shutil.copytree(parent, tmp_path / "releases", symlinks=True)
-        monkeypatch.setattr(sink_carry, "PIECE_ROWS", piece)
+        monkeypatch.setattr(parent_rows_module, "PIECE_ROWS", piece)
         synced.clear()
         report = build(config)
         assert report.path is not None
