@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import os
-import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future
 from dataclasses import replace
 from typing import Any, Protocol, TypeVar
 
@@ -30,10 +29,8 @@ from h5etl.execute import shared_memory
 from h5etl.execute.inflight import InFlightLimit
 from h5etl.format import codec
 
-PROBE_STAGE = "clean"  # header probes belong to cleaning (clean.STAGE)
 In = TypeVar("In")
 Out = TypeVar("Out")
-Item = TypeVar("Item")
 Got = TypeVar("Got")
 
 Worker = Callable[[DecodeTask, DecodeRecipe], BatchResult]
@@ -151,7 +148,7 @@ def _drained(ready: deque[Out]) -> Iterator[Out]:
         yield ready.popleft()
 
 
-def _submit(jobs: int, fn: Callable[..., Got], *args: object) -> Future[Got]:
+def submit_to_pool(jobs: int, fn: Callable[..., Got], *args: object) -> Future[Got]:
     """Submit to the pool; a pool a worker broke on the way fails the future, not the build.
 
     loky raises at submit time when a worker died since the pool was last checked; the
@@ -186,93 +183,11 @@ def rerun_after_crash(
         return isolate()
 
 
-def _crash_rejects(sample: Sample, stage: str, exc: BaseException) -> list[Reject]:
+def crash_rejects(sample: Sample, stage: str, exc: BaseException) -> list[Reject]:
+    """The rejects of a sample whose worker died on it, whatever was tried."""
     return sample_rejects(
         sample, stage, "worker_crashed", f"the worker process died on this sample ({exc})"
     )
-
-
-def map_in_workers(
-    fn: Callable[[Sequence[Sample]], list[Out]],
-    batches: Iterable[Sequence[Sample]],
-    *,
-    jobs: int,
-    window: int | None = None,
-    stage: str = PROBE_STAGE,
-) -> Iterator[list[Out | list[Reject]]]:
-    """``fn`` over batches of samples on the decode workers, one outcome per sample, in order.
-
-    For light, pure work such as header probes: at most ``window`` batches in flight. A batch
-    whose worker died runs once more, then each of its samples alone in a fresh worker; a
-    sample that still kills its worker gets ``worker_crashed`` rejects (of ``stage``) as its
-    outcome. Nothing runs in this process, so a crash costs only the samples that cause it.
-    """
-    if jobs <= 1:
-        for batch in batches:
-            yield list(fn(batch))
-        return
-
-    def submit(batch: Sequence[Sample]) -> Future[list[Out]]:
-        return _submit(jobs, fn, batch)
-
-    def alone(sample: Sample) -> Out | list[Reject]:
-        try:
-            return submit((sample,)).result()[0]
-        except BrokenProcessPool as exc:
-            return _crash_rejects(sample, stage, exc)
-
-    def result(batch: Sequence[Sample], future: Future[list[Out]]) -> list[Out | list[Reject]]:
-        outcomes: Future[list[Out | list[Reject]]] = future  # type: ignore[assignment]
-        return rerun_after_crash(
-            outcomes,
-            lambda: submit(batch),  # type: ignore[arg-type,return-value]
-            lambda: [alone(sample) for sample in batch],
-        )
-
-    yield from in_order(batches, submit, result, window or 2 * jobs + 1)
-
-
-STAT_THREADS = 8  # stat calls wait on the file system (a network one most): threads overlap them
-# A stat answered from the kernel's cache costs about 3 us; in threads the GIL handoffs cost
-# more than that (60,000 cached stats: 0.17 s here, 0.3-0.4 s in 8 threads). Threads pay off
-# only when the file system makes each call wait. Per sample, not per call: a pair of cached
-# stats with the Python around them is ~10 us, and twice that on a loaded machine (where 20 us
-# sent the 10x corpus's 30,000 pairs to threads: plan 0.55 s instead of 0.3 s); a network
-# file system's stat takes 0.1-1 ms.
-SLOW_STAT_SECONDS = 60e-6
-
-
-def map_in_threads(
-    fn: Callable[[Sequence[Item]], list[Out]],
-    batches: Iterable[Sequence[Item]],
-    *,
-    threads: int = STAT_THREADS,
-    slow: float = SLOW_STAT_SECONDS,
-) -> Iterator[list[Out]]:
-    """``fn`` over batches, results in order: here while each sample costs less than
-    ``slow`` seconds, else in a few threads of this process with at most ``2 * threads``
-    batches in flight. For work that waits on the file system, not the CPU (stat calls
-    release the GIL): it needs no worker process to have started."""
-    remaining = iter(batches)
-    spent, count = 0.0, 0
-    for batch in remaining:
-        started = time.perf_counter()
-        done = fn(batch)
-        took = time.perf_counter() - started
-        spent, count = spent + took, count + max(len(batch), 1)
-        yield done
-        # On average, so that one preempted batch does not decide; a very slow one does.
-        if spent > slow * count or took > 10 * slow * max(len(batch), 1):
-            break  # the file system makes calls wait: overlap the rest
-    else:
-        return
-    with ThreadPoolExecutor(threads, thread_name_prefix="h5etl-stat") as pool:
-        yield from in_order(
-            remaining,
-            lambda batch: pool.submit(fn, batch),
-            lambda batch, future: future.result(),
-            2 * threads,
-        )
 
 
 # What a worker sends back in place of its task: the parent holds the task already, and
@@ -352,7 +267,7 @@ class _Pool:
         if self._direct is None:
             self._direct = direct_verdicts(self.recipe)
         timeline.mark("first task submitted", once=True)
-        future = _submit(
+        future = submit_to_pool(
             self.jobs, run_pooled, self.worker, task, self.recipe, os.getpid(), slot, self._direct
         )
         if slot is not None:
@@ -416,7 +331,7 @@ def isolate(
         try:
             part = run_alone(alone)
         except crashed as exc:
-            result.rejects.extend(_crash_rejects(sample, decode.STAGE, exc))
+            result.rejects.extend(crash_rejects(sample, decode.STAGE, exc))
             continue
         result.rejects.extend(part.rejects)
         result.seconds += part.seconds

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from h5etl import timeline
 from h5etl.config.spec import Spec
-from h5etl.execute import assembly, schedule
+from h5etl.execute import assembly, mapping, schedule
 from h5etl.execute.assembly import Stopwatch, decoded, planned, processed
 from h5etl.history import release_notes
 from h5etl.history.build_report import (
@@ -141,9 +141,9 @@ def plan_only(
         # Header probes decode headers: the workers' work. Stamps are one stat per file:
         # threads here, so the build does not wait for the workers to start to plan.
         mapper=(
-            (lambda fn, batches: schedule.map_in_workers(fn, batches, jobs=jobs))
+            (lambda fn, batches: mapping.map_in_workers(fn, batches, jobs=jobs))
             if headers
-            else (lambda fn, batches: schedule.map_in_threads(fn, batches))
+            else (lambda fn, batches: mapping.map_in_threads(fn, batches))
         ),
         headers=headers,
         previous=None if previous is None else previous.split_of(),

@@ -15,7 +15,7 @@ from h5etl.config.load import load_spec
 from h5etl.dataflow import DecodeTask, EncodedChunk, EncodedRows, Sample, SourceFile
 from h5etl.decode import memory
 from h5etl.decode import task as decode
-from h5etl.execute import assembly, schedule
+from h5etl.execute import assembly, mapping
 from h5etl.plan import admit, discover
 
 
@@ -62,7 +62,7 @@ def _keys(samples: Sequence[Sample]) -> list[str]:
 def test_map_in_workers_keeps_order(tmp_path: Path) -> None:
     keys = [f"s{i:03d}" for i in range(50)]
     batches = [tuple(planned(tmp_path, k) for k in keys[i : i + 3]) for i in range(0, 50, 3)]
-    outcomes = schedule.map_in_workers(_keys, batches, jobs=2, window=3)
+    outcomes = mapping.map_in_workers(_keys, batches, jobs=2, window=3)
     assert [key for batch in outcomes for key in batch] == keys
     # a worker that dies: see test_decode_crashes.py
 

@@ -26,8 +26,8 @@ from h5etl.dataflow import BatchResult, DecodeTask, Sample, SourceFile
 from h5etl.decode import probes
 from h5etl.decode import task as decode
 from h5etl.decode.recipe import DecodeRecipe
+from h5etl.execute import mapping, schedule
 from h5etl.execute import pool as workers
-from h5etl.execute import schedule
 from h5etl.resume import journal_use as resume
 
 _PARENT = os.getpid()
@@ -84,7 +84,7 @@ def test_a_batch_that_kills_its_worker_loses_only_the_sample_that_does() -> None
     keys = [f"s{i:03d}" for i in range(10)]
     batches = [tuple(_sample(k) for k in keys[i : i + 3]) for i in range(0, len(keys), 3)]
 
-    outcomes = list(schedule.map_in_workers(_keys_or_die, batches, jobs=2, window=2))
+    outcomes = list(mapping.map_in_workers(_keys_or_die, batches, jobs=2, window=2))
 
     flat = [outcome for batch in outcomes for outcome in batch]
     assert flat[:3] + flat[4:] == keys[:3] + keys[4:]
@@ -146,12 +146,12 @@ def test_a_header_probe_that_kills_its_worker_rejects_its_sample(
     for path in doomed:
         path.with_suffix(".aside").rename(path)
     assert reference.path is not None
-    mapper: Callable[..., Any] = schedule.map_in_workers
+    mapper: Callable[..., Any] = mapping.map_in_workers
 
     def probing_or_dying(fn: probes.ProbeBatch, *args: Any, **kwargs: Any) -> Any:
         return mapper(functools.partial(_probe_or_die, fn), *args, **kwargs)
 
-    monkeypatch.setattr(schedule, "map_in_workers", probing_or_dying)
+    monkeypatch.setattr(mapping, "map_in_workers", probing_or_dying)
 
     # header probes run in dry runs only (a build's decoding makes the same checks)
     report = _build(project, jobs=2, dry_run=True)
@@ -244,7 +244,7 @@ def test_a_pool_broken_at_submit_time_costs_no_traceback(monkeypatch: pytest.Mon
     keys = [f"k{i}" for i in range(9)]
     batches = [tuple(_sample(k) for k in keys[i : i + 3]) for i in range(0, 9, 3)]
 
-    outcomes = list(schedule.map_in_workers(_keys_or_die, batches, jobs=2, window=2))
+    outcomes = list(mapping.map_in_workers(_keys_or_die, batches, jobs=2, window=2))
 
     assert [key for batch in outcomes for key in batch] == keys  # no k is DOOMED
 

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from h5etl.config.load import load_spec
 from h5etl.dataflow import Sample, SourceFile
 from h5etl.decode import probes
-from h5etl.execute import schedule
+from h5etl.execute import mapping
 from h5etl.plan import admit, discover
 from h5etl.plan import split_assign as assign
 
@@ -99,7 +99,7 @@ def test_probes_on_the_workers_make_the_same_plan(
     batches: list[int] = []
 
     def on_workers(fn: probes.ProbeBatch, items: Iterable[Sequence[Sample]]) -> Iterator[Any]:
-        for outcome in schedule.map_in_workers(fn, items, jobs=2):
+        for outcome in mapping.map_in_workers(fn, items, jobs=2):
             batches.append(len(outcome))
             yield outcome
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from h5etl.dataflow import BatchResult, DecodeTask, Reject, Sample
 from h5etl.decode import task as decode
-from h5etl.execute import schedule
+from h5etl.execute import mapping, schedule
 from h5etl.plan import tasks
 from h5etl.plan.result import Plan
 from h5etl.plan.tasks import TaskCutter
@@ -255,7 +255,7 @@ def _thread_names(delay: float) -> Any:
 def test_stats_answered_from_cache_stay_in_this_thread() -> None:
     # 60,000 cached stats cost twice as long in 8 threads as here (GIL handoffs)
     batches = [list(range(i, i + 4)) for i in range(0, 40, 4)]
-    mapped = schedule.map_in_threads(_thread_names(0.0), batches, slow=0.5)
+    mapped = mapping.map_in_threads(_thread_names(0.0), batches, slow=0.5)
     out = [x for got in mapped for x in got]
     assert [x.split(":")[0] for x in out] == [str(i) for i in range(40)]
     assert not any("h5etl-stat" in x for x in out)
@@ -263,7 +263,7 @@ def test_stats_answered_from_cache_stay_in_this_thread() -> None:
 
 def test_stats_that_wait_on_the_file_system_overlap_in_threads_in_order() -> None:
     batches = [list(range(i, i + 4)) for i in range(0, 40, 4)]
-    mapped = schedule.map_in_threads(_thread_names(0.005), batches, slow=1e-4)
+    mapped = mapping.map_in_threads(_thread_names(0.005), batches, slow=1e-4)
     out = [x for got in mapped for x in got]
     assert [x.split(":")[0] for x in out] == [str(i) for i in range(40)]
     assert "h5etl-stat" not in out[0]  # the first batch measures the file system
