@@ -9,7 +9,7 @@ and of the largest other process (``VmHWM`` sampled from /proc every 20 ms) and 
     python tests/benchmarks/build.py                 # the default run (about 6 minutes)
     python tests/benchmarks/build.py --messy         # only clean vs messy corpus (3% rejects)
     python tests/benchmarks/build.py --sweep         # only chunk_samples 1, 8, 32, 64
-    python tests/benchmarks/build.py --gap           # only -j2 lzf and blosc-lz4, the limits, writer
+    python tests/benchmarks/build.py --gap           # -j2 lzf, blosc-lz4 against the limits
     python tests/benchmarks/build.py --memory        # peak RSS: 1x against the 10x corpus
     python tests/benchmarks/build.py --profile       # pyinstrument: parent (-j2), worker work (-j1)
 

@@ -82,8 +82,9 @@ def test_does_the_work_in_workers_that_import_no_h5etl(tmp_path: Path) -> None:
     image_sum, ones = _corpus(tmp_path)
     script = BENCH / "honest_limit.py"
     for codec in ("lzf", "blosc-lz4"):
+        args = ["--corpus", str(tmp_path), "--codec", codec, "--jobs", "2"]
         done = subprocess.run(
-            [sys.executable, str(script), "--corpus", str(tmp_path), "--codec", codec, "--jobs", "2"],
+            [sys.executable, str(script), *args],
             capture_output=True,
             text=True,
             check=False,
