@@ -9,6 +9,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -71,3 +72,38 @@ def test_releases_reads_hdf5_without_pydantic(tmp_path: Path) -> None:
     assert "h5etl.release.listing" in names
     # the release notes' module named the config's Spec (pydantic) for its annotations only
     assert _heavy(names, ("pydantic", "PIL", "joblib", "tqdm", "h5etl.config")) == []
+
+
+VALUES = ["1", "0", "-1", " 3", "1_0", "12", "abc", "", "x.yaml", ("a.yaml", "b"), 2, 0, None]
+
+
+def _outcome(runtime: Any, param: Any, value: Any) -> tuple[str, Any]:
+    try:
+        return "value", runtime.coerce(value, param=param, ctx=None)
+    except Exception as exc:  # typer's BadParameter, or whatever typer raises
+        return type(exc).__name__, str(exc)
+
+
+def test_plain_values_coerce_as_typers_own_adapters() -> None:
+    # h5etl.cli.values answers the simple values without pydantic: exactly as typer would
+    import typer
+    from typer._coercion import build_runtime_param
+
+    from h5etl.cli.app import app
+    from h5etl.cli.values import PlainValues
+
+    group = typer.main.get_command(app)
+    assert isinstance(group, typer.core.TyperGroup)
+    compared = 0
+    for command in [group, *group.commands.values()]:
+        for param in command.params:
+            descriptor = param.type_descriptor  # type: ignore[attr-defined]
+            ours = PlainValues(descriptor.parameter_info, descriptor.annotation)
+            theirs = build_runtime_param(descriptor)
+            for value in VALUES:
+                if isinstance(value, tuple) != (param.nargs == -1):
+                    continue  # click hands a many-valued argument a tuple, others a str
+                got, want = _outcome(ours, param, value), _outcome(theirs, param, value)
+                assert got == want, (command.name, param.name, value)
+                compared += 1
+    assert compared > 300
