@@ -2,6 +2,7 @@
 
     python tests/benchmarks/startup.py                 # 20 runs of each command
     python tests/benchmarks/startup.py --runs 50 --output startup.md
+    python tests/benchmarks/startup.py --variant before=/tmp/h5etl-old   # A/B, interleaved
 
 Builds the demo (``h5etl demo``) in a scratch folder, then runs each quick command ``--runs``
 times (interleaved: every command once, then again) and prints the median wall of each, beside
@@ -13,7 +14,9 @@ only what it uses (``status`` no pydantic or Pillow; ``--help`` none of them).
 
 Commands run as the ``h5etl`` console script beside this Python when there is one (what users
 run), else ``python -m h5etl``; ``PYTHONPATH`` picks the h5etl measured, and the header names
-it. A benchmark, not a test: it prints times and never asserts them.
+it. ``--variant NAME=PYTHONPATH`` (repeatable) also runs another source tree, each of its runs
+right after the same run of the tree as is, so both see the same load. A benchmark, not a
+test: it prints times and never asserts them.
 """
 
 from __future__ import annotations
@@ -86,15 +89,18 @@ def parse_importtime(stderr: str, top: int = 6) -> Imports:
     return Imports(len(names), sum(s for _, s in roots), loaded, heaviest)
 
 
-def imports_of(args: Sequence[str], cwd: Path) -> Imports:
+Env = dict[str, str] | None
+
+
+def imports_of(args: Sequence[str], cwd: Path, env: Env = None) -> Imports:
     cmd = [sys.executable, "-X", "importtime", "-m", "h5etl", *args]
-    done = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=cwd)
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=cwd, env=env)
     return parse_importtime(done.stderr)
 
 
-def wall(cmd: Sequence[str], cwd: Path) -> float:
+def wall(cmd: Sequence[str], cwd: Path, env: Env = None) -> float:
     started = time.perf_counter()
-    subprocess.run(cmd, capture_output=True, check=False, cwd=cwd)
+    subprocess.run(cmd, capture_output=True, check=False, cwd=cwd, env=env)
     return time.perf_counter() - started
 
 
@@ -132,19 +138,36 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1000:.0f}"
 
 
-def run(runs: int) -> str:
+def _trees(variants: Sequence[str]) -> dict[str, Env]:
+    """The tree as is (``PYTHONPATH`` as given), then each ``NAME=PYTHONPATH``."""
+    trees: dict[str, Env] = {"": None}
+    for variant in variants:
+        name, path = variant.split("=", 1)
+        trees[f" [{name}]"] = {**os.environ, "PYTHONPATH": path}
+    return trees
+
+
+def run(runs: int, variants: Sequence[str] = ()) -> str:
     folder = Path(tempfile.mkdtemp(prefix="h5etl-startup-"))
+    trees = _trees(variants)
     try:
         commands = demo(folder / "demo")
         base = h5etl_command()
-        timed = {name: [*base, *args] for name, args in commands.items() if name not in TIMED_OUT}
-        cmds = {**FLOORS, **timed}
+        cmds: dict[str, tuple[list[str], Env]] = {k: (v, None) for k, v in FLOORS.items()}
+        for name, args in commands.items():
+            if name not in TIMED_OUT:
+                cmds.update({name + tag: ([*base, *args], env) for tag, env in trees.items()})
         walls: dict[str, list[float]] = {name: [] for name in cmds}
         load = " / ".join(f"{v:.2f}" for v in os.getloadavg())
         for _ in range(runs):
-            for name, cmd in cmds.items():
-                walls[name].append(wall(cmd, folder))
-        imports = {name: imports_of(args, folder) for name, args in commands.items()}
+            for name, (cmd, env) in cmds.items():
+                walls[name].append(wall(cmd, folder, env))
+        imports = {
+            name + tag: imports_of(args, folder, env)
+            for name, args in commands.items()
+            for tag, env in trees.items()
+        }
+        load += f" before, {' / '.join(f'{v:.2f}' for v in os.getloadavg())} after"
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     return _tables(walls, imports, runs, load)
@@ -157,7 +180,7 @@ def _tables(
 
     lines = [
         f"## h5etl start-up\n\n{' '.join(h5etl_command())} ({h5etl.__file__}), median of "
-        f"{runs} interleaved runs; load average (1/5/15 min) before: {load}.\n",
+        f"{runs} interleaved runs; load average (1/5/15 min) {load}.\n",
         "| command | median ms | min ms | max ms |",
         "|---|---:|---:|---:|",
     ]
@@ -185,8 +208,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=20, help="runs of each command")
     parser.add_argument("--output", type=Path, help="also write the tables here")
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME=PYTHONPATH",
+        help="also run the h5etl found on PYTHONPATH, interleaved (A/B a change); repeatable",
+    )
     args = parser.parse_args(argv)
-    text = run(args.runs)
+    text = run(args.runs, args.variant)
     print(text)
     if args.output:
         args.output.write_text(text, encoding="utf-8")
