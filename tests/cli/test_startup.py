@@ -87,8 +87,9 @@ def _outcome(runtime: Any, param: Any, value: Any) -> tuple[str, Any]:
 def test_plain_values_coerce_as_typers_own_adapters() -> None:
     # h5etl.cli.values answers the simple values without pydantic: exactly as typer would
     import typer
-    from typer._coercion import build_runtime_param
 
+    coercion = pytest.importorskip("typer._coercion", reason="typer before pydantic coercion")
+    build_runtime_param = coercion.build_runtime_param
     from h5etl.cli.app import app
     from h5etl.cli.values import PlainValues
 
