@@ -20,9 +20,10 @@ refuse to run with any ``h5etl`` module loaded. Per pair and per block of 32 it 
   or blosc with lz4, level 5, byte shuffle, typesize 1, one thread), the SHA-256 of the
   compressed chunk and of the raw rows.
 
-The compressed blocks are discarded: no pipe to a writer, no file. The workers start as
-h5etl's do (``get_reusable_executor`` of joblib's loky, started by this process, so their
-start-up is inside the timed wall), and take the blocks in order. Prints one JSON line.
+The compressed blocks are discarded: no pipe to a writer, no file. The workers are a loky pool
+as joblib starts one (``get_reusable_executor``; h5etl's own pool is a loky pool too), started
+by this process, so their start-up is inside the timed wall; they take the blocks in order.
+Prints one JSON line.
 """
 
 from __future__ import annotations
