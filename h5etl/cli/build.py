@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from tqdm import tqdm
 
 from h5etl import docrefs, timeline
 from h5etl.cli.common import app
@@ -31,6 +30,8 @@ from h5etl.units import human_size
 # The pipeline, pydantic and HDF5 load inside the command: it starts its workers first, so
 # their start-up overlaps these imports.
 if TYPE_CHECKING:
+    from tqdm import tqdm
+
     from h5etl.config.spec import Spec
     from h5etl.dataflow import Reject
     from h5etl.history.build_report import BuildReport
@@ -60,6 +61,10 @@ class _Bars:
         if not self.enabled:
             return
         if advance == 0 and stage != self.stage:
+            # tqdm loads on the first bar: 15 ms (its version lookup reads package metadata)
+            # that --help, --quiet and runs without a terminal never need
+            from tqdm import tqdm
+
             self.close()
             self.stage = stage
             self.bar = tqdm(

@@ -7,7 +7,6 @@ and renders what it returns.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -41,6 +40,8 @@ def releases(
 
     found = run(lambda: release.list_releases(folder))
     if as_json:
+        import json
+
         say(json.dumps([_release_json(info) for info in found], indent=1, ensure_ascii=False))
         return
     if not found:
@@ -116,6 +117,8 @@ def diff(
 
     found = run(lambda: diff_paths(a, b))
     if as_json:
+        import json
+
         say(json.dumps(found.as_json(), indent=1, ensure_ascii=False))
     else:
         for line in diff_lines(found):
@@ -129,6 +132,8 @@ def _shown(value: Any) -> str:
         return "-"
     if isinstance(value, str):
         return repr(value) if len(value) <= 80 else repr(value[:77] + "...")
+    import json  # here, not on every start of the command line (also --version, --help)
+
     return json.dumps(value, ensure_ascii=False)
 
 

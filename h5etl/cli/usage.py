@@ -40,6 +40,16 @@ def _no_type(ctx: Any = None) -> str:
     return ""
 
 
+def _plain_values(params: Sequence[Any]) -> None:
+    """Values that need no pydantic are coerced without it (``h5etl.cli.values``)."""
+    try:
+        from h5etl.cli import values
+    except ImportError:  # an older typer: no pydantic in its coercion anyway
+        return
+    for param in params:
+        values.install(param)
+
+
 class _PlainUsage(TyperCommand):
     """Usage lines name arguments as ``CONFIG``, not typer's ``{CONFIG}``."""
 
@@ -47,6 +57,11 @@ class _PlainUsage(TyperCommand):
         # ``{CONFIG}`` and, for an argument taking several, ``{CONFIG}...``
         pieces = super().collect_usage_pieces(ctx)
         return [re.sub(r"^\{(.+)\}(\.\.\.)?$", r"\1\2", piece) for piece in pieces]
+
+    def get_help_option(self, ctx: Any) -> Any:
+        option = super().get_help_option(ctx)
+        _plain_values([option])  # ``--help`` not given is a None typer would coerce
+        return option
 
 
 class OneLineGroup(TyperGroup):
@@ -64,6 +79,13 @@ class OneLineGroup(TyperGroup):
                     setattr(param, "display_type_rich", _no_type)  # noqa: B010
             if type(command) is TyperCommand:
                 command.__class__ = _PlainUsage  # the same command, with plain usage pieces
+            _plain_values(command.params)
+        _plain_values(self.params)
+
+    def get_help_option(self, ctx: Any) -> Any:
+        option = super().get_help_option(ctx)
+        _plain_values([option])
+        return option
 
     def main(  # type: ignore[override]
         self,

@@ -13,12 +13,14 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from h5etl import docrefs
-from h5etl.config.spec import Spec
 from h5etl.dataflow import Reject
 from h5etl.errors import BuildFailed
+
+if TYPE_CHECKING:  # pydantic loads with the build, not with ``h5etl releases``
+    from h5etl.config.spec import Spec
 
 PLAN_CHECKS = (
     "discovery and pairing (orphans, duplicates, unreadable folders, links)",

@@ -16,17 +16,18 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import h5py
 
-from h5etl.config.spec import Spec
-from h5etl.config.storable import Text
 from h5etl.dataflow import Reject
 from h5etl.errors import ConfigError, H5EtlError
 from h5etl.format import contract as fileformat
 from h5etl.history.build_report import Before
 from h5etl.history.snapshot import SampleFacts, Snapshot, WrittenRows, plain
+
+if TYPE_CHECKING:  # pydantic loads with the build, not with ``h5etl releases``
+    from h5etl.config.spec import Spec
 
 logger = logging.getLogger(__name__)
 
@@ -101,6 +102,8 @@ def with_notes(spec: Spec, notes: str | None) -> Spec:
     if notes is None:
         return spec
     from pydantic import TypeAdapter, ValidationError
+
+    from h5etl.config.storable import Text
 
     try:
         TypeAdapter(Text).validate_python(notes)

@@ -24,13 +24,15 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from h5etl.dataflow import BatchResult, Reject
 from h5etl.errors import H5EtlError, UsageError
 from h5etl.history import clock as build_clock
 from h5etl.release.folder import OutputFolder
 from h5etl.release.lock import pid_alive
+
+if TYPE_CHECKING:  # records only: numpy loads with the build, not with `h5etl status`
+    from h5etl.dataflow import BatchResult, Reject
 
 __all__ = ["FORMAT", "BuildStatus", "StatusView", "read_statuses"]
 

@@ -14,9 +14,8 @@ import secrets
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from h5etl.dataflow import Reject
 from h5etl.errors import ClusterLost, H5EtlError, ReleaseError, ReleaseUsageError, io_problem
 from h5etl.release.lock import BuildLock
 from h5etl.release.naming import (
@@ -31,6 +30,9 @@ from h5etl.release.naming import (
     release_filename,
     versions,
 )
+
+if TYPE_CHECKING:  # records only: numpy loads with the build, not with `h5etl status`
+    from h5etl.dataflow import Reject
 
 logger = logging.getLogger("h5etl.release.listing")  # its name from before the split
 

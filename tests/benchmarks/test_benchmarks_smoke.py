@@ -27,6 +27,10 @@ CONTENDERS = [
     "work limit: decode+pad+lzf, all cores",
     "work limit: decode+pad+blosc-lz4, all cores",
     "work limit with what a release carries (SHA-256, statistics): decode+pad+lzf+hashes+stats",
+    "work limit with what a release carries (SHA-256, statistics): decode+pad+blosc-lz4+hashes"
+    "+stats",
+    "honest work limit, no h5etl imported: decode+pad+lzf+hashes+stats",
+    "honest work limit, no h5etl imported: decode+pad+blosc-lz4+hashes+stats",
     "decode limit: decode+pad, all cores",
     "disk limit: same bytes, sequential+fsync",
     "h5etl API -j2 (lzf, writer CPU)",
@@ -46,10 +50,16 @@ MESSY_AND_GAP = [
     "h5etl build -j2 (lzf, messy corpus)",
     "h5etl build -j2 (lzf, messy corpus) [same]",
     "work limit with what a release carries (SHA-256, statistics): decode+pad+lzf+hashes+stats",
+    "work limit with what a release carries (SHA-256, statistics): decode+pad+blosc-lz4+hashes"
+    "+stats",
+    "honest work limit, no h5etl imported: decode+pad+lzf+hashes+stats",
+    "honest work limit, no h5etl imported: decode+pad+blosc-lz4+hashes+stats",
     "h5etl API -j2 (lzf, writer CPU)",
     "h5etl API -j2 (lzf, writer CPU) [same]",
     "h5etl API -j2 (lzf, messy corpus, writer CPU)",
     "h5etl API -j2 (lzf, messy corpus, writer CPU) [same]",
+    "h5etl build -j2 (blosc-lz4)",
+    "h5etl build -j2 (blosc-lz4) [same]",
 ]
 
 
@@ -133,6 +143,10 @@ def test_flags_pick_rows_and_variants_follow_each_run(bench_dir: Path) -> None:
     assert "| writer (parent) process, h5etl -j2 lzf, medians | tree as is | same |" in text
     assert "(chunk_paths :rechunked, target 0) | 0 | 0 |" in text
     assert "### Chunk sweep" not in text
+    # issue 30: h5etl against the limit that imports none of it, per codec
+    for codec in ("lzf", "blosc-lz4"):
+        assert f"| h5etl -j2 {codec} / honest limit ({codec}) |" in text
+        assert f"-j2 {codec} [same] / honest limit ({codec})" in text
 
 
 def test_messy_copy_spoils_three_percent_of_masks_and_links_the_rest(bench_dir: Path) -> None:

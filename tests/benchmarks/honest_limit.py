@@ -1,0 +1,203 @@
+"""The honest work limit: the work h5etl does per sample, done by a process that imports nothing
+of h5etl.
+
+    python tests/benchmarks/honest_limit.py --corpus DIR --codec lzf|blosc-lz4 [--jobs 2]
+
+``build.py``'s older work limit decodes with h5etl's own modules and computes the statistics
+with h5etl's kinds, so its processes pay part of h5etl's fixed cost (importing h5etl, pydantic,
+h5py and the kinds) and the ratio ``h5etl / limit`` comes out too kind. This limit uses only
+numpy, imagecodecs, hashlib and joblib's loky pool, and checks it: the process and each worker
+refuse to run with any ``h5etl`` module loaded. Per pair and per block of 32 it does what an
+``h5etl build`` of the benchmark corpus does in its workers:
+
+- read both files and SHA-256 each (the source fingerprint);
+- decode with libpng through imagecodecs (h5etl's decoder for plain PNGs), the mask checked
+  and read as h5etl reads a 0/255 mask (two counts, then ``== 255``), padded, centred, into
+  the block's (32, c, 224, 224) rows (RGB stored channels first);
+- the statistics a release carries, as plain numpy: per-channel sums, sums of squares, minima
+  and maxima of each image's pixels; the mask's label counts;
+- each block compressed as h5etl stores it (``h5etl/format/codec.py``: plain LZF of the rows,
+  or blosc with lz4, level 5, byte shuffle, typesize 1, one thread), the SHA-256 of the
+  compressed chunk and of the raw rows.
+
+The compressed blocks are discarded: no pipe to a writer, no file. The workers are a loky pool
+as joblib starts one (``get_reusable_executor``; h5etl's own pool is a loky pool too), started
+by this process, so their start-up is inside the timed wall; they take the blocks in order.
+Prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+BATCH = 32
+SIZE = 224
+# h5etl.execute.pool.NATIVE_THREAD_LIMITS, which h5etl's workers get (copied, not imported;
+# a smoke test holds the two equal).
+THREAD_LIMITS = dict.fromkeys(
+    (
+        "OMP_NUM_THREADS",
+        "OPENBLAS_NUM_THREADS",
+        "MKL_NUM_THREADS",
+        "BLIS_NUM_THREADS",
+        "VECLIB_MAXIMUM_THREADS",
+        "NUMEXPR_NUM_THREADS",
+    ),
+    "1",
+)
+# The corpus configs' codecs as h5etl encodes a whole 32-sample block of uint8 rows
+# (``h5etl.format.codec``: ``_lzf_direct``, ``_codec_call``; blosc's default level is 5 and
+# its byte shuffle replaces HDF5's). A smoke test compares the bytes with h5etl's.
+CODECS = ("lzf", "blosc-lz4")
+BLOSC_LEVEL, BLOSC_CNAME, BLOSC_SHUFFLE_BYTE = 5, "lz4", 1
+
+Pair = tuple[str, str]
+
+
+def no_h5etl(where: str) -> None:
+    """Refuse to go on where any module of h5etl is loaded: the limit would pay its cost."""
+    loaded = sorted(name for name in sys.modules if name.startswith("h5etl"))
+    if loaded:
+        raise RuntimeError(f"honest limit ({where}) imported h5etl modules: {loaded[:5]}")
+
+
+def encode(codec: str, rows: Any) -> bytes:
+    """One block's stored chunk, as h5etl's workers encode it."""
+    import imagecodecs
+
+    if codec == "lzf":
+        return bytes(imagecodecs.lzf_encode(rows.data))
+    return bytes(
+        imagecodecs.blosc_encode(
+            rows.data,
+            BLOSC_LEVEL,
+            compressor=BLOSC_CNAME,
+            shuffle=BLOSC_SHUFFLE_BYTE,
+            typesize=1,
+            numthreads=1,
+        )
+    )
+
+
+_BUFFERS: dict[str, Any] = {}
+
+
+def _place(rows: Any, pixels: Any) -> Any:
+    """``pixels`` (h, w) or (h, w, 3) centred into ``rows`` (c, 224, 224); the window."""
+    height, width = pixels.shape[:2]
+    top, left = (SIZE - height) // 2, (SIZE - width) // 2
+    window = rows[:, top : top + height, left : left + width]
+    window[...] = pixels.transpose(2, 0, 1) if pixels.ndim == 3 else pixels
+    return window
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as handle:
+        data = handle.read()
+    hashlib.sha256(data).hexdigest()
+    return data
+
+
+def _mask_labels(mask: Any, path: str) -> Any:
+    """A 0/255 (or 0/1) mask as 0/1, checked the way h5etl checks it."""
+    import numpy as np
+
+    if int(mask.max(initial=0)) <= 1:
+        return mask
+    ones = mask == 255
+    if np.count_nonzero(ones) != np.count_nonzero(mask):
+        raise ValueError(f"{path}: mask values other than 0 and 255")
+    return ones.view(np.uint8)
+
+
+def _image_stats(window: Any) -> list[list[int]]:
+    """Per channel: sum, sum of squares, minimum, maximum (uint8: squares fit uint16)."""
+    import numpy as np
+
+    values = window.astype(np.uint16).reshape(window.shape[0], -1)
+    low, high = values.min(axis=1).tolist(), values.max(axis=1).tolist()
+    sums = values.sum(axis=1, dtype=np.uint32).tolist()
+    np.multiply(values, values, out=values)
+    return [sums, values.sum(axis=1, dtype=np.uint32).tolist(), low, high]
+
+
+def block(pairs: Sequence[Pair], codec: str) -> dict[str, Any]:
+    """Decode, check, pad, count and compress one block of pairs; its digests and counts."""
+    import imagecodecs
+    import numpy as np
+
+    no_h5etl("worker")
+    # Reused like h5etl's own batch buffers: fresh arrays would add a page fault per 4 KiB.
+    image = _BUFFERS.setdefault("image", np.empty((BATCH, 3, SIZE, SIZE), np.uint8))
+    mask = _BUFFERS.setdefault("mask", np.empty((BATCH, 1, SIZE, SIZE), np.uint8))
+    image.fill(0)
+    mask.fill(0)
+    sums = np.zeros(3, np.int64)
+    ones = zeros = 0
+    for row, (image_path, mask_path) in enumerate(pairs):
+        rgb = imagecodecs.png_decode(_read(image_path))
+        if rgb.ndim != 3 or rgb.shape[2] != 3:
+            raise ValueError(f"{image_path}: not an 8-bit RGB PNG")
+        sums += np.array(_image_stats(_place(image[row], rgb))[0])
+        labels = _mask_labels(imagecodecs.png_decode(_read(mask_path)), mask_path)
+        window = _place(mask[row], labels)
+        nonzero = int(np.count_nonzero(window))
+        ones, zeros = ones + nonzero, zeros + window.size - nonzero
+    digests = []
+    for rows in (image, mask):
+        stored = encode(codec, rows)
+        digests.append(hashlib.sha256(stored).hexdigest())  # the chunk's, as h5etl keeps it
+        digests.append(hashlib.sha256(rows.data).hexdigest())  # the raw rows' (block digest)
+    return {"samples": len(pairs), "sums": sums.tolist(), "ones": ones, "zeros": zeros}
+
+
+def pairs_of(corpus: Path) -> list[Pair]:
+    """The corpus's image/mask pairs by name, sorted."""
+    masks = {entry.name for entry in os.scandir(corpus / "masks") if entry.name.endswith(".png")}
+    names = sorted(e.name for e in os.scandir(corpus / "images") if e.name in masks)
+    return [(str(corpus / "images" / n), str(corpus / "masks" / n)) for n in names]
+
+
+def run(corpus: Path, codec: str, jobs: int) -> dict[str, Any]:
+    """Every block of the corpus on ``jobs`` loky workers; totals to show the work was done."""
+    from joblib.externals.loky import get_reusable_executor
+
+    no_h5etl("process")
+    pairs = pairs_of(corpus)
+    blocks = [pairs[i : i + BATCH] for i in range(0, len(pairs), BATCH)]
+    executor = get_reusable_executor(max_workers=jobs, env=THREAD_LIMITS)
+    done = list(executor.map(block, blocks, [codec] * len(blocks)))
+    no_h5etl("process, after the work")
+    return {
+        "samples": sum(d["samples"] for d in done),
+        "mask_ones": sum(d["ones"] for d in done),
+        "image_sum": sum(sum(d["sums"]) for d in done),
+        "h5etl_modules": 0,  # no_h5etl held in this process and in every task
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--corpus", type=Path, required=True, help="folder with images/, masks/")
+    parser.add_argument("--codec", choices=CODECS, default="lzf")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    args = parser.parse_args(argv)
+    for name, value in THREAD_LIMITS.items():  # before numpy loads, as the h5etl CLI does
+        os.environ.setdefault(name, value)
+    print(json.dumps(run(args.corpus, args.codec, args.jobs)))
+
+
+if __name__ == "__main__":
+    # The workers unpickle ``block`` from this file imported by name (loky passes our
+    # sys.path), not from ``__main__``: one module, whichever way it is started.
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import honest_limit
+
+    honest_limit.main()
