@@ -42,6 +42,7 @@ from h5etl.kinds.base import (
     Kind,
     SampleContext,
 )
+from h5etl.transforms.apply import Transforms, check_results, run_chain, run_sample_calls
 
 STAGE = "decode"
 
@@ -58,8 +59,9 @@ def _decode_sample(
         for index, path in enumerate(files)
     ]
     extras = dict(zip(recipe.plan_fields, sample.extras, strict=True))
-    context = SampleContext(sample, contents, extras, files, raw=raw)
+    context = SampleContext(sample, contents, extras, files, raw=raw, whole=recipe.whole)
     values: dict[str, Any] = {}
+    transforms = recipe.transforms
     for index in recipe.order:
         kind = recipe.kinds[index]
         try:
@@ -74,6 +76,12 @@ def _decode_sample(
             values.update(_column_values(kind, found))
         else:
             values[kind.name] = found
+        if transforms is not None:  # a build without transforms pays this test only
+            _run_chain(transforms, kind.name, sample.key, values, context)
+    if transforms is not None:
+        if transforms.sample_calls:
+            values.update(run_sample_calls(transforms, sample.key, values))
+        check_results(transforms, values)
     decoded = DecodedSample(
         position,
         sample,
@@ -87,6 +95,20 @@ def _decode_sample(
     return decoded
 
 
+def _run_chain(
+    transforms: Transforms, name: str, key: str, values: dict[str, Any], context: SampleContext
+) -> None:
+    """Field ``name``'s chain, right after its decode and fit (before padding): a field
+    derived from it (``depends_on``) then sees its transformed value."""
+    chain = transforms.chain_of.get(name)
+    if chain is None:
+        return
+    value = run_chain(transforms, chain, key, values[name])
+    values[name] = value
+    if name in context.fitted:
+        context.fitted[name] = value
+
+
 def _rejects_of(sample: Sample, exc: RejectError, recipe: DecodeRecipe) -> list[Reject]:
     """A rejected sample's rejects, named as a dry run's header probe names them when the
     headers show a defect: they come first (``h5etl.inputs.reasons``), so one damage gets one
@@ -95,7 +117,9 @@ def _rejects_of(sample: Sample, exc: RejectError, recipe: DecodeRecipe) -> list[
         found = probes.probe_samples([sample], recipe.probes)[0]
         if isinstance(found, list):
             return [dataclasses.replace(reject, stage=STAGE) for reject in found]
-    return sample_rejects(sample, STAGE, exc.reason, exc.message, str(exc.path or ""))
+    found = sample_rejects(sample, STAGE, exc.reason, exc.message, str(exc.path or ""))
+    frame = getattr(exc, "frame", "")  # a transform_error's: where user code raised
+    return [dataclasses.replace(r, frame=frame) for r in found] if frame else found
 
 
 def _column_values(kind: Kind, found: Any) -> dict[str, Any]:

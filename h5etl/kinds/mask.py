@@ -24,6 +24,7 @@ from h5etl.kinds.base import (
     StatsKind,
 )
 from h5etl.kinds.fitting import fit, size_text
+from h5etl.transforms.apply import Expectation
 
 Colour = tuple[int, int, int]
 
@@ -46,6 +47,12 @@ class MaskKind(Kind):
     @property
     def depends_on(self) -> tuple[str, ...]:
         return () if self.of is None else (self.of,)
+
+    def expectation(self) -> Expectation:
+        _, height, width = self.layout.shape
+        return Expectation(
+            self.layout.dtype, max_shape=(height, width), values=frozenset(self.values)
+        )
 
     @property
     def stats(self) -> StatsKind:

@@ -26,6 +26,7 @@ from h5etl.inputs.volumes import CaseHeader, open_case, orient
 from h5etl.inputs.volumes import resample as resampling
 from h5etl.inputs.volumes.case import SLAB_ROWS
 from h5etl.inputs.volumes.orient import Reorientation
+from h5etl.transforms.apply import Expectation
 from h5etl.kinds.base import (
     Column,
     EncodedValue,
@@ -99,6 +100,10 @@ class VolumeKind(Kind):
     @property
     def depends_on(self) -> tuple[str, ...]:
         return () if self.of is None else (self.of,)
+
+    def expectation(self) -> Expectation:
+        values = frozenset(self.values) if self.values is not None else None
+        return Expectation(self.layout.dtype, shape=(None, *self.layout.shape), values=values)
 
     @property
     def reads_own_files(self) -> bool:
@@ -176,7 +181,8 @@ class VolumeKind(Kind):
         chunk (every case starts a chunk), no resampling (which needs the whole case) and
         not a raw task (crash isolation joins raw values)."""
         resampled = self.resample_spacing is not None or self.resample_shape is not None
-        return self.layout.rows == 1 and not resampled and not context.raw
+        whole = context.raw or self.name in context.whole  # a transform takes the array
+        return self.layout.rows == 1 and not resampled and not whole
 
     def _encoded(
         self,

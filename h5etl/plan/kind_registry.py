@@ -45,11 +45,17 @@ def layout_of(spec: Spec, name: str) -> ChunkLayout:
 
 
 def kinds_of(spec: Spec) -> tuple[Kind, ...]:
-    """Every field's behaviour, in config order."""
-    return tuple(
+    """Every field's behaviour, in config order (a field a user function derives holds its
+    resolved call: ``h5etl.plan.user_code``)."""
+    kinds = tuple(
         entry_of(field.kind).build(name, field, build_context(spec, name))
         for name, field in spec.fields.items()
     )
+    if any(isinstance(f, ImageField) and f.derive and f.derive.call for f in spec.fields.values()):
+        from h5etl.plan.user_code import with_derive_calls
+
+        kinds = with_derive_calls(spec, kinds)
+    return kinds
 
 
 def plugin_notes(spec: Spec) -> list[str]:

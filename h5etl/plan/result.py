@@ -10,6 +10,7 @@ from typing import Any
 from h5etl.dataflow import Reject, Sample
 from h5etl.decode.probes import ProbeRules
 from h5etl.kinds.base import Kind
+from h5etl.transforms.apply import Transforms
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +31,7 @@ class Plan:
     stamps: dict[str, str] = field(default_factory=dict)  # key -> its files' sizes and mtimes
     probes: ProbeRules | None = None  # what a decode reject re-checks (h5etl.inputs.reasons)
     previous: Mapping[str, str] | None = None  # the parent's split of each name (sticky)
+    transforms: Transforms | None = None  # the config's user code, for the workers (issue 28)
 
     @property
     def total(self) -> int:
