@@ -27,8 +27,7 @@ __all__ = ["app", "main"]
 def validate(config: ConfigArgument) -> None:
     """Check CONFIG without building."""
     from h5etl.config.load import check_tables, load_spec
-    from h5etl.plan.kind_registry import check_installed, plugin_notes
-    from h5etl.plan.user_code import user_code_notes
+    from h5etl.plan.kind_registry import check_installed, plugin_notes, user_code_notes
 
     spec = _run(lambda: load_spec(config))
     _run(lambda: check_tables(spec))  # a broken table is the config's problem, found now

@@ -26,7 +26,6 @@ from h5etl.inputs.volumes import CaseHeader, open_case, orient
 from h5etl.inputs.volumes import resample as resampling
 from h5etl.inputs.volumes.case import SLAB_ROWS
 from h5etl.inputs.volumes.orient import Reorientation
-from h5etl.transforms.apply import Expectation
 from h5etl.kinds.base import (
     Column,
     EncodedValue,
@@ -37,6 +36,7 @@ from h5etl.kinds.base import (
     StatsKind,
     TextColumn,
 )
+from h5etl.transforms.apply import Expectation
 
 AFFINE_MEANS = "voxel (x, y, z, 1) = (column, row, slice, 1) -> RAS+ mm (nibabel)"
 TYPICAL_SLICES = 512  # for the decoded-size estimate that sizes decode tasks

@@ -29,7 +29,6 @@ from h5etl.pipeline.status import BuildStatus
 from h5etl.pipeline.write import BuildRun
 from h5etl.plan import kind_registry as registry
 from h5etl.plan.result import Plan
-from h5etl.plan.user_code import check_user_code
 from h5etl.release.folder import OutputFolder
 from h5etl.resume import journal_use as resume
 from h5etl.shards.committer import Sharding, start_sharded
@@ -84,7 +83,7 @@ def build(
     hook = progress or (lambda stage, advance, total: None)
     epoch = clock.source_date_epoch()  # a malformed one fails now, not after the work
     registry.check_installed(spec)  # a missing extra too, not as a reject per sample
-    check_user_code(spec)  # a transform that cannot run: a config error before any work
+    registry.check_user_code(spec)  # a transform that cannot run: a config error before any work
     if dry_run and not decode:
         workers.warm_up(jobs)  # the header probes run there
         return planning.dry_run(spec, hook, jobs, None)

@@ -27,14 +27,10 @@ from h5etl.transforms.loading import CallError, CallSpec, Loader, ModuleRef
 __all__ = [
     "TRANSFORMS_KEY",
     "UserCode",
-    "check_user_code",
     "user_code",
-    "user_code_notes",
     "with_derive_calls",
     "with_transforms",
 ]
-
-
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,38 +69,6 @@ def user_code(spec: Spec, kinds: Sequence[Kind]) -> UserCode:
     found = _resolve(spec, {kind.name: kind for kind in kinds})
     _LAST[:] = [(spec, found)]
     return found
-
-
-def check_user_code(spec: Spec) -> UserCode:
-    """Resolve ``spec``'s calls now (``validate``, every build): a call that cannot run stops
-    it before any work.
-
-    Raises:
-        ConfigError: as ``user_code``.
-    """
-    from h5etl.plan.kind_registry import kinds_of  # it attaches derive calls through here
-
-    return user_code(spec, kinds_of(spec))
-
-
-def user_code_notes(spec: Spec) -> list[str]:
-    """What ``validate`` says of a config that names user code: that building it runs that
-    code, and which modules it imported (none named: nothing said)."""
-    code = check_user_code(spec)
-    if code.transforms is None:
-        return []
-    modules = ", ".join(
-        f"{m.name} ({m.path})" if m.origin == "beside_config" else f"{m.name} (installed)"
-        for m in code.imported
-    )
-    calls = sum(len(c.calls) for c in code.transforms.chains)
-    calls += len(code.transforms.sample_calls) + len(code.transforms.derived)
-    lines = [f"note: this config runs code: {calls} transform call(s)"]
-    if modules:
-        lines[0] += f"; building it runs the modules {modules}, with your permissions"
-    else:
-        lines[0] += " (built-ins of h5etl only)"
-    return lines
 
 
 def with_derive_calls(spec: Spec, kinds: Sequence[Kind]) -> tuple[Kind, ...]:

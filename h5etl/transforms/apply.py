@@ -25,19 +25,19 @@ from h5etl.errors import RejectError
 from h5etl.transforms.loading import CallSpec, canonical_json, function_of
 
 __all__ = [
+    "DerivedCall",
     "Expectation",
     "FieldChain",
     "SampleCall",
     "TransformRejected",
     "Transforms",
     "apply_transforms",
-    "DerivedCall",
     "chain_site",
-    "derive_site",
-    "run_derive",
     "check_results",
+    "derive_site",
     "rng_for",
     "run_chain",
+    "run_derive",
     "run_sample_calls",
     "sample_site",
 ]

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -156,7 +155,7 @@ def test_a_sample_call_crops_image_and_mask_together(
         assert np.array_equal(masks[name], centre_pad(mask, SHAPE, SHAPE))
     code, out = cli("check", report.path)
     assert code == 0
-    assert "transforms: image: prep:corner (sample: image+mask) {\"size\":8}" in out
+    assert 'transforms: image: prep:corner (sample: image+mask) {"size":8}' in out
     assert "transforms: mask: prep:corner (sample: image+mask)" in out
 
 
@@ -241,7 +240,8 @@ def test_a_result_the_field_cannot_store_is_transform_output(
     assert {r["key"] for r in found} == big
     assert {r["reason"] for r in found} == {"transform_output"}
     image = [r for r in found if f"/{field}s/" in r["path"]]
-    assert image and all(r["detail"].startswith(words) for r in image)
+    assert image
+    assert all(r["detail"].startswith(words) for r in image)
 
 
 @pytest.mark.parametrize(
@@ -261,14 +261,14 @@ def test_a_call_that_cannot_run_is_one_config_line_before_any_work(
     transform: dict[str, Any],
     words: str,
 ) -> None:
-    config = setup(
-        tmp_path, make_raw, write_config, fields={"image": {"transform": [transform]}}
-    )
+    config = setup(tmp_path, make_raw, write_config, fields={"image": {"transform": [transform]}})
     (tmp_path / "broken.py").write_text("raise RuntimeError('at import')\n")
     code, out = cli("validate", config)
     assert code == 2
     line = out.strip()
-    assert "\n" not in line and "fields.image.transform[0]" in line and words in line
+    assert "\n" not in line
+    assert "fields.image.transform[0]" in line
+    assert words in line
     with pytest.raises(ConfigError, match=r"fields\.image\.transform\[0\]"):
         h5etl.build(load_spec(config))
     assert not (tmp_path / "releases").exists()  # nothing was made
@@ -293,7 +293,9 @@ def test_validate_says_the_config_runs_code_and_which_modules(
 def expected_noise(seed: int, key: str, value: np.ndarray, scale: int) -> np.ndarray:
     """The documented rule, written out: SHA-256 of canonical JSON [seed, key, site]."""
     text = json.dumps([seed, key, "image[0]"], separators=(",", ":"))
-    rng = np.random.default_rng(int.from_bytes(hashlib.sha256(text.encode()).digest()[:16], "little"))
+    rng = np.random.default_rng(
+        int.from_bytes(hashlib.sha256(text.encode()).digest()[:16], "little")
+    )
     drawn = rng.integers(-scale, scale + 1, value.shape)
     return np.clip(value.astype(np.int16) + drawn, 0, 255).astype(np.uint8)
 
@@ -342,7 +344,7 @@ def test_an_incremental_build_redoes_what_the_transform_change_can_change(
     assert any("transform changed (image, " in w for w in changed.warnings)
     assert changed.change.startswith("major")
     assert "transform changed (image, " in changed.change
-    code, out = cli("diff", first.path, changed.path)
+    _code, out = cli("diff", first.path, changed.path)
     assert "transform changed (image, " in out
     # an edit of the module beside the config (no config change): the same
     (tmp_path / "prep.py").write_text(PREP + "\n# an edit\n")

@@ -17,14 +17,14 @@ from h5etl.testing import Broken, KindContractTests
 SIDE = 16
 SIZES = ((10, 12), (16, 16), (13, 9), (11, 15))
 SEED = 3
-PREP = '''
+PREP = """
 import numpy as np
 
 
 def noise(value, *, scale, rng):
     drawn = rng.integers(-scale, scale + 1, value.shape)
     return np.clip(value.astype(np.int16) + drawn, 0, 255).astype(np.uint8)
-'''
+"""
 
 
 def drawn_noise(key: str, value: np.ndarray, scale: int) -> np.ndarray:

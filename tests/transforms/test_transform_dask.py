@@ -13,7 +13,6 @@ import pytest
 from conftest import MakeRaw, WriteConfig, read_release
 
 import h5etl
-
 from h5etl.transforms.apply import FieldChain, Transforms, apply_transforms
 from h5etl.transforms.loading import Loader
 
@@ -78,7 +77,8 @@ def test_a_dask_build_stores_the_bytes_of_a_local_one(
     local = h5etl.build(h5etl.load_spec(write_config(tmp_path, fields=noisy)), jobs=1)
     spec = h5etl.load_spec(write_config(tmp_path, fields=noisy, output="dask"))
     remote = h5etl.build(spec, scheduler=cluster.scheduler_address)
-    assert local.path is not None and remote.path is not None
+    assert local.path is not None
+    assert remote.path is not None
     mine, theirs = read_release(local.path), read_release(remote.path)
     assert mine.keys() == theirs.keys()
     for name, data in mine.items():

@@ -18,7 +18,7 @@ from h5etl.format import contract as fileformat
 pytest.importorskip("pydicom")
 pytest.importorskip("nibabel")
 
-from h5etl.examples.volumes import (  # noqa: E402  (after the skips: they need the extra)
+from h5etl.examples.volumes import (
     ct_case,
     series_affine,
     write_dicom_series,
@@ -70,9 +70,7 @@ def config(root: Path) -> Path:
             },
             "mask": {"slice_shape": list(SHAPE), "values": [0, 1, 2]},
         },
-        "transforms": [
-            {"call": "prep:body_crop", "fields": ["ct", "mask"], "args": {"margin": 1}}
-        ],
+        "transforms": [{"call": "prep:body_crop", "fields": ["ct", "mask"], "args": {"margin": 1}}],
         "max_rejects": None,
     }
     path = root / "config.yaml"
@@ -97,7 +95,8 @@ def stored(path: Path) -> dict[str, dict[str, np.ndarray]]:
 def test_a_ct_window_and_a_body_crop_of_ct_and_labels_together(tmp_path: Path) -> None:
     truth = make_cases(tmp_path)
     report = h5etl.build(h5etl.load_spec(config(tmp_path)), jobs=2)
-    assert report.path is not None and not report.rejects
+    assert report.path is not None
+    assert not report.rejects
     got = stored(report.path)
     assert sorted(got) == sorted(truth)
     for name, (volume, labels) in truth.items():
