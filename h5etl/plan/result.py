@@ -3,6 +3,8 @@ order, the rejects, the kinds, the split policy); ``admit`` makes it, every late
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,5 +40,12 @@ class Plan:
         return sum(len(samples) for samples in self.splits.values())
 
     def fingerprint(self) -> str:
-        """What a resume must find unchanged: splits, keys, files, their sizes and mtimes."""
-        return self.digest
+        """What a resume must find unchanged: splits, keys, files, their sizes and mtimes,
+        and the code of the user's transforms (an edit of a module beside the config leaves
+        the config as it was, but not what its samples become)."""
+        if self.transforms is None:
+            return self.digest
+        from h5etl.transforms.identity import field_digests
+
+        code = hashlib.sha256(json.dumps(field_digests(self.transforms), sort_keys=True).encode())
+        return f"{self.digest}+transforms:{code.hexdigest()}"

@@ -79,9 +79,15 @@ def build(config: Path, **kwargs: Any) -> h5etl.BuildReport:
     return report
 
 
-def rows(path: Path, field: str) -> dict[str, np.ndarray]:
+def release(report: h5etl.BuildReport) -> Path:
+    assert report.path is not None
+    return report.path
+
+
+def rows(path: Path | None, field: str) -> dict[str, np.ndarray]:
     """Stored rows by file name (the raw PNG's), every split."""
-    out = {}
+    assert path is not None
+    out: dict[str, np.ndarray] = {}
     with h5py.File(path, "r") as handle:
         for split in ("train", "valid"):
             if f"{split}/{field}" not in handle:
@@ -93,15 +99,18 @@ def rows(path: Path, field: str) -> dict[str, np.ndarray]:
 
 def rgb(path: Path) -> np.ndarray:
     with Image.open(path) as image:
-        return np.asarray(image.convert("RGB"))
+        array: np.ndarray = np.asarray(image.convert("RGB"))
+    return array
 
 
 def mask01(path: Path) -> np.ndarray:
     with Image.open(path) as image:
-        return (np.asarray(image.convert("L")) == 255).astype(np.uint8)
+        grey: np.ndarray = np.asarray(image.convert("L"))
+    return (grey == 255).astype(np.uint8)
 
 
-def layout(path: Path) -> fileformat.LayoutRecord:
+def layout(path: Path | None) -> fileformat.LayoutRecord:
+    assert path is not None
     with h5py.File(path, "r") as handle:
         return fileformat.read_layout(handle)
 
@@ -297,14 +306,15 @@ def expected_noise(seed: int, key: str, value: np.ndarray, scale: int) -> np.nda
         int.from_bytes(hashlib.sha256(text.encode()).digest()[:16], "little")
     )
     drawn = rng.integers(-scale, scale + 1, value.shape)
-    return np.clip(value.astype(np.int16) + drawn, 0, 255).astype(np.uint8)
+    noisy: np.ndarray = np.clip(value.astype(np.int16) + drawn, 0, 255).astype(np.uint8)
+    return noisy
 
 
 def test_a_random_transform_stores_the_same_bytes_for_any_jobs(
     tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
-    noisy = {"image": {"transform": [{"call": "prep:noise", "args": {"scale": 9}}]}}
+    noisy: dict[str, Any] = {"image": {"transform": [{"call": "prep:noise", "args": {"scale": 9}}]}}
     config = setup(tmp_path, make_raw, write_config, fields=noisy, output="one")
     one = build(config, jobs=1)
     two = build(write_config(tmp_path, fields=noisy, output="two"), jobs=2)
@@ -315,9 +325,9 @@ def test_a_random_transform_stores_the_same_bytes_for_any_jobs(
     noisy["image"]["transform"][0]["args"]["scale"] = 9
     threads = build(write_config(tmp_path, fields=noisy, output="one"), jobs=2)
     assert threads.reused == 0
-    first = read_release(one.path)
+    first = read_release(release(one))
     for other in (two, threads):
-        found = read_release(other.path)
+        found = read_release(release(other))
         assert found.keys() == first.keys()
         for name, data in found.items():
             assert np.array_equal(data, first[name]), name
@@ -332,7 +342,7 @@ def test_a_random_transform_stores_the_same_bytes_for_any_jobs(
 def test_an_incremental_build_redoes_what_the_transform_change_can_change(
     tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig
 ) -> None:
-    chain = {"image": {"transform": [{"call": "prep:noise", "args": {"scale": 3}}]}}
+    chain: dict[str, Any] = {"image": {"transform": [{"call": "prep:noise", "args": {"scale": 3}}]}}
     config = setup(tmp_path, make_raw, write_config, fields=chain)
     first = build(config)
     again = h5etl.build(load_spec(config))
@@ -344,7 +354,7 @@ def test_an_incremental_build_redoes_what_the_transform_change_can_change(
     assert any("transform changed (image, " in w for w in changed.warnings)
     assert changed.change.startswith("major")
     assert "transform changed (image, " in changed.change
-    _code, out = cli("diff", first.path, changed.path)
+    _code, out = cli("diff", release(first), release(changed))
     assert "transform changed (image, " in out
     # an edit of the module beside the config (no config change): the same
     (tmp_path / "prep.py").write_text(PREP + "\n# an edit\n")
@@ -356,3 +366,19 @@ def test_an_incremental_build_redoes_what_the_transform_change_can_change(
     grown = build(config)
     assert grown.reused >= 4  # whole blocks of the parent's rows
     assert sum(grown.samples.values()) == 7
+
+
+def test_a_resume_after_an_edit_of_the_module_starts_again(
+    tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig
+) -> None:
+    from h5etl.testing.kill import run_killed_build
+
+    make_raw(tmp_path, n=12)
+    (tmp_path / "prep.py").write_text(PREP)
+    config = write_config(tmp_path, fields={"image": {"transform": [{"call": "prep:invert"}]}})
+    assert run_killed_build(config, after=4) != 0
+    (tmp_path / "prep.py").write_text(PREP.replace("return 255 - value", "return value"))
+    report = h5etl.build(load_spec(config), resume=True)
+    assert report.resumed == 0  # nothing stored by the old code is kept
+    for name, row in rows(report.path, "image").items():
+        assert np.array_equal(row, centre_pad(rgb(tmp_path / "raw/images" / name), SHAPE, SHAPE))

@@ -32,7 +32,8 @@ def drawn_noise(key: str, value: np.ndarray, scale: int) -> np.ndarray:
     text = json.dumps([SEED, key, "image[0]"], separators=(",", ":"))
     seed = int.from_bytes(hashlib.sha256(text.encode()).digest()[:16], "little")
     drawn = np.random.default_rng(seed).integers(-scale, scale + 1, value.shape)
-    return np.clip(value.astype(np.int16) + drawn, 0, 255).astype(np.uint8)
+    noisy: np.ndarray = np.clip(value.astype(np.int16) + drawn, 0, 255).astype(np.uint8)
+    return noisy
 
 
 class TestTransformedImageContract(KindContractTests):
