@@ -368,17 +368,24 @@ def test_an_incremental_build_redoes_what_the_transform_change_can_change(
     assert sum(grown.samples.values()) == 7
 
 
+@pytest.mark.parametrize("edited", [False, True])
 def test_a_resume_after_an_edit_of_the_module_starts_again(
-    tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig
+    tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig, edited: bool
 ) -> None:
     from h5etl.testing.kill import run_killed_build
+    from h5etl.testing.kinds import pinned
 
     make_raw(tmp_path, n=12)
     (tmp_path / "prep.py").write_text(PREP)
     config = write_config(tmp_path, fields={"image": {"transform": [{"call": "prep:invert"}]}})
-    assert run_killed_build(config, after=4) != 0
-    (tmp_path / "prep.py").write_text(PREP.replace("return 255 - value", "return value"))
-    report = h5etl.build(load_spec(config), resume=True)
+    with pinned():
+        assert run_killed_build(config, after=4) != 0
+        if edited:
+            (tmp_path / "prep.py").write_text(PREP.replace("return 255 - value", "return value"))
+        report = h5etl.build(load_spec(config), jobs=2, resume=True, checkpoint_seconds=0)
+    if not edited:
+        assert report.resumed > 0  # the same code: the killed build's samples are kept
+        return
     assert report.resumed == 0  # nothing stored by the old code is kept
     for name, row in rows(report.path, "image").items():
         assert np.array_equal(row, centre_pad(rgb(tmp_path / "raw/images" / name), SHAPE, SHAPE))
