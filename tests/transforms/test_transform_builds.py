@@ -106,7 +106,8 @@ def rgb(path: Path) -> np.ndarray:
 def mask01(path: Path) -> np.ndarray:
     with Image.open(path) as image:
         grey: np.ndarray = np.asarray(image.convert("L"))
-    return (grey == 255).astype(np.uint8)
+    labels: np.ndarray = (grey == 255).astype(np.uint8)
+    return labels
 
 
 def layout(path: Path | None) -> fileformat.LayoutRecord:
