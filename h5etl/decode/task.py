@@ -99,14 +99,12 @@ def _run_chain(
     transforms: Transforms, name: str, key: str, values: dict[str, Any], context: SampleContext
 ) -> None:
     """Field ``name``'s chain, right after its decode and fit (before padding): a field
-    derived from it (``depends_on``) then sees its transformed value."""
+    derived from it (``depends_on``, ``context.fitted``) then sees its transformed value."""
     chain = transforms.chain_of.get(name)
-    if chain is None:
-        return
-    value = run_chain(transforms, chain, key, values[name])
-    values[name] = value
-    if name in context.fitted:
-        context.fitted[name] = value
+    if chain is not None:
+        values[name] = run_chain(transforms, chain, key, values[name])
+    if name in values:  # what a derive call reads: the value as stored, after the chain
+        context.fitted[name] = values[name]
 
 
 def _rejects_of(sample: Sample, exc: RejectError, recipe: DecodeRecipe) -> list[Reject]:

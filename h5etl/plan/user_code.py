@@ -101,7 +101,7 @@ def _resolve(spec: Spec, kinds: Mapping[str, Kind]) -> UserCode:
             _transformable(spec, kinds, name, f"{key}.fields")
         spec_ = _call(loader, step.call, step.args, key, spec)
         samples.append(SampleCall(spec_, tuple(dict.fromkeys(step.fields))))
-    derived = _derived(spec, loader)
+    derived = _derived(spec, loader, kinds)
     if not (chains or samples or derived):
         return UserCode(None, {}, ())
     names = {c.field for c in chains} | {f for s in samples for f in s.fields}
@@ -120,12 +120,21 @@ def _resolve(spec: Spec, kinds: Mapping[str, Kind]) -> UserCode:
     return UserCode(transforms, {d.field: d.call for d in derived}, loader.imported)
 
 
-def _derived(spec: Spec, loader: Loader) -> list[DerivedCall]:
+def _derived(spec: Spec, loader: Loader, kinds: Mapping[str, Kind]) -> list[DerivedCall]:
     found = []
     for name, field in spec.fields.items():
         derive = field.derive if isinstance(field, ImageField) else None
         if derive is None or derive.call is None:
             continue
+        for source in derive.sources:
+            if source == name:
+                raise ConfigError(
+                    "a field cannot be derived from itself",
+                    path=spec.config_file,
+                    key=f"fields.{name}.derive.from",
+                    topic="transforms",
+                )
+            _transformable(spec, kinds, source, f"fields.{name}.derive.from")
         call = _call(loader, derive.call, derive.args or {}, f"fields.{name}.derive.call", spec)
         found.append(DerivedCall(name, call, derive.sources))
     return _in_decode_order(found)

@@ -47,6 +47,10 @@ def grey(value):
     return value.mean(axis=2).astype(np.uint8)
 
 
+def masked_grey(sample):
+    return (sample["image"].mean(axis=2) * sample["mask"]).astype(np.uint8)
+
+
 def fails_on_big(value):
     if value.shape[0] > 20:
         raise ValueError(f"too big: {value.shape[0]} rows")
@@ -181,13 +185,25 @@ def test_a_derived_field_is_computed_by_a_user_function(
         tmp_path,
         make_raw,
         write_config,
-        fields={"image": {"transform": [{"call": "prep:invert"}]}, "grey": edges},
+        fields={
+            "image": {"transform": [{"call": "prep:invert"}]},
+            "grey": edges,
+            "masked": {
+                "kind": "image",
+                "shape": [1, SHAPE, SHAPE],
+                "derive": {"from": ["image", "mask"], "call": "prep:masked_grey"},
+            },
+        },
     )
     report = build(config)
     for name, row in rows(report.path, "grey").items():
         inverted = 255 - rgb(tmp_path / "raw/images" / name)  # it sees the image's chain
         expected = inverted.mean(axis=2).astype(np.uint8)
         assert np.array_equal(row, centre_pad(expected, SHAPE, SHAPE))
+    for name, row in rows(report.path, "masked").items():
+        inverted = 255 - rgb(tmp_path / "raw/images" / name)
+        grey = (inverted.mean(axis=2) * mask01(tmp_path / "raw/masks" / name)).astype(np.uint8)
+        assert np.array_equal(row, centre_pad(grey, SHAPE, SHAPE))
     entry = layout(report.path).fields["grey"].extra[fileformat.TRANSFORMS_KEY]
     assert entry["calls"][0]["step"] == "derive"
     assert layout(report.path).fields["grey"].extra["derived_from"] == ["image"]
@@ -390,3 +406,28 @@ def test_a_resume_after_an_edit_of_the_module_starts_again(
     assert report.resumed == 0  # nothing stored by the old code is kept
     for name, row in rows(report.path, "image").items():
         assert np.array_equal(row, centre_pad(rgb(tmp_path / "raw/images" / name), SHAPE, SHAPE))
+
+
+@pytest.mark.parametrize(
+    ("derive", "key", "words"),
+    [
+        ({"from": "filename", "call": "prep:grey"}, "derive.from", "text field"),
+        ({"from": "grey", "call": "prep:grey"}, "derive.from", "derived from itself"),
+        ({"from": "image", "call": "prep:nothing"}, "derive.call", "has no 'nothing'"),
+        ({"from": ["image", "mask"]}, "derive.from", "need a call"),
+    ],
+)
+def test_a_derive_call_that_cannot_run_is_a_config_error(
+    tmp_path: Path,
+    make_raw: MakeRaw,
+    write_config: WriteConfig,
+    derive: dict[str, Any],
+    key: str,
+    words: str,
+) -> None:
+    grey = {"kind": "image", "shape": [1, SHAPE, SHAPE], "derive": derive}
+    config = setup(tmp_path, make_raw, write_config, fields={"grey": grey})
+    code, out = cli("validate", config)
+    assert code == 2
+    assert f"fields.grey.{key}" in out
+    assert words in out

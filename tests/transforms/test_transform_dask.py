@@ -83,3 +83,26 @@ def test_a_dask_build_stores_the_bytes_of_a_local_one(
     assert mine.keys() == theirs.keys()
     for name, data in mine.items():
         np.testing.assert_array_equal(data, theirs[name], err_msg=name)
+
+
+def test_a_worker_that_cannot_import_the_module_stops_the_build_in_one_line(
+    tmp_path: Path,
+    make_raw: MakeRaw,
+    write_config: WriteConfig,
+    cluster: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An installed module the parent imports and the workers cannot (not on their path):
+    the build stops, naming the call; no release, no reject per sample."""
+    make_raw(tmp_path, n=6)
+    package = tmp_path / "only_here"
+    package.mkdir()
+    (package / "h5etl_only_here_prep.py").write_text(IMAGE_NOISE)
+    monkeypatch.syspath_prepend(str(package))
+    noisy = {"image": {"transform": [{"call": "h5etl_only_here_prep:noise", "args": {"scale": 1}}]}}
+    spec = h5etl.load_spec(write_config(tmp_path, fields=noisy))
+    with pytest.raises(h5etl.H5EtlError) as caught:
+        h5etl.build(spec, scheduler=cluster.scheduler_address)
+    assert "h5etl_only_here_prep" in str(caught.value)
+    assert "\n" not in str(caught.value)
+    assert not list((tmp_path / "releases").glob("*.h5"))

@@ -154,7 +154,8 @@ class ImageField(ArrayField):
 
     def references(self) -> list[tuple[Key, str]]:
         found: list[tuple[Key, str]] = []
-        if self.derive is not None:
+        if self.derive is not None and self.derive.call is None:
+            # a derive by a call may read any array field: h5etl.plan.user_code checks them
             found.extend((("derive", "from"), name) for name in self.derive.sources)
         if self.scale is not None:
             found.append((("scale", "of"), self.scale.of))
