@@ -8,8 +8,8 @@ spec; the layout record of a kind that is not built in carries its reader hints.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from h5etl.config.fields import ImageField, MaskField
 from h5etl.config.fields.builtin import array_layout
