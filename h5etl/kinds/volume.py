@@ -36,6 +36,7 @@ from h5etl.kinds.base import (
     StatsKind,
     TextColumn,
 )
+from h5etl.transforms import builtin
 from h5etl.transforms.apply import Expectation
 
 AFFINE_MEANS = "voxel (x, y, z, 1) = (column, row, slice, 1) -> RAS+ mm (nibabel)"
@@ -309,9 +310,12 @@ class VolumeKind(Kind):
             to_spacing=self.resample_spacing,
             to_shape=self.resample_shape,
         )
-        voxels, spacing, affine = resampling.resample(
-            voxels, spacing, affine, shape=shape, labels=self.values is not None, path=path
-        )
+        before = voxels.shape
+        try:  # the built-in transform resample: the mechanism a config's call runs
+            voxels = builtin.resample(voxels, shape=shape, labels=self.values is not None)
+        except RejectError as exc:
+            raise RejectError(exc.reason, exc.message, path=path) from exc
+        spacing, affine = resampling.regrid(spacing, affine, before, voxels.shape)
         plane = (self.layout.shape[0], self.layout.shape[1])
         fill = self.fill if self.values is None else 0
         voxels, affine = resampling.centre_plane(voxels, affine, plane, fill)

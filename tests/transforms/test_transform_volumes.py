@@ -105,3 +105,34 @@ def test_a_ct_window_and_a_body_crop_of_ct_and_labels_together(tmp_path: Path) -
         assert np.array_equal(got[name]["ct"], np.clip(volume, -200, 300)[cut])
         assert np.array_equal(got[name]["mask"], labels[cut])
         assert len(got[name]["ct"]) < len(volume)  # the crop cut slices
+
+
+def test_the_builtin_resample_is_the_volume_fields_own(tmp_path: Path) -> None:
+    """``transform: [{call: resample}]`` stores the voxels ``resample: {shape}`` stores: the
+    field's option runs the built-in."""
+    pytest.importorskip("scipy")
+    make_cases(tmp_path, cases=2)
+    path = config(tmp_path)
+    data = yaml.safe_load(path.read_text())
+    del data["transforms"]
+    shape = [5, *SHAPE]
+    data["fields"]["ct"] = {"slice_shape": list(SHAPE), "resample": {"shape": shape}}
+    data["fields"]["mask"] = {"slice_shape": list(SHAPE), "values": [0, 1, 2]}
+    path.write_text(yaml.safe_dump({**data, "output": "option"}))
+    option = h5etl.build(h5etl.load_spec(path), jobs=1)
+    data["fields"]["ct"] = {
+        "slice_shape": list(SHAPE),
+        "transform": [{"call": "resample", "args": {"shape": shape}}],
+    }
+    data["fields"]["mask"]["transform"] = [
+        {"call": "resample", "args": {"shape": shape, "labels": True}}
+    ]
+    path.write_text(yaml.safe_dump({**data, "output": "call"}))
+    call = h5etl.build(h5etl.load_spec(path), jobs=1)
+    assert option.path is not None
+    assert call.path is not None
+    by_option, by_call = stored(option.path), stored(call.path)
+    for name, case in by_option.items():
+        assert case["ct"].shape == (5, *SHAPE)
+        assert np.array_equal(case["ct"], by_call[name]["ct"])
+        assert np.array_equal(case["mask"], by_call[name]["mask"])
