@@ -9,14 +9,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from h5etl.dataflow import Sample
 from h5etl.decode.probes import ProbeRules
 from h5etl.kinds.base import ArrayColumn, Column, Kind
-from h5etl.transforms.apply import Transforms
+
+if TYPE_CHECKING:  # workers import apply only for a build that runs transforms
+    from h5etl.transforms.apply import Transforms
 
 
 @dataclass(frozen=True, slots=True)

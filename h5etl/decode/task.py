@@ -20,7 +20,7 @@ import threading
 import time
 import weakref
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -42,7 +42,9 @@ from h5etl.kinds.base import (
     Kind,
     SampleContext,
 )
-from h5etl.transforms.apply import Transforms, check_results, run_chain, run_sample_calls
+
+if TYPE_CHECKING:  # workers import apply only for a build that runs transforms
+    from h5etl.transforms.apply import Transforms
 
 STAGE = "decode"
 
@@ -79,9 +81,7 @@ def _decode_sample(
         if transforms is not None:  # a build without transforms pays this test only
             _run_chain(transforms, kind.name, sample.key, values, context)
     if transforms is not None:
-        if transforms.sample_calls:
-            values.update(run_sample_calls(transforms, sample.key, values))
-        check_results(transforms, values)
+        _run_sample_calls(transforms, sample.key, values)
     decoded = DecodedSample(
         position,
         sample,
@@ -102,9 +102,20 @@ def _run_chain(
     derived from it (``depends_on``, ``context.fitted``) then sees its transformed value."""
     chain = transforms.chain_of.get(name)
     if chain is not None:
+        from h5etl.transforms.apply import run_chain  # imported by builds with transforms only
+
         values[name] = run_chain(transforms, chain, key, values[name])
     if name in values:  # what a derive call reads: the value as stored, after the chain
         context.fitted[name] = values[name]
+
+
+def _run_sample_calls(transforms: Transforms, key: str, values: dict[str, Any]) -> None:
+    """The sample-level calls, after every field; then each touched field's result checked."""
+    from h5etl.transforms.apply import check_results, run_sample_calls
+
+    if transforms.sample_calls:
+        values.update(run_sample_calls(transforms, key, values))
+    check_results(transforms, values)
 
 
 def _rejects_of(sample: Sample, exc: RejectError, recipe: DecodeRecipe) -> list[Reject]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import platform
 import socket
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import h5py
 import numpy as np
@@ -21,9 +21,9 @@ from h5etl.dataflow import BatchResult, valid_text
 from h5etl.history import clock
 from h5etl.history.build_report import BuildReport
 from h5etl.plan.result import Plan
-from h5etl.transforms.apply import Transforms
-from h5etl.transforms.identity import describe, identity_of
-from h5etl.transforms.loading import canonical_json
+
+if TYPE_CHECKING:
+    from h5etl.transforms.apply import Transforms
 
 
 def file_attrs(
@@ -58,6 +58,8 @@ def diagnostics(report: BuildReport, plan: Plan) -> dict[str, Any]:
         out[f"samples_{split}"] = count
     out["renamed_keys"] = [f"{valid_text(old)} -> {new}" for old, new in plan.renamed]
     if plan.transforms is not None:  # only a build that ran user code records it (issue 28)
+        from h5etl.transforms.loading import canonical_json
+
         out[TRANSFORMS_ATTR] = canonical_json(transforms_lineage(plan.transforms))
     return out
 
@@ -70,6 +72,8 @@ def transforms_lineage(transforms: Transforms) -> dict[str, Any]:
     layout record's, ``describe``), the modules imported and the libraries' versions the
     transforms ran with (numpy, each distribution a transform comes from). No path, host or
     time: the same config and code give the same record anywhere."""
+    from h5etl.transforms.identity import describe, identity_of
+
     described = describe(transforms)
     calls = [spec for chain in transforms.chains for spec in chain.calls]
     calls += [step.call for step in transforms.sample_calls]

@@ -20,10 +20,10 @@ from h5etl.dataflow import EncodedRows, Sample
 from h5etl.errors import KindDefinitionError
 from h5etl.format.codec import ChunkLayout, CompressionLike
 from h5etl.format.contract import FieldRecord
-from h5etl.transforms.apply import Expectation
 
 if TYPE_CHECKING:
     from h5etl.kinds.tabular import Prepared
+    from h5etl.transforms.apply import Expectation
 
 __all__ = [
     "ArrayColumn",

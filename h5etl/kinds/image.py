@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 
@@ -22,9 +22,10 @@ from h5etl.kinds.base import (
     StatsKind,
 )
 from h5etl.kinds.fitting import fit, size_text
-from h5etl.transforms import builtin
-from h5etl.transforms.apply import Expectation, run_derive
-from h5etl.transforms.loading import CallSpec
+
+if TYPE_CHECKING:
+    from h5etl.transforms.apply import Expectation
+    from h5etl.transforms.loading import CallSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +57,8 @@ class ImageKind(Kind):
         return tuple(dict.fromkeys(name for name in named if name is not None))
 
     def expectation(self) -> Expectation:
+        from h5etl.transforms.apply import Expectation  # parent side, for transforms only
+
         _, height, width = self.layout.shape
         shape = (height, width) if self.mode == "L" else (height, width, 3)
         return Expectation(self.layout.dtype, max_shape=shape)
@@ -115,6 +118,8 @@ class ImageKind(Kind):
     def _computed(self, context: SampleContext, call: CallSpec) -> np.ndarray:
         """The value a user function computes from its sources' stored values (after their
         chains), checked against this field: no fitting, no conversion of its own."""
+        from h5etl.transforms.apply import run_derive  # a build with a derive call only
+
         sources = self.derive_sources
         given: Any = (
             context.fitted[sources[0]]
@@ -150,6 +155,8 @@ class ImageKind(Kind):
             size = (height // self.derive_factor, width // self.derive_factor)
         with pixels.rejecting_surprises(path, f"derive {self.name}"):
             # the built-in transform ``resize``: the same code a config's ``call: resize`` runs
+            from h5etl.transforms import builtin
+
             resized = builtin.resize(source, size=size, filter=self.derive_filter)  # type: ignore[arg-type]
         channels = "RGB" if resized.ndim == 3 else "L"
         converted = pixels.convert(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -24,7 +24,9 @@ from h5etl.kinds.base import (
     StatsKind,
 )
 from h5etl.kinds.fitting import fit, size_text
-from h5etl.transforms.apply import Expectation
+
+if TYPE_CHECKING:
+    from h5etl.transforms.apply import Expectation
 
 Colour = tuple[int, int, int]
 
@@ -49,6 +51,8 @@ class MaskKind(Kind):
         return () if self.of is None else (self.of,)
 
     def expectation(self) -> Expectation:
+        from h5etl.transforms.apply import Expectation  # parent side, for transforms only
+
         _, height, width = self.layout.shape
         return Expectation(
             self.layout.dtype, max_shape=(height, width), values=frozenset(self.values)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -36,8 +36,9 @@ from h5etl.kinds.base import (
     StatsKind,
     TextColumn,
 )
-from h5etl.transforms import builtin
-from h5etl.transforms.apply import Expectation
+
+if TYPE_CHECKING:
+    from h5etl.transforms.apply import Expectation
 
 AFFINE_MEANS = "voxel (x, y, z, 1) = (column, row, slice, 1) -> RAS+ mm (nibabel)"
 TYPICAL_SLICES = 512  # for the decoded-size estimate that sizes decode tasks
@@ -103,6 +104,8 @@ class VolumeKind(Kind):
         return () if self.of is None else (self.of,)
 
     def expectation(self) -> Expectation:
+        from h5etl.transforms.apply import Expectation  # parent side, for transforms only
+
         values = frozenset(self.values) if self.values is not None else None
         return Expectation(self.layout.dtype, shape=(None, *self.layout.shape), values=values)
 
@@ -310,6 +313,8 @@ class VolumeKind(Kind):
             to_spacing=self.resample_spacing,
             to_shape=self.resample_shape,
         )
+        from h5etl.transforms import builtin  # the few builds that resample
+
         before = voxels.shape
         try:  # the built-in transform resample: the mechanism a config's call runs
             voxels = builtin.resample(voxels, shape=shape, labels=self.values is not None)

@@ -7,12 +7,14 @@ import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from h5etl.dataflow import Reject, Sample
 from h5etl.decode.probes import ProbeRules
 from h5etl.kinds.base import Kind
-from h5etl.transforms.apply import Transforms
+
+if TYPE_CHECKING:
+    from h5etl.transforms.apply import Transforms
 
 
 @dataclass(frozen=True, slots=True)
