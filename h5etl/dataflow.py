@@ -120,15 +120,21 @@ class Reject:
     reason: str
     detail: str = ""
     key: str = ""
+    # where user code raised (``file:line in function``) for a ``transform_error``; written
+    # to the rejects file only when set, so other rejects keep their record
+    frame: str = ""
 
     def as_json(self) -> dict[str, str]:
-        return {
+        out = {
             "path": self.path,
             "stage": self.stage,
             "reason": self.reason,
             "detail": self.detail,
             "key": self.key,
         }
+        if self.frame:
+            out["frame"] = self.frame
+        return out
 
 
 def sample_rejects(

@@ -37,6 +37,7 @@ from h5etl.kinds.base import (
     check_hooks,
 )
 from h5etl.kinds.tabular import Prepared
+from h5etl.transforms.apply import Expectation
 
 __all__ = [
     "GROUP",
@@ -46,6 +47,7 @@ __all__ = [
     "ChunkLayout",
     "Codec",
     "Column",
+    "Expectation",
     "FieldModel",
     "FieldRecord",
     "Kind",

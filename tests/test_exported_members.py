@@ -55,6 +55,7 @@ KIND_API = [
     "ChunkLayout",
     "Codec",
     "Column",
+    "Expectation",
     "FieldModel",
     "FieldRecord",
     "Kind",

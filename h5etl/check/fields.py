@@ -219,3 +219,28 @@ def grid_problems(
             f"{orient.described(mine[first], tuple(spacing[first]))} vs "
             f"{orient.described(theirs[first], tuple(spacing[first]))})"
         )
+
+
+def transform_lines(record: fileformat.LayoutRecord) -> list[str]:
+    """``transforms:`` lines, one per field whose values user code made (issue 28): each
+    call in the order it ran, its arguments, and the field's code digest."""
+    lines = []
+    for name, field in record.fields.items():
+        entry = field.extra.get(fileformat.TRANSFORMS_KEY)
+        if not isinstance(entry, dict):
+            continue
+        calls = []
+        for call in entry.get("calls", []):
+            text = str(call.get("call"))
+            step = call.get("step")
+            if step == "sample":
+                text = f"{text} (sample: {'+'.join(call.get('fields', []))})"
+            elif step == "derive":
+                text = f"{text} (derive from {', '.join(call.get('from', []))})"
+            args = call.get("args")
+            if args and args != "{}":
+                text += f" {args}"
+            calls.append(text)
+        digest = str(entry.get("digest", ""))[:12]
+        lines.append(f"transforms: {name}: {' -> '.join(calls)} [code {digest}]")
+    return lines

@@ -21,7 +21,13 @@ import hdf5plugin  # noqa: F401  (registers the Blosc/Zstd filters for reading)
 
 from h5etl.check import deep as check_deep
 from h5etl.check import ragged as check_ragged
-from h5etl.check.fields import empty_classes, field_lines, grid_problems, group_lines
+from h5etl.check.fields import (
+    empty_classes,
+    field_lines,
+    grid_problems,
+    group_lines,
+    transform_lines,
+)
 from h5etl.format import contract as fileformat
 from h5etl.format import fileinfo, partfiles
 from h5etl.format.contract import (
@@ -155,6 +161,7 @@ def check_release(path: Path, *, deep: bool = False) -> CheckReport:
             record = _layout(handle, report)
         with _section(report, f"root attr {fileformat.PARTS_ATTR!r}"):
             _parts_section(handle, report)
+        report.lines.extend(transform_lines(record))
         expected = _diagnostics(handle, report)
         if not expected:
             report.problem(f"no /{DIAGNOSTICS_DATASETS}: not an h5etl release, or damaged")

@@ -27,11 +27,12 @@ __all__ = ["app", "main"]
 def validate(config: ConfigArgument) -> None:
     """Check CONFIG without building."""
     from h5etl.config.load import check_tables, load_spec
-    from h5etl.plan.kind_registry import check_installed, plugin_notes
+    from h5etl.plan.kind_registry import check_installed, plugin_notes, user_code_notes
 
     spec = _run(lambda: load_spec(config))
     _run(lambda: check_tables(spec))  # a broken table is the config's problem, found now
     _run(lambda: check_installed(spec))  # a missing extra too
+    code_notes = _run(lambda: user_code_notes(spec))  # every call resolves, or exit 2
     fields = ", ".join(f"{name} ({spec.kind_of(name)})" for name in spec.fields)
     _say(f"{config}: OK ({spec.name}: fields {fields}; splits {', '.join(spec.splits)})")
     for name, kind in spec.inferred_kinds.items():
@@ -39,7 +40,7 @@ def validate(config: ConfigArgument) -> None:
             f"note: fields.{name} has no kind: read as kind: {kind}, as before kinds existed "
             f"(write kind: {kind} to say so)"
         )
-    for line in plugin_notes(spec):
+    for line in [*plugin_notes(spec), *code_notes]:
         _say(line)
 
 

@@ -138,6 +138,8 @@ def _shown(value: Any) -> str:
 
 
 def _change_line(change: Change) -> str:
+    if change.category == "transform":  # its digests are in where already
+        return f"  transform {change.where}"
     if change.before is None:
         return f"  + {change.where}: {_shown(change.after)}"
     if change.after is None:

@@ -162,7 +162,8 @@ def _reads_one_of(name: str, field: Any, sources: Mapping[str, Any]) -> bool:
         return "json" not in origin or origin["json"] in sources
     derive = field.get("derive")
     if isinstance(derive, Mapping):  # computed from a field: kept when that one's source is
-        return derive.get("from") in sources
+        named = derive.get("from")
+        return all(n in sources for n in ([named] if isinstance(named, str) else named or []))
     kind = field.get("kind") or inferred_kind(field)
     if source is None and kind in {"text", "label"}:
         return True  # it names the first source's files, whatever that source is called

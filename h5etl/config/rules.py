@@ -181,7 +181,7 @@ def _pair_problems(spec: SpecView) -> list[Problem]:
         if field.scale is not None:
             pairs.append(("scale.of", field.scale.of, field.scale.factor, True))
         if field.derive is not None and field.derive.factor is not None:
-            pairs.append(("derive.from", field.derive.from_field, field.derive.factor, False))
+            pairs.append(("derive.from", field.derive.sources[0], field.derive.factor, False))
         for where, other, factor, high in pairs:
             partner = spec.fields.get(other)
             if not isinstance(partner, ImageField) or partner.shape is None:

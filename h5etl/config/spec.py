@@ -22,6 +22,7 @@ from pydantic import (
 )
 
 from h5etl.config import rules
+from h5etl.config.calls import SampleCallModel
 from h5etl.config.fields import ArrayField, FieldSpec, SeriesField
 from h5etl.config.rules import NAME_PATTERN, check_name
 from h5etl.config.sections import (
@@ -84,6 +85,8 @@ class Spec(Strict):
     seed: int = 0
     group_by: GroupBy | None = None  # written as splits.group_by (see _group_by_in_splits)
     fields: Annotated[dict[str, FieldSpec], Field(min_length=1)]
+    # sample-level user code (issue 28): each call sees several fields and returns them
+    transforms: list[SampleCallModel] = Field(default_factory=list)
     layout: str = fileformat.DEFAULT_TEMPLATE
     stratify: str | None = None  # a label field: each class split in the split fractions
     storage: StorageSpec = StorageSpec()
@@ -287,8 +290,11 @@ def spec_text(spec: Spec) -> str:
     data = spec.model_dump(mode="json", by_alias=True, exclude={"notes"})
     del data["decode"]  # where decoding ran: how the release was built, not what it holds
     data["fields"] = {
-        name: {"kind": field.pop("kind"), **field} for name, field in data["fields"].items()
+        name: {"kind": field.pop("kind"), **_without_unused_calls(field)}
+        for name, field in data["fields"].items()
     }
+    if not data["transforms"]:  # configs without user code keep their text and digest
+        del data["transforms"]
     group_by = data.pop("group_by")
     if group_by is not None:
         data["splits"]["group_by"] = {k: v for k, v in group_by.items() if v is not None}
@@ -305,6 +311,19 @@ def spec_text(spec: Spec) -> str:
     text = yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
     _LAST_TEXT[:] = [(spec, text)]
     return text
+
+
+def _without_unused_calls(field: dict[str, Any]) -> dict[str, Any]:
+    """A field's config without the user-code keys it does not use (issue 28), so a config
+    without them stores the text (and digest) it stored before they existed."""
+    if not field.get("transform"):
+        field.pop("transform", None)
+    derive = field.get("derive")
+    if isinstance(derive, dict):
+        for key in ("call", "args"):
+            if derive.get(key) is None:
+                derive.pop(key, None)
+    return field
 
 
 def spec_sha256(spec: Spec) -> str:

@@ -9,13 +9,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from h5etl.dataflow import Sample
 from h5etl.decode.probes import ProbeRules
 from h5etl.kinds.base import ArrayColumn, Column, Kind
+
+if TYPE_CHECKING:  # workers import apply only for a build that runs transforms
+    from h5etl.transforms.apply import Transforms
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,10 +34,17 @@ class DecodeRecipe:
     multi: frozenset[str] = frozenset()  # kinds whose decode returns a dict by column
     self_read: frozenset[int] = frozenset()  # sources their kinds read themselves
     probes: ProbeRules | None = None  # the header probes that name a rejected sample's defect
+    # the user's transforms (issue 28), run after each field's decode and fit; None: none
+    transforms: Transforms | None = None
+    whole: frozenset[str] = frozenset()  # fields a transform needs whole (never streamed)
 
     @classmethod
     def of(
-        cls, kinds: Sequence[Kind], order: Sequence[int], probes: ProbeRules | None = None
+        cls,
+        kinds: Sequence[Kind],
+        order: Sequence[int],
+        probes: ProbeRules | None = None,
+        transforms: Transforms | None = None,
     ) -> DecodeRecipe:
         planned = tuple(kind.name for kind in kinds if kind.plan_side)
         columns = tuple(
@@ -51,7 +61,19 @@ class DecodeRecipe:
             for kind in kinds
             if kind.reads_own_files and kind.source_index is not None
         )
-        return cls(tuple(kinds), tuple(order), planned, columns, arrays, multi, self_read, probes)
+        whole = frozenset(transforms.touched) if transforms is not None else frozenset()
+        return cls(
+            tuple(kinds),
+            tuple(order),
+            planned,
+            columns,
+            arrays,
+            multi,
+            self_read,
+            probes,
+            transforms,
+            whole,
+        )
 
 
 @dataclass(slots=True)

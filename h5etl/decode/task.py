@@ -20,7 +20,7 @@ import threading
 import time
 import weakref
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -43,6 +43,9 @@ from h5etl.kinds.base import (
     SampleContext,
 )
 
+if TYPE_CHECKING:  # workers import apply only for a build that runs transforms
+    from h5etl.transforms.apply import Transforms
+
 STAGE = "decode"
 
 
@@ -58,8 +61,9 @@ def _decode_sample(
         for index, path in enumerate(files)
     ]
     extras = dict(zip(recipe.plan_fields, sample.extras, strict=True))
-    context = SampleContext(sample, contents, extras, files, raw=raw)
+    context = SampleContext(sample, contents, extras, files, raw=raw, whole=recipe.whole)
     values: dict[str, Any] = {}
+    transforms = recipe.transforms
     for index in recipe.order:
         kind = recipe.kinds[index]
         try:
@@ -74,6 +78,10 @@ def _decode_sample(
             values.update(_column_values(kind, found))
         else:
             values[kind.name] = found
+        if transforms is not None:  # a build without transforms pays this test only
+            _run_chain(transforms, kind.name, sample.key, values, context)
+    if transforms is not None:
+        _run_sample_calls(transforms, sample.key, values)
     decoded = DecodedSample(
         position,
         sample,
@@ -87,6 +95,29 @@ def _decode_sample(
     return decoded
 
 
+def _run_chain(
+    transforms: Transforms, name: str, key: str, values: dict[str, Any], context: SampleContext
+) -> None:
+    """Field ``name``'s chain, right after its decode and fit (before padding): a field
+    derived from it (``depends_on``, ``context.fitted``) then sees its transformed value."""
+    chain = transforms.chain_of.get(name)
+    if chain is not None:
+        from h5etl.transforms.apply import run_chain  # imported by builds with transforms only
+
+        values[name] = run_chain(transforms, chain, key, values[name])
+    if name in values:  # what a derive call reads: the value as stored, after the chain
+        context.fitted[name] = values[name]
+
+
+def _run_sample_calls(transforms: Transforms, key: str, values: dict[str, Any]) -> None:
+    """The sample-level calls, after every field; then each touched field's result checked."""
+    from h5etl.transforms.apply import check_results, run_sample_calls
+
+    if transforms.sample_calls:
+        values.update(run_sample_calls(transforms, key, values))
+    check_results(transforms, values)
+
+
 def _rejects_of(sample: Sample, exc: RejectError, recipe: DecodeRecipe) -> list[Reject]:
     """A rejected sample's rejects, named as a dry run's header probe names them when the
     headers show a defect: they come first (``h5etl.inputs.reasons``), so one damage gets one
@@ -95,7 +126,9 @@ def _rejects_of(sample: Sample, exc: RejectError, recipe: DecodeRecipe) -> list[
         found = probes.probe_samples([sample], recipe.probes)[0]
         if isinstance(found, list):
             return [dataclasses.replace(reject, stage=STAGE) for reject in found]
-    return sample_rejects(sample, STAGE, exc.reason, exc.message, str(exc.path or ""))
+    found = sample_rejects(sample, STAGE, exc.reason, exc.message, str(exc.path or ""))
+    frame = getattr(exc, "frame", "")  # a transform_error's: where user code raised
+    return [dataclasses.replace(r, frame=frame) for r in found] if frame else found
 
 
 def _column_values(kind: Kind, found: Any) -> dict[str, Any]:

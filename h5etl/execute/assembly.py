@@ -30,6 +30,7 @@ from h5etl.kinds.base import ArrayColumn, TextColumn
 from h5etl.plan import tasks
 from h5etl.plan.kind_registry import decode_order, layout_of, layout_records
 from h5etl.plan.result import Plan
+from h5etl.plan.user_code import with_transforms
 from h5etl.sink.small_columns import SinkLayout
 
 logger = logging.getLogger(__name__)
@@ -37,7 +38,7 @@ logger = logging.getLogger(__name__)
 
 def recipe_of(plan: Plan) -> DecodeRecipe:
     """What workers decode with: the plan's kinds (bound to the inputs), in decode order."""
-    return DecodeRecipe.of(plan.kinds, decode_order(plan.kinds), plan.probes)
+    return DecodeRecipe.of(plan.kinds, decode_order(plan.kinds), plan.probes, plan.transforms)
 
 
 def layouts_of(spec: Spec) -> dict[str, ChunkLayout]:
@@ -144,7 +145,7 @@ def layout_record(spec: Spec, plan: Plan) -> fileformat.LayoutRecord:
     return fileformat.LayoutRecord(
         spec.layout,
         tuple(spec.splits),
-        layout_records(plan.kinds),
+        with_transforms(layout_records(plan.kinds), plan.transforms),
         samples=fileformat.SAMPLE_KEYS,
     )
 

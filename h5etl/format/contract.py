@@ -99,6 +99,9 @@ STORY_ATTRS = (
 )
 # In DIAGNOSTICS: one row per rejected input, as in the rejects report beside the release
 REJECTS_DATASET = "rejects"
+# a field's layout record entry naming the user code that made its values (issue 28): its
+# digest (what an incremental build compares) and each call; only on fields a transform made
+TRANSFORMS_KEY = "transforms"
 REJECT_COLUMNS = ("path", "stage", "reason", "detail", "key")
 # On the DIAGNOSTICS group: reject counts by reason (rejects_<reason>, rejects_total)
 REJECTS_PREFIX = "rejects_"

@@ -7,14 +7,23 @@ reasons, and the JSON that ``h5etl diff --json`` prints.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from h5etl.format.contract import TRANSFORMS_KEY
 from h5etl.history.diff_rejects import RejectsDiff
 from h5etl.history.snapshot import Identity, Snapshot
 
-__all__ = ["Change", "Label", "Moved", "ReleaseDiff", "SampleChange"]
+__all__ = [
+    "Change",
+    "Label",
+    "Moved",
+    "ReleaseDiff",
+    "SampleChange",
+    "transform_change",
+    "transform_digest",
+]
 
 Label = Literal["major", "minor", "patch"]
 
@@ -30,6 +39,25 @@ class Change:
 
     def as_json(self) -> dict[str, Any]:
         return {"category": self.category, "where": self.where, "a": self.before, "b": self.after}
+
+
+def transform_digest(extra: Mapping[str, Any] | None) -> str | None:
+    """A field's transform digest from its layout record's ``extra`` (None: no transform)."""
+    entry = (extra or {}).get(TRANSFORMS_KEY)
+    return str(entry.get("digest")) if isinstance(entry, Mapping) else None
+
+
+def transform_change(
+    name: str, before: Mapping[str, Any] | None, after: Mapping[str, Any] | None
+) -> Change | None:
+    """``transform changed (image, 3f1c9a0b2e4d -> 77d04c1e9f2a)`` when the code that makes
+    field ``name``'s values differs between two layout records' ``extra``s (issue 28); a
+    field without a transform on one side shows ``none``."""
+    was, now = transform_digest(before), transform_digest(after)
+    if was == now:
+        return None
+    shown = [d[:12] if d is not None else "none" for d in (was, now)]
+    return Change("transform", f"changed ({name}, {shown[0]} -> {shown[1]})", was, now)
 
 
 @dataclass(frozen=True, slots=True)

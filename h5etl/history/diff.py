@@ -21,7 +21,8 @@ from typing import Any
 import yaml
 
 from h5etl.format import contract as fileformat
-from h5etl.history.changes import Change, Moved, ReleaseDiff, SampleChange
+from h5etl.format.contract import TRANSFORMS_KEY
+from h5etl.history.changes import Change, Moved, ReleaseDiff, SampleChange, transform_change
 from h5etl.history.diff_rejects import compare_rejects, reject_notes
 from h5etl.history.snapshot import (
     FILENAME_FIELD,
@@ -149,7 +150,12 @@ def _layout_changes(a: Snapshot, b: Snapshot) -> list[Change]:
             shown = [None if r is None else r.as_json() for r in (before, after)]
             out.append(Change("field", name, *shown))
             continue
+        code = transform_change(name, before.extra, after.extra)
+        if code is not None:  # the code that makes its values (issue 28), by its digest
+            out.append(code)
         for prop, was, now in _field_props(before.as_json(), after.as_json()):
+            if prop == TRANSFORMS_KEY:
+                continue
             if not inferred or prop in INFERRED_PROPS:
                 out.append(Change("field", f"{name} {prop}", was, now))
     for split in a.layout.splits:

@@ -8,10 +8,12 @@ the same inputs make the same bytes; the run's own facts (timings, ``--jobs``, h
 from __future__ import annotations
 
 import hashlib
+import platform
 import socket
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import h5py
+import numpy as np
 
 from h5etl._version import __version__
 from h5etl.config.spec import Spec, spec_sha256, spec_text
@@ -19,6 +21,9 @@ from h5etl.dataflow import BatchResult, valid_text
 from h5etl.history import clock
 from h5etl.history.build_report import BuildReport
 from h5etl.plan.result import Plan
+
+if TYPE_CHECKING:
+    from h5etl.transforms.apply import Transforms
 
 
 def file_attrs(
@@ -52,7 +57,38 @@ def diagnostics(report: BuildReport, plan: Plan) -> dict[str, Any]:
     for split, count in report.samples.items():
         out[f"samples_{split}"] = count
     out["renamed_keys"] = [f"{valid_text(old)} -> {new}" for old, new in plan.renamed]
+    if plan.transforms is not None:  # only a build that ran user code records it (issue 28)
+        from h5etl.transforms.loading import canonical_json
+
+        out[TRANSFORMS_ATTR] = canonical_json(transforms_lineage(plan.transforms))
     return out
+
+
+TRANSFORMS_ATTR = "transforms"  # of /diagnostics: the code that made the values, as JSON
+
+
+def transforms_lineage(transforms: Transforms) -> dict[str, Any]:
+    """What the lineage records of a build's user code: every call with its identity (the
+    layout record's, ``describe``), the modules imported and the libraries' versions the
+    transforms ran with (numpy, each distribution a transform comes from). No path, host or
+    time: the same config and code give the same record anywhere."""
+    from h5etl.transforms.identity import describe, identity_of
+
+    described = describe(transforms)
+    calls = [spec for chain in transforms.chains for spec in chain.calls]
+    calls += [step.call for step in transforms.sample_calls]
+    calls += [derived.call for derived in transforms.derived]
+    modules: dict[str, dict[str, Any]] = {}
+    libraries = {"numpy": np.__version__, "python": platform.python_version()}
+    for spec in calls:
+        identity = identity_of(spec)
+        modules.setdefault(
+            identity.module,
+            {"origin": identity.origin, "sha256": identity.source_sha256},
+        )
+        if identity.distribution is not None and identity.version is not None:
+            libraries[identity.distribution] = identity.version
+    return {**described, "modules": modules, "libraries": libraries}
 
 
 def build_facts(report: BuildReport, jobs: int) -> dict[str, Any]:

@@ -30,6 +30,7 @@ from h5etl.dataflow import BatchResult, Sample, text_bytes, valid_text
 from h5etl.errors import RejectError
 from h5etl.execute import local_threads
 from h5etl.format.contract import SAMPLE_KEY, LayoutRecord
+from h5etl.history.changes import transform_change
 from h5etl.incremental.parent import Parent, ParentSplit
 from h5etl.inputs import opening as inputs
 from h5etl.plan.result import Plan
@@ -171,6 +172,14 @@ def why_not(
         return f"the carry record beside v{parent.version:04d} is not that release's"
     if record.get("block") != block:
         return "the chunk rows changed"
+    changed = [
+        change
+        for name, record in layout.fields.items()
+        if (old := parent.layout.fields.get(name)) is not None
+        and (change := transform_change(name, old.extra, record.extra)) is not None
+    ]
+    if changed:  # the code that makes a field's values: every sample is made again
+        return "; ".join(f"{c.category} {c.where}" for c in changed)
     if config_core(parent.config) != config_core(config):
         return f"the config differs from v{parent.version:04d}'s in more than {VOLATILE_KEYS}"
     theirs = {n: r.as_json() for n, r in parent.layout.fields.items()}

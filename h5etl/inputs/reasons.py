@@ -55,6 +55,8 @@ TABLE: tuple[Reason, ...] = (
     Reason("mask_not_single_channel", "a colour mask whose R, G and B differ", DECODE),
     Reason("mask_values", "mask labels outside the field's `values`", DECODE),
     Reason("unknown_color", "a mask colour missing from `colors`", DECODE),
+    Reason("transform_error", "a transform of the config raised on it", DECODE),
+    Reason("transform_output", "a transform's result the field cannot store", DECODE),
     Reason("memory_error", "ran out of memory decoding it", DECODE),
     Reason("worker_crashed", "its decoder kills the worker process", DECODE),
 )

@@ -23,6 +23,7 @@ from h5etl.format.contract import FieldRecord
 
 if TYPE_CHECKING:
     from h5etl.kinds.tabular import Prepared
+    from h5etl.transforms.apply import Expectation
 
 __all__ = [
     "ArrayColumn",
@@ -171,6 +172,8 @@ class SampleContext:
     digests: dict[int, str] = field(default_factory=dict)
     notes: dict[str, Any] = field(default_factory=dict)  # field -> what it learnt of its input
     raw: bool = False  # the task keeps its values raw (crash isolation): no EncodedValue
+    # fields a transform reads or makes (issue 28): decoded whole, never as an EncodedValue
+    whole: frozenset[str] = frozenset()
 
     def path(self, source_index: int) -> str:
         return self.files[source_index]
@@ -213,6 +216,7 @@ class Kind:
     ``sample_nbytes``                    no          parent (sizes decode tasks)
     ``probe_header``, ``header_checks``  no          worker (a dry run's header probe)
     ``probe_target``                     no          parent (a dry run's image probe)
+    ``expectation()``                    no          parent (what a transform must give)
     ``record()``                         no          parent (the layout record)
     ===================================  ==========  ================================
     """
@@ -348,6 +352,12 @@ class Kind:
     def probe_target(self) -> ProbeTarget | None:
         """What a header probe can check of this field without decoding it; None: nothing
         (the field reads no image file)."""
+        return None
+
+    def expectation(self) -> Expectation | None:
+        """What a transform's result for this field must be (dtype, shape, labels): a
+        result that is not is rejected as ``transform_output``. None: a transform cannot
+        make this field's value (``validate`` refuses a transform on it)."""
         return None
 
     def record(self) -> FieldRecord:

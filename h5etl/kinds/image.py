@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 
@@ -23,6 +23,10 @@ from h5etl.kinds.base import (
 )
 from h5etl.kinds.fitting import fit, size_text
 
+if TYPE_CHECKING:
+    from h5etl.transforms.apply import Expectation
+    from h5etl.transforms.loading import CallSpec
+
 
 @dataclass(frozen=True, slots=True)
 class ImageKind(Kind):
@@ -38,6 +42,10 @@ class ImageKind(Kind):
     scale_factor: int = 1
     with_stats: bool = True
     grid: int = 1  # pads and crops on multiples of this: it pairs with a field this much smaller
+    # derive: {from: [...], call}: a user function computes it from those fields (issue 28)
+    derive_call: CallSpec | None = None
+    derive_sources: tuple[str, ...] = ()
+    seed: int = 0  # the config's: a random derive call's generator is seeded from it
 
     @property
     def column(self) -> Column:
@@ -45,7 +53,15 @@ class ImageKind(Kind):
 
     @property
     def depends_on(self) -> tuple[str, ...]:
-        return tuple(name for name in (self.derive_from, self.scale_of) if name is not None)
+        named = (self.derive_from, self.scale_of, *self.derive_sources)
+        return tuple(dict.fromkeys(name for name in named if name is not None))
+
+    def expectation(self) -> Expectation:
+        from h5etl.transforms.apply import Expectation  # parent side, for transforms only
+
+        _, height, width = self.layout.shape
+        shape = (height, width) if self.mode == "L" else (height, width, 3)
+        return Expectation(self.layout.dtype, max_shape=shape)
 
     @property
     def stats(self) -> StatsKind:
@@ -60,7 +76,10 @@ class ImageKind(Kind):
 
     def record(self) -> FieldRecord:
         extra: dict[str, Any] = {"mode": self.mode}
-        if self.derive_from is not None:
+        if self.derive_call is not None:
+            extra["derived_from"] = list(self.derive_sources)
+            extra["call"] = self.derive_call.text
+        elif self.derive_from is not None:
             extra["derived_from"] = self.derive_from
             extra["filter"] = self.derive_filter
         if self.scale_of is not None:
@@ -68,6 +87,8 @@ class ImageKind(Kind):
         return FieldRecord(self.kind, "fixed", self.layout.dtype, self.layout.shape, extra)
 
     def decode(self, context: SampleContext) -> np.ndarray:
+        if self.derive_call is not None:
+            return self._computed(context, self.derive_call)
         if self.derive_from is not None:
             pixels, path = self._derived(context)
         else:
@@ -94,6 +115,24 @@ class ImageKind(Kind):
     def place(self, value: np.ndarray, row: np.ndarray) -> np.ndarray:
         return geometry.place(value, row, self.grid)
 
+    def _computed(self, context: SampleContext, call: CallSpec) -> np.ndarray:
+        """The value a user function computes from its sources' stored values (after their
+        chains), checked against this field: no fitting, no conversion of its own."""
+        from h5etl.transforms.apply import run_derive  # a build with a derive call only
+
+        sources = self.derive_sources
+        given: Any = (
+            context.fitted[sources[0]]
+            if len(sources) == 1
+            else {name: context.fitted[name] for name in sources}
+        )
+        value = run_derive(
+            call, self.name, self.seed, context.sample.key, given, self.expectation()
+        )
+        context.paths[self.name] = context.paths.get(sources[0], "")
+        context.decoded[self.name] = context.fitted[self.name] = value
+        return value  # type: ignore[no-any-return]
+
     def _derived(self, context: SampleContext) -> tuple[np.ndarray, str]:
         """``derive.from``'s pixels resized by the named filter (in their own dtype), then
         brought to this field's mode and dtype by ``decode_field``'s rules: grey is the luma,
@@ -115,7 +154,10 @@ class ImageKind(Kind):
                 )
             size = (height // self.derive_factor, width // self.derive_factor)
         with pixels.rejecting_surprises(path, f"derive {self.name}"):
-            resized = pixels.resize_to(source, size, self.derive_filter)  # type: ignore[arg-type]
+            # the built-in transform ``resize``: the same code a config's ``call: resize`` runs
+            from h5etl.transforms import builtin
+
+            resized = builtin.resize(source, size=size, filter=self.derive_filter)  # type: ignore[arg-type]
         channels = "RGB" if resized.ndim == 3 else "L"
         converted = pixels.convert(
             resized,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -24,6 +24,9 @@ from h5etl.kinds.base import (
     StatsKind,
 )
 from h5etl.kinds.fitting import fit, size_text
+
+if TYPE_CHECKING:
+    from h5etl.transforms.apply import Expectation
 
 Colour = tuple[int, int, int]
 
@@ -46,6 +49,14 @@ class MaskKind(Kind):
     @property
     def depends_on(self) -> tuple[str, ...]:
         return () if self.of is None else (self.of,)
+
+    def expectation(self) -> Expectation:
+        from h5etl.transforms.apply import Expectation  # parent side, for transforms only
+
+        _, height, width = self.layout.shape
+        return Expectation(
+            self.layout.dtype, max_shape=(height, width), values=frozenset(self.values)
+        )
 
     @property
     def stats(self) -> StatsKind:

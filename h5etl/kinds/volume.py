@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -36,6 +36,9 @@ from h5etl.kinds.base import (
     StatsKind,
     TextColumn,
 )
+
+if TYPE_CHECKING:
+    from h5etl.transforms.apply import Expectation
 
 AFFINE_MEANS = "voxel (x, y, z, 1) = (column, row, slice, 1) -> RAS+ mm (nibabel)"
 TYPICAL_SLICES = 512  # for the decoded-size estimate that sizes decode tasks
@@ -99,6 +102,12 @@ class VolumeKind(Kind):
     @property
     def depends_on(self) -> tuple[str, ...]:
         return () if self.of is None else (self.of,)
+
+    def expectation(self) -> Expectation:
+        from h5etl.transforms.apply import Expectation  # parent side, for transforms only
+
+        values = frozenset(self.values) if self.values is not None else None
+        return Expectation(self.layout.dtype, shape=(None, *self.layout.shape), values=values)
 
     @property
     def reads_own_files(self) -> bool:
@@ -176,7 +185,8 @@ class VolumeKind(Kind):
         chunk (every case starts a chunk), no resampling (which needs the whole case) and
         not a raw task (crash isolation joins raw values)."""
         resampled = self.resample_spacing is not None or self.resample_shape is not None
-        return self.layout.rows == 1 and not resampled and not context.raw
+        whole = context.raw or self.name in context.whole  # a transform takes the array
+        return self.layout.rows == 1 and not resampled and not whole
 
     def _encoded(
         self,
@@ -303,9 +313,14 @@ class VolumeKind(Kind):
             to_spacing=self.resample_spacing,
             to_shape=self.resample_shape,
         )
-        voxels, spacing, affine = resampling.resample(
-            voxels, spacing, affine, shape=shape, labels=self.values is not None, path=path
-        )
+        from h5etl.transforms import builtin  # the few builds that resample
+
+        before = voxels.shape
+        try:  # the built-in transform resample: the mechanism a config's call runs
+            voxels = builtin.resample(voxels, shape=shape, labels=self.values is not None)
+        except RejectError as exc:
+            raise RejectError(exc.reason, exc.message, path=path) from exc
+        spacing, affine = resampling.regrid(spacing, affine, before, voxels.shape)
         plane = (self.layout.shape[0], self.layout.shape[1])
         fill = self.fill if self.values is None else 0
         voxels, affine = resampling.centre_plane(voxels, affine, plane, fill)

@@ -83,6 +83,7 @@ def build(
     hook = progress or (lambda stage, advance, total: None)
     epoch = clock.source_date_epoch()  # a malformed one fails now, not after the work
     registry.check_installed(spec)  # a missing extra too, not as a reject per sample
+    registry.check_user_code(spec)  # a transform that cannot run: a config error before any work
     if dry_run and not decode:
         workers.warm_up(jobs)  # the header probes run there
         return planning.dry_run(spec, hook, jobs, None)

@@ -41,6 +41,7 @@ from h5etl.kinds.tabular import Prepared
 from h5etl.plan import expansion
 from h5etl.plan.probe_rules import probe_rules
 from h5etl.plan.result import Plan
+from h5etl.transforms.apply import Transforms
 
 if TYPE_CHECKING:  # header probes run in the decode workers; pydantic stays out of them
     from h5etl.config.sections import GroupBy
@@ -170,7 +171,15 @@ def plan(
         stamps,
         rules,
         previous,
+        _transforms(spec, bound),
     )
+
+
+def _transforms(spec: Spec, kinds: Sequence[Kind]) -> Transforms | None:
+    """The config's user code, resolved (imported lazily: the parent's, it reads the config)."""
+    from h5etl.plan.user_code import user_code
+
+    return user_code(spec, kinds).transforms
 
 
 def write_order(seed: int, by_split: Mapping[str, Sequence[Sample]]) -> dict[str, list[Sample]]:

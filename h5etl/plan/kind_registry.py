@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from h5etl.config.fields import ImageField, MaskField
 from h5etl.config.fields.builtin import array_layout
@@ -21,6 +22,9 @@ from h5etl.format.contract import FieldRecord
 from h5etl.format.reader_hints import HINTS_KEY
 from h5etl.inputs import extras
 from h5etl.kinds.base import Kind
+
+if TYPE_CHECKING:
+    from h5etl.plan.user_code import UserCode
 
 
 def build_context(spec: Spec, name: str) -> BuildContext:
@@ -45,11 +49,17 @@ def layout_of(spec: Spec, name: str) -> ChunkLayout:
 
 
 def kinds_of(spec: Spec) -> tuple[Kind, ...]:
-    """Every field's behaviour, in config order."""
-    return tuple(
+    """Every field's behaviour, in config order (a field a user function derives holds its
+    resolved call: ``h5etl.plan.user_code``)."""
+    kinds = tuple(
         entry_of(field.kind).build(name, field, build_context(spec, name))
         for name, field in spec.fields.items()
     )
+    if any(isinstance(f, ImageField) and f.derive and f.derive.call for f in spec.fields.values()):
+        from h5etl.plan.user_code import with_derive_calls
+
+        kinds = with_derive_calls(spec, kinds)
+    return kinds
 
 
 def plugin_notes(spec: Spec) -> list[str]:
@@ -61,6 +71,38 @@ def plugin_notes(spec: Spec) -> list[str]:
         if field.kind in REGISTRY.plugins
     ]
     return notes + [f"note: {line}" for line in REGISTRY.ignored]
+
+
+def check_user_code(spec: Spec) -> UserCode:
+    """Resolve ``spec``'s calls now (``validate``, every build): a call that cannot run stops
+    it before any work.
+
+    Raises:
+        ConfigError: as ``user_code``.
+    """
+    from h5etl.plan.user_code import user_code
+
+    return user_code(spec, kinds_of(spec))
+
+
+def user_code_notes(spec: Spec) -> list[str]:
+    """What ``validate`` says of a config that names user code: that building it runs that
+    code, and which modules it imported (none named: nothing said)."""
+    code = check_user_code(spec)
+    if code.transforms is None:
+        return []
+    modules = ", ".join(
+        f"{m.name} ({m.path})" if m.origin == "beside_config" else f"{m.name} (installed)"
+        for m in code.imported
+    )
+    calls = sum(len(c.calls) for c in code.transforms.chains)
+    calls += len(code.transforms.sample_calls) + len(code.transforms.derived)
+    lines = [f"note: this config runs code: {calls} transform call(s)"]
+    if modules:
+        lines[0] += f"; building it runs the modules {modules}, with your permissions"
+    else:
+        lines[0] += " (built-ins of h5etl only)"
+    return lines
 
 
 def worker_modules(spec: Spec) -> tuple[str, ...]:

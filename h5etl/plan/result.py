@@ -3,13 +3,18 @@ order, the rejects, the kinds, the split policy); ``admit`` makes it, every late
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from h5etl.dataflow import Reject, Sample
 from h5etl.decode.probes import ProbeRules
 from h5etl.kinds.base import Kind
+
+if TYPE_CHECKING:
+    from h5etl.transforms.apply import Transforms
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,11 +35,19 @@ class Plan:
     stamps: dict[str, str] = field(default_factory=dict)  # key -> its files' sizes and mtimes
     probes: ProbeRules | None = None  # what a decode reject re-checks (h5etl.inputs.reasons)
     previous: Mapping[str, str] | None = None  # the parent's split of each name (sticky)
+    transforms: Transforms | None = None  # the config's user code, for the workers (issue 28)
 
     @property
     def total(self) -> int:
         return sum(len(samples) for samples in self.splits.values())
 
     def fingerprint(self) -> str:
-        """What a resume must find unchanged: splits, keys, files, their sizes and mtimes."""
-        return self.digest
+        """What a resume must find unchanged: splits, keys, files, their sizes and mtimes,
+        and the code of the user's transforms (an edit of a module beside the config leaves
+        the config as it was, but not what its samples become)."""
+        if self.transforms is None:
+            return self.digest
+        from h5etl.transforms.identity import field_digests
+
+        code = hashlib.sha256(json.dumps(field_digests(self.transforms), sort_keys=True).encode())
+        return f"{self.digest}+transforms:{code.hexdigest()}"

@@ -25,6 +25,7 @@ from h5etl.errors import RejectError
 from h5etl.transforms.loading import CallSpec, canonical_json, function_of
 
 __all__ = [
+    "DerivedCall",
     "Expectation",
     "FieldChain",
     "SampleCall",
@@ -33,8 +34,10 @@ __all__ = [
     "apply_transforms",
     "chain_site",
     "check_results",
+    "derive_site",
     "rng_for",
     "run_chain",
+    "run_derive",
     "run_sample_calls",
     "sample_site",
 ]
@@ -154,6 +157,17 @@ class SampleCall:
 
 
 @dataclass(frozen=True, slots=True)
+class DerivedCall:
+    """A field a user function computes from other fields (``derive: {from, call}``): it gets
+    the value of the one field in ``sources`` (a dict of them for several), after their
+    chains. Its kind runs it (``run_derive``); here for the record and the digests."""
+
+    field: str
+    call: CallSpec
+    sources: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Transforms:
     """Everything a worker needs to run a build's transforms: plain, frozen, picklable."""
 
@@ -161,12 +175,14 @@ class Transforms:
     chains: tuple[FieldChain, ...] = ()
     sample_calls: tuple[SampleCall, ...] = ()
     expect: tuple[tuple[str, Expectation], ...] = ()
+    derived: tuple[DerivedCall, ...] = ()  # in decode order
     # the fields whose stored value a transform makes, in order of first mention, and their
     # expectations: worked out once, not per sample
     touched: tuple[str, ...] = dataclasses.field(init=False, repr=False, compare=False)
     checks: tuple[tuple[str, Expectation], ...] = dataclasses.field(
         init=False, repr=False, compare=False
     )
+    chain_of: dict[str, FieldChain] = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         names = [c.field for c in self.chains] + [f for s in self.sample_calls for f in s.fields]
@@ -174,6 +190,7 @@ class Transforms:
         expect = dict(self.expect)
         object.__setattr__(self, "touched", touched)
         object.__setattr__(self, "checks", tuple((n, expect[n]) for n in touched if n in expect))
+        object.__setattr__(self, "chain_of", {c.field: c for c in self.chains})
 
 
 def chain_site(field: str, position: int) -> str:
@@ -243,6 +260,22 @@ def run_sample_calls(transforms: Transforms, key: str, values: Mapping[str, Any]
             )
         out.update({name: _contiguous(value) for name, value in result.items()})
     return out
+
+
+def derive_site(field: str) -> str:
+    """Where a derive call sits, for its seed: ``derive:edges``."""
+    return f"derive:{field}"
+
+
+def run_derive(
+    call: CallSpec, field: str, seed: int, key: str, value: Any, expectation: Expectation
+) -> Any:
+    """Field ``field``'s value computed by ``call`` from ``value`` (its source's, or a dict of
+    its sources'), checked against ``expectation``; failures as in a chain."""
+    result = _run(call, value, seed, key, derive_site(field), field)
+    if (problem := expectation.problem(result)) is not None:
+        raise TransformRejected("transform_output", f"{field}: {call.text}: {problem}")
+    return result
 
 
 def _run(spec: CallSpec, value: Any, seed: int, key: str, site: str, where: str) -> Any:

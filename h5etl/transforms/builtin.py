@@ -23,7 +23,18 @@ import numpy as np
 from h5etl.errors import RejectError
 from h5etl.inputs import pixels
 
-__all__ = ["BUILTINS", "Builtin", "cast", "clip", "crop", "normalise", "pad", "resize", "window"]
+__all__ = [
+    "BUILTINS",
+    "Builtin",
+    "cast",
+    "clip",
+    "crop",
+    "normalise",
+    "pad",
+    "resample",
+    "resize",
+    "window",
+]
 
 Rounding = Literal["nearest", "floor", "trunc"]
 _ROUNDINGS: tuple[str, ...] = get_args(Rounding)
@@ -42,6 +53,21 @@ def resize(
     resize as a field's ``resize:`` derivation).
     """
     return pixels.resize_to(np.asarray(value), (int(size[0]), int(size[1])), filter)
+
+
+def resample(value: np.ndarray, *, shape: Sequence[int], labels: bool = False) -> np.ndarray:
+    """Resample a volume (z, y, x) to ``shape`` ``[z, y, x]`` voxels (scipy, ``h5etl[medical]``):
+    linear interpolation on a grid whose voxel centres sit where their areas say, rounded back
+    to the dtype and clipped to its range; ``labels: true`` takes the nearest voxel (labels
+    stay labels). The same resampling as a volume field's ``resample:``; the spacing and
+    affine a field stores follow that option only (a transform changes values, not geometry).
+    """
+    from h5etl.inputs.volumes import resample as resampling  # scipy: imported when used
+
+    array = np.asarray(value)
+    if array.ndim != 3:
+        raise ValueError(f"resample takes a (z, y, x) volume, got {array.ndim} axes")
+    return resampling.zoomed(array, [int(n) for n in shape], labels=bool(labels))
 
 
 def crop(
@@ -202,6 +228,13 @@ def _check_resize(*, size: Sequence[int], filter: str = "lanczos") -> None:
         raise ValueError(f"filter must be one of {', '.join(_FILTERS)}, got {filter!r}")
 
 
+def _check_resample(*, shape: Sequence[int], labels: bool = False) -> None:
+    if not isinstance(shape, list) or len(shape) != 3 or not all(_count(n) for n in shape):
+        raise ValueError(f"shape must be [z, y, x], positive integers, got {shape!r}")
+    if not isinstance(labels, bool):
+        raise ValueError(f"labels is true or false, got {labels!r}")
+
+
 def _check_crop(*, size: Sequence[int], start: Sequence[int] | None = None) -> None:
     _sizes(size)
     if start is not None and (
@@ -266,6 +299,7 @@ BUILTINS: dict[str, Builtin] = {
     "crop": Builtin(crop, _check_crop),
     "normalise": Builtin(normalise, _check_normalise),
     "pad": Builtin(pad, _check_pad),
+    "resample": Builtin(resample, _check_resample),
     "resize": Builtin(resize, _check_resize),
     "window": Builtin(window, _check_bounds),
 }

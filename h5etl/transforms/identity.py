@@ -21,7 +21,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from h5etl._version import __version__
-from h5etl.transforms.apply import Transforms, chain_site, sample_site
+from h5etl.transforms.apply import (
+    FieldChain,
+    Transforms,
+    chain_site,
+    derive_site,
+    sample_site,
+)
 from h5etl.transforms.loading import CallSpec, canonical_json
 
 __all__ = ["CodeIdentity", "describe", "field_digests", "identity_of"]
@@ -113,6 +119,10 @@ def describe(transforms: Transforms) -> dict[str, object]:
             {"fields": list(step.fields), **identity_of(step.call).as_json()}
             for step in transforms.sample_calls
         ],
+        "derived": {
+            d.field: {"from": list(d.sources), **identity_of(d.call).as_json()}
+            for d in transforms.derived
+        },
     }
 
 
@@ -126,12 +136,17 @@ def field_digests(transforms: Transforms) -> dict[str, str]:
     unrelated field's did.
     """
     state: dict[str, str] = {}
-    for chain in transforms.chains:
-        calls = [
-            _call_digest(s, transforms.seed, chain_site(chain.field, i))
-            for i, s in enumerate(chain.calls)
-        ]
-        state[chain.field] = _digest(["chain", chain.field, calls])
+    chains = {chain.field: chain for chain in transforms.chains}
+    for derived in transforms.derived:  # in decode order: a source's chain ran before
+        sources = list(derived.sources)
+        for name in sources:
+            _chain_state(state, chains.pop(name, None), transforms.seed)
+        call = _call_digest(derived.call, transforms.seed, derive_site(derived.field))
+        state[derived.field] = _digest(
+            ["derive", derived.field, call, sources, [state.get(n, "") for n in sources]]
+        )
+    for chain in chains.values():
+        _chain_state(state, chain, transforms.seed)
     seen: dict[tuple[str, ...], int] = {}
     for step in transforms.sample_calls:
         site = sample_site(step.fields, seen)
@@ -141,6 +156,16 @@ def field_digests(transforms: Transforms) -> dict[str, str]:
         )
         state.update({name: _digest([mixed, name]) for name in step.fields})
     return state
+
+
+def _chain_state(state: dict[str, str], chain: FieldChain | None, seed: int) -> None:
+    """A field's digest after its chain (over its derive's digest, for a derived field)."""
+    if chain is None:
+        return
+    calls = [_call_digest(s, seed, chain_site(chain.field, i)) for i, s in enumerate(chain.calls)]
+    before = state.get(chain.field)
+    parts: list[object] = ["chain", chain.field, calls]
+    state[chain.field] = _digest(parts if before is None else [*parts, before])
 
 
 def _call_digest(spec: CallSpec, seed: int, site: str) -> str:

@@ -23,3 +23,19 @@ def test_the_transforms_benchmark_prints_its_table() -> None:
         "work limit: the function called directly",
         "apply_transforms (chain of 1, output checked)",
     ]
+
+
+def test_the_transform_build_benchmark_prints_its_table() -> None:
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT.with_name("transform_build.py"))],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "H5ETL_BENCH_SMOKE": "1"},
+    )
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| ")]
+    assert [row.split(" | ")[0].removeprefix("| ") for row in rows[1:]] == [
+        "without a transform",
+        "with prep:invert",
+    ]
+    assert "overhead of the transform" in done.stdout

@@ -65,13 +65,33 @@ class ArrayField(FieldModel):
 
 
 class DeriveSpec(Strict):
-    """A field computed from another field's pixels instead of read from files."""
+    """A field computed from another field's pixels instead of read from files: resized by
+    the built-in ``resize`` (``resize``, ``factor``), or by a function of the user's
+    (``call``, ``args``), which gets the value of ``from`` (a dict of them for a list)."""
 
-    from_field: str = Field(alias="from")
+    from_field: str | Annotated[list[str], Field(min_length=1)] = Field(alias="from")
     resize: ResizeFilter = "bicubic"
     factor: Annotated[int, Field(ge=1)] | None = None  # None: resize to the field's shape
+    call: Annotated[str, Field(min_length=1)] | None = None
+    args: dict[str, Any] | None = None
 
     model_config = Strict.model_config | {"populate_by_name": True, "serialize_by_alias": True}
+
+    @property
+    def sources(self) -> tuple[str, ...]:
+        """The fields it is computed from."""
+        named = self.from_field
+        return (named,) if isinstance(named, str) else tuple(named)
+
+    @model_validator(mode="after")
+    def _call_or_resize(self) -> DeriveSpec:
+        if self.call is None and not isinstance(self.from_field, str):
+            raise key_problem("from", "several fields need a call that computes the value")
+        if self.call is None and self.args is not None:
+            raise key_problem("args", "args are a call's: name the function in derive.call")
+        if self.call is not None and self.factor is not None:
+            raise key_problem("factor", "a derive with a call sizes its own value: no factor")
+        return self
 
 
 class ScaleSpec(Strict):
@@ -134,8 +154,9 @@ class ImageField(ArrayField):
 
     def references(self) -> list[tuple[Key, str]]:
         found: list[tuple[Key, str]] = []
-        if self.derive is not None:
-            found.append((("derive", "from"), self.derive.from_field))
+        if self.derive is not None and self.derive.call is None:
+            # a derive by a call may read any array field: h5etl.plan.user_code checks them
+            found.extend((("derive", "from"), name) for name in self.derive.sources)
         if self.scale is not None:
             found.append((("scale", "of"), self.scale.of))
         return found

@@ -10,6 +10,7 @@ from pydantic import (
     Field,
 )
 
+from h5etl.config.calls import CallModel
 from h5etl.config.sections import PadSpec, Problem, SpecProblems, Strict
 
 
@@ -48,6 +49,10 @@ def own_or_first(field_name: str, source: str | None, sources: Sequence[str]) ->
 
 class FieldModel(Strict):
     """What the spec asks of every kind's model; a kind overrides what applies to it."""
+
+    # user code run on the field's value after its decode and fit (issue 28), in order;
+    # a kind whose behaviour has no ``expectation()`` refuses it (``h5etl.plan.user_code``)
+    transform: list[CallModel] = Field(default_factory=list)
 
     def source_name(self, field_name: str, sources: Sequence[str]) -> str | None:
         """The source whose files (or file names) the field uses; None: it uses none."""

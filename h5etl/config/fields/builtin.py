@@ -60,6 +60,11 @@ def _grid(name: str, field: ImageField, context: BuildContext) -> int:
 def _image(name: str, field: ImageField, context: BuildContext) -> ImageKind:
     assert field.mode is not None
     derive, scale = field.derive, field.scale
+    computed = derive is not None and derive.call is not None  # by user code (issue 28)
+    if derive is not None and computed:
+        derive_sources, derive = derive.sources, None  # its call is attached once resolved
+    else:
+        derive_sources = ()
     return ImageKind(
         name,
         context.source_index,
@@ -67,13 +72,14 @@ def _image(name: str, field: ImageField, context: BuildContext) -> ImageKind:
         field.mode,
         context.pad.fill,
         context.pad.oversize,
-        derive_from=derive.from_field if derive else None,
+        derive_from=derive.sources[0] if derive else None,
         derive_filter=derive.resize if derive else "bicubic",
         derive_factor=derive.factor if derive else None,
         scale_of=scale.of if scale else None,
         scale_factor=scale.factor if scale else 1,
         with_stats=field.stats,
         grid=_grid(name, field, context),
+        derive_sources=derive_sources,
     )
 
 

@@ -55,24 +55,35 @@ def resample(
     path: str,
 ) -> tuple[np.ndarray, Triple, np.ndarray]:
     """``volume`` (z, y, x) on a grid of ``shape``: the voxels, their spacing and affine."""
+    out = zoomed(volume, shape, labels=labels, path=path)
+    return (out, *regrid(spacing, affine, volume.shape, out.shape))
+
+
+def zoomed(volume: np.ndarray, shape: Sequence[int], *, labels: bool, path: str = "") -> np.ndarray:
+    """The voxels of ``volume`` (z, y, x) on a grid of ``shape``: linear for an image
+    (rounded back to its dtype), nearest for labels (the built-in transform ``resample``)."""
     zoom = _scipy_zoom()
     factors = [new / old for new, old in zip(shape, volume.shape, strict=True)]
     try:
         if labels:
-            out = zoom(volume, factors, order=0, mode="nearest", grid_mode=True)
-        else:
-            smooth = zoom(
-                volume.astype(np.float32), factors, order=1, mode="nearest", grid_mode=True
-            )
-            out = _back_to(smooth, volume.dtype)
+            out: np.ndarray = zoom(volume, factors, order=0, mode="nearest", grid_mode=True)
+            return out
+        smooth = zoom(volume.astype(np.float32), factors, order=1, mode="nearest", grid_mode=True)
+        return _back_to(smooth, volume.dtype)
     except (ValueError, RuntimeError, MemoryError) as exc:
         raise RejectError("resample_failed", f"cannot resample: {exc}", path=path) from exc
-    ratios = [old / new for old, new in zip(volume.shape, out.shape, strict=True)]
+
+
+def regrid(
+    spacing: Triple, affine: np.ndarray, before: Sequence[int], after: Sequence[int]
+) -> tuple[Triple, np.ndarray]:
+    """The spacing and affine of a case resampled from ``before`` to ``after`` voxels."""
+    ratios = [old / new for old, new in zip(before, after, strict=True)]
     new_spacing = (spacing[0] * ratios[0], spacing[1] * ratios[1], spacing[2] * ratios[2])
     # affine columns are x, y, z: the ratios reversed
     step = np.diag([ratios[2], ratios[1], ratios[0], 1.0])
     step[:3, 3] = [(ratios[2] - 1) / 2, (ratios[1] - 1) / 2, (ratios[0] - 1) / 2]
-    return out, new_spacing, affine @ step
+    return new_spacing, affine @ step
 
 
 def _back_to(values: np.ndarray, dtype: np.dtype[Any]) -> np.ndarray:
