@@ -33,7 +33,7 @@ from h5etl.format import contract as fileformat
 from h5etl.format.contract import LayoutRecord
 from h5etl.history.build_report import BuildReport
 from h5etl.history.release_notes import local_rejects, stored_rejects
-from h5etl.incremental import reuse
+from h5etl.incremental import carry_record, reuse
 from h5etl.incremental.parent import Parent
 from h5etl.plan.result import Plan
 from h5etl.release.folder import OutputFolder
@@ -65,8 +65,8 @@ def rejected_of(spec: Spec, plan: Plan, rejects: Sequence[Reject]) -> dict[str, 
         if reject.key in planned:
             rows.setdefault(reject.key, []).append(row)
     return {
-        reuse.sample_carry_key(planned[key]): [
-            *reuse.sample_state(planned[key], plan.stamps[key]),
+        carry_record.sample_carry_key(planned[key]): [
+            *carry_record.sample_state(planned[key], plan.stamps[key]),
             [list(row) for row in found],
         ]
         for key, found in rows.items()
@@ -103,7 +103,7 @@ def why_build(
     the rows of the parent's rejects of the samples planned again. A sample the parent
     never saw ends the look at once unless ``thorough`` (``stored_same`` is then None)."""
     config = spec_text(spec)
-    reason = reuse.why_not(parent, record, config, layout, reuse.plan_block(plan))
+    reason = reuse.why_not(parent, record, config, layout, carry_record.plan_block(plan))
     if reason is not None or record is None:
         return Verdict(reason or "no carry record")
     if config != parent.config:
@@ -124,8 +124,8 @@ def why_build(
         known = rejected.get(name)
         if known is None:
             return Verdict(f"{sample.key} is new", stored_same=True)
-        state, rows = reuse.rejected_state(known)
-        if state != reuse.sample_state(sample, plan.stamps[sample.key]):
+        state, rows = carry_record.rejected_state(known)
+        if state != carry_record.sample_state(sample, plan.stamps[sample.key]):
             why = f"{sample.key} changed since v{parent.version:04d} rejected it"
             return Verdict(why, stored_same=True)
         found.extend(rows)
@@ -139,7 +139,7 @@ def _first_new(plan: Plan, record: Mapping[str, Any]) -> str | None:
     rejected: Mapping[str, Any] = record.get("rejected", {})
     for members in plan.splits.values():
         for sample in members:
-            name = reuse.sample_carry_key(sample)
+            name = carry_record.sample_carry_key(sample)
             if name not in known and name not in rejected:
                 return sample.key
     return None
@@ -153,14 +153,16 @@ def _stored_unchanged(
     samples left (by carry key)."""
     known: Mapping[str, list[Any]] = record.get("samples", {})
     rows: Mapping[str, list[str]] = record.get("rows", {})
-    rest = {reuse.sample_carry_key(s): s for members in plan.splits.values() for s in members}
+    rest = {
+        carry_record.sample_carry_key(s): s for members in plan.splits.values() for s in members
+    }
     touched: dict[str, str] = {}
     hashable = reuse.file_lineage(plan)
     for split, old in parent.splits.items():
         keys = rows.get(split, [])
         if len(keys) != len(old.keys):
             return f"the carry record does not list {split}'s rows", {}, {}
-        members = {reuse.sample_carry_key(s) for s in plan.splits.get(split, [])}
+        members = {carry_record.sample_carry_key(s) for s in plan.splits.get(split, [])}
         for row, name in enumerate(keys):
             sample = rest.pop(name, None) if name in members else None
             if sample is None:
@@ -200,7 +202,9 @@ class Gate:
         """Discovery found ``samples``: start the workers now unless this may be up to date."""
         known = None if self.record is None else self.record.get("samples")
         # discovery finds recordings, the record keeps their windows: count split names
-        names = {reuse.split_name_of(key) for key in known} if isinstance(known, dict) else None
+        names = (
+            {carry_record.split_name_of(key) for key in known} if isinstance(known, dict) else None
+        )
         if names is None:
             self.decoder.start()  # nothing carries: the workers start meanwhile
         elif len(names) != samples:
@@ -227,7 +231,9 @@ class Gate:
             self._will_copy()
             return False
         if verdict.touched:  # the next build need not hash them again
-            self.output.write_carry(parent.version, reuse.with_stamps(record, verdict.touched))
+            self.output.write_carry(
+                parent.version, carry_record.with_stamps(record, verdict.touched)
+            )
         self._name(report, parent)
         # the rejects found before decoding as they are now, the others as the parent's
         report.rejects = [*report.rejects, *local_rejects(spec, verdict.rejected)]

@@ -22,7 +22,7 @@ from h5etl.execute.assembly import (
 )
 from h5etl.history import clock, provenance
 from h5etl.history.build_report import BuildReport, enforce_limit, require_samples
-from h5etl.incremental import parent, reuse, uptodate
+from h5etl.incremental import carry_record, parent, reuse, uptodate
 from h5etl.pipeline import interrupts, planning, settle, write
 from h5etl.pipeline.planning import ProgressHook
 from h5etl.pipeline.status import BuildStatus
@@ -258,7 +258,7 @@ def _build_planned(
                 late = report.rejects[len(planned_rejects) :]  # rejected while decoding
                 rejected = uptodate.rejected_of(spec, plan, late)
                 inherited = None if carried is None else carried.rate
-                reuse.leave_record(
+                carry_record.leave_record(
                     output, stored, version, *written, rejected=rejected, inherited=inherited
                 )
                 timeline.mark("carry record written")

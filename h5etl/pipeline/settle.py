@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from h5etl.dataflow import Reject, Sample, text_bytes
-from h5etl.incremental import parent, reuse
+from h5etl.incremental import carry_record, parent, reuse
 from h5etl.plan import split_assign as assign
 from h5etl.plan.admit import write_order
 from h5etl.plan.result import Plan
@@ -101,7 +101,7 @@ class Write(Protocol):
 
     def __call__(
         self, plan: Plan, report: BuildReport, temp: Path, *, carried: reuse.CarryPlan | None
-    ) -> tuple[str, reuse.BlockLog] | None: ...
+    ) -> tuple[str, carry_record.BlockLog] | None: ...
 
 
 def rewrite(
@@ -115,7 +115,7 @@ def rewrite(
     config: str,
     layout: LayoutRecord,
     record: Mapping[str, Any] | None,
-) -> tuple[str, reuse.BlockLog] | None:
+) -> tuple[str, carry_record.BlockLog] | None:
     """Write the release again from the settled plan (``plans[1]``) into ``temp``, carrying
     from ``origin`` (the parent, None for ``--full``) what the settled plan leaves unchanged,
     as the first write did: the file depends on the settled plan alone, never on how the

@@ -31,7 +31,7 @@ from h5etl.format import contract as fileformat
 from h5etl.history import clock, provenance
 from h5etl.history.build_report import BuildReport, enforce_limit, guard, require_samples
 from h5etl.history.release_notes import Annotator, stored_rejects
-from h5etl.incremental import reuse, uptodate
+from h5etl.incremental import carry_record, reuse, uptodate
 from h5etl.pipeline import interrupts
 from h5etl.pipeline.planning import ProgressHook
 from h5etl.pipeline.status import BuildStatus
@@ -71,7 +71,7 @@ def write_release(
     carried: reuse.CarryPlan | None = None,
     gate: uptodate.Gate | None = None,
     planned_as: Plan | None = None,
-) -> tuple[str, reuse.BlockLog] | None:
+) -> tuple[str, carry_record.BlockLog] | None:
     """Write the release to ``temp``; return its fingerprint and block tallies (for its carry
     record), or None after a resume or a sharded build (their tallies are not per block).
     ``planned_as``: the plan the loss guard holds the counts against, when it is not ``plan``
@@ -89,7 +89,7 @@ def write_release(
     checkpoints = resume.Checkpoints(
         OutputFolder.journal_of(temp), spec, todo, cutter, run.checkpoint_seconds, tallies
     )
-    log = reuse.BlockLog() if earlier is None else None
+    log = carry_record.BlockLog() if earlier is None else None
     fingerprint = hashlib.sha256()  # over key and file digests in write order: no list kept
     worker_seconds = writer_seconds = 0.0  # of other processes: the shards' workers and writers
     virtual = isinstance(earlier, Shards) and earlier.virtual
@@ -154,7 +154,7 @@ def write_release(
                 tallies.add(result)
                 if log is not None:
                     tallied = [block_json(b) for b in result.blocks]
-                    log.add(result.task.split, tallied, reuse.row_keys(result))
+                    log.add(result.task.split, tallied, carry_record.row_keys(result))
                     log.decoded(processed(result), result.seconds)
                 lines = provenance.fingerprint_lines(result)
                 fingerprint.update("".join(lines).encode())
