@@ -8,12 +8,9 @@ spec's fields and derived views: no YAML, no pydantic errors, no import of ``h5e
 from __future__ import annotations
 
 import difflib
-import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Protocol
-
-import numpy as np
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from h5etl.config.fields import (
     ArrayField,
@@ -24,15 +21,14 @@ from h5etl.config.fields import (
     SeriesField,
 )
 from h5etl.config.fields.volume import volume_problems
-from h5etl.config.sections import GroupBy, PadSpec, Problem, SourceSpec
+from h5etl.config.sections import Problem
+from h5etl.config.spec_view import SpecView
+from h5etl.config.storage_rules import batch_problems, chunk_problems, path_problems
 from h5etl.format import contract as fileformat
 
 __all__ = [
-    "MAX_BATCH_SAMPLES",
-    "MAX_CHUNK_BYTES",
     "NAME_PATTERN",
     "RESERVED_NAMES",
-    "SpecView",
     "check_name",
     "name_problem",
     "source_for",
@@ -42,36 +38,6 @@ __all__ = [
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 RESERVED_NAMES = frozenset({fileformat.LINEAGE, *fileformat.SAMPLE_KEYS, fileformat.DIAGNOSTICS})
-MAX_CHUNK_BYTES = 2**32 - 1  # HDF5 refuses chunks of 4 GiB or more
-# A decode task holds a whole chunk of every image field: the lcm of their chunk rows. Fields
-# that agree make that one chunk, the user's own choice; fields that disagree may grow it to
-# this many samples (32 chunks of the default 32) before memory stops being "a few batches".
-MAX_BATCH_SAMPLES = 1024
-
-
-class SpecView(Protocol):
-    """What the rules read of a ``Spec``: its fields, sources and pad, and its derived views."""
-
-    @property
-    def fields(self) -> Mapping[str, FieldSpec]: ...
-    @property
-    def sources(self) -> Mapping[str, SourceSpec]: ...
-    @property
-    def pad(self) -> PadSpec: ...
-    @property
-    def stratify(self) -> str | None: ...
-    @property
-    def group_by(self) -> GroupBy | None: ...
-    @property
-    def layout(self) -> str: ...
-    @property
-    def splits(self) -> Mapping[str, float]: ...
-    @property
-    def image_fields(self) -> list[str]: ...
-    def array_spec(self, field_name: str) -> ArrayField: ...
-    def source_of(self, field_name: str) -> str | None: ...
-    def reads_content(self, field_name: str) -> bool: ...
-    def chunks_of(self, field_name: str) -> tuple[int, ...]: ...
 
 
 def source_for(
@@ -118,7 +84,7 @@ def spec_problems(spec: SpecView) -> list[Problem]:
     Chunk rows are weighed against one another only when every array field's chunks are sound.
     """
     problems: list[Problem] = []
-    chunk_problems: list[Problem] = []  # of every array field
+    unsound_chunks: list[Problem] = []  # of every array field
     for field_name, field in spec.fields.items():
         key = ("fields", field_name)
         bad_name = name_problem(field_name, "field")
@@ -129,11 +95,11 @@ def spec_problems(spec: SpecView) -> list[Problem]:
         problems.extend(_reference_problems(spec, field_name, field))
         problems.extend(field.problems(field_name, spec.pad))
         if isinstance(field, ArrayField):
-            found = _chunk_problems(spec, field_name)
-            chunk_problems.extend(found)
+            found = chunk_problems(spec, field_name)
+            unsound_chunks.extend(found)
             problems.extend(found)
-    if not chunk_problems and spec.image_fields:  # chunk rows are known and sound
-        problems.extend(_batch_problems(spec))
+    if not unsound_chunks and spec.image_fields:  # chunk rows are known and sound
+        problems.extend(batch_problems(spec))
     if not any(spec.reads_content(name) for name in spec.fields):
         problems.append(
             Problem(
@@ -145,7 +111,7 @@ def spec_problems(spec: SpecView) -> list[Problem]:
     problems.extend(_group_by_problems(spec))
     problems.extend(_pair_problems(spec))
     problems.extend(_mask_shape_problems(spec))
-    problems.extend(_path_problems(spec))
+    problems.extend(path_problems(spec))
     problems.extend(volume_problems(spec.fields, spec.sources, spec.source_of))
     problems.extend(_window_problems(spec))
     used = {spec.source_of(name) for name in spec.fields if spec.reads_content(name)}
@@ -249,52 +215,6 @@ def _window_problems(spec: SpecView) -> list[Problem]:
     ]
 
 
-def _path_problems(spec: SpecView) -> list[Problem]:
-    """Every dataset of the file, and its /diagnostics entry, must have a path of its own."""
-    seen: dict[str, tuple[str, str]] = {}
-    nodes: dict[str, str] = {}
-    names = [(n, d) for n, f in spec.fields.items() for d in f.dataset_names(n)]
-    for split in spec.splits:
-        for field_name, name in [
-            *names,
-            *((n, n) for n in (fileformat.LINEAGE, *fileformat.SAMPLE_KEYS)),
-        ]:
-            path = _dataset_path(spec, split, field_name, name)
-            node = fileformat.diagnostics_node(path)
-            label = name if name == field_name else f"{field_name}'s column {name}"
-            clash = seen.get(path)
-            if clash is not None:
-                return [_clash(spec, path, clash, (split, label))]
-            if node in nodes and nodes[node] != path:
-                return [
-                    Problem(
-                        (("layout",),),
-                        f"datasets {nodes[node]} and {path} would share the /diagnostics "
-                        f"entry {node!r} ('/' is written '.'): rename a field or split",
-                    )
-                ]
-            seen[path], nodes[node] = (split, label), path
-    return []
-
-
-def _dataset_path(spec: SpecView, split: str, field_name: str, name: str) -> str:
-    """Where a dataset a field lists goes: ``<column>_offsets`` beside a ragged ``<column>``
-    the same field lists (``fileformat.offsets_path``), anything else by the template."""
-    column = name.removesuffix(fileformat.OFFSETS_SUFFIX)
-    field = spec.fields.get(field_name)
-    if column != name and field is not None and column in field.dataset_names(field_name):
-        return fileformat.offsets_path(fileformat.dataset_path(spec.layout, split, column))
-    return fileformat.dataset_path(spec.layout, split, name)
-
-
-def _clash(spec: SpecView, path: str, first: tuple[str, str], second: tuple[str, str]) -> Problem:
-    shown = [f"field {n} of split {s}" for s, n in (first, second)]
-    return Problem(
-        (("layout",),),
-        f"{spec.layout!r} puts {shown[0]} and {shown[1]} both at {path}: rename one",
-    )
-
-
 def _source_problems(spec: SpecView, field_name: str, field: FieldSpec) -> list[Problem]:
     key = ("fields", field_name)
     source = spec.source_of(field_name)
@@ -370,51 +290,3 @@ def _group_by_problems(spec: SpecView) -> list[Problem]:
 def _known_at_plan_time(field: Any) -> bool:
     origin = getattr(field, "from_", None)
     return isinstance(field, LabelField) or getattr(origin, "table", None) is not None
-
-
-def _chunk_problems(spec: SpecView, field_name: str) -> list[Problem]:
-    field = spec.fields[field_name]
-    assert isinstance(field, ArrayField)
-    assert field.shape is not None
-    key = (("fields", field_name, "chunks"),)
-    chunks = spec.chunks_of(field_name)
-    expected_rank = len(field.shape) + 1
-    if len(chunks) != expected_rank:
-        return [
-            Problem(
-                key,
-                f"needs {expected_rank} numbers (samples, then one per axis of shape "
-                f"{list(field.shape)}), got {list(chunks)}",
-            )
-        ]
-    too_big = [c for c, s in zip(chunks[1:], field.shape, strict=True) if c > s]
-    if too_big:
-        return [
-            Problem(key, f"each axis must fit the shape {list(field.shape)}, got {list(chunks)}")
-        ]
-    if math.prod(chunks) * np.dtype(field.dtype).itemsize > MAX_CHUNK_BYTES:
-        return [Problem(key, f"a chunk must be under 4 GiB, got {list(chunks)}")]
-    return []
-
-
-def _batch_problems(spec: SpecView) -> list[Problem]:
-    rows = {name: spec.chunks_of(name)[0] for name in spec.image_fields}
-    batch = math.lcm(*rows.values())
-    if batch <= max([MAX_BATCH_SAMPLES, *rows.values()]):
-        return []
-    keys = dict.fromkeys(
-        ("fields", name, "chunks")
-        if spec.array_spec(name).chunks is not None
-        else ("storage", "chunk_samples")
-        for name in rows
-    )
-    shown = ", ".join(f"{name} {count}" for name, count in rows.items())
-    return [
-        Problem(
-            tuple(keys),
-            f"chunk rows {shown} make decode tasks of {batch} samples (a task holds a whole "
-            f"chunk of every array field: their least common multiple); at most "
-            f"{MAX_BATCH_SAMPLES} or the largest chunk rows keeps memory bounded: use chunk "
-            f"rows that divide one another, e.g. the same for every field",
-        )
-    ]

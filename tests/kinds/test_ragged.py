@@ -514,7 +514,7 @@ class _Columns:
 def test_the_path_rule_places_offsets_where_the_sink_does(layout: str, clash: str | None) -> None:
     from types import SimpleNamespace
 
-    from h5etl.config.rules import _path_problems
+    from h5etl.config.storage_rules import path_problems
 
     # ct's offsets are ct's path + "_offsets": /train/ct_offsets, or /ct_train_offsets beside
     # /ct_train; a field named ct_offsets takes /train/ct_offsets, or /ct_offsets_train
@@ -523,7 +523,7 @@ def test_the_path_rule_places_offsets_where_the_sink_does(layout: str, clash: st
         splits={"train": 1.0},
         layout=layout,
     )
-    problems = _path_problems(spec)
+    problems = path_problems(spec)
     if clash is None:
         assert problems == []
     else:
