@@ -19,13 +19,11 @@ import h5py
 import hdf5plugin  # noqa: F401  (registers the Blosc/Zstd filters for reading)
 import numpy as np
 
-from h5etl.errors import ReaderError
 from h5etl.format.contract import LayoutRecord
 from h5etl.format.reader_hints import hints_of
 from h5etl.readers import _fork
 from h5etl.readers._chunks import (
     ChunkCache,
-    ChunkFile,
     ChunkStore,
     open_stores,
 )
@@ -42,8 +40,8 @@ from h5etl.readers._layout import (
     widened,
 )
 from h5etl.readers._reading import _Reading
-from h5etl.remote.reading import RemoteFile
 from h5etl.readers._source import CacheDir, ReleaseFile
+from h5etl.remote.reading import RemoteFile
 
 logger = logging.getLogger(__name__)
 

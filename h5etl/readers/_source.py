@@ -27,7 +27,7 @@ from h5etl.remote.location import is_url, parse_location
 from h5etl.remote.objects import RemoteObject
 from h5etl.remote.reading import RemoteFile
 
-__all__ = ["REMOTE_BLOCK_SIZE", "REMOTE_BLOCKS", "CacheDir", "ReleaseFile"]
+__all__ = ["REMOTE_BLOCKS", "REMOTE_BLOCK_SIZE", "CacheDir", "ReleaseFile"]
 
 # A reader's range reads: 1 MiB a request (HDF5's metadata near the file's start comes in one
 # or two; a compressed chunk is one or two), 64 of them kept per process (64 MiB).

@@ -37,11 +37,11 @@ from h5etl.remote.objects import RemoteObject, list_objects, read_bytes, stat_ob
 __all__ = [
     "POINTER_SUFFIX",
     "Pointer",
+    "pin",
     "pointer_location",
     "publish",
     "read_pointer",
     "release_filename",
-    "pin",
     "resolve",
     "rollback",
     "upload_release",
