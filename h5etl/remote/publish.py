@@ -31,6 +31,7 @@ from pathlib import Path
 from h5etl.errors import ReleaseError, ReleaseUsageError
 from h5etl.remote import s3
 from h5etl.remote.errors import RemoteUsageError
+from h5etl.remote.filesystem import filesystem, problem
 from h5etl.remote.location import Location
 from h5etl.remote.objects import RemoteObject, list_objects, read_bytes, stat_object
 
@@ -168,6 +169,7 @@ def pin(location: Location) -> tuple[RemoteObject, str | None]:
     if not _VERSION.match(location.name):
         got = s3.get(location.parent().child(location.name + ".json"))
         if got is None:
+            _require_bucket(location)  # s3fs answers a missing bucket as a missing key
             raise ReleaseUsageError(
                 f"no release published there (no pointer {location.name}.json)",
                 path=location.url,
@@ -186,6 +188,15 @@ def pin(location: Location) -> tuple[RemoteObject, str | None]:
         raise ReleaseUsageError("no such release", path=location.url)  # pragma: no cover
     obj = RemoteObject(location, stored.size, etag=stored.etag, version_id=stored.version_id)
     return obj, stored.metadata.get("sha256")
+
+
+def _require_bucket(location: Location) -> None:
+    """Raise the one-line error for a bucket that is not there (or not ours to read)."""
+    fs = filesystem(location)
+    try:
+        fs.info(location.bucket)
+    except Exception as exc:
+        raise problem(exc, location, "read", f"no such bucket {location.bucket!r}") from exc
 
 
 def upload_release(
