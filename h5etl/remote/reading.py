@@ -49,9 +49,10 @@ class RemoteFile(io.RawIOBase):
         max_blocks: int = 16,
         cache: DiskCache | None = None,
         key: str | None = None,
-        attempts: int = DEFAULT_ATTEMPTS,
+        attempts: int | None = None,
     ):
         super().__init__()
+        attempts = DEFAULT_ATTEMPTS if attempts is None else attempts
         if block_size < 1 or max_blocks < 1 or attempts < 1:
             raise ValueError(
                 f"block_size, max_blocks and attempts must be >= 1: "
