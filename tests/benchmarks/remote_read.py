@@ -221,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--server", default="moto", help="moto, s3rver or an endpoint URL")
     parser.add_argument("--samples", type=int, default=512, help="corpus pairs (<= 3000)")
     parser.add_argument("--probes", type=int, default=50, help="random single-sample reads")
+    parser.add_argument("--page-size", type=int, default=PAGE, help="storage.page_size")
     parser.add_argument("--base", type=Path, default=Path("/tmp/h5etl-bench"))
     args = parser.parse_args(argv)
     corpus = ensure_corpus(args.base, CorpusParams(samples=3000))
@@ -228,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         files = {
             "default": build(corpus.root / "blosc-lz4.yaml", args.samples, work, None),
-            "paged": build(corpus.root / "blosc-lz4.yaml", args.samples, work, PAGE),
+            "paged": build(corpus.root / "blosc-lz4.yaml", args.samples, work, args.page_size),
         }
         rows: dict[str, dict[str, float]] = {}
         for name, path in files.items():
@@ -249,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         sizes = {n: p.stat().st_size / 2**20 for n, p in files.items()}
         print(
             f"\n{args.samples} pairs; release {sizes['default']:.1f} MiB (paged "
-            f"{sizes['paged']:.1f} MiB); {args.probes} random probes; server {args.server}\n"
+            f"{sizes['paged']:.1f} MiB, pages of {args.page_size} B); {args.probes} random probes; server {args.server}\n"
         )
         print(
             "| reader | open ms (range reads) | first sample ms | random sample ms (median) "
