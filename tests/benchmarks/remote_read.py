@@ -250,7 +250,8 @@ def main(argv: list[str] | None = None) -> int:
         sizes = {n: p.stat().st_size / 2**20 for n, p in files.items()}
         print(
             f"\n{args.samples} pairs; release {sizes['default']:.1f} MiB (paged "
-            f"{sizes['paged']:.1f} MiB, pages of {args.page_size} B); {args.probes} random probes; server {args.server}\n"
+            f"{sizes['paged']:.1f} MiB, pages of {args.page_size} B); {args.probes} random "
+            f"probes; server {args.server}\n"
         )
         print(
             "| reader | open ms (range reads) | first sample ms | random sample ms (median) "
