@@ -84,7 +84,7 @@ def timed(dataset: Any, probes: int, epoch: Callable[[], int]) -> dict[str, floa
 
 
 def mosaic(root: Path, count: int, bucket: str, work: Path, probes: int) -> dict[str, float]:
-    from streaming import MDSWriter, StreamingDataset
+    from streaming import MDSWriter, StreamingDataset  # type: ignore[import-not-found]
 
     shards = work / "mds"
     columns = {"image": "ndarray:uint8", "mask": "ndarray:uint8"}
@@ -108,7 +108,7 @@ def mosaic(root: Path, count: int, bucket: str, work: Path, probes: int) -> dict
 
 
 def lit(root: Path, count: int, bucket: str, work: Path, probes: int) -> dict[str, float]:
-    from litdata import StreamingDataset, optimize
+    from litdata import StreamingDataset, optimize  # type: ignore[import-not-found]
 
     shards = work / "lit"
     optimize(
@@ -122,7 +122,7 @@ def lit(root: Path, count: int, bucket: str, work: Path, probes: int) -> dict[st
     upload(shards, bucket, "lit")
     options = {"endpoint_url": os.environ["AWS_ENDPOINT_URL"]}
     # its obstore (Rust) client refuses a plain-http endpoint unless told
-    from litdata.streaming import downloader
+    from litdata.streaming import downloader  # type: ignore[import-not-found]
 
     downloader._OBSTORE_CLIENT_OPTIONS = {**downloader._OBSTORE_CLIENT_OPTIONS, "allow_http": True}
 
