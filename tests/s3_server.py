@@ -12,7 +12,6 @@ with the reason when moto's server or s3fs is not installed.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import socket
@@ -112,14 +111,6 @@ def _admin_key(endpoint: str) -> tuple[str, str]:
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """The moto server process, with authentication on; stopped when the session ends."""
-    with _server_process(tmp_path_factory) as (server, _):
-        yield server
-
-
-@contextlib.contextmanager
-def _server_process(
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[tuple[Server, subprocess.Popen[bytes]]]:
     pytest.importorskip("moto.server", reason="needs moto's server: pip install 'moto[server]'")
     pytest.importorskip("s3fs", reason="needs the cloud extra: pip install 'h5etl[cloud]'")
     port = _free_port()
@@ -137,7 +128,7 @@ def _server_process(
     try:
         _wait_until_up(endpoint, process, log)
         key_id, secret = _admin_key(endpoint)
-        yield Server(endpoint, key_id, secret), process
+        yield Server(endpoint, key_id, secret)
     finally:
         process.terminate()
         try:
@@ -208,24 +199,3 @@ def s3(s3_server: Server, monkeypatch: pytest.MonkeyPatch) -> Bucket:
 def s3_versioned(s3_server: Server, monkeypatch: pytest.MonkeyPatch) -> Bucket:
     """A fresh bucket with versioning on."""
     return _bucket(monkeypatch, s3_server, versioned=True)
-
-
-@dataclass(frozen=True)
-class StoppableBucket(Bucket):
-    """A bucket on a server of its own, which the test may stop (``stop``) mid-read."""
-
-    process: Any = None
-
-    def stop(self) -> None:
-        self.process.kill()
-        self.process.wait()
-
-
-@pytest.fixture
-def s3_stoppable(
-    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[StoppableBucket]:
-    """A fresh bucket on a moto server process started for this test alone (a few seconds)."""
-    with _server_process(tmp_path_factory) as (server, process):
-        bucket = _bucket(monkeypatch, server, versioned=False)
-        yield StoppableBucket(bucket.name, bucket.client, server, process)

@@ -6,10 +6,14 @@ Every test compares what a remote reader yields with the same release read local
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import multiprocessing
 import os
 import re
+import socket
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +23,7 @@ import h5py
 import numpy as np
 import pytest
 import yaml
-from s3_server import Bucket, StoppableBucket
+from s3_server import Bucket
 from test_kind_series import LENGTHS, make_recordings, series_config
 from test_kind_series import build as build_series
 from test_kind_volume import build as build_volume
@@ -239,24 +243,113 @@ def test_two_processes_share_one_disk_cache(s3: Bucket, tmp_path: Path) -> None:
     assert cache.hits == 20
 
 
-def test_a_server_stopped_mid_read_fails_the_read_in_one_line(
-    s3_stoppable: StoppableBucket, built: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+class Proxy:
+    """A TCP forwarder to the S3 server that a test can stop (the server unreachable, open
+    connections cut) and start again on the same port, the server's objects kept."""
+
+    def __init__(self, target: str):
+        host, port = target.removeprefix("http://").rsplit(":", 1)
+        self.target = (host, int(port))
+        self.port = 0
+        self._listener: socket.socket | None = None
+        self._open: list[socket.socket] = []
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self.port))
+        listener.listen(16)
+        self.port = listener.getsockname()[1]
+        self._listener = listener
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+
+    def stop(self) -> None:
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+        for sock in self._open:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+        self._open.clear()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return  # stopped
+            upstream = socket.create_connection(self.target)
+            self._open += [client, upstream]
+            for one, other in ((client, upstream), (upstream, client)):
+                threading.Thread(target=_pump, args=(one, other), daemon=True).start()
+
+
+def _pump(source: socket.socket, sink: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        while data := source.recv(65536):
+            sink.sendall(data)
+    with contextlib.suppress(OSError):
+        sink.shutdown(socket.SHUT_WR)
+
+
+@pytest.fixture
+def proxied(s3: Bucket, monkeypatch: pytest.MonkeyPatch) -> Iterator[Proxy]:
+    """The environment pointed at a proxy to the S3 server (``s3``'s bucket behind it)."""
+    proxy = Proxy(s3.server.endpoint)
+    proxy.start()
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
     monkeypatch.setattr(_source, "REMOTE_BLOCK_SIZE", 4096)  # rows still to fetch later
+    try:
+        yield proxy
+    finally:
+        proxy.stop()
+
+
+def test_a_server_stopped_mid_read_fails_the_read_in_one_line(
+    s3: Bucket, proxied: Proxy, built: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(reading, "FIRST_PAUSE_S", 0.01)
     monkeypatch.setattr(reading, "DEFAULT_ATTEMPTS", 2)  # each one is botocore's 3 tries
-    publish.publish(built, s3_stoppable.location("releases"), "cells")
-    reader = Release(url(s3_stoppable), "train")
+    publish.publish(built, s3.location("releases"), "cells")
+    reader = Release(url(s3), "train")
     reader.read([0])
-    s3_stoppable.stop()
+    proxied.stop()
     with pytest.raises(ReaderError) as caught:
         reader.read(np.arange(22)[::-1])
     assert isinstance(caught.value, RemoteReadFailed)
     text = str(caught.value)
     assert "\n" not in text
-    assert text.startswith(url(s3_stoppable, "releases/cells-v0001.h5") + ": cannot read bytes")
+    assert text.startswith(url(s3, "releases/cells-v0001.h5") + ": cannot read bytes")
     assert "2 attempts" in text
     reader.close()
+
+
+def test_a_read_retried_while_the_server_is_back_gets_its_bytes(
+    s3: Bucket,
+    proxied: Proxy,
+    built: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    monkeypatch.setattr(reading, "FIRST_PAUSE_S", 1.0)  # sent again at +1, +3, +7, +15 s
+    publish.publish(built, s3.location("releases"), "cells")
+    reader = Release(url(s3), "train")
+    reader.read([0])
+    proxied.stop()
+    timer = threading.Timer(4, proxied.start)  # past botocore's own three tries
+    timer.start()
+    try:
+        rows = np.arange(22)[::-1]
+        assert_same(reader.read(rows), direct(built), rows)  # retried until it was back
+    finally:
+        timer.join()
+        reader.close()
+    assert any("attempt 1 failed, again in" in r.getMessage() for r in caplog.records)
 
 
 @pytest.mark.parametrize(
