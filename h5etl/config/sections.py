@@ -106,6 +106,10 @@ class StorageSpec(Strict):
     # the recipe's default, chosen by measurement (docs/internals/decisions.md#codec)
     compression: Compression = Compression(codec="blosc", cname="lz4", level=5)
     shuffle: bool = True
+    # HDF5's paged file-space strategy (fs_strategy="page") with pages of this many bytes:
+    # metadata kept together in pages, so a reader over object storage opens the release in
+    # a few range reads. None (the default): HDF5's default layout, the bytes of before.
+    page_size: Annotated[int, Field(ge=4096, le=2**30)] | None = None
 
 
 def _valid_scheduler(address: str) -> str:

@@ -299,6 +299,8 @@ def spec_text(spec: Spec) -> str:
     if group_by is not None:
         data["splits"]["group_by"] = {k: v for k, v in group_by.items() if v is not None}
     data["output"] = spec.stored_path(("output",), spec.output)
+    if spec.storage.page_size is None:  # the default: configs from before it keep their digest
+        del data["storage"]["page_size"]
     for name, source in spec.sources.items():
         data["sources"][name]["dir"] = spec.stored_path(("sources", name, "dir"), source.dir)
         if source.entries == "files":  # the default: configs from before it keep their digest

@@ -57,6 +57,7 @@ def sink_layout(spec: Spec, plan: Plan) -> SinkLayout:
         tuple(spec.sources),
         spec.layout,
         {split: len(samples) for split, samples in plan.splits.items()},
+        page_size=spec.storage.page_size,
     )
 
 

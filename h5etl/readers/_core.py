@@ -19,13 +19,11 @@ import h5py
 import hdf5plugin  # noqa: F401  (registers the Blosc/Zstd filters for reading)
 import numpy as np
 
-from h5etl.errors import ReaderError
 from h5etl.format.contract import LayoutRecord
 from h5etl.format.reader_hints import hints_of
 from h5etl.readers import _fork
 from h5etl.readers._chunks import (
     ChunkCache,
-    ChunkFile,
     ChunkStore,
     open_stores,
 )
@@ -42,6 +40,8 @@ from h5etl.readers._layout import (
     widened,
 )
 from h5etl.readers._reading import _Reading
+from h5etl.readers._source import CacheDir, ReleaseFile
+from h5etl.remote.reading import RemoteFile
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +84,11 @@ class Release(_Reading):
 
     Parameters:
         path: the release file or its link; the link is resolved once, here, so a reader keeps
-            reading the release it started with even if the link is swapped meanwhile.
+            reading the release it started with even if the link is swapped meanwhile. Or a
+            release on object storage, ``s3://bucket/releases/cells.h5`` (its pointer
+            ``cells.h5.json`` read once, here, and the file it names pinned likewise) or a
+            versioned ``.../cells-v0007.h5``: read by range reads, in blocks kept in memory
+            (``_source.REMOTE_BLOCKS`` of ``REMOTE_BLOCK_SIZE`` per process).
         split: the split to read, e.g. ``"train"``.
         fields: the fields to read; default every field the release's layout record lists
             (the ``source_sha256`` lineage is none, but may be asked for by name). Each is
@@ -105,6 +109,10 @@ class Release(_Reading):
             worker; keep them with ``persistent_workers``). An ``int``: that many bytes per
             process, never fewer than the default. Below the split's size the least recently
             used chunks go first, which gains nothing for epochs read in file order.
+        cache_dir: for a release on object storage, a directory to keep the blocks read in
+            (``h5etl.remote.cache.DiskCache``; a path gets the default bound, 16 GiB), named
+            by the release's SHA-256 and shared by every process and later reader; least
+            recently used blocks go first. Ignored for a local file.
 
     Attributes:
         layout: the release's ``fileformat.LayoutRecord`` (inferred for older releases).
@@ -117,32 +125,33 @@ class Release(_Reading):
 
     Raises:
         ReaderError: the file, split or a field is missing, its layout record is damaged or
-            newer than this h5etl reads, or the fields differ in length.
+            newer than this h5etl reads, or the fields differ in length; a URL names no
+            release, or the server failed a read however often it was asked
+            (``RemoteReadFailed``, later, from a read).
         ValueError: ``cache_bytes`` is negative or a word other than ``"split"``.
         TypeError: ``cache_bytes`` is not an int, ``"split"`` or None.
     """
 
     def __init__(
         self,
-        path: str | os.PathLike[str],
+        path: str | os.PathLike[str] | ReleaseFile,
         split: str,
         *,
         fields: Sequence[str] | None = None,
         batch_size: int = 32,
         cache_bytes: CacheBytes = None,
+        cache_dir: CacheDir = None,
     ):
         self.cache_bytes = _cache_request(cache_bytes)
         # Processes reading this recipe at once (a loader's workers and their parent): the
         # memory cap of "split" is shared among them. H5Dataset sets it in its workers.
         self.processes = 1
-        self.path = Path(os.path.realpath(path))
+        self.source = ReleaseFile.of(path, cache_dir)
+        # the resolved file: a local Path, or the pinned file's URL
+        self.path: Path | str = self.source.path or self.source.name
         self.split = split
         self.batch_size = batch_size
-        try:
-            handle = h5py.File(self.path, "r")
-        except (OSError, ValueError) as exc:
-            raise ReaderError(f"cannot open as HDF5: {exc}", path=os.fspath(path)) from exc
-        with handle:
+        with self.source.open() as handle:
             found = resolve(handle, self.path, split, fields)
         self.layout: LayoutRecord = found.layout
         self.paths = found.paths
@@ -279,7 +288,7 @@ class Release(_Reading):
             _INHERITED.append((self._file, self._datasets, self._maps, self._stores))
         self._forget_finalizer()  # an inherited one would only be skipped here, at exit
         self._file, self._datasets, self._maps, self._stores = None, {}, {}, {}
-        handle = h5py.File(self.path, "r")
+        handle, remote = self.source.open_with_bytes()
         caches = self.process_caches()
         try:
             datasets = {n: open_dataset(handle, self.paths[n], caches.get(n)) for n in self.fields}
@@ -289,10 +298,11 @@ class Release(_Reading):
                 n: m
                 for n, d in datasets.items()
                 if self.use_mmap
+                and self.source.path is not None
                 and n not in self.ragged
-                and (m := map_chunks(d, self.path, self.info[n], memory))
+                and (m := map_chunks(d, self.source.path, self.info[n], memory))
             }
-            stores = self._open_stores(datasets, maps, caches)
+            stores = self._open_stores(datasets, maps, caches, remote)
         except BaseException:
             handle.close()
             raise
@@ -312,6 +322,7 @@ class Release(_Reading):
         datasets: dict[str, h5py.Dataset],
         maps: dict[str, MappedChunks],
         caches: dict[str, CacheSize],
+        remote: RemoteFile | None,
     ) -> dict[str, ChunkStore]:
         names = [
             n for n in datasets if n not in maps and not self.info[n].text and n not in self.ragged
@@ -322,7 +333,7 @@ class Release(_Reading):
         if self._decoded is None or self._decoded[0] != pid:  # a forked child starts empty
             self._decoded = (pid, ChunkCache(0))
         cache = self._decoded[1]
-        stores = open_stores(datasets, names, ChunkFile(self.path), cache)
+        stores = open_stores(datasets, names, self.source.chunks(remote), cache)
         # As large as the HDF5 caches it stands in for; fields h5py reads keep their own.
         cache.nbytes = sum(caches[n].nbytes for n in stores)
         return stores
@@ -384,6 +395,7 @@ def iter_batches(
     batch_size: int,
     *,
     fields: Sequence[str] | None = None,
+    cache_dir: CacheDir = None,
     shuffle: bool = True,
     seed: int = 0,
     epoch: int = 0,
@@ -400,7 +412,7 @@ def iter_batches(
     Raises:
         ReaderError: the split or a field is missing.
     """
-    release = Release(path, split, fields=fields, batch_size=batch_size)
+    release = Release(path, split, fields=fields, batch_size=batch_size, cache_dir=cache_dir)
     with release:
         yield from release.iter_batches(
             batch_size,

@@ -42,7 +42,7 @@ class Fields:
     ragged: dict[str, str]  # ragged column -> its offsets' dataset path (values at ``paths``)
 
 
-def read_record(handle: h5py.File, path: Path) -> LayoutRecord:
+def read_record(handle: h5py.File, path: Path | str) -> LayoutRecord:
     """The release's layout record, or a ReaderError naming the file."""
     try:
         return fileformat.read_layout(handle)
@@ -52,7 +52,7 @@ def read_record(handle: h5py.File, path: Path) -> LayoutRecord:
         ) from exc
 
 
-def require_parts(handle: h5py.File, path: Path, datasets: Iterable[h5py.Dataset]) -> None:
+def require_parts(handle: h5py.File, path: Path | str, datasets: Iterable[h5py.Dataset]) -> None:
     """A virtual release (``build --vds``) whose part is missing or of another size would
     read that part's rows as zeros, silently: a ReaderError naming the part ``datasets``
     map instead (a ``stat`` per part; ``h5etl check`` looks closer)."""
@@ -67,7 +67,7 @@ def require_parts(handle: h5py.File, path: Path, datasets: Iterable[h5py.Dataset
 
 def resolve(
     handle: h5py.File,
-    path: Path,
+    path: Path | str,
     split: str,
     fields: Sequence[str] | None,
 ) -> Fields:

@@ -17,6 +17,7 @@ import numpy as np
 from h5etl.errors import ReaderError
 from h5etl.readers._core import CacheBytes, Release
 from h5etl.readers._fields import channel_fields, channels_last, keras_fields
+from h5etl.readers._source import CacheDir, ReleaseFile
 
 Fields = str | Sequence[str]
 
@@ -25,7 +26,7 @@ AUTO = "auto"  # x or y taken from the release's layout record
 
 
 def _from_record(
-    path: str | os.PathLike[str], split: str, x: Fields, y: Fields | None
+    path: ReleaseFile, split: str, x: Fields, y: Fields | None
 ) -> tuple[Fields, Fields | None]:
     """``x`` and ``y`` where they are ``AUTO``, from the kinds' reader hints: the first input
     field (an image); the first target, a mask before a label (``keras_rank``)."""
@@ -33,7 +34,7 @@ def _from_record(
     if x == AUTO:
         inputs = keras_fields(fields, "input")
         if not inputs:
-            raise ReaderError(f"split {split!r} has no image field: pass x=", path=os.fspath(path))
+            raise ReaderError(f"split {split!r} has no image field: pass x=", path=path.name)
         x = inputs[0]
     if y == AUTO:
         targets = keras_fields(fields, "target")
@@ -71,12 +72,14 @@ class KerasDataset(keras.utils.PyDataset):  # type: ignore[misc]
             ``"split"`` each chunk is decoded once and later epochs read at memory speed.
             Keras starts new worker processes every epoch, so with ``use_multiprocessing``
             the cache lasts one epoch; thread workers (the default) keep it.
+        cache_dir: for a release on object storage, a directory that keeps the blocks read
+            (see :class:`Release`).
         **kwargs: ``workers``, ``use_multiprocessing``, ``max_queue_size`` for ``PyDataset``.
     """
 
     def __init__(
         self,
-        path: str | os.PathLike[str],
+        path: str | os.PathLike[str] | ReleaseFile,
         split: str,
         *,
         x: Fields = AUTO,
@@ -87,19 +90,21 @@ class KerasDataset(keras.utils.PyDataset):  # type: ignore[misc]
         transform: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None,
         cache_bytes: CacheBytes = None,
         channels_last: bool = False,
+        cache_dir: CacheDir = None,
         **kwargs: Any,
     ):
         super().__init__(**kwargs)
+        source = ReleaseFile.of(path, cache_dir)  # resolved (and pinned) once, here
         if AUTO in (x, y):
-            x, y = _from_record(path, split, x, y)
+            x, y = _from_record(source, split, x, y)
         self.x, self.y = x, y
         names = [*_names(x), *(_names(y) if y is not None else [])]
-        probe = Release(path, split, fields=names, batch_size=batch_size or 1)
+        probe = Release(source, split, fields=names, batch_size=batch_size or 1)
         self.batch_size = batch_size or probe.chunk_rows
         # The probe's resolved file, not ``path`` again: a link swapped meanwhile would give
         # a batch size taken from one release and rows read from another.
         self.release = Release(
-            probe.path, split, fields=names, batch_size=self.batch_size, cache_bytes=cache_bytes
+            source, split, fields=names, batch_size=self.batch_size, cache_bytes=cache_bytes
         )
         if self.use_multiprocessing:  # the workers and this process share the memory cap
             self.release.processes = self.workers + 1

@@ -24,6 +24,7 @@ import numpy as np
 from h5etl.errors import ReaderError
 from h5etl.format import contract as fileformat
 from h5etl.readers._fields import require_parts
+from h5etl.readers._source import CacheDir, ReleaseFile
 
 KIND = "series"
 
@@ -46,7 +47,7 @@ class _Column:
     ragged: bool
 
 
-def _series_field(record: fileformat.LayoutRecord, field: str | None, path: Path) -> str:
+def _series_field(record: fileformat.LayoutRecord, field: str | None, path: Path | str) -> str:
     found = [name for name, r in record.fields.items() if r.kind == KIND]
     if field is None:
         if len(found) != 1:
@@ -74,15 +75,18 @@ class SeriesReader:
     """
 
     def __init__(
-        self, path: str | os.PathLike[str], split: str = "train", field: str | None = None
+        self,
+        path: str | os.PathLike[str] | ReleaseFile,
+        split: str = "train",
+        field: str | None = None,
+        *,
+        cache_dir: CacheDir = None,
     ):
-        self.path = Path(os.path.realpath(path))
+        # resolved once: a local link's target, or a URL's pinned release
+        self.source = ReleaseFile.of(path, cache_dir)
+        self.path: Path | str = self.source.path or self.source.name
         self.split = split
-        try:
-            handle = h5py.File(self.path, "r")
-        except (OSError, ValueError) as exc:
-            raise ReaderError(f"cannot open as HDF5: {exc}", path=os.fspath(path)) from exc
-        with handle:
+        with self.source.open() as handle:
             try:
                 record = fileformat.read_layout(handle)
             except ValueError as exc:
@@ -130,7 +134,7 @@ class SeriesReader:
 
     def _open(self) -> h5py.File:
         if self._file is None or self._pid != os.getpid():
-            self._file = h5py.File(self.path, "r")  # a forked worker opens its own handle
+            self._file = self.source.open()  # a forked worker opens its own handle
             self._pid = os.getpid()
             self._offsets = {
                 c.path: self._file[fileformat.offsets_path(c.path)][()]

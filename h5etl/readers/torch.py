@@ -14,6 +14,7 @@ import torch.utils.data
 
 from h5etl.readers._core import CacheBytes, Release
 from h5etl.readers._sampler import BatchSampler, ChunkSampler
+from h5etl.readers._source import CacheDir
 
 Sample = dict[str, Any]
 
@@ -37,6 +38,9 @@ class H5Dataset(torch.utils.data.Dataset[Any]):
             ``"split"`` and ``persistent_workers=True`` each worker decodes a chunk at most
             once over all epochs, as long as the split fits in its share of memory (half
             of what is available, divided among the workers and the main process).
+        cache_dir: for a release on object storage (``s3://bucket/releases/cells.h5``), a
+            directory that keeps the blocks read, shared by the loader's workers (see
+            :class:`Release`). Each worker reads through its own handle.
     """
 
     def __init__(
@@ -48,9 +52,15 @@ class H5Dataset(torch.utils.data.Dataset[Any]):
         transform: Callable[[Sample], Any] | None = None,
         batch_size: int = 32,
         cache_bytes: CacheBytes = None,
+        cache_dir: CacheDir = None,
     ):
         self.release = Release(
-            path, split, fields=fields, batch_size=batch_size, cache_bytes=cache_bytes
+            path,
+            split,
+            fields=fields,
+            batch_size=batch_size,
+            cache_bytes=cache_bytes,
+            cache_dir=cache_dir,
         )
         self.transform = transform
 

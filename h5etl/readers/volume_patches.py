@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from h5etl.readers._source import CacheDir, ReleaseFile
 from h5etl.readers.volumes import LOCATIONS_PER_LABEL, Transform, Volumes
 
 SLAB = 32  # slices of a label volume scanned at a time for its label locations
@@ -69,7 +70,7 @@ class PatchSampler:
 
     def __init__(
         self,
-        path: str | Path,
+        path: str | Path | ReleaseFile,
         split: str = "train",
         field: str = "ct",
         *,
@@ -80,12 +81,14 @@ class PatchSampler:
         seed: int = 0,
         fill: float | None = None,
         transform: Transform | None = None,
+        cache_dir: CacheDir = None,
     ):
         if not 0 <= foreground <= 1:
             raise ValueError(f"foreground is a fraction 0..1, got {foreground}")
         if foreground and mask is None:
             raise ValueError("foreground oversampling needs the label volume: pass mask=...")
-        self.path, self.split, self.field, self.mask = path, split, field, mask
+        self.path = ReleaseFile.of(path, cache_dir)  # pinned for every epoch's reopen
+        self.split, self.field, self.mask = split, field, mask
         self.patch_size = tuple(int(p) for p in patch_size)
         self.foreground, self.length, self.seed = foreground, length, seed
         self.fill, self.transform = fill, transform

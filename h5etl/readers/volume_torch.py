@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from h5etl.readers._source import CacheDir, ReleaseFile
 from h5etl.readers.volume_patches import PatchSampler
 from h5etl.readers.volumes import SliceSampler, Transform, Volumes
 
@@ -51,16 +52,18 @@ class VolumeCaseDataset:
 
     def __init__(
         self,
-        path: str | Path,
+        path: str | Path | ReleaseFile,
         split: str = "train",
         field: str = "ct",
         *,
         mask: str | None = None,
         transform: Transform | None = None,
+        cache_dir: CacheDir = None,
     ):
-        self.path, self.split, self.field, self.mask = path, split, field, mask
+        self.path = ReleaseFile.of(path, cache_dir)  # pinned for every worker
+        self.split, self.field, self.mask = split, field, mask
         self.transform = transform
-        with Volumes(path, split, field, mask=mask) as volumes:
+        with Volumes(self.path, split, field, mask=mask) as volumes:
             self._length = len(volumes)
         self._volumes: Volumes | None = None
 
@@ -92,7 +95,7 @@ class VolumeSliceDataset(_iterable_base()):  # type: ignore[misc]
 
     def __init__(
         self,
-        path: str | Path,
+        path: str | Path | ReleaseFile,
         split: str = "train",
         field: str = "ct",
         *,
@@ -102,10 +105,11 @@ class VolumeSliceDataset(_iterable_base()):  # type: ignore[misc]
         transform: Transform | None = None,
         rank: int = 0,
         world_size: int = 1,
+        cache_dir: CacheDir = None,
     ):
         super().__init__()
         self.options: dict[str, Any] = {
-            "path": path,
+            "path": ReleaseFile.of(path, cache_dir),  # pinned for every worker and epoch
             "split": split,
             "field": field,
             "mask": mask,
@@ -137,7 +141,7 @@ class VolumePatchDataset(_iterable_base()):  # type: ignore[misc]
 
     def __init__(
         self,
-        path: str | Path,
+        path: str | Path | ReleaseFile,
         split: str = "train",
         field: str = "ct",
         *,
@@ -148,10 +152,11 @@ class VolumePatchDataset(_iterable_base()):  # type: ignore[misc]
         seed: int = 0,
         fill: float | None = None,
         transform: Transform | None = None,
+        cache_dir: CacheDir = None,
     ):
         super().__init__()
         self.sampler = PatchSampler(
-            path,
+            ReleaseFile.of(path, cache_dir),
             split,
             field,
             patch_size=patch_size,

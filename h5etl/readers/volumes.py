@@ -27,6 +27,7 @@ from h5etl.format import contract as fileformat
 from h5etl.readers._chunks import submit
 from h5etl.readers._codecs import NotDecodable, Pipeline
 from h5etl.readers._sampler import ChunkSampler
+from h5etl.readers._source import CacheDir, ReleaseFile
 
 Transform = Callable[[np.ndarray], np.ndarray]
 LOCATIONS_PER_LABEL = 10_000  # sampled voxels kept per label and case (nnU-Net keeps 10,000)
@@ -130,18 +131,19 @@ class Volumes:
 
     def __init__(
         self,
-        path: str | Path,
+        path: str | Path | ReleaseFile,
         split: str = "train",
         field: str = "ct",
         *,
         mask: str | None = None,
         cache_bytes: int = 64 * 2**20,
+        cache_dir: CacheDir = None,
     ):
-        self.path, self.split, self.field, self.mask = Path(path), split, field, mask
-        try:
-            self._file = h5py.File(self.path, "r", rdcc_nbytes=cache_bytes, rdcc_nslots=100_003)
-        except OSError as exc:
-            raise ReaderError(f"cannot open as HDF5: {exc}", path=str(path)) from exc
+        # a URL's pointer is read once (pass the ReleaseFile on to stay on its version)
+        self.source = ReleaseFile.of(path, cache_dir)
+        self.path: Path | str = self.source.path or self.source.name
+        self.split, self.field, self.mask = split, field, mask
+        self._file = self.source.open(rdcc_nbytes=cache_bytes, rdcc_nslots=100_003)
         paths = column_paths(self._file, split, field)
         self.values: h5py.Dataset = self._file[paths["values"]]
         self.offsets = np.asarray(self._file[paths["offsets"]][...], dtype=np.int64)
@@ -239,11 +241,12 @@ class SliceSampler:
 
     def __init__(
         self,
-        path: str | Path,
+        path: str | Path | ReleaseFile,
         split: str = "train",
         field: str = "ct",
         *,
         mask: str | None = None,
+        cache_dir: CacheDir = None,
         shuffle: bool = True,
         seed: int = 0,
         transform: Transform | None = None,
@@ -253,10 +256,11 @@ class SliceSampler:
     ):
         """``rank``/``world_size``: distributed ranks (equal shares, padded by wrapping);
         ``part`` (i, n): this loader worker's every n-th slice of its rank's share."""
-        self.path, self.split, self.field, self.mask = path, split, field, mask
+        self.path = ReleaseFile.of(path, cache_dir)  # pinned for every epoch's reopen
+        self.split, self.field, self.mask = split, field, mask
         self.transform = transform
         self.part = part
-        with Volumes(path, split, field, mask=mask) as volumes:
+        with Volumes(self.path, split, field, mask=mask) as volumes:
             self.offsets = volumes.offsets
             rows = volumes.chunks[0]
         self.sampler = ChunkSampler(

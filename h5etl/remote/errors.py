@@ -7,6 +7,8 @@
         │                           exit code 1
         ├── RemoteChanged           an object changed between listing and reading it (its
         │                           ETag or version is not the listed one); exit code 1
+        ├── RemoteReadFailed        (also ReaderError) a reader's range read failed every
+        │                           attempt (the server stopped mid-read); exit code 1
         └── RemoteUsageError        (also UsageError) an unknown scheme, a URL with
             │                       credentials, no such bucket or object; exit code 2
             └── RemoteAccessDenied  the store refused the credentials it was given; exit
@@ -18,9 +20,15 @@ through ``h5etl.remote.filesystem.scrub`` first.
 
 from __future__ import annotations
 
-from h5etl.errors import H5EtlError, UsageError
+from h5etl.errors import H5EtlError, ReaderError, UsageError
 
-__all__ = ["RemoteAccessDenied", "RemoteChanged", "RemoteError", "RemoteUsageError"]
+__all__ = [
+    "RemoteAccessDenied",
+    "RemoteChanged",
+    "RemoteError",
+    "RemoteReadFailed",
+    "RemoteUsageError",
+]
 
 
 class RemoteError(H5EtlError):
@@ -29,6 +37,12 @@ class RemoteError(H5EtlError):
 
 class RemoteChanged(RemoteError):
     """An object changed during the build: its ETag or version is not the one listed."""
+
+
+class RemoteReadFailed(RemoteError, ReaderError):
+    """A reader's range read failed however many times it was sent (the server is gone)."""
+
+    exit_code = 1
 
 
 class RemoteUsageError(RemoteError, UsageError):

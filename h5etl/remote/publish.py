@@ -31,12 +31,14 @@ from pathlib import Path
 from h5etl.errors import ReleaseError, ReleaseUsageError
 from h5etl.remote import s3
 from h5etl.remote.errors import RemoteUsageError
+from h5etl.remote.filesystem import filesystem, problem
 from h5etl.remote.location import Location
 from h5etl.remote.objects import RemoteObject, list_objects, read_bytes, stat_object
 
 __all__ = [
     "POINTER_SUFFIX",
     "Pointer",
+    "pin",
     "pointer_location",
     "publish",
     "read_pointer",
@@ -151,6 +153,50 @@ def resolve(location: Location) -> RemoteObject:
         etag=pointer.etag,
         version_id=pointer.version_id,
     )
+
+
+def pin(location: Location) -> tuple[RemoteObject, str | None]:
+    """What ``resolve`` gives, with the SHA-256 of the file's bytes when known (the pointer's,
+    or the upload's ``sha256`` metadata for a versioned name): the name of a disk cache.
+
+    Raises:
+        ReleaseUsageError: no pointer and no such release (exit code 2).
+        RemoteUsageError: no such bucket or object, or the credentials are refused.
+        ReleaseError: the pointer is not readable.
+    """
+    if location.protocol != "s3":
+        return stat_object(location), None
+    if not _VERSION.match(location.name):
+        got = s3.get(location.parent().child(location.name + ".json"))
+        if got is None:
+            _require_bucket(location)  # s3fs answers a missing bucket as a missing key
+            raise ReleaseUsageError(
+                f"no release published there (no pointer {location.name}.json)",
+                path=location.url,
+            )
+        pointer = Pointer.from_json(got[0], location)
+        obj = RemoteObject(
+            pointer.location(location.parent()),
+            pointer.size,
+            etag=pointer.etag,
+            version_id=pointer.version_id,
+        )
+        return obj, pointer.sha256
+    stored = s3.head(location)
+    if stored is None:
+        stat_object(location)  # the one-line error: no such bucket, or no such object
+        raise ReleaseUsageError("no such release", path=location.url)  # pragma: no cover
+    obj = RemoteObject(location, stored.size, etag=stored.etag, version_id=stored.version_id)
+    return obj, stored.metadata.get("sha256")
+
+
+def _require_bucket(location: Location) -> None:
+    """Raise the one-line error for a bucket that is not there (or not ours to read)."""
+    fs = filesystem(location)
+    try:
+        fs.info(location.bucket)
+    except Exception as exc:
+        raise problem(exc, location, "read", f"no such bucket {location.bucket!r}") from exc
 
 
 def upload_release(

@@ -38,6 +38,8 @@ class SinkLayout:
     # samples the plan gives each split: its small columns' chunks hold no more rows than
     # that needs (a tiny release stays tiny); none known: chunked by bytes alone
     planned: Mapping[str, int] = field(default_factory=dict)
+    # HDF5's paged file-space strategy with pages of this many bytes (storage.page_size)
+    page_size: int | None = None
 
     def path(self, split: str, name: str) -> str:
         return fileformat.dataset_path(self.template, split, name)

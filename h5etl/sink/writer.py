@@ -42,6 +42,13 @@ WRITE_CACHE_BYTES = 256 * 1024
 logger = logging.getLogger(__name__)
 
 
+def paged(page_size: int | None) -> dict[str, Any]:
+    """h5py's options for the paged file-space strategy (none: HDF5's default layout)."""
+    if page_size is None:
+        return {}
+    return {"fs_strategy": "page", "fs_page_size": page_size, "fs_persist": False}
+
+
 class Sink(JournalSide):
     """Context manager around the one HDF5 file a build writes; created with mode ``x``."""
 
@@ -101,6 +108,7 @@ class Sink(JournalSide):
                 track_order=True,
                 track_times=False,
                 rdcc_nbytes=WRITE_CACHE_BYTES,
+                **paged(self.layout.page_size),
             )
             self._created = True
             self.on_created()
