@@ -12,7 +12,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from h5etl.errors import ReaderError
-from h5etl.readers._core import CacheBytes, Release, iter_batches
+from h5etl.readers._batches import iter_batches
+from h5etl.readers._core import CacheBytes, Release
 from h5etl.readers._layout import CacheSize, cache_size
 from h5etl.readers._sampler import BatchSampler, ChunkSampler
 

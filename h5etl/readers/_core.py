@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import logging
 import multiprocessing.util
-import operator
 import os
-from collections.abc import Generator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal, SupportsIndex
 
@@ -33,6 +32,7 @@ from h5etl.readers._layout import (
     CacheSize,
     MappedChunks,
     available_memory,
+    cache_request,
     cache_size,
     decoded_nbytes,
     map_chunks,
@@ -56,27 +56,6 @@ def __getattr__(name: str) -> Any:
     if name in ("_LOCK", "_GATE"):
         return getattr(_fork, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def _cache_request(value: Any) -> int | Literal["split"] | None:
-    """``cache_bytes`` checked: None, ``"split"`` or a byte count >= 0."""
-    if value is None:
-        return None
-    if isinstance(value, str):
-        if value == "split":
-            return "split"
-        raise ValueError(f"cache_bytes must be an int, 'split' or None, got {value!r}")
-    if isinstance(value, bool):
-        raise TypeError(f"cache_bytes must be an int, 'split' or None, got {value!r}")
-    try:
-        count = operator.index(value)
-    except TypeError:
-        raise TypeError(
-            f"cache_bytes must be an int, 'split' or None, got {type(value).__name__} {value!r}"
-        ) from None
-    if count < 0:
-        raise ValueError(f"cache_bytes must be >= 0, got {count}")
-    return count
 
 
 class Release(_Reading):
@@ -142,7 +121,7 @@ class Release(_Reading):
         cache_bytes: CacheBytes = None,
         cache_dir: CacheDir = None,
     ):
-        self.cache_bytes = _cache_request(cache_bytes)
+        self.cache_bytes = cache_request(cache_bytes)
         # Processes reading this recipe at once (a loader's workers and their parent): the
         # memory cap of "split" is shared among them. H5Dataset sets it in its workers.
         self.processes = 1
@@ -387,39 +366,3 @@ class Release(_Reading):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def iter_batches(
-    path: str | os.PathLike[str],
-    split: str,
-    batch_size: int,
-    *,
-    fields: Sequence[str] | None = None,
-    cache_dir: CacheDir = None,
-    shuffle: bool = True,
-    seed: int = 0,
-    epoch: int = 0,
-    drop_last: bool = False,
-    prefetch: int = 4,
-    channels_last: bool = False,
-) -> Generator[dict[str, np.ndarray], None, None]:
-    """Yield one epoch of a split as dicts of numpy arrays (for JAX, NumPy or anything else).
-
-    Opens the release, reads one epoch with :meth:`Release.iter_batches` (which see for the
-    arguments) and closes it. For several epochs that should share decoded chunks, keep one
-    ``Release(path, split, cache_bytes="split")`` and call its ``iter_batches`` per epoch.
-
-    Raises:
-        ReaderError: the split or a field is missing.
-    """
-    release = Release(path, split, fields=fields, batch_size=batch_size, cache_dir=cache_dir)
-    with release:
-        yield from release.iter_batches(
-            batch_size,
-            shuffle=shuffle,
-            seed=seed,
-            epoch=epoch,
-            drop_last=drop_last,
-            prefetch=prefetch,
-            channels_last=channels_last,
-        )

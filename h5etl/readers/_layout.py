@@ -7,10 +7,11 @@ path for unfiltered chunks. No open-file state lives here (see ``_core``).
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import h5py
 import numpy as np
@@ -297,3 +298,24 @@ def runs(sorted_indices: np.ndarray) -> list[tuple[int, int, int]]:
         (int(a), int(sorted_indices[a]), int(sorted_indices[b - 1]) + 1)
         for a, b in zip(starts, stops, strict=True)
     ]
+
+
+def cache_request(value: Any) -> int | Literal["split"] | None:
+    """``cache_bytes`` checked: None, ``"split"`` or a byte count >= 0."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        if value == "split":
+            return "split"
+        raise ValueError(f"cache_bytes must be an int, 'split' or None, got {value!r}")
+    if isinstance(value, bool):
+        raise TypeError(f"cache_bytes must be an int, 'split' or None, got {value!r}")
+    try:
+        count = operator.index(value)
+    except TypeError:
+        raise TypeError(
+            f"cache_bytes must be an int, 'split' or None, got {type(value).__name__} {value!r}"
+        ) from None
+    if count < 0:
+        raise ValueError(f"cache_bytes must be >= 0, got {count}")
+    return count
