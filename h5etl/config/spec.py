@@ -16,8 +16,8 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import (
     Field,
-    PrivateAttr,
     PlainValidator,
+    PrivateAttr,
     field_validator,
     model_validator,
 )
@@ -72,7 +72,7 @@ def _output_place(value: Any) -> Path | str:
     if isinstance(value, Path):
         return value
     if not isinstance(value, str):
-        raise ValueError("output must be a folder or an s3:// URL")  # noqa: TRY004 (pydantic)
+        raise ValueError("output must be a folder or an s3:// URL")
     if not is_url(value):
         return Path(value)
     try:
@@ -124,6 +124,13 @@ class Spec(Strict):
     _written_paths: dict[PathKey, str] = PrivateAttr(default_factory=dict)
     _inferred_kinds: dict[str, str] = PrivateAttr(default_factory=dict)
     _loss_allowed: bool = PrivateAttr(default=False)  # build --allow-loss: not in the config
+
+    @property
+    def output_path(self) -> Path:
+        """``output`` as the local folder it is (ValueError for an ``s3://`` output)."""
+        if isinstance(self.output, str):
+            raise ValueError(f"the output {self.output} is no local folder")
+        return self.output
 
     def located(
         self,

@@ -25,7 +25,7 @@ import contextlib
 import hashlib
 import json
 import os
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -49,7 +49,7 @@ from h5etl.remote.publish import Pointer, publish, read_pointer, versions
 if TYPE_CHECKING:
     from h5etl.dataflow import Reject
 
-__all__ = ["RemoteOutputFolder", "output_folder", "work_folder"]
+__all__ = ["RemoteOutputFolder", "cached", "download", "output_folder", "work_folder"]
 
 _STEP = 64 * 2**20  # a download's range read
 
@@ -95,9 +95,10 @@ class RemoteOutputFolder(OutputFolder):
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
         self.folder.mkdir(parents=True, exist_ok=True)
-        with RemoteLock(self.location, self.name).held(), BuildLock(
-            self.lock_path, self.name
-        ).held():
+        with (
+            RemoteLock(self.location, self.name).held(),
+            BuildLock(self.lock_path, self.name).held(),
+        ):
             yield
 
     def next_version(self) -> int:
@@ -114,38 +115,15 @@ class RemoteOutputFolder(OutputFolder):
         return pointer.version, local
 
     def _download(self, pointer: Pointer, local: Path) -> None:
-        """Fetch the release ``pointer`` names into ``local``, pinned by its ETag (or version)
-        and checked against its SHA-256; earlier cached releases of this name go."""
+        """Fetch the release ``pointer`` names into ``local``, pinned by its ETag (or
+        version); earlier cached releases of this name go."""
         obj = RemoteObject(
             pointer.location(self.location),
             pointer.size,
             etag=pointer.etag,
             version_id=pointer.version_id,
         )
-        self.folder.mkdir(parents=True, exist_ok=True)
-        temp = self.folder / f".{local.name}.download-{os.getpid()}"
-        sha = hashlib.sha256()
-        try:
-            with open(temp, "wb") as handle:
-                for start in range(0, pointer.size, _STEP):
-                    block = read_bytes(obj, start, min(start + _STEP, pointer.size))
-                    sha.update(block)
-                    handle.write(block)
-            if sha.hexdigest() != pointer.sha256:
-                raise ReleaseError(
-                    "the release downloaded is not the one its pointer names (sha256 differs)",
-                    path=obj.url,
-                )
-            self._forget_cached()
-            os.replace(temp, local)
-            _mark(local, pointer.sha256)
-        except OSError as exc:
-            raise ReleaseError(
-                f"cannot keep the parent release here: {io_problem(exc)}", path=local
-            ) from exc
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                temp.unlink()
+        download(obj, pointer.sha256, local, before=self._forget_cached)
 
     def _forget_cached(self) -> None:
         for old in self.folder.glob(f"{self.name}-v*.h5"):
@@ -237,6 +215,46 @@ class RemoteOutputFolder(OutputFolder):
 
     def point_link(self, version: int) -> None:
         raise ReleaseUsageError("roll back an s3:// output with h5etl rollback", path=self.url)
+
+
+def download(
+    obj: RemoteObject, sha256: str, local: Path, *, before: Callable[[], None] = lambda: None
+) -> None:
+    """Fetch ``obj`` into ``local`` (range reads pinned by its ETag or version), checked
+    against ``sha256``, then marked so it is not fetched again; ``before`` runs just before the
+    file takes its name.
+
+    Raises:
+        ReleaseError: the bytes are not the release (sha256), or the local disk failed.
+        RemoteError: the store failed (the object changed: ``RemoteChanged``).
+    """
+    local.parent.mkdir(parents=True, exist_ok=True)
+    temp = local.with_name(f".{local.name}.download-{os.getpid()}")
+    sha = hashlib.sha256()
+    try:
+        with open(temp, "wb") as handle:
+            for start in range(0, obj.size, _STEP):
+                block = read_bytes(obj, start, min(start + _STEP, obj.size))
+                sha.update(block)
+                handle.write(block)
+        if sha.hexdigest() != sha256:
+            raise ReleaseError(
+                "the release downloaded is not the one published (its sha256 differs)",
+                path=obj.url,
+            )
+        before()
+        os.replace(temp, local)
+        _mark(local, sha256)
+    except OSError as exc:
+        raise ReleaseError(f"cannot keep a copy here: {io_problem(exc)}", path=local) from exc
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            temp.unlink()
+
+
+def cached(local: Path, size: int, sha256: str) -> bool:
+    """Whether ``local`` is a checked copy of the release of that size and SHA-256."""
+    return _sha_mark(local, size) == sha256
 
 
 def _mark_path(local: Path) -> Path:

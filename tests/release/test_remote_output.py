@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from conftest import MakeRaw, WriteConfig, add_pairs, dataset_digests
 from s3_proxy import proxy
-from typer.testing import CliRunner
 from s3_server import Bucket
+from typer.testing import CliRunner
 
 from h5etl import build, load_spec
 from h5etl.cli.app import app
@@ -90,8 +90,9 @@ def test_an_incremental_build_on_another_host_takes_its_parent_from_the_bucket(
 
     monkeypatch.setenv("H5ETL_WORK_DIR", str(tmp_path / "a-third-host"))
     again = built(remote_config)
-    assert again.up_to_date and again.version == 2
-    assert "releases/cells-v0003.h5" not in s3.keys()
+    assert again.up_to_date
+    assert again.version == 2
+    assert "releases/cells-v0003.h5" not in list(s3.keys())
 
 
 def cli(*args: str | Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -118,7 +119,8 @@ def test_the_server_stopped_mid_upload_publishes_nothing_and_the_next_build_work
         assert server.stopped.is_set()  # it stopped during the upload, not before
     assert done.returncode == 1, done.stderr
     errors = [line for line in done.stderr.splitlines() if "error" in line]
-    assert len(errors) == 1 and "cells-v0002.h5" in errors[0], done.stderr
+    assert len(errors) == 1, done.stderr
+    assert "cells-v0002.h5" in errors[0], done.stderr
     assert "Traceback" not in done.stderr
     keys = s3.keys()
     assert "releases/cells-v0002.h5" not in keys
@@ -126,7 +128,8 @@ def test_the_server_stopped_mid_upload_publishes_nothing_and_the_next_build_work
     assert keys.count("releases/.cells.lock") == 1  # the dead build's: taken by the next
 
     again = built(config)
-    assert again.version == 2 and again.reused > 0  # carried from v0001, downloaded
+    assert again.version == 2
+    assert again.reused > 0
     assert json.loads(s3.get("releases/cells.h5.json"))["file"] == "cells-v0002.h5"
     assert ".cells.lock" not in " ".join(s3.keys())
 
@@ -157,7 +160,8 @@ def test_wrong_credentials_are_one_line_and_exit_2(
     config = write_config(tmp_path, output=f"s3://{s3_auth.name}/releases")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
     code, line = error_of("build", config)
-    assert code == 2 and "refused the credentials" in line, line
+    assert code == 2, line
+    assert "refused the credentials" in line, line
     assert "not-the-secret" not in line
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3_auth.server.secret)
     assert s3_auth.keys() == []  # nothing was written, no lock left
@@ -169,7 +173,8 @@ def test_a_missing_bucket_is_one_line_and_exit_2(
     make_raw(tmp_path, n=3)
     config = write_config(tmp_path, output="s3://h5etl-no-such-bucket/releases")
     code, line = error_of("build", config)
-    assert code == 2 and "no such bucket 'h5etl-no-such-bucket'" in line, line
+    assert code == 2, line
+    assert "no such bucket 'h5etl-no-such-bucket'" in line, line
 
 
 def test_a_damaged_pointer_is_one_line_and_stays_as_it_is(
@@ -180,6 +185,7 @@ def test_a_damaged_pointer_is_one_line_and_stays_as_it_is(
     built(config)
     s3.put("releases/cells.h5.json", b"{not json")
     code, line = error_of("build", config)
-    assert code == 1 and "releases/cells.h5.json" in line, line
+    assert code == 1, line
+    assert "releases/cells.h5.json" in line, line
     assert s3.get("releases/cells.h5.json") == b"{not json"
-    assert "releases/cells-v0002.h5" not in s3.keys()
+    assert "releases/cells-v0002.h5" not in list(s3.keys())
