@@ -189,3 +189,57 @@ def test_a_damaged_pointer_is_one_line_and_stays_as_it_is(
     assert "releases/cells.h5.json" in line, line
     assert s3.get("releases/cells.h5.json") == b"{not json"
     assert "releases/cells-v0002.h5" not in list(s3.keys())
+
+
+def invoke(*args: str | Path) -> tuple[int, str]:
+    result = CliRunner().invoke(app, [str(a) for a in args], prog_name="h5etl")
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result.exit_code, result.output
+
+
+def test_the_release_commands_take_a_url(
+    s3: Bucket, work: Path, tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig
+) -> None:
+    raw = make_raw(tmp_path, n=4)
+    config = write_config(tmp_path, output=f"s3://{s3.name}/releases")
+    local_config = write_config(tmp_path, config_name="local.yaml")
+    for seed in (1, 2):
+        built(config)
+        built(local_config)
+        add_pairs(raw.root, [f"t{seed}"], seed=seed)
+    built(config)
+    folder, link = f"s3://{s3.name}/releases", f"s3://{s3.name}/releases/cells.h5"
+
+    code, out = invoke("releases", folder)
+    assert code == 0, out
+    lines = out.splitlines()
+    assert [line[2:].split()[0] for line in lines] == [f"cells-v000{v}.h5" for v in (1, 2, 3)]
+    assert [line[0] for line in lines] == [" ", " ", "*"]  # the pointer names v0003
+    code, out = invoke("check", link)
+    assert code == 0, out
+    assert "ok" in out.splitlines()[-1].lower(), out
+    code, out = invoke("diff", f"{folder}/cells-v0002.h5", tmp_path / "releases" / "cells.h5")
+    assert code == 0, out
+    assert "samples: the same" in out, out  # the same inputs built locally: only where to
+    assert f"output: 's3://{s3.name}/releases' -> 'releases'" in out, out
+
+    code, out = invoke("rollback", link)
+    assert (code, out.strip()) == (0, f"{link} -> cells-v0002.h5")
+    assert json.loads(s3.get("releases/cells.h5.json"))["file"] == "cells-v0002.h5"
+    code, out = invoke("prune", folder, "--keep", "1", "--yes")
+    assert code == 0, out
+    assert s3.keys() == [  # v0002: the current; v0003: the newest; v0001 gone with its files
+        "releases/.cells-v0002.h5.carry.json",
+        "releases/.cells-v0003.h5.carry.json",
+        "releases/cells-v0002.build.json",
+        "releases/cells-v0002.h5",
+        "releases/cells-v0002.rejects.jsonl",
+        "releases/cells-v0003.build.json",
+        "releases/cells-v0003.h5",
+        "releases/cells-v0003.rejects.jsonl",
+        "releases/cells.h5.json",
+    ]
+    code, out = invoke("status", folder)
+    assert code == 0, out
+    assert "cells" in out, out
