@@ -243,3 +243,21 @@ def test_the_release_commands_take_a_url(
     code, out = invoke("status", folder)
     assert code == 0, out
     assert "cells" in out, out
+
+
+def test_the_lock_object_keeps_builds_apart_and_goes_on_every_exit(
+    s3: Bucket, work: Path, tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig
+) -> None:
+    make_raw(tmp_path, n=4, broken=["truncated"])
+    config = write_config(tmp_path, output=f"s3://{s3.name}/releases", on_error="fail")
+    code, line = error_of("build", config)  # the build fails: the lock goes all the same
+    assert code == 1, line
+    assert "no release was made" in line, line
+    assert s3.keys() == []
+
+    elsewhere = {"pid": 1, "host": "another-host", "started": "2026-12-04T00:00:00+00:00"}
+    s3.put("releases/.cells.lock", json.dumps(elsewhere).encode())
+    code, line = error_of("build", write_config(tmp_path, output=f"s3://{s3.name}/releases"))
+    assert code == 1, line
+    assert "another build of 'cells' is running (pid 1 on another-host" in line, line
+    assert s3.keys() == ["releases/.cells.lock"]  # its lock untouched, nothing published
