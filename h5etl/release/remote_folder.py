@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
@@ -50,6 +51,8 @@ if TYPE_CHECKING:
     from h5etl.dataflow import Reject
 
 __all__ = ["RemoteOutputFolder", "cached", "download", "output_folder", "work_folder"]
+
+logger = logging.getLogger(__name__)
 
 _STEP = 64 * 2**20  # a download's range read
 
@@ -194,8 +197,10 @@ class RemoteOutputFolder(OutputFolder):
         """Write the carry record here, then beside the release in the bucket."""
         super().write_carry(version, record)
         path = self.carry_path(version)
-        with contextlib.suppress(OSError, ReleaseError, RemoteError):
+        try:
             s3.put(self.location.child(path.name), path.read_bytes())
+        except (OSError, RemoteError) as exc:  # a cache: the next build decodes everything
+            logger.warning("%s: cannot upload the carry record: %s", self.url, exc)
 
     def read_carry(self, version: int) -> dict[str, object] | None:
         """The carry record from the bucket (a build on another host wrote it), or None."""

@@ -189,6 +189,15 @@ def test_a_damaged_pointer_is_one_line_and_stays_as_it_is(
     assert "releases/cells.h5.json" in line, line
     assert s3.get("releases/cells.h5.json") == b"{not json"
     assert "releases/cells-v0002.h5" not in list(s3.keys())
+    link = f"s3://{s3.name}/releases/cells.h5"
+    code, line = error_of("check", link)
+    assert code == 1, line
+    assert "not a readable release pointer" in line, line
+
+    s3.client.delete_object(Bucket=s3.name, Key="releases/cells.h5.json")
+    code, line = error_of("check", link)
+    assert code == 2, line
+    assert "no release of 'cells' is published there" in line, line
 
 
 def invoke(*args: str | Path) -> tuple[int, str]:
