@@ -5,7 +5,8 @@ corpus's lzf release, ``corpus.py``) published to a local S3 server (moto, start
     upload     publish(): the multipart upload, verified, and the pointer
     download   RemoteOutputFolder.current_release(): the whole file, sha256-checked, to disk;
                then every chunk read from the local copy (what carrying reads)
-    range      h5py over RemoteFile (4 MiB blocks, 16 kept): every chunk read by range reads
+    range      h5py over RemoteFile (4 MiB blocks, 16 kept; and the readers' 1 MiB, 64 kept):
+               every chunk read by range reads
 
     python tests/benchmarks/remote_parent.py --release /path/to/bench-v0001.h5 [--repeats 3]
 
@@ -97,8 +98,10 @@ def main() -> None:
         pointer = publish(args.release, output, "bench")
         print(f"release: {args.release} ({size / 2**20:.1f} MiB)")
         print(f"upload (multipart, verified) + pointer: {time.perf_counter() - began:.2f} s")
-        rows: dict[str, list[float]] = {"download": [], "download+walk": [], "range walk": []}
-        requests = 0
+        shapes = {"range 4M x16": (4 * 2**20, 16), "range 1M x64": (2**20, 64)}
+        rows: dict[str, list[float]] = {"download": [], "download+walk": []}
+        rows.update({name: [] for name in shapes})
+        moved: dict[str, tuple[int, int]] = {}
         for repeat in range(args.repeats):
             folder = RemoteOutputFolder(output, "bench", work=work / f"w{repeat}")
             began = time.perf_counter()
@@ -109,19 +112,19 @@ def main() -> None:
                 walk_chunks(handle)
             rows["download+walk"].append(time.perf_counter() - began)
             obj = stat_object(output.child(pointer.file))
-            began = time.perf_counter()
-            remote = RemoteFile(obj)
-            with h5py.File(remote, "r") as handle:
-                walk_chunks(handle)
-            rows["range walk"].append(time.perf_counter() - began)
-            requests = remote.requests
+            for name, (block, kept) in shapes.items():
+                began = time.perf_counter()
+                remote = RemoteFile(obj, block_size=block, max_blocks=kept)
+                with h5py.File(remote, "r") as handle:
+                    walk_chunks(handle)
+                rows[name].append(time.perf_counter() - began)
+                moved[name] = (remote.requests, remote.requests * block)
         for name, times in rows.items():
             each = ", ".join(f"{t:.2f}" for t in times)
             print(f"{name:<14} median {statistics.median(times):6.2f} s  ({each})")
-        print(
-            f"bytes: download {size:,} in {-(-size // (64 * 2**20))} range reads of <= 64 MiB; "
-            f"range walk <= {requests * remote.block_size:,} in {requests} range reads"
-        )
+        print(f"download: {size:,} bytes in {-(-size // (64 * 2**20))} range reads of <= 64 MiB")
+        for name, (requests, most) in moved.items():
+            print(f"{name}: <= {most:,} bytes in {requests} range reads")
     finally:
         server.terminate()
         server.wait()
