@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import MakeRaw, WriteConfig, add_pairs, dataset_digests
 from s3_proxy import proxy
@@ -61,6 +62,20 @@ def test_a_build_into_a_bucket_publishes_what_a_local_build_stores(
     assert dataset_digests(got) == dataset_digests(local.path)
     rejects = s3.get("releases/cells-v0001.rejects.jsonl").decode().splitlines()
     assert [json.loads(r)["reason"] for r in rejects] == [r.reason for r in local.rejects]
+
+    from h5etl.readers import Release  # a reader of the link's URL reads what was built
+
+    reader, truth = (
+        Release(f"s3://{s3.name}/releases/cells.h5", "train"),
+        Release(local.path, "train"),
+    )
+    rows = np.arange(len(truth))
+    got, want = reader.read(rows), truth.read(rows)
+    assert reader.path == remote.url
+    for field in ("image", "mask"):
+        np.testing.assert_array_equal(got[field], want[field])
+    reader.close()
+    truth.close()
 
 
 def test_an_incremental_build_on_another_host_takes_its_parent_from_the_bucket(
