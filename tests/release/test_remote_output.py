@@ -70,10 +70,10 @@ def test_a_build_into_a_bucket_publishes_what_a_local_build_stores(
         Release(local.path, "train"),
     )
     rows = np.arange(len(truth))
-    got, want = reader.read(rows), truth.read(rows)
+    read, want = reader.read(rows), truth.read(rows)
     assert reader.path == remote.url
     for field in ("image", "mask"):
-        np.testing.assert_array_equal(got[field], want[field])
+        np.testing.assert_array_equal(read[field], want[field])
     reader.close()
     truth.close()
 
