@@ -46,15 +46,19 @@ def validate(config: ConfigArgument) -> None:
 
 @app.command()
 def check(
-    path: Annotated[Path, typer.Argument(help="A release file or link.")],
+    where: Annotated[
+        str, typer.Argument(metavar="PATH", help="A release file or link (or its s3:// URL).")
+    ],
     deep: Annotated[bool, typer.Option("--deep", help="Recompute every SHA-256.")] = False,
 ) -> None:
     """Report on a release; exit 1 if anything is damaged."""
     from h5etl.check.health import check_release
+    from h5etl.cli.releases import release_path
     from h5etl.errors import CheckFailed
 
     # The report, PROBLEM and WARNING lines included, goes to stdout; on failure one verdict
     # line goes to stderr, counting the problems without repeating them.
+    path = release_path(where)  # a URL's release: downloaded once and checked
     report = _run(lambda: check_release(path, deep=deep))
     for line in report.lines:
         _say(line)
@@ -65,9 +69,11 @@ def check(
 
 @app.command()
 def status(
-    output: Annotated[
-        Path,
-        typer.Argument(metavar="OUTPUT", help="An output folder (or a release link in one)."),
+    where: Annotated[
+        str,
+        typer.Argument(
+            metavar="OUTPUT", help="An output folder (or a release link in one), or its URL."
+        ),
     ],
     as_json: Annotated[bool, typer.Option("--json", help="The status files as JSON.")] = False,
 ) -> None:
@@ -75,7 +81,14 @@ def status(
     import json
 
     from h5etl.pipeline.status import describe, read_statuses
+    from h5etl.remote.location import is_url, parse_location
 
+    if is_url(where):  # the builds of this host into that URL: their local work folder
+        from h5etl.release.remote_catalog import status_folder
+
+        output = _run(lambda: status_folder(parse_location(where)))
+    else:
+        output = Path(where)
     views = _run(lambda: read_statuses(output))
     if as_json:
         _say(json.dumps([{**view.data, "state": view.state} for view in views], indent=2))

@@ -122,7 +122,14 @@ def _summary(report: BuildReport) -> None:
             f"(ratio {ratio:.2f})"
         )
         _say(f"wall: {report.seconds.get('total', 0.0):.2f} s")
-        _say(f"release: {report.path} (v{report.version:04d}); {report.link} -> {report.path.name}")
+        if report.url:  # object storage: the pointer <name>.h5.json names the release
+            pointer = f"{report.name}.h5.json"
+            _say(f"release: {report.url} (v{report.version:04d}); {pointer} -> {report.path.name}")
+        else:
+            _say(
+                f"release: {report.path} (v{report.version:04d}); {report.link} -> "
+                f"{report.path.name}"
+            )
         if report.change:
             _say(f"change: {report.change}")
         if report.rejects_path is not None:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from h5etl.cli.common import app, run, say
+from h5etl.remote.location import is_url
 from h5etl.units import human_size
 
 if TYPE_CHECKING:
@@ -26,8 +27,9 @@ SHOWN_SAMPLES = 20  # per kind of sample change in the text output; --json lists
 
 @app.command()
 def releases(
-    folder: Annotated[
-        Path, typer.Argument(metavar="FOLDER", help="An output folder, e.g. releases.")
+    where: Annotated[
+        str,
+        typer.Argument(metavar="FOLDER", help="An output folder, e.g. releases, or an s3:// URL."),
     ],
     as_json: Annotated[
         bool, typer.Option("--json", help="Print one JSON object per release, a list.")
@@ -38,6 +40,10 @@ def releases(
     from h5etl.history.release_notes import read_story
     from h5etl.release import listing as release
 
+    if is_url(where):
+        _remote_releases(where, as_json=as_json)
+        return
+    folder = Path(where)
     found = run(lambda: release.list_releases(folder))
     if as_json:
         import json
@@ -61,6 +67,29 @@ def releases(
             told.append(f"notes: {' '.join(story.notes.split())}")
         if told:
             say(f"    {'; '.join(told)}")
+
+
+def _remote_releases(where: str, *, as_json: bool) -> None:
+    """``releases`` of an s3:// folder: the uploaded versions, the pointed-at one marked."""
+    from h5etl.release import remote_catalog
+    from h5etl.remote.location import parse_location
+
+    found = run(lambda: remote_catalog.releases(parse_location(where)))
+    if as_json:
+        import json
+
+        shown = [
+            {"name": r.name, "version": r.version, "url": r.url, "current": r.current,
+             "size": r.size}
+            for r in found
+        ]  # fmt: skip
+        say(json.dumps(shown, indent=1))
+        return
+    if not found:
+        say(f"{where}: no releases")
+    for entry in found:
+        mark = "*" if entry.current else " "
+        say(f"{mark} {entry.url.rsplit('/', 1)[-1]}  {human_size(entry.size):>10}  {entry.url}")
 
 
 def _release_json(info: ReleaseInfo) -> dict[str, Any]:
@@ -89,7 +118,11 @@ def _release_json(info: ReleaseInfo) -> dict[str, Any]:
 @app.command()
 def rollback(
     link: Annotated[
-        Path, typer.Argument(metavar="LINK", help="The release link, e.g. releases/cells.h5.")
+        str,
+        typer.Argument(
+            metavar="LINK",
+            help="The release link, e.g. releases/cells.h5 or s3://bucket/releases/cells.h5.",
+        ),
     ],
     to: Annotated[
         int | None,
@@ -99,14 +132,21 @@ def rollback(
     """Point LINK at an earlier (or any) release."""
     from h5etl.release import listing as release
 
-    info = run(lambda: release.rollback(link, to))
+    if is_url(link):
+        from h5etl.release import remote_catalog
+        from h5etl.remote.location import parse_location
+
+        pointer = run(lambda: remote_catalog.roll_back(parse_location(link), to))
+        say(f"{link} -> {pointer.file}")
+        return
+    info = run(lambda: release.rollback(Path(link), to))
     say(f"{link} -> {info.path.name}")
 
 
 @app.command()
 def diff(
-    a: Annotated[Path, typer.Argument(metavar="A", help="A release file or link.")],
-    b: Annotated[Path, typer.Argument(metavar="B", help="Another release file or link.")],
+    a: Annotated[str, typer.Argument(metavar="A", help="A release file or link (or URL).")],
+    b: Annotated[str, typer.Argument(metavar="B", help="Another release file or link.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print the diff as JSON.")] = False,
     exit_code: Annotated[
         bool, typer.Option("--exit-code", help="Exit 1 when the releases differ.")
@@ -115,7 +155,7 @@ def diff(
     """Show what changed from release A to release B: layout, attributes, samples, classes."""
     from h5etl.history.diff import diff_paths
 
-    found = run(lambda: diff_paths(a, b))
+    found = run(lambda: diff_paths(release_path(a), release_path(b)))
     if as_json:
         import json
 
@@ -239,7 +279,8 @@ def _sample_lines(found: ReleaseDiff) -> list[str]:
 @app.command()
 def prune(
     folder: Annotated[
-        Path, typer.Argument(metavar="FOLDER", help="An output folder, e.g. releases.")
+        str,
+        typer.Argument(metavar="FOLDER", help="An output folder, e.g. releases, or an s3:// URL."),
     ],
     keep: Annotated[
         int, typer.Option("--keep", min=1, metavar="N", help="Newest releases to keep per name.")
@@ -249,9 +290,44 @@ def prune(
     """Delete all but the N newest releases of each name; never the one the link points at."""
     from h5etl.release.prune import prune as plan_prune
 
-    plan = run(lambda: plan_prune(folder, keep=keep, apply=yes))
+    if is_url(folder):
+        _remote_prune(folder, keep, apply=yes)
+        return
+    plan = run(lambda: plan_prune(Path(folder), keep=keep, apply=yes))
     for line in prune_lines(plan):
         say(line)
+
+
+def _remote_prune(folder: str, keep: int, *, apply: bool) -> None:
+    from h5etl.release import remote_catalog
+    from h5etl.remote.location import parse_location
+
+    plan = run(lambda: remote_catalog.prune(parse_location(folder), keep=keep, apply=apply))
+    gone = [entry for entry in plan if not entry.kept]
+    for entry in plan:
+        filename = entry.url.rsplit("/", 1)[-1]
+        if entry.kept:
+            say(f"keep    {filename}  ({entry.kept})")
+        else:
+            verb = "deleted" if apply else "delete"
+            say(f"{verb:<7} {filename} + its reports  {human_size(entry.size)}")
+    size = human_size(sum(entry.size for entry in gone))
+    if apply:
+        say(f"deleted {len(gone)} releases, {size} freed")
+    elif gone:
+        say(f"dry run: {len(gone)} releases ({size}) would be deleted; --yes deletes them")
+    else:
+        say("nothing to delete")
+
+
+def release_path(where: str) -> Path:
+    """A release argument as a local file: a URL's release downloaded (once) and checked."""
+    if not is_url(where):
+        return Path(where)
+    from h5etl.release import remote_catalog
+    from h5etl.remote.location import parse_location
+
+    return run(lambda: remote_catalog.local_copy(parse_location(where)))
 
 
 def prune_lines(plan: PrunePlan) -> list[str]:

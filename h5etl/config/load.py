@@ -19,6 +19,7 @@ from h5etl.config.fields import TableRef, inferred_kind
 from h5etl.config.messages import Found, Origin, find_typos, from_validation, shown_problems
 from h5etl.config.spec import Spec
 from h5etl.errors import ConfigError
+from h5etl.remote.location import is_url
 
 __all__ = ["load_spec", "parse_spec"]
 
@@ -182,7 +183,7 @@ def _resolve_paths(
             written[key] = Path(text).as_posix()  # "./raw/images/" is stored as raw/images
         return str(base / text)
 
-    if isinstance(resolved.get("output"), str):
+    if isinstance(resolved.get("output"), str) and not is_url(resolved["output"]):
         resolved["output"] = absolute(("output",), resolved["output"])
     sources = resolved.get("sources")
     if isinstance(sources, dict):

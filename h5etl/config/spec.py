@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import (
     Field,
+    PlainValidator,
     PrivateAttr,
     field_validator,
     model_validator,
@@ -60,7 +61,27 @@ RESERVED_ATTRS = frozenset(
     }
 )  # file attributes every build writes (provenance.file_attrs)
 
-PathKey = tuple[str, ...]  # ("output",) or ("sources", <name>, "dir")
+PathKey = tuple[str, ...]
+
+
+def _output_place(value: Any) -> Path | str:
+    """``output:`` as a Path, or an ``s3://`` URL as its normal form (a str)."""
+    from h5etl.remote.errors import RemoteUsageError
+    from h5etl.remote.location import is_url, parse_location
+
+    if isinstance(value, Path):
+        return value
+    if not isinstance(value, str):
+        raise ValueError("output must be a folder or an s3:// URL")
+    if not is_url(value):
+        return Path(value)
+    try:
+        place = parse_location(value)
+    except RemoteUsageError as exc:
+        raise ValueError(exc.message) from None
+    if place.protocol != "s3":
+        raise ValueError(f"releases are published to a folder or s3://, not {place.protocol}://")
+    return place.url  # ("output",) or ("sources", <name>, "dir")
 
 
 class Spec(Strict):
@@ -74,7 +95,8 @@ class Spec(Strict):
 
     name: Annotated[str, Field(pattern=NAME_PATTERN, max_length=100)]
     pipeline: str = "segmentation"
-    output: Path = Path(DEFAULT_OUTPUT)
+    # a local folder, or an s3:// URL (``h5etl.release.remote_folder``): a URL stays a str
+    output: Annotated[Path | str, PlainValidator(_output_place)] = Path(DEFAULT_OUTPUT)
     description: Text = ""
     notes: Text = ""  # release notes: stored as the `notes` attribute, not in the config text
     attrs: dict[str, AttrValue] = Field(default_factory=dict)
@@ -102,6 +124,13 @@ class Spec(Strict):
     _written_paths: dict[PathKey, str] = PrivateAttr(default_factory=dict)
     _inferred_kinds: dict[str, str] = PrivateAttr(default_factory=dict)
     _loss_allowed: bool = PrivateAttr(default=False)  # build --allow-loss: not in the config
+
+    @property
+    def output_path(self) -> Path:
+        """``output`` as the local folder it is (ValueError for an ``s3://`` output)."""
+        if isinstance(self.output, str):
+            raise ValueError(f"the output {self.output} is no local folder")
+        return self.output
 
     def located(
         self,
@@ -298,7 +327,8 @@ def spec_text(spec: Spec) -> str:
     group_by = data.pop("group_by")
     if group_by is not None:
         data["splits"]["group_by"] = {k: v for k, v in group_by.items() if v is not None}
-    data["output"] = spec.stored_path(("output",), spec.output)
+    if isinstance(spec.output, Path):  # a URL is stored as it is
+        data["output"] = spec.stored_path(("output",), spec.output)
     if spec.storage.page_size is None:  # the default: configs from before it keep their digest
         del data["storage"]["page_size"]
     for name, source in spec.sources.items():

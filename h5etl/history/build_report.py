@@ -48,6 +48,7 @@ class BuildReport:
     version: int | None = None
     path: Path | None = None
     link: Path | None = None
+    url: str = ""  # the published release's URL when the output is object storage
     rejects_path: Path | None = None
     created_at: str = ""  # the release's created_at attribute
     raw_bytes: int = 0

@@ -269,6 +269,7 @@ class Gate:
         info = self.output.info(parent.version)
         report.up_to_date = True
         report.version, report.path, report.link = parent.version, parent.path, self.output.link
+        report.url = self.output.published_url(parent.version)
         report.rejects_path = info.rejects
         report.samples = {split: len(rows.keys) for split, rows in parent.splits.items()}
 

@@ -75,14 +75,15 @@ def config_files(paths: Sequence[Path]) -> list[Path]:
 
 def _read_all(configs: Sequence[Path], load: Callable[[Path], Spec]) -> list[Outcome]:
     outcomes = [Outcome(config) for config in configs]
-    claimed: dict[tuple[Path, str], Path] = {}  # (output folder, name) -> its first config
+    claimed: dict[tuple[Path | str, str], Path] = {}  # (output folder, name) -> its first config
     for outcome in outcomes:
         try:
             outcome.spec = load(outcome.config)
         except (ConfigError, UsageError) as exc:
             outcome.state, outcome.error, outcome.exit_code = INVALID, str(exc), exc.exit_code
             continue
-        release = (outcome.spec.output.resolve(), outcome.spec.name)
+        output = outcome.spec.output
+        release = (output.resolve() if isinstance(output, Path) else output, outcome.spec.name)
         first = claimed.setdefault(release, outcome.config)
         if first != outcome.config:
             outcome.state, outcome.exit_code = INVALID, 2

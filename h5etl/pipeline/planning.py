@@ -27,7 +27,7 @@ from h5etl.pipeline import settle
 from h5etl.plan import admit, discover
 from h5etl.plan import split_assign as assign
 from h5etl.plan.result import Plan
-from h5etl.release.folder import OutputFolder
+from h5etl.release.remote_folder import output_folder
 from h5etl.stats.tallies import Tallies
 
 ProgressHook = Callable[[str, int, int | None], None]
@@ -77,7 +77,7 @@ def dry_run(
     moves = assign.moving(plan.policy)  # groups made whole: the build moves these samples
     if moves is not None:
         report.warnings.append(moves)
-    linked = OutputFolder(spec.output, spec.name).current_release()
+    linked = output_folder(spec.output, spec.name).current_release()
     guard(
         spec,
         report,
@@ -126,7 +126,7 @@ def plan_only(
     """Discover and plan. Header probes run only where nothing is decoded after them (a
     dry run): decoding makes every check they make, and they read every file twice."""
     watch = Stopwatch()
-    previous, warnings = parent.parent_of(OutputFolder(spec.output, spec.name))
+    previous, warnings = parent.parent_of(output_folder(spec.output, spec.name))
     hook("discover", 0, None)
     found = discover.find_samples(spec, lambda n: hook("discover", n, None))
     watch.lap("discover")

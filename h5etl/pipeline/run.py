@@ -9,7 +9,7 @@ from typing import Any
 
 from h5etl import timeline
 from h5etl.config.spec import Spec, spec_text
-from h5etl.errors import BuildFailed, ResumeMismatch
+from h5etl.errors import BuildFailed, ResumeMismatch, UsageError
 from h5etl.execute import assembly, local_threads
 from h5etl.execute import pool as workers
 from h5etl.execute.assembly import (
@@ -29,7 +29,7 @@ from h5etl.pipeline.status import BuildStatus
 from h5etl.pipeline.write import BuildRun
 from h5etl.plan import kind_registry as registry
 from h5etl.plan.result import Plan
-from h5etl.release.folder import OutputFolder
+from h5etl.release.remote_folder import output_folder
 from h5etl.resume import journal_use as resume
 from h5etl.shards.committer import Sharding, start_sharded
 from h5etl.shards.stitch import Shards
@@ -90,7 +90,9 @@ def build(
     if dry_run:
         with decoding(spec, jobs, scheduler) as decoder:
             return planning.dry_run(spec, hook, jobs, decoder)
-    output = OutputFolder(spec.output, spec.name)
+    output = output_folder(spec.output, spec.name)
+    if virtual and output.published_url(1):
+        raise UsageError("--virtual cannot publish to object storage (its parts are local files)")
     sharding = None
     if shards > 1:
         address = scheduler or spec.decode.scheduler
@@ -165,6 +167,7 @@ def _build_locked(run: BuildRun, *, resume: bool, full: bool) -> BuildReport:
     watch.lap("publish")
     report.seconds = {**report.seconds, **watch.seconds, "total": watch.total()}
     report.version, report.path, report.link = info.version, info.path, output.link
+    report.url = output.published_url(info.version)
     report.rejects_path = info.rejects
     # the build's own: why nothing was carried, what the loss guard let through
     report.warnings = [*plan.warnings, *report.warnings, *redone]

@@ -262,6 +262,10 @@ class OutputFolder:
         _fsync_dir(self.folder)
         return removed
 
+    def published_url(self, version: int) -> str:
+        """The URL release ``version`` is published at: none for a local folder."""
+        return ""
+
     def next_version(self) -> int:
         existing = versions(self.folder, self.name)
         return max(existing, default=0) + 1

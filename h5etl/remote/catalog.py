@@ -10,6 +10,7 @@ object replaced meanwhile stays). A dry run by default.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from h5etl.errors import ReleaseUsageError
@@ -51,8 +52,17 @@ def releases(output: Location, name: str) -> list[RemoteRelease]:
     ]
 
 
-def prune(output: Location, name: str, *, keep: int, apply: bool = False) -> list[RemoteRelease]:
-    """The versions of ``name`` and whether each stays; with ``apply``, the others deleted.
+def prune(
+    output: Location,
+    name: str,
+    *,
+    keep: int,
+    apply: bool = False,
+    companions: Callable[[str, int], Sequence[str]] = lambda name, version: (),
+) -> list[RemoteRelease]:
+    """The versions of ``name`` and whether each stays; with ``apply``, the others deleted,
+    each with the files beside it that ``companions(name, version)`` names (after the
+    release: a prune stopped half-way leaves a report, never a release without one).
 
     Raises:
         ReleaseUsageError: ``keep`` is below 1 (exit code 2).
@@ -68,6 +78,8 @@ def prune(output: Location, name: str, *, keep: int, apply: bool = False) -> lis
             if not entry.kept:
                 with contextlib.suppress(s3.Precondition):  # replaced meanwhile: it stays
                     s3.delete(parse_location(entry.url), if_match=entry.etag)
+                    for filename in companions(name, entry.version):
+                        s3.delete(output.child(filename))
     return planned
 
 

@@ -25,6 +25,7 @@ from typing import NoReturn
 
 from h5etl.errors import LockHeld
 from h5etl.remote import s3
+from h5etl.remote.errors import RemoteError
 from h5etl.remote.location import Location
 
 __all__ = ["RemoteLock", "lock_location", "pid_alive"]
@@ -72,6 +73,13 @@ class RemoteLock:
             except s3.Precondition:
                 logger.warning(
                     "%s: the lock was taken from this build; left as it is", self.location.url
+                )
+            except RemoteError as exc:  # never over the error that ended the block
+                logger.warning(
+                    "%s: cannot delete the lock (%s); the next build on this host takes it "
+                    "as a dead build's",
+                    self.location.url,
+                    exc.message,
                 )
 
     def _acquire(self) -> str:

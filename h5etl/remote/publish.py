@@ -24,6 +24,7 @@ import hashlib
 import json
 import logging
 import re
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from datetime import UTC, datetime
 from pathlib import Path
@@ -254,10 +255,18 @@ def _sha256_of(target: Location, stored: s3.Stored) -> str:
 
 
 def publish(
-    local: Path, output: Location, name: str, *, part_size: int = s3.DEFAULT_PART_SIZE
+    local: Path,
+    output: Location,
+    name: str,
+    *,
+    version: int | None = None,
+    companions: Mapping[str, Path] | None = None,
+    part_size: int = s3.DEFAULT_PART_SIZE,
 ) -> Pointer:
-    """Upload the finished release ``local`` as the next version of ``name`` in ``output`` and
-    point ``<name>.h5`` at it. The caller holds the build lock of ``name``.
+    """Upload the finished release ``local`` as ``version`` (by default the next) of ``name``
+    in ``output``, then the ``companions`` (file name -> local file: its rejects report, build
+    facts) beside it, then point ``<name>.h5`` at it: a published release always has its
+    companions. The caller holds the build lock of ``name``.
 
     Raises:
         RemoteUsageError: ``output`` is not an ``s3://`` folder (exit code 2).
@@ -265,10 +274,12 @@ def publish(
     """
     _check_output(output)
     before = _read_pointer(output, name)
-    existing = versions(output, name)
-    version = max(existing, default=0) + 1
+    if version is None:
+        version = max(versions(output, name), default=0) + 1
     target = output.child(release_filename(name, version))
     stored, digests = upload_release(local, target, part_size=part_size)
+    for filename, path in (companions or {}).items():
+        s3.put(output.child(filename), path.read_bytes())
     pointer = _pointer(name, version, target, stored, digests.sha256)
     write_pointer(output, pointer, replaces=before[1] if before else None)
     logger.info("published %s as %s", target.url, pointer_location(output, name).url)

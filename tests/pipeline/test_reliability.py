@@ -426,14 +426,14 @@ def test_sigint_stops_cleanly_with_exit_130(project: Path) -> None:
 
 def test_second_build_refuses_while_lock_is_held(project: Path) -> None:
     spec = load_spec(project)
-    output = OutputFolder(spec.output, spec.name)
+    output = OutputFolder(spec.output_path, spec.name)
     with output.locked(), pytest.raises(LockHeld) as caught:
         build(project)
     message = str(caught.value)
     assert f"pid {os.getpid()}" in message
     assert socket.gethostname() in message
     assert "started 20" in message
-    assert not release_named(spec.output)
+    assert not release_named(spec.output_path)
 
 
 def dead_holder() -> str:
@@ -450,33 +450,33 @@ def dead_holder() -> str:
 
 def test_stale_lock_of_a_dead_process_is_taken_over(project: Path) -> None:
     spec = load_spec(project)
-    spec.output.mkdir(parents=True)
-    (spec.output / ".cells.lock").write_text(dead_holder())
+    spec.output_path.mkdir(parents=True)
+    (spec.output_path / ".cells.lock").write_text(dead_holder())
 
     report = build(project)
 
     assert report.version == 1
-    assert not (spec.output / ".cells.lock").exists()
+    assert not (spec.output_path / ".cells.lock").exists()
 
 
 def test_a_held_lock_that_looks_stale_is_not_taken(project: Path) -> None:
     # Two builds that both judged a dead build's lock stale: the first took it over and
     # rewrote it, the second still reads the dead pid. It must not take the lock too.
     spec = load_spec(project)
-    output = OutputFolder(spec.output, spec.name)
+    output = OutputFolder(spec.output_path, spec.name)
     with output.locked():
-        (spec.output / ".cells.lock").write_text(dead_holder())
+        (spec.output_path / ".cells.lock").write_text(dead_holder())
         with pytest.raises(LockHeld):
             build(project)
-    assert not release_named(spec.output)
+    assert not release_named(spec.output_path)
     assert build(project).version == 1  # and once released, the next build takes it
 
 
 def test_a_lock_whose_holder_lives_on_without_flock_is_respected(project: Path) -> None:
     spec = load_spec(project)
-    spec.output.mkdir(parents=True)
+    spec.output_path.mkdir(parents=True)
     alive = {"pid": os.getppid(), "host": socket.gethostname(), "started": "2026-01-01"}
-    (spec.output / ".cells.lock").write_text(json.dumps(alive))  # no flock held on it
+    (spec.output_path / ".cells.lock").write_text(json.dumps(alive))  # no flock held on it
     with pytest.raises(LockHeld) as caught:
         build(project)
     assert f"pid {os.getppid()}" in str(caught.value)
@@ -486,9 +486,9 @@ def test_a_dead_flock_holder_is_taken_over_whatever_its_pid_names(project: Path)
     # A killed build's lock file names a pid that now belongs to a live process (pid reuse);
     # it used flock, so the free flock already proves it dead.
     spec = load_spec(project)
-    spec.output.mkdir(parents=True)
+    spec.output_path.mkdir(parents=True)
     reused = {"pid": os.getppid(), "host": "elsewhere", "started": "2026-01-01", "flock": True}
-    (spec.output / ".cells.lock").write_text(json.dumps(reused))
+    (spec.output_path / ".cells.lock").write_text(json.dumps(reused))
 
     assert build(project).version == 1
 
@@ -502,18 +502,18 @@ def test_lock_without_flock_support_falls_back_to_the_pid(
 
     monkeypatch.setattr(fcntl, "flock", no_flock)
     spec = load_spec(project)
-    output = OutputFolder(spec.output, spec.name)
+    output = OutputFolder(spec.output_path, spec.name)
     with output.locked():
-        holder = json.loads((spec.output / ".cells.lock").read_text())
+        holder = json.loads((spec.output_path / ".cells.lock").read_text())
         assert (holder["pid"], holder["flock"]) == (os.getpid(), False)
-    spec.output.mkdir(parents=True, exist_ok=True)
+    spec.output_path.mkdir(parents=True, exist_ok=True)
     alive = {"pid": os.getppid(), "host": socket.gethostname(), "started": "2026-01-01"}
-    (spec.output / ".cells.lock").write_text(json.dumps({**alive, "flock": True}))
+    (spec.output_path / ".cells.lock").write_text(json.dumps({**alive, "flock": True}))
     with pytest.raises(LockHeld):  # without flock, a live pid holds the lock
         build(project)
-    (spec.output / ".cells.lock").write_text(dead_holder())
+    (spec.output_path / ".cells.lock").write_text(dead_holder())
     assert build(project).version == 1  # a dead one is taken over as before
-    assert not (spec.output / ".cells.lock").exists()
+    assert not (spec.output_path / ".cells.lock").exists()
 
 
 def test_builds_of_different_configs_run_side_by_side(
@@ -651,7 +651,7 @@ def test_on_error_fail_stops_without_release(project: Path, tmp_path: Path) -> N
     spec = load_spec(project).model_copy(update={"on_error": "fail"})
     with pytest.raises(BuildFailed, match="on_error: fail"):
         h5etl.build(spec)
-    assert not release_named(spec.output)
+    assert not release_named(spec.output_path)
 
 
 @pytest.mark.parametrize("limit", [pytest.param(1, id="count"), pytest.param(0.05, id="fraction")])

@@ -365,7 +365,7 @@ def test_a_journal_write_that_fails_is_one_error(tmp_path: Path) -> None:
 
 
 def _published(spec: Spec) -> dict[str, str]:
-    return _snapshot(spec.output)
+    return _snapshot(spec.output_path)
 
 
 @pytest.mark.parametrize("fails", ["symlink", "fsync_after_link"])
@@ -389,7 +389,7 @@ def test_a_publish_that_fails_takes_its_names_back(
 
         def fsync_dir(folder: Path) -> None:
             real(folder)
-            if (spec.output / f"{spec.name}.h5").resolve().name.endswith("v0002.h5"):
+            if (spec.output_path / f"{spec.name}.h5").resolve().name.endswith("v0002.h5"):
                 raise no_room
 
         monkeypatch.setattr(output_folder, "_fsync_dir", fsync_dir)
