@@ -19,7 +19,9 @@ from h5etl.config.fields import TableRef, inferred_kind
 from h5etl.config.messages import Found, Origin, find_typos, from_validation, shown_problems
 from h5etl.config.spec import Spec
 from h5etl.errors import ConfigError
-from h5etl.remote.location import is_url
+from h5etl.remote.errors import RemoteUsageError
+from h5etl.remote.location import is_url, parse_location
+from h5etl.remote.objects import reachable
 
 __all__ = ["load_spec", "parse_spec"]
 
@@ -179,6 +181,8 @@ def _resolve_paths(
     written: dict[tuple[str, ...], str] = {}
 
     def absolute(key: tuple[str, ...], text: str) -> str:
+        if is_url(text):  # on object storage: as written (the spec checks it)
+            return text
         if not Path(text).is_absolute():
             written[key] = Path(text).as_posix()  # "./raw/images/" is stored as raw/images
         return str(base / text)
@@ -256,9 +260,9 @@ def parse_spec(data: Mapping[str, Any], *, config_path: Path, check_paths: bool 
     if not check_paths:
         return spec
     dirs = [
-        origin.line(Found((("sources", name, "dir"),), f"folder does not exist: {src.dir}"))
+        origin.line(Found((("sources", name, "dir"),), problem))
         for name, src in spec.sources.items()
-        if not src.dir.is_dir()
+        if (problem := _folder_problem(src.dir)) is not None
     ]
     missing = dirs + [
         origin.line(Found((("fields", name, "from", "table"),), f"no such file: {table}"))
@@ -268,6 +272,19 @@ def parse_spec(data: Mapping[str, Any], *, config_path: Path, check_paths: bool 
     if missing:
         raise ConfigError(missing[0], problems=missing, topic="sources" if dirs else "fields")
     return spec
+
+
+def _folder_problem(folder: Path | str) -> str | None:
+    """What is wrong with a source's ``dir``: a local folder that does not exist; a URL whose
+    bucket is missing, whose credentials are refused or whose backend is not installed (one
+    request, as a local folder is one stat)."""
+    if isinstance(folder, Path):
+        return None if folder.is_dir() else f"folder does not exist: {folder}"
+    try:
+        reachable(parse_location(folder))
+    except RemoteUsageError as exc:
+        return f"{folder}: {exc.message}"
+    return None
 
 
 def _topic(shown: list[Found]) -> str:

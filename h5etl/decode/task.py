@@ -37,6 +37,7 @@ from h5etl.decode.gather import gather
 from h5etl.decode.recipe import DecodedSample, DecodeRecipe
 from h5etl.errors import H5EtlError, RejectError
 from h5etl.inputs import opening as inputs
+from h5etl.inputs import remote_files
 from h5etl.kinds.base import (
     ArrayColumn,
     Kind,
@@ -50,10 +51,13 @@ STAGE = "decode"
 
 
 def _decode_sample(
-    sample: Sample, recipe: DecodeRecipe, position: int, *, raw: bool = False
+    sample: Sample, recipe: DecodeRecipe, position: int, *, raw: bool = False, stamps: str = ""
 ) -> DecodedSample:
-    """Decode one sample through every field's kind; rejects raise ``RejectError``."""
+    """Decode one sample through every field's kind; rejects raise ``RejectError``.
+    ``stamps``: its files' stamps when they are objects (read as listed, or rejected)."""
     files = sample.paths
+    if stamps:
+        remote_files.remember_stamps(files, stamps)
     # never a plain open(): a file swapped for a FIFO since it was listed would block it;
     # a source its kind reads itself (a case folder, a volume streamed) is not read here
     contents = [
@@ -186,7 +190,8 @@ def decode_batch(task: DecodeTask, recipe: DecodeRecipe) -> BatchResult:
             result.deferred.extend(range(position, len(task.samples)))
             break
         try:
-            decoded = _decode_sample(sample, recipe, position, raw=task.raw)
+            stamps = task.stamps[position] if task.stamps else ""
+            decoded = _decode_sample(sample, recipe, position, raw=task.raw, stamps=stamps)
         except RejectError as exc:
             result.rejects.extend(_rejects_of(sample, exc, recipe))
             continue

@@ -18,7 +18,7 @@ from h5etl.remote.errors import RemoteChanged, RemoteError
 from h5etl.remote.filesystem import FileSystem, client_code, filesystem, problem, run
 from h5etl.remote.location import Location
 
-__all__ = ["RemoteObject", "list_objects", "read_bytes", "stat_object"]
+__all__ = ["RemoteObject", "list_objects", "reachable", "read_bytes", "stat_object"]
 
 _CHANGED_CODES = {"PreconditionFailed", "NoSuchVersion", "NoSuchKey", "412", "404"}
 
@@ -78,6 +78,24 @@ def list_objects(folder: Location, pattern: str = "*") -> list[RemoteObject]:
         if fnmatch.fnmatchcase(folder.relative(obj.location), pattern):
             objects.append(obj)
     return sorted(objects, key=lambda o: o.location.key)
+
+
+def reachable(folder: Location) -> None:
+    """Check that ``folder`` can be listed, with one request: its bucket exists and the
+    credentials are accepted (S3: the bucket asked for; elsewhere a listing of the folder).
+
+    Raises:
+        RemoteUsageError: no such bucket, refused credentials, the extra missing (exit 2).
+        RemoteError: the server failed the request.
+    """
+    fs = filesystem(folder)
+    try:
+        if folder.protocol == "s3":
+            fs.info(folder.bucket)
+        else:
+            fs.ls(folder.fs_path, detail=False)
+    except Exception as exc:
+        raise problem(exc, folder, "list", f"no such bucket {folder.bucket!r}") from exc
 
 
 def stat_object(location: Location) -> RemoteObject:
