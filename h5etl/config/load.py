@@ -259,10 +259,11 @@ def parse_spec(data: Mapping[str, Any], *, config_path: Path, check_paths: bool 
     )
     if not check_paths:
         return spec
+    buckets: set[str] = set()  # a bucket's problem once: the sources in it share it
     dirs = [
         origin.line(Found((("sources", name, "dir"),), problem))
         for name, src in spec.sources.items()
-        if (problem := _folder_problem(src.dir)) is not None
+        if (problem := _folder_problem(src.dir, buckets)) is not None
     ]
     missing = dirs + [
         origin.line(Found((("fields", name, "from", "table"),), f"no such file: {table}"))
@@ -274,14 +275,19 @@ def parse_spec(data: Mapping[str, Any], *, config_path: Path, check_paths: bool 
     return spec
 
 
-def _folder_problem(folder: Path | str) -> str | None:
+def _folder_problem(folder: Path | str, buckets: set[str]) -> str | None:
     """What is wrong with a source's ``dir``: a local folder that does not exist; a URL whose
     bucket is missing, whose credentials are refused or whose backend is not installed (one
-    request, as a local folder is one stat)."""
+    request, as a local folder is one stat; none for a bucket ``buckets`` holds: asked)."""
     if isinstance(folder, Path):
         return None if folder.is_dir() else f"folder does not exist: {folder}"
+    location = parse_location(folder)
+    bucket = f"{location.protocol}://{location.bucket}"
+    if bucket in buckets:
+        return None
+    buckets.add(bucket)
     try:
-        reachable(parse_location(folder))
+        reachable(location)
     except RemoteUsageError as exc:
         return f"{folder}: {exc.message}"
     return None

@@ -24,7 +24,6 @@ from h5etl.remote.errors import RemoteChanged, RemoteError, RemoteUsageError
 from h5etl.remote.objects import stat_object
 
 __all__ = [
-    "CHANGED",
     "is_remote",
     "list_folder",
     "object_of",
@@ -34,7 +33,6 @@ __all__ = [
     "stamp_of",
 ]
 
-CHANGED = "changed_during_build"  # the reject reason of an object replaced since its listing
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 _STAMP = re.compile(r"^size=(\d+);etag=([^;]*)(?:;version=(.*))?$")
 # What this process listed (discover, in the parent; threads there stamp from it): URL -> object
@@ -118,11 +116,11 @@ def read_remote(url: str, stamp: str | None = None) -> bytes:
     try:
         return read_bytes(object_of(url, stamp))
     except RemoteChanged as exc:
-        raise RejectError(CHANGED, exc.message, path=url) from exc
+        raise RejectError("changed_during_build", exc.message, path=url) from exc
     except RemoteUsageError as exc:
         if "no such object" in exc.message:
             gone = f"it is gone since it was listed: {exc.message}"
-            raise RejectError(CHANGED, gone, path=url) from exc
+            raise RejectError("changed_during_build", gone, path=url) from exc
         raise
     except RemoteError as exc:
         raise RejectError("unreadable", exc.message, path=url) from exc

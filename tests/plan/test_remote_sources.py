@@ -9,16 +9,23 @@ credentials stop before anything is built, in one line.
 
 from __future__ import annotations
 
+import hashlib
+import json
+import sys
 from pathlib import Path
+from typing import Any
 
 import h5py
 import numpy as np
 import pytest
-from conftest import RawFolder, read_release
+import yaml
+from conftest import MakeRaw, RawFolder, WriteConfig, png_bytes, read_release
 from s3_server import Bucket
+from typer.testing import CliRunner
 
-from h5etl import ConfigError, build, load_spec
+from h5etl import build, load_spec
 from h5etl.cli.app import app
+from h5etl.inputs import remote_files
 
 pytest.importorskip("s3fs", reason="needs the cloud extra: pip install 'h5etl[cloud]'")
 
@@ -31,16 +38,17 @@ def _upload(raw: RawFolder, bucket: Bucket) -> None:
                 bucket.put(path.relative_to(raw.root).as_posix(), path.read_bytes())
 
 
-def _remote_config(write_config, root: Path, bucket: Bucket, **overrides) -> Path:  # type: ignore[no-untyped-def]
+def _remote_config(write_config: WriteConfig, root: Path, bucket: Bucket, **overrides: Any) -> Path:
     sources = {
         "image": {"dir": f"s3://{bucket.name}/raw/images"},
         "mask": {"dir": f"s3://{bucket.name}/raw/masks"},
     }
-    return write_config(root, sources=sources, **overrides)  # type: ignore[no-any-return]
+    return write_config(root, sources=sources, **overrides)
 
 
+@pytest.mark.parametrize("jobs", [1, 2])
 def test_a_build_from_the_bucket_stores_what_a_local_build_stores(
-    s3: Bucket, make_raw, write_config, tmp_path: Path  # type: ignore[no-untyped-def]
+    s3: Bucket, make_raw: MakeRaw, write_config: WriteConfig, tmp_path: Path, jobs: int
 ) -> None:
     local_root, remote_root = tmp_path / "local", tmp_path / "remote"
     local_root.mkdir()
@@ -48,9 +56,191 @@ def test_a_build_from_the_bucket_stores_what_a_local_build_stores(
     raw = make_raw(local_root, n=10)
     _upload(raw, s3)
     local = build(load_spec(write_config(local_root)), jobs=1)
-    remote = build(load_spec(_remote_config(write_config, remote_root, s3)), jobs=2)
+    remote = build(load_spec(_remote_config(write_config, remote_root, s3)), jobs=jobs)
     ours, theirs = read_release(local.path), read_release(remote.path)
     assert sorted(ours) == sorted(theirs)
     for name in ours:
         np.testing.assert_array_equal(ours[name], theirs[name], err_msg=name)
     assert remote.samples == local.samples
+
+
+def _parent_facts(path: Path) -> dict[str, Any]:
+    with h5py.File(path, "r") as handle:
+        facts: dict[str, Any] = json.loads(handle.attrs["parent"])
+        return facts
+
+
+def _lineage(path: Path) -> dict[str, list[str]]:
+    """Each stored sample's lineage digests (one per source file), by sample key."""
+    out = {}
+    with h5py.File(path, "r") as handle:
+        for split in (s for s in handle if s != "diagnostics"):
+            keys = handle[f"{split}/sample_key"].asstr()[...]
+            lineage = handle[f"{split}/source_sha256"][...]
+            for key, row in zip(keys, lineage, strict=True):
+                out[str(key)] = [bytes(d).decode() for d in row]
+    return out
+
+
+def _png(seed: int) -> bytes:
+    rng = np.random.default_rng(seed)
+    return png_bytes(rng.integers(0, 255, (20, 24, 3), dtype=np.uint8))
+
+
+@pytest.fixture
+def remote_project(s3: Bucket, make_raw: MakeRaw, write_config: WriteConfig, tmp_path: Path) -> Path:
+    """A config whose sources are the bucket's ``raw/images`` and ``raw/masks`` (10 pairs)."""
+    raw = make_raw(tmp_path / "upload", n=10)
+    _upload(raw, s3)
+    root = tmp_path / "project"
+    root.mkdir()
+    return _remote_config(write_config, root, s3)
+
+
+def test_an_incremental_build_decodes_only_the_changed_object(
+    s3: Bucket, remote_project: Path
+) -> None:
+    spec = load_spec(remote_project)
+    first = build(spec, jobs=1)
+    assert first.path is not None
+    # the same bytes again: the same ETag, nothing to do (an mtime would have changed)
+    s3.put("raw/images/s003.png", s3.get("raw/images/s003.png"))
+    same = build(load_spec(remote_project), jobs=1)
+    assert same.path == first.path
+    changed = _png(7)
+    s3.put("raw/images/s003.png", changed)
+    second = build(load_spec(remote_project), jobs=1)
+    assert second.path is not None
+    assert second.path != first.path
+    facts = _parent_facts(second.path)
+    # its block of chunk rows at most (4; the valid split's partial block is decoded anyway)
+    assert 0 < facts["samples_decoded"] <= 4
+    assert facts["samples_reused"] >= sum(first.samples.values()) - 4 - 2
+    lineage = _lineage(second.path)
+    assert lineage["s003"][0] == hashlib.sha256(changed).hexdigest()
+    assert {k: v for k, v in lineage.items() if k != "s003"} == {
+        k: v for k, v in _lineage(first.path).items() if k != "s003"
+    }
+
+
+def _replacing_after_listing(
+    monkeypatch: pytest.MonkeyPatch, bucket: Bucket, key: str, data: bytes
+) -> None:
+    """Upload ``data`` to ``key`` right after discover lists the images (before any read)."""
+    listed = remote_files.list_folder
+
+    def list_then_replace(folder: str) -> list[Any]:
+        found = listed(folder)
+        if folder.endswith("/images"):
+            bucket.put(key, data)
+        return found
+
+    monkeypatch.setattr(remote_files, "list_folder", list_then_replace)
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_an_object_replaced_during_the_build_is_rejected_never_mixed(
+    s3: Bucket, remote_project: Path, monkeypatch: pytest.MonkeyPatch, jobs: int
+) -> None:
+    _replacing_after_listing(monkeypatch, s3, "raw/images/s003.png", _png(8))
+    report = build(load_spec(remote_project), jobs=jobs)
+    assert report.path is not None
+    rejected = {(r.path, r.reason) for r in report.rejects}
+    url = f"s3://{s3.name}/raw"
+    assert rejected == {
+        (f"{url}/images/s003.png", "changed_during_build"),
+        (f"{url}/masks/s003.png", "changed_during_build"),
+    }
+    assert "s003" not in _lineage(report.path)
+    assert sum(report.samples.values()) == 9
+
+
+def test_a_versioned_bucket_reads_the_listed_version(
+    s3_versioned: Bucket, make_raw: MakeRaw, write_config: WriteConfig, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    raw = make_raw(tmp_path / "upload", n=4)
+    _upload(raw, s3_versioned)
+    root = tmp_path / "project"
+    root.mkdir()
+    config = _remote_config(write_config, root, s3_versioned, splits={"train": 1.0})
+    _replacing_after_listing(monkeypatch, s3_versioned, "raw/images/s001.png", _png(9))
+    report = build(load_spec(config), jobs=1)
+    assert report.path is not None
+    assert report.rejects == []
+    listed = hashlib.sha256(raw.image("s001").read_bytes()).hexdigest()
+    assert _lineage(report.path)["s001"][0] == listed
+
+
+def _cli(*args: str) -> tuple[int, list[str]]:
+    result = CliRunner().invoke(app, list(args))
+    return result.exit_code, result.output.strip().splitlines()
+
+
+def test_a_missing_bucket_is_one_line_as_a_missing_folder(
+    s3: Bucket, write_config: WriteConfig, tmp_path: Path
+) -> None:
+    sources = {
+        "image": {"dir": "s3://h5etl-no-such-bucket/raw/images"},
+        "mask": {"dir": "s3://h5etl-no-such-bucket/raw/masks"},
+    }
+    config = write_config(tmp_path, sources=sources)
+    code, lines = _cli("build", str(config), "-j", "1", "-q")
+    assert code == 2
+    assert len(lines) == 1, lines
+    assert "s3://h5etl-no-such-bucket/raw/images" in lines[0]
+    assert "no such bucket 'h5etl-no-such-bucket'" in lines[0]
+    assert not (tmp_path / "releases").exists()
+
+
+def test_refused_credentials_are_one_line_without_the_secret(
+    s3_auth: Bucket, remote_project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    secret = "wrong-secret-never-shown-5d1f"
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
+    code, lines = _cli("build", str(remote_project), "-j", "1", "-q")
+    assert code == 2
+    assert len(lines) == 1, lines
+    assert f"s3://{s3_auth.name}/raw/images" in lines[0]
+    assert "refused the credentials" in lines[0]
+    assert secret not in lines[0]
+    assert not (remote_project.parent / "releases").exists()
+
+
+def test_without_the_cloud_extra_one_line_names_it(
+    s3: Bucket, remote_project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "s3fs", None)  # import s3fs fails
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "eu-west-1")  # no file system opened before
+    code, lines = _cli("validate", str(remote_project))
+    assert code == 2
+    assert len(lines) == 1, lines
+    assert "pip install 'h5etl[cloud]'" in lines[0]
+
+
+@pytest.mark.parametrize(
+    ("override", "named"),
+    [
+        ({"entries": "folders"}, "entries: folders is not supported"),
+    ],
+)
+def test_what_object_storage_cannot_hold_yet_is_refused_at_validate(
+    s3: Bucket, remote_project: Path, override: dict[str, str], named: str
+) -> None:
+    data = yaml.safe_load(remote_project.read_text())
+    data["sources"]["image"].update(override)
+    remote_project.write_text(yaml.safe_dump(data))
+    code, lines = _cli("validate", str(remote_project))
+    assert code == 2
+    assert any(named in line for line in lines), lines
+
+
+def test_the_release_records_the_url_and_no_credential(
+    s3: Bucket, remote_project: Path
+) -> None:
+    report = build(load_spec(remote_project), jobs=1)
+    assert report.path is not None
+    data = report.path.read_bytes()
+    assert f"s3://{s3.name}/raw/images".encode() in data
+    assert s3.server.secret.encode() not in data
+    assert s3.server.key_id.encode() not in data
