@@ -84,7 +84,7 @@ def _lineage(path: Path) -> dict[str, list[str]]:
 
 def _png(seed: int) -> bytes:
     rng = np.random.default_rng(seed)
-    return png_bytes(rng.integers(0, 255, (20, 24, 3), dtype=np.uint8))
+    return png_bytes(rng.integers(0, 255, (20, 23, 3), dtype=np.uint8))  # s003's size
 
 
 @pytest.fixture
