@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,7 @@ from typer.testing import CliRunner
 
 from h5etl import build, load_spec
 from h5etl.cli.app import app
+from h5etl.errors import ClusterError
 from h5etl.inputs import remote_files
 
 pytest.importorskip("s3fs", reason="needs the cloud extra: pip install 'h5etl[cloud]'")
@@ -244,3 +247,52 @@ def test_the_release_records_the_url_and_no_credential(
     assert f"s3://{s3.name}/raw/images".encode() in data
     assert s3.server.secret.encode() not in data
     assert s3.server.key_id.encode() not in data
+
+
+def _local_cluster() -> Any:
+    distributed = pytest.importorskip("distributed")
+    return distributed.LocalCluster(
+        n_workers=2, processes=True, threads_per_worker=1, host="127.0.0.1", dashboard_address=":0"
+    )
+
+
+def test_dask_workers_read_the_sources_from_the_server_only(
+    s3: Bucket, make_raw: MakeRaw, write_config: WriteConfig, tmp_path: Path
+) -> None:
+    local_root, remote_root = tmp_path / "local", tmp_path / "remote"
+    remote_root.mkdir()
+    raw = make_raw(local_root, n=10)
+    _upload(raw, s3)
+    local = build(load_spec(write_config(local_root)), jobs=1)
+    assert local.path is not None
+    expected = read_release(local.path)
+    shutil.rmtree(raw.root / "raw")  # no copy of the inputs on any disk: only the server's
+    spec = load_spec(_remote_config(write_config, remote_root, s3))
+    with _local_cluster() as cluster:
+        remote = build(spec, scheduler=cluster.scheduler_address)
+    assert remote.path is not None
+    got = read_release(remote.path)
+    assert sorted(got) == sorted(expected)
+    for name in expected:
+        np.testing.assert_array_equal(got[name], expected[name], err_msg=name)
+
+
+def test_a_dask_worker_without_credentials_fails_in_one_line(
+    s3: Bucket, remote_project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    key_id, secret = os.environ["AWS_ACCESS_KEY_ID"], os.environ["AWS_SECRET_ACCESS_KEY"]
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # no instance role to ask for
+    with _local_cluster() as cluster:  # its workers start without credentials
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", key_id)
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
+        with pytest.raises(ClusterError) as failed:
+            build(load_spec(remote_project), scheduler=cluster.scheduler_address)
+    message = str(failed.value)
+    assert "\n" not in message
+    assert message.startswith("worker tcp://127.0.0.1:"), message
+    assert f"cannot read the source s3://{s3.name}/raw/" in message
+    assert "no s3 credentials found" in message
+    assert secret not in message
+    assert not (remote_project.parent / "releases" / "cells.h5").exists()
