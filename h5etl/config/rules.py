@@ -219,17 +219,16 @@ def _window_problems(spec: SpecView) -> list[Problem]:
 def _remote_problems(spec: SpecView) -> list[Problem]:
     """What object storage cannot hold yet: folder entries (a DICOM series, a folder of
     slices) and kinds that read files beside their own (a recording's channel files)."""
-    problems = []
     remote = {name for name, source in spec.sources.items() if isinstance(source.dir, str)}
-    for name in sorted(remote):
-        if spec.sources[name].entries == "folders":
-            problems.append(
-                Problem(
-                    (("sources", name, "entries"),),
-                    "entries: folders is not supported for a source on object storage yet "
-                    "(a DICOM series or a folder of slices): copy it to a local disk",
-                )
-            )
+    problems = [
+        Problem(
+            (("sources", name, "entries"),),
+            "entries: folders is not supported for a source on object storage yet "
+            "(a DICOM series or a folder of slices): copy it to a local disk",
+        )
+        for name in sorted(remote)
+        if spec.sources[name].entries == "folders"
+    ]
     for field_name, field in spec.fields.items():
         if field.kind == "series" and spec.source_of(field_name) in remote:
             problems.append(

@@ -60,6 +60,8 @@ def test_a_build_from_the_bucket_stores_what_a_local_build_stores(
     _upload(raw, s3)
     local = build(load_spec(write_config(local_root)), jobs=1)
     remote = build(load_spec(_remote_config(write_config, remote_root, s3)), jobs=jobs)
+    assert local.path is not None
+    assert remote.path is not None
     ours, theirs = read_release(local.path), read_release(remote.path)
     assert sorted(ours) == sorted(theirs)
     for name in ours:
@@ -91,7 +93,9 @@ def _png(seed: int) -> bytes:
 
 
 @pytest.fixture
-def remote_project(s3: Bucket, make_raw: MakeRaw, write_config: WriteConfig, tmp_path: Path) -> Path:
+def remote_project(
+    s3: Bucket, make_raw: MakeRaw, write_config: WriteConfig, tmp_path: Path
+) -> Path:
     """A config whose sources are the bucket's ``raw/images`` and ``raw/masks`` (10 pairs)."""
     raw = make_raw(tmp_path / "upload", n=10)
     _upload(raw, s3)
@@ -159,7 +163,10 @@ def test_an_object_replaced_during_the_build_is_rejected_never_mixed(
 
 
 def test_a_versioned_bucket_reads_the_listed_version(
-    s3_versioned: Bucket, make_raw: MakeRaw, write_config: WriteConfig, tmp_path: Path,
+    s3_versioned: Bucket,
+    make_raw: MakeRaw,
+    write_config: WriteConfig,
+    tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     raw = make_raw(tmp_path / "upload", n=4)
@@ -238,9 +245,7 @@ def test_what_object_storage_cannot_hold_yet_is_refused_at_validate(
     assert any(named in line for line in lines), lines
 
 
-def test_the_release_records_the_url_and_no_credential(
-    s3: Bucket, remote_project: Path
-) -> None:
+def test_the_release_records_the_url_and_no_credential(s3: Bucket, remote_project: Path) -> None:
     report = build(load_spec(remote_project), jobs=1)
     assert report.path is not None
     data = report.path.read_bytes()
