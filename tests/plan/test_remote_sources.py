@@ -28,6 +28,7 @@ from typer.testing import CliRunner
 from h5etl import build, load_spec
 from h5etl.cli.app import app
 from h5etl.errors import ClusterError
+from h5etl.execute import pool
 from h5etl.inputs import remote_files
 
 pytest.importorskip("s3fs", reason="needs the cloud extra: pip install 'h5etl[cloud]'")
@@ -301,3 +302,16 @@ def test_a_dask_worker_without_credentials_fails_in_one_line(
     assert "no s3 credentials found" in message
     assert secret not in message
     assert not (remote_project.parent / "releases" / "cells.h5").exists()
+
+
+def test_workers_started_before_the_credentials_were_set_are_replaced(
+    s3: Bucket, remote_project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    secret = os.environ["AWS_SECRET_ACCESS_KEY"]
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    pool.warm_up(2)  # a build before, in this process: its workers have no credentials
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
+    report = build(load_spec(remote_project), jobs=2)
+    assert report.rejects == []
+    assert sum(report.samples.values()) == 10
