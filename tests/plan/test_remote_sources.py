@@ -315,3 +315,54 @@ def test_workers_started_before_the_credentials_were_set_are_replaced(
     report = build(load_spec(remote_project), jobs=2)
     assert report.rejects == []
     assert sum(report.samples.values()) == 10
+
+
+def _nifti_project(root: Path, ct: str, masks: str) -> Path:
+    data: dict[str, Any] = {
+        "name": "ct",
+        "pipeline": "volumes",
+        "sources": {
+            "ct": {"dir": ct, "glob": "*.nii.gz"},
+            "mask": {"dir": masks, "glob": "*.nii.gz"},
+        },
+        "splits": {"train": 1.0},
+        "seed": 1,
+        "fields": {
+            "ct": {"slice_shape": [8, 8]},
+            "mask": {"slice_shape": [8, 8], "values": [0, 1, 2]},
+        },
+    }
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / "config.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False), "utf-8")
+    return path
+
+
+def test_nifti_volumes_on_the_server_are_stored_as_from_local_disk(
+    s3: Bucket, tmp_path: Path
+) -> None:
+    volumes = pytest.importorskip("h5etl.examples.volumes")
+    pytest.importorskip("nibabel")
+    rng = np.random.default_rng(4)
+    raw = tmp_path / "raw"
+    for index in range(3):
+        ct, labels = volumes.ct_case(rng, (int(rng.integers(3, 6)), 8, 8))
+        affine = volumes.series_affine((2.5, 0.8, 0.7))
+        volumes.write_nifti(raw / "ct" / f"case_{index}.nii.gz", ct, affine=affine)
+        volumes.write_nifti(raw / "masks" / f"case_{index}.nii.gz", labels, affine=affine)
+    for path in sorted(raw.rglob("*.nii.gz")):
+        s3.put(path.relative_to(tmp_path).as_posix(), path.read_bytes())
+    local = build(
+        load_spec(_nifti_project(tmp_path / "local", str(raw / "ct"), str(raw / "masks")))
+    )
+    url = f"s3://{s3.name}/raw"
+    remote = build(
+        load_spec(_nifti_project(tmp_path / "remote", f"{url}/ct", f"{url}/masks")), jobs=2
+    )
+    assert local.path is not None
+    assert remote.path is not None
+    assert remote.rejects == local.rejects == []
+    ours, theirs = read_release(local.path), read_release(remote.path)
+    assert sorted(ours) == sorted(theirs)
+    for name in ours:
+        np.testing.assert_array_equal(ours[name], theirs[name], err_msg=name)
