@@ -100,7 +100,8 @@ def _folder_or_url(value: Any) -> Any:
 
 
 class SourceSpec(Strict):
-    """One folder of inputs; files are paired across sources by their relative stem.
+    """One folder of inputs, or a URL on object storage (``s3://bucket/prefix``, ``gs://``,
+    ``az://``, ``https://``); files are paired across sources by their relative stem.
 
     ``entries: folders``: each input is a folder (a DICOM series, a folder of slices, a
     recording's channel files) matched by ``glob`` and keyed by its relative path; the kind
