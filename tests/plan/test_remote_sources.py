@@ -10,6 +10,7 @@ credentials stop before anything is built, in one line.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import shutil
@@ -366,3 +367,37 @@ def test_nifti_volumes_on_the_server_are_stored_as_from_local_disk(
     assert sorted(ours) == sorted(theirs)
     for name in ours:
         np.testing.assert_array_equal(ours[name], theirs[name], err_msg=name)
+
+
+@pytest.mark.parametrize(("url", "backend"), [("gs://lab/raw", "gcsfs"), ("az://lab/raw", "adlfs")])
+def test_another_store_without_its_backend_is_one_line_naming_the_extra(
+    write_config: WriteConfig, tmp_path: Path, url: str, backend: str
+) -> None:
+    if importlib.util.find_spec(backend) is not None:
+        pytest.skip(f"{backend} is installed here")
+    sources = {"image": {"dir": f"{url}/images"}, "mask": {"dir": f"{url}/masks"}}
+    code, lines = _cli("validate", str(write_config(tmp_path, sources=sources)))
+    assert code == 2
+    assert len(lines) == 1, lines
+    assert f"sources.image.dir: {url}/images" in lines[0]
+    assert f"needs {backend}" in lines[0]
+    assert "pip install 'h5etl[cloud]'" in lines[0]
+
+
+@pytest.mark.parametrize(
+    ("url", "refused"),
+    [
+        ("s3://KEY:SECRET@lab/raw", "must not carry credentials"),
+        ("https://lab.example.org/raw?X-Amz-Signature=abc", "query string is not accepted"),
+        ("s3://Lab_Bucket/raw", "not a valid S3 bucket name"),
+        ("ftp://lab/raw", "unknown URL scheme"),
+    ],
+)
+def test_a_url_the_build_cannot_use_is_refused_at_validate(
+    write_config: WriteConfig, tmp_path: Path, url: str, refused: str
+) -> None:
+    sources = {"image": {"dir": url}, "mask": {"dir": url}}
+    code, lines = _cli("validate", str(write_config(tmp_path, sources=sources)))
+    assert code == 2
+    assert any(refused in line for line in lines), lines
+    assert not any("SECRET" in line or "abc" in line for line in lines), lines
