@@ -51,13 +51,10 @@ STAGE = "decode"
 
 
 def _decode_sample(
-    sample: Sample, recipe: DecodeRecipe, position: int, *, raw: bool = False, stamps: str = ""
+    sample: Sample, recipe: DecodeRecipe, position: int, *, raw: bool = False
 ) -> DecodedSample:
-    """Decode one sample through every field's kind; rejects raise ``RejectError``.
-    ``stamps``: its files' stamps when they are objects (read as listed, or rejected)."""
+    """Decode one sample through every field's kind; rejects raise ``RejectError``."""
     files = sample.paths
-    if stamps:
-        remote_files.remember_stamps(files, stamps)
     # never a plain open(): a file swapped for a FIFO since it was listed would block it;
     # a source its kind reads itself (a case folder, a volume streamed) is not read here
     contents = [
@@ -174,24 +171,21 @@ def keep_whole_blocks(task: DecodeTask, accepted: int) -> int:
     return accepted // task.block * task.block
 
 
-def decode_batch(task: DecodeTask, recipe: DecodeRecipe) -> BatchResult:
-    """Decode one task. Runs in a worker process; only plain data goes in and out.
-
-    Samples are decoded in order until the task's rows are accepted; the reserves after
-    that are not decoded and come back deferred (see ``DecodeTask``).
-    """
-    started = time.perf_counter()
-    capacity = capacity_of(task)
-    out = {name: _batch_buffer(name, column, capacity) for _, name, column in recipe.arrays}
-    result = BatchResult(task, 0)
-    kept: list[DecodedSample] = []
+def _decode_all(
+    task: DecodeTask,
+    recipe: DecodeRecipe,
+    result: BatchResult,
+    kept: list[DecodedSample],
+    out: dict[str, np.ndarray],
+) -> None:
+    """Decode ``task``'s samples in order into ``kept`` and the rows of ``out`` until it holds
+    its rows; rejects and the deferred reserves go to ``result``."""
     for position, sample in enumerate(task.samples):
         if done_decoding(task, len(kept), position):
             result.deferred.extend(range(position, len(task.samples)))
             break
         try:
-            stamps = task.stamps[position] if task.stamps else ""
-            decoded = _decode_sample(sample, recipe, position, raw=task.raw, stamps=stamps)
+            decoded = _decode_sample(sample, recipe, position, raw=task.raw)
         except RejectError as exc:
             result.rejects.extend(_rejects_of(sample, exc, recipe))
             continue
@@ -211,6 +205,26 @@ def decode_batch(task: DecodeTask, recipe: DecodeRecipe) -> BatchResult:
             )
             decoded.windows[name] = window  # statistics once per task, over these
         kept.append(decoded)
+
+
+def decode_batch(task: DecodeTask, recipe: DecodeRecipe) -> BatchResult:
+    """Decode one task. Runs in a worker process; only plain data goes in and out.
+
+    Samples are decoded in order until the task's rows are accepted; the reserves after
+    that are not decoded and come back deferred (see ``DecodeTask``).
+    """
+    started = time.perf_counter()
+    capacity = capacity_of(task)
+    out = {name: _batch_buffer(name, column, capacity) for _, name, column in recipe.arrays}
+    result = BatchResult(task, 0)
+    kept: list[DecodedSample] = []
+    ahead = (
+        remote_files.fetched(zip((s.paths for s in task.samples), task.stamps, strict=True))
+        if task.stamps  # objects on object storage: read together, ahead, as listed
+        else contextlib.nullcontext()
+    )
+    with ahead:
+        _decode_all(task, recipe, result, kept, out)
     keep = keep_whole_blocks(task, len(kept))
     result.deferred = sorted([*result.deferred, *(d.position for d in kept[keep:])])
     del kept[keep:]

@@ -14,16 +14,18 @@ environment (``h5etl.remote.filesystem``).
 
 from __future__ import annotations
 
+import contextlib
 import re
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 
 from h5etl.errors import RejectError
 from h5etl.remote import Location, RemoteObject, list_objects, parse_location, read_bytes
 from h5etl.remote.errors import RemoteChanged, RemoteError, RemoteUsageError
-from h5etl.remote.objects import stat_object
+from h5etl.remote.objects import read_many, stat_object
 
 __all__ = [
+    "fetched",
     "is_remote",
     "list_folder",
     "object_of",
@@ -38,6 +40,9 @@ _STAMP = re.compile(r"^size=(\d+);etag=([^;]*)(?:;version=(.*))?$")
 # What this process listed (discover, in the parent; threads there stamp from it): URL -> object
 _LISTED: dict[str, RemoteObject] = {}
 _LOCK = threading.Lock()
+# Per thread (the in-process decoders are threads): the objects of the task being decoded,
+# fetched together ahead of decoding (``fetched``): URL -> bytes, or the error its read met
+_AHEAD = threading.local()
 
 
 def is_remote(path: str) -> bool:
@@ -104,6 +109,23 @@ def object_of(url: str, stamp: str | None) -> RemoteObject:
     return RemoteObject(location, int(size), etag or None, version or None)
 
 
+@contextlib.contextmanager
+def fetched(samples: Iterable[tuple[Sequence[str], str]]) -> Iterator[None]:
+    """Within: the objects of ``samples`` (each sample's paths and stamps) are read, as
+    listed, concurrently now and served from memory: a worker waits for a round trip per
+    batch of requests, not per object (on S3 a request costs tens of ms, a PNG's decode one).
+    Their bytes are dropped on leaving."""
+    wanted: dict[str, RemoteObject] = {}
+    for paths, stamps in samples:
+        remember_stamps(paths, stamps)
+        wanted.update((path, _LISTED[path]) for path in paths if path in _LISTED)
+    _AHEAD.found = dict(zip(wanted, read_many(list(wanted.values())), strict=True))
+    try:
+        yield
+    finally:
+        _AHEAD.found = {}
+
+
 def read_remote(url: str, stamp: str | None = None) -> bytes:
     """All bytes of the object ``url``, exactly as listed with ``stamp``.
 
@@ -114,7 +136,10 @@ def read_remote(url: str, stamp: str | None = None) -> bytes:
             be read, so the build stops in one line (exit 2) instead of rejecting every one.
     """
     try:
-        return read_bytes(object_of(url, stamp))
+        ahead = getattr(_AHEAD, "found", {}).pop(url, None)
+        if isinstance(ahead, RemoteError):
+            raise ahead
+        return ahead if ahead is not None else read_bytes(object_of(url, stamp))
     except RemoteChanged as exc:
         raise RejectError("changed_during_build", exc.message, path=url) from exc
     except RemoteUsageError as exc:
