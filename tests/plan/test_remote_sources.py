@@ -401,3 +401,12 @@ def test_a_url_the_build_cannot_use_is_refused_at_validate(
     assert code == 2
     assert any(refused in line for line in lines), lines
     assert not any("SECRET" in line or "abc" in line for line in lines), lines
+
+
+def test_a_dry_run_probes_the_objects_headers(s3: Bucket, remote_project: Path) -> None:
+    s3.put("raw/images/s004.png", b"not a png at all")
+    code, lines = _cli("build", str(remote_project), "--dry-run", "-j", "2")
+    assert code == 0, lines
+    text = "\n".join(lines)
+    assert "unreadable" in text
+    assert not (remote_project.parent / "releases" / "cells.h5").exists()
