@@ -21,7 +21,6 @@ from h5etl.config.spec import Spec
 from h5etl.errors import ConfigError
 from h5etl.remote.errors import RemoteUsageError
 from h5etl.remote.location import is_url, parse_location
-from h5etl.remote.objects import reachable
 
 __all__ = ["load_spec", "parse_spec"]
 
@@ -286,6 +285,8 @@ def _folder_problem(folder: Path | str, buckets: set[str]) -> str | None:
     if bucket in buckets:
         return None
     buckets.add(bucket)
+    from h5etl.remote.objects import reachable  # a config with a URL source only
+
     try:
         reachable(location)
     except RemoteUsageError as exc:

@@ -37,7 +37,6 @@ from h5etl.decode.gather import gather
 from h5etl.decode.recipe import DecodedSample, DecodeRecipe
 from h5etl.errors import H5EtlError, RejectError
 from h5etl.inputs import opening as inputs
-from h5etl.inputs import remote_files
 from h5etl.kinds.base import (
     ArrayColumn,
     Kind,
@@ -207,6 +206,15 @@ def _decode_all(
         kept.append(decoded)
 
 
+def _fetched_ahead(task: DecodeTask) -> contextlib.AbstractContextManager[None]:
+    """Objects on object storage (a task with stamps): read together, ahead, as listed."""
+    if not task.stamps:
+        return contextlib.nullcontext()
+    from h5etl.inputs import remote_files  # only a build from object storage loads it
+
+    return remote_files.fetched(zip((s.paths for s in task.samples), task.stamps, strict=True))
+
+
 def decode_batch(task: DecodeTask, recipe: DecodeRecipe) -> BatchResult:
     """Decode one task. Runs in a worker process; only plain data goes in and out.
 
@@ -218,12 +226,7 @@ def decode_batch(task: DecodeTask, recipe: DecodeRecipe) -> BatchResult:
     out = {name: _batch_buffer(name, column, capacity) for _, name, column in recipe.arrays}
     result = BatchResult(task, 0)
     kept: list[DecodedSample] = []
-    ahead = (
-        remote_files.fetched(zip((s.paths for s in task.samples), task.stamps, strict=True))
-        if task.stamps  # objects on object storage: read together, ahead, as listed
-        else contextlib.nullcontext()
-    )
-    with ahead:
+    with _fetched_ahead(task):
         _decode_all(task, recipe, result, kept, out)
     keep = keep_whole_blocks(task, len(kept))
     result.deferred = sorted([*result.deferred, *(d.position for d in kept[keep:])])

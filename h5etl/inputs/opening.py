@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from typing import BinaryIO
 
 from h5etl.errors import RejectError
-from h5etl.inputs import remote_files
+from h5etl.inputs.urls import is_remote
 
 NOT_FILES = (
     (stat.S_ISDIR, "a folder"),
@@ -85,7 +85,9 @@ def opened(path: str) -> Iterator[BinaryIO]:
         RejectError: ``not_a_file`` for a FIFO, socket, device or folder; ``symlink_loop``,
             ``dangling_symlink`` or ``unreadable`` when it cannot be opened.
     """
-    if remote_files.is_remote(path):  # an object: its bytes as listed (kinds that stream)
+    if is_remote(path):  # an object: its bytes as listed (kinds that stream)
+        from h5etl.inputs import remote_files
+
         with io.BytesIO(remote_files.read_remote(path)) as remote:
             yield remote
         return
@@ -113,7 +115,9 @@ def read_file(path: str, stamp: str | None = None) -> bytes:
         RejectError: ``not_a_file``, ``dangling_symlink``, ``symlink_loop`` or ``unreadable``;
             ``changed_during_build`` for an object replaced since it was listed.
     """
-    if path[:1] != "/" and remote_files.is_remote(path):
+    if path[:1] != "/" and is_remote(path):
+        from h5etl.inputs import remote_files  # only a build from object storage loads it
+
         return remote_files.read_remote(path, stamp)
     fd, size = _open_regular(path)
     try:

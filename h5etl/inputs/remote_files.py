@@ -20,13 +20,13 @@ import threading
 from collections.abc import Iterable, Iterator, Sequence
 
 from h5etl.errors import RejectError
+from h5etl.inputs.urls import is_remote
 from h5etl.remote import Location, RemoteObject, list_objects, parse_location, read_bytes
 from h5etl.remote.errors import RemoteChanged, RemoteError, RemoteUsageError
 from h5etl.remote.objects import read_many, stat_object
 
 __all__ = [
     "fetched",
-    "is_remote",
     "list_folder",
     "object_of",
     "read_remote",
@@ -35,7 +35,6 @@ __all__ = [
     "stamp_of",
 ]
 
-_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 _STAMP = re.compile(r"^size=(\d+);etag=([^;]*)(?:;version=(.*))?$")
 # What this process listed (discover, in the parent; threads there stamp from it): URL -> object
 _LISTED: dict[str, RemoteObject] = {}
@@ -43,11 +42,6 @@ _LOCK = threading.Lock()
 # Per thread (the in-process decoders are threads): the objects of the task being decoded,
 # fetched together ahead of decoding (``fetched``): URL -> bytes, or the error its read met
 _AHEAD = threading.local()
-
-
-def is_remote(path: str) -> bool:
-    """Whether an input path is a URL: local ones are absolute paths (one character tested)."""
-    return path[:1] != "/" and _URL.match(path) is not None and not path.startswith("file://")
 
 
 def list_folder(folder: str) -> list[RemoteObject]:

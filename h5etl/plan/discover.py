@@ -26,9 +26,8 @@ from pathlib import Path
 from h5etl.config.spec import Spec
 from h5etl.dataflow import Reject, Roots, Sample, SourceFile
 from h5etl.inputs import opening as inputs
-from h5etl.inputs import remote_files
 from h5etl.inputs.globs import glob_regex
-from h5etl.remote import parse_location
+from h5etl.inputs.urls import is_remote
 
 STAGE = "discover"
 COMPOUND_SUFFIXES = (".nii.gz",)  # taken off whole by key_of
@@ -146,7 +145,7 @@ def list_source(root: Path | str, pattern: str, entries: str = "files") -> Listi
     """The non-hidden entries under ``root`` whose relative POSIX path matches ``pattern``:
     files, or with ``entries="folders"`` folders. A URL ``root`` is listed on its object store
     (files only: the config refuses ``entries: folders`` there)."""
-    if isinstance(root, str) and remote_files.is_remote(root):
+    if isinstance(root, str) and is_remote(root):
         return list_objects(root, pattern)
     regex = glob_regex(pattern)
     folders = entries == "folders"
@@ -174,6 +173,9 @@ def list_objects(folder: str, pattern: str) -> Listing:
         RemoteUsageError: no such bucket, refused credentials, the extra missing (exit 2).
         RemoteError: the server failed the listing (exit 1).
     """
+    from h5etl.inputs import remote_files  # a build from object storage only
+    from h5etl.remote import parse_location
+
     regex = glob_regex(pattern)
     base = parse_location(folder)
     found = []

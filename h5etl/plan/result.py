@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from h5etl.dataflow import Reject, Sample
 from h5etl.decode.probes import ProbeRules
-from h5etl.inputs.remote_files import is_remote
+from h5etl.inputs.urls import is_remote
 from h5etl.kinds.base import Kind
 
 if TYPE_CHECKING:
