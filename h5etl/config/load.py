@@ -256,6 +256,18 @@ def parse_spec(data: Mapping[str, Any], *, config_path: Path, check_paths: bool 
         written_paths=written,
         inferred_kinds=inferred_kinds(merged),
     )
+    remote_tables = [
+        origin.line(
+            Found(
+                (("fields", name, "from", "table"),),
+                "a table on object storage is not supported yet: copy it to a local file",
+            )
+        )
+        for name, table in _written_tables(merged)
+        if is_url(table)
+    ]
+    if remote_tables:
+        raise ConfigError(remote_tables[0], problems=remote_tables, topic="fields")
     if not check_paths:
         return spec
     buckets: set[str] = set()  # a bucket's problem once: the sources in it share it
@@ -306,6 +318,20 @@ def _topic(shown: list[Found]) -> str:
     if top in Spec.model_fields and not (len(key) == 1 and shown[0].kind == "unknown_key"):
         return top
     return "top-level"
+
+
+def _written_tables(data: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The sidecar tables a config's fields name, as written, by field."""
+    fields = data.get("fields")
+    if not isinstance(fields, Mapping):
+        return []
+    return [
+        (str(name), field["from"]["table"])
+        for name, field in fields.items()
+        if isinstance(field, Mapping)
+        and isinstance(field.get("from"), Mapping)
+        and isinstance(field["from"].get("table"), str)
+    ]
 
 
 def _tables(spec: Spec) -> list[tuple[str, Path]]:

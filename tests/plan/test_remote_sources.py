@@ -410,3 +410,16 @@ def test_a_dry_run_probes_the_objects_headers(s3: Bucket, remote_project: Path) 
     text = "\n".join(lines)
     assert "unreadable" in text
     assert not (remote_project.parent / "releases" / "cells.h5").exists()
+
+
+def test_a_label_table_on_object_storage_is_refused_at_validate(
+    write_config: WriteConfig, tmp_path: Path
+) -> None:
+    table = {"table": "s3://lab/labels.csv", "key": "file", "column": "label"}
+    label = {"kind": "label", "from": table}
+    config = write_config(tmp_path, fields={"label": label})
+    code, lines = _cli("validate", str(config))
+    assert code == 2
+    assert len(lines) == 1, lines
+    assert "fields.label.from.table" in lines[0]
+    assert "a table on object storage is not supported yet" in lines[0]
