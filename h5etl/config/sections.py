@@ -14,8 +14,8 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from h5etl.config.scheduler_address import scheduler_problem
-from h5etl.remote.location import is_url, parse_location
 from h5etl.remote.errors import RemoteUsageError
+from h5etl.remote.location import is_url, parse_location
 
 __all__ = [
     "Compression",
