@@ -423,3 +423,15 @@ def test_a_label_table_on_object_storage_is_refused_at_validate(
     assert len(lines) == 1, lines
     assert "fields.label.from.table" in lines[0]
     assert "a table on object storage is not supported yet" in lines[0]
+
+
+def test_a_series_field_on_object_storage_is_refused_at_validate(tmp_path: Path) -> None:
+    root = Path(__file__).parents[2]
+    data = yaml.safe_load((root / "configs" / "vibration.yaml").read_text())
+    data["sources"]["recording"] = {"dir": "s3://lab/raw/recordings", "glob": "*.npy"}
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(data))
+    code, lines = _cli("validate", str(config))
+    assert code == 2
+    text = "\n".join(lines)
+    assert "a series field cannot read a source on object storage yet" in text, text
