@@ -19,7 +19,8 @@ from h5etl.config.fields import TableRef, inferred_kind
 from h5etl.config.messages import Found, Origin, find_typos, from_validation, shown_problems
 from h5etl.config.spec import Spec
 from h5etl.errors import ConfigError
-from h5etl.remote.location import is_url
+from h5etl.remote.errors import RemoteUsageError
+from h5etl.remote.location import is_url, parse_location
 
 __all__ = ["load_spec", "parse_spec"]
 
@@ -179,6 +180,8 @@ def _resolve_paths(
     written: dict[tuple[str, ...], str] = {}
 
     def absolute(key: tuple[str, ...], text: str) -> str:
+        if is_url(text):  # on object storage: as written (the spec checks it)
+            return text
         if not Path(text).is_absolute():
             written[key] = Path(text).as_posix()  # "./raw/images/" is stored as raw/images
         return str(base / text)
@@ -253,12 +256,25 @@ def parse_spec(data: Mapping[str, Any], *, config_path: Path, check_paths: bool 
         written_paths=written,
         inferred_kinds=inferred_kinds(merged),
     )
+    remote_tables = [
+        origin.line(
+            Found(
+                (("fields", name, "from", "table"),),
+                "a table on object storage is not supported yet: copy it to a local file",
+            )
+        )
+        for name, table in _written_tables(merged)
+        if is_url(table)
+    ]
+    if remote_tables:
+        raise ConfigError(remote_tables[0], problems=remote_tables, topic="fields")
     if not check_paths:
         return spec
+    buckets: set[str] = set()  # a bucket's problem once: the sources in it share it
     dirs = [
-        origin.line(Found((("sources", name, "dir"),), f"folder does not exist: {src.dir}"))
+        origin.line(Found((("sources", name, "dir"),), problem))
         for name, src in spec.sources.items()
-        if not src.dir.is_dir()
+        if (problem := _folder_problem(src.dir, buckets)) is not None
     ]
     missing = dirs + [
         origin.line(Found((("fields", name, "from", "table"),), f"no such file: {table}"))
@@ -268,6 +284,26 @@ def parse_spec(data: Mapping[str, Any], *, config_path: Path, check_paths: bool 
     if missing:
         raise ConfigError(missing[0], problems=missing, topic="sources" if dirs else "fields")
     return spec
+
+
+def _folder_problem(folder: Path | str, buckets: set[str]) -> str | None:
+    """What is wrong with a source's ``dir``: a local folder that does not exist; a URL whose
+    bucket is missing, whose credentials are refused or whose backend is not installed (one
+    request, as a local folder is one stat; none for a bucket ``buckets`` holds: asked)."""
+    if isinstance(folder, Path):
+        return None if folder.is_dir() else f"folder does not exist: {folder}"
+    location = parse_location(folder)
+    bucket = f"{location.protocol}://{location.bucket}"
+    if bucket in buckets:
+        return None
+    buckets.add(bucket)
+    from h5etl.remote.objects import reachable  # a config with a URL source only
+
+    try:
+        reachable(location)
+    except RemoteUsageError as exc:
+        return f"{folder}: {exc.message}"
+    return None
 
 
 def _topic(shown: list[Found]) -> str:
@@ -282,6 +318,20 @@ def _topic(shown: list[Found]) -> str:
     if top in Spec.model_fields and not (len(key) == 1 and shown[0].kind == "unknown_key"):
         return top
     return "top-level"
+
+
+def _written_tables(data: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The sidecar tables a config's fields name, as written, by field."""
+    fields = data.get("fields")
+    if not isinstance(fields, Mapping):
+        return []
+    return [
+        (str(name), field["from"]["table"])
+        for name, field in fields.items()
+        if isinstance(field, Mapping)
+        and isinstance(field.get("from"), Mapping)
+        and isinstance(field["from"].get("table"), str)
+    ]
 
 
 def _tables(spec: Spec) -> list[tuple[str, Path]]:

@@ -112,6 +112,7 @@ def spec_problems(spec: SpecView) -> list[Problem]:
     problems.extend(_pair_problems(spec))
     problems.extend(_mask_shape_problems(spec))
     problems.extend(path_problems(spec))
+    problems.extend(_remote_problems(spec))
     problems.extend(volume_problems(spec.fields, spec.sources, spec.source_of))
     problems.extend(_window_problems(spec))
     used = {spec.source_of(name) for name in spec.fields if spec.reads_content(name)}
@@ -213,6 +214,31 @@ def _window_problems(spec: SpecView) -> list[Problem]:
         )
         for name in cut[1:]
     ]
+
+
+def _remote_problems(spec: SpecView) -> list[Problem]:
+    """What object storage cannot hold yet: folder entries (a DICOM series, a folder of
+    slices) and kinds that read files beside their own (a recording's channel files)."""
+    remote = {name for name, source in spec.sources.items() if isinstance(source.dir, str)}
+    problems = [
+        Problem(
+            (("sources", name, "entries"),),
+            "entries: folders is not supported for a source on object storage yet "
+            "(a DICOM series or a folder of slices): copy it to a local disk",
+        )
+        for name in sorted(remote)
+        if spec.sources[name].entries == "folders"
+    ]
+    for field_name, field in spec.fields.items():
+        if field.kind == "series" and spec.source_of(field_name) in remote:
+            problems.append(
+                Problem(
+                    (("fields", field_name),),
+                    "a series field cannot read a source on object storage yet (its channel "
+                    "files are read beside each file): copy the source to a local disk",
+                )
+            )
+    return problems
 
 
 def _source_problems(spec: SpecView, field_name: str, field: FieldSpec) -> list[Problem]:

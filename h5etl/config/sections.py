@@ -11,9 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from h5etl.config.scheduler_address import scheduler_problem
+from h5etl.remote.errors import RemoteUsageError
+from h5etl.remote.location import is_url, parse_location
 
 __all__ = [
     "Compression",
@@ -86,15 +88,29 @@ class Compression(Strict):
         return self.level if self.level is not None else defaults.get(self.codec)
 
 
+def _folder_or_url(value: Any) -> Any:
+    """A source's ``dir``: a URL stays text (as ``parse_location`` writes it back), anything
+    else becomes a path."""
+    if isinstance(value, str) and is_url(value):
+        try:
+            return parse_location(value).url
+        except RemoteUsageError as exc:
+            raise ValueError(exc.message) from exc
+    return Path(value) if isinstance(value, str) else value
+
+
 class SourceSpec(Strict):
-    """One folder of inputs; files are paired across sources by their relative stem.
+    """One folder of inputs, or a URL on object storage (``s3://bucket/prefix``, ``gs://``,
+    ``az://``, ``https://``); files are paired across sources by their relative stem.
 
     ``entries: folders``: each input is a folder (a DICOM series, a folder of slices, a
     recording's channel files) matched by ``glob`` and keyed by its relative path; the kind
     reading it lists its files.
     """
 
-    dir: Path
+    # a local folder, or a URL on object storage (s3://bucket/prefix, gs://, az://, https://):
+    # kept as its text, credentials refused (``h5etl.remote.parse_location``)
+    dir: Annotated[Path | str, BeforeValidator(_folder_or_url)]
     glob: str = "*"
     entries: Literal["files", "folders"] = "files"
 

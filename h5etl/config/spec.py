@@ -175,9 +175,12 @@ class Spec(Strict):
         """The absolute path of the config file this spec was read from, if any."""
         return self._config_file
 
-    def stored_path(self, key: PathKey, value: Path) -> str:
+    def stored_path(self, key: PathKey, value: Path | str) -> str:
         """How a path is stored: as the config wrote it relative to its folder, while it still
-        names the same place; otherwise (written absolute, or replaced in code) absolute."""
+        names the same place; otherwise (written absolute, or replaced in code) absolute. A
+        URL (a source on object storage) as it is."""
+        if isinstance(value, str):
+            return value
         written = self._written_paths.get(key)
         if (
             written is not None

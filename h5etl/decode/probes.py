@@ -17,6 +17,7 @@ from h5etl.dataflow import Reject, Sample, sample_rejects
 from h5etl.errors import RejectError
 from h5etl.inputs import opening as inputs
 from h5etl.inputs import raster as images
+from h5etl.inputs.urls import is_remote
 from h5etl.kinds import placement as geometry
 from h5etl.kinds.base import Kind, ProbeTarget
 
@@ -73,6 +74,14 @@ def _stamp_sample(sample: Sample, rules: ProbeRules = _NO_RULES) -> ProbeOutcome
     entry's stamp is that of each file in it, a file's companions' follow its own."""
     stamps = []
     for index, path in enumerate(sample.paths):  # paths, not files: no object per file
+        if path[:1] != "/" and is_remote(path):
+            from h5etl.inputs import remote_files  # only a build from object storage loads it
+
+            try:  # an object: its listed size, ETag and version (no request)
+                stamps.append(remote_files.stamp_of(path))
+            except RejectError as exc:
+                return reject_sample(sample, exc.reason, exc.message, path)
+            continue
         try:
             if index in rules.folders:
                 stamps.append(inputs.folder_stamp(path))

@@ -170,17 +170,15 @@ def keep_whole_blocks(task: DecodeTask, accepted: int) -> int:
     return accepted // task.block * task.block
 
 
-def decode_batch(task: DecodeTask, recipe: DecodeRecipe) -> BatchResult:
-    """Decode one task. Runs in a worker process; only plain data goes in and out.
-
-    Samples are decoded in order until the task's rows are accepted; the reserves after
-    that are not decoded and come back deferred (see ``DecodeTask``).
-    """
-    started = time.perf_counter()
-    capacity = capacity_of(task)
-    out = {name: _batch_buffer(name, column, capacity) for _, name, column in recipe.arrays}
-    result = BatchResult(task, 0)
-    kept: list[DecodedSample] = []
+def _decode_all(
+    task: DecodeTask,
+    recipe: DecodeRecipe,
+    result: BatchResult,
+    kept: list[DecodedSample],
+    out: dict[str, np.ndarray],
+) -> None:
+    """Decode ``task``'s samples in order into ``kept`` and the rows of ``out`` until it holds
+    its rows; rejects and the deferred reserves go to ``result``."""
     for position, sample in enumerate(task.samples):
         if done_decoding(task, len(kept), position):
             result.deferred.extend(range(position, len(task.samples)))
@@ -206,6 +204,30 @@ def decode_batch(task: DecodeTask, recipe: DecodeRecipe) -> BatchResult:
             )
             decoded.windows[name] = window  # statistics once per task, over these
         kept.append(decoded)
+
+
+def _fetched_ahead(task: DecodeTask) -> contextlib.AbstractContextManager[None]:
+    """Objects on object storage (a task with stamps): read together, ahead, as listed."""
+    if not task.stamps:
+        return contextlib.nullcontext()
+    from h5etl.inputs import remote_files  # only a build from object storage loads it
+
+    return remote_files.fetched(zip((s.paths for s in task.samples), task.stamps, strict=True))
+
+
+def decode_batch(task: DecodeTask, recipe: DecodeRecipe) -> BatchResult:
+    """Decode one task. Runs in a worker process; only plain data goes in and out.
+
+    Samples are decoded in order until the task's rows are accepted; the reserves after
+    that are not decoded and come back deferred (see ``DecodeTask``).
+    """
+    started = time.perf_counter()
+    capacity = capacity_of(task)
+    out = {name: _batch_buffer(name, column, capacity) for _, name, column in recipe.arrays}
+    result = BatchResult(task, 0)
+    kept: list[DecodedSample] = []
+    with _fetched_ahead(task):
+        _decode_all(task, recipe, result, kept, out)
     keep = keep_whole_blocks(task, len(kept))
     result.deferred = sorted([*result.deferred, *(d.position for d in kept[keep:])])
     del kept[keep:]

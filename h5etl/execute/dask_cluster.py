@@ -99,10 +99,14 @@ def _checked(views: Views, dask_worker: Any = None, *, again: bool = False) -> s
             continue
         different = sourceviews.difference(root, expected)
         if different is not None:
-            return (
-                f"{_where(dask_worker)} {different}: every worker must see the same sources "
-                f"at the same path (a shared file system mounted alike on every host)"
+            need = (
+                "every worker must reach the object store with credentials of its own (its "
+                "environment or the backend's config files: none are sent to it)"
+                if sourceviews.is_url(root)
+                else "every worker must see the same sources at the same path (a shared file "
+                "system mounted alike on every host)"
             )
+            return f"{_where(dask_worker)} {different}: {need}"
         _SEEN.add((root, expected))
     return None
 

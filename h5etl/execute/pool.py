@@ -12,6 +12,7 @@ second) overlaps the parent's own imports, config loading and planning.
 from __future__ import annotations
 
 import gc
+import hashlib
 import os
 from collections.abc import MutableMapping
 from concurrent.futures import Executor
@@ -22,6 +23,11 @@ from h5etl import timeline
 IDLE_SECONDS = 60  # workers outlive one build briefly, so a second one in-process reuses them
 _started: Executor | None = None  # this process's pool (``pool``, ``discard``, ``stop``)
 _size = 0  # its workers
+_environment = ""  # the credentials environment its workers started with (a digest)
+# What an object store's backend reads its credentials and endpoint from: a worker has the
+# environment it started with (none is ever sent to it), so a pool started before a change
+# (credentials set or rotated between two builds in one process) is replaced
+_CREDENTIAL_PREFIXES = ("AWS_", "GOOGLE_", "GCS_", "AZURE_", "FSSPEC_")
 
 # One thread for the native thread pools under numpy and friends (what joblib's Parallel sets
 # for its workers too). A worker is already one of ``jobs`` processes on as many cores, and
@@ -53,14 +59,21 @@ def pool(jobs: int) -> Executor:
     # Imported here: joblib imports numpy, and the CLI limits native threads before that.
     from joblib.externals.loky import ProcessPoolExecutor
 
-    global _started, _size
-    if _started is None or _size != jobs or _broken(_started):
+    global _started, _size, _environment
+    environment = _credentials_environment()
+    if _started is None or _size != jobs or _broken(_started) or _environment != environment:
         stop()
         _started = ProcessPoolExecutor(
             max_workers=jobs, timeout=IDLE_SECONDS, env=NATIVE_THREAD_LIMITS
         )
-        _size = jobs
+        _size, _environment = jobs, environment
     return _started
+
+
+def _credentials_environment() -> str:
+    """A digest of the environment variables object stores read credentials from."""
+    found = sorted((k, v) for k, v in os.environ.items() if k.startswith(_CREDENTIAL_PREFIXES))
+    return hashlib.sha256(repr(found).encode()).hexdigest() if found else ""
 
 
 def _broken(executor: Executor) -> bool:

@@ -327,6 +327,7 @@ def isolate(
             final=True,
             raw=True,
             members=task.members[position : position + 1],
+            stamps=task.stamps[position : position + 1],
         )
         try:
             part = run_alone(alone)

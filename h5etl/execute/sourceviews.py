@@ -12,7 +12,11 @@ its sub-folders — class folders — up to ``FOLDERS`` of them), their relative
 (``planned``): a share whose class folders exist but are empty fails too, naming a file.
 An empty mount, another copy of the data or a stale one fails; files added since the build
 looked do not (a folder being filled is not another folder). Standard library only: workers
-import it.
+import it (``h5etl.remote`` too, for a source on object storage: imported when one is asked).
+
+A source on object storage (a URL) is no mount: each worker reads it with credentials of its
+own (its environment, ``~/.aws``). Its view is the planned files' sizes as listed; a worker
+must reach the bucket and see each of them alike (``REMOTE``: at most ``FILES`` requests).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ FILES = 64  # planned input files a worker must see alike, spread over the plan
 FOLDERS = 1024  # sub-folders of a source folder that each give one of them (class folders)
 FOLDER = -1  # the size a probe records for a folder holding files (its own size differs by host)
 EMPTY = -2  # the size a probe records for an empty folder
+REMOTE = 0  # the entries a view of a source on object storage records (no listing is kept)
 
 Probes = tuple[tuple[str, int], ...]
 """(name or relative path, size) pairs a worker must see alike."""
@@ -122,6 +127,8 @@ def _shares(sizes: Sequence[int], budget: int) -> list[int]:
 def view_of(folder: str, files: Sequence[str] = ()) -> View:
     """This process's ``View`` of ``folder``: one listing and at most ``PROBES`` stats, and
     the sizes of ``files`` (relative paths of planned inputs, from ``planned``)."""
+    if is_url(folder):
+        return _remote_view(folder, files)
     names = _names(folder)
     if names is None:
         return View(-1, ())
@@ -142,6 +149,8 @@ def difference(folder: str, expected: View) -> str | None:
     not see the folder either: discovery says so)."""
     if expected.entries < 0:
         return None
+    if is_url(folder):
+        return _remote_difference(folder, expected)
     names = _names(folder)
     if names is None:
         return f"cannot see the source folder {folder}"
@@ -198,6 +207,50 @@ def _around(folder: str, relpath: str) -> str:
     if size == EMPTY:
         return f" (it sees the folder {where} empty: a share that did not mount on that host?)"
     return " (another copy of the data?)"
+
+
+def is_url(folder: str) -> bool:
+    """Whether a source folder is a URL (on object storage): local ones are absolute paths."""
+    return folder[:1] != "/" and "://" in folder
+
+
+def _remote_view(folder: str, files: Sequence[str]) -> View:
+    """The build's view of a source on object storage: the planned files' listed sizes."""
+    from h5etl.remote import parse_location
+    from h5etl.remote.errors import RemoteError
+    from h5etl.remote.objects import stat_object
+
+    base = parse_location(folder)
+    sized = []
+    for relpath in files:
+        try:
+            sized.append((relpath, stat_object(base.child(relpath)).size))
+        except RemoteError:
+            continue  # gone since the plan: decoding rejects it, naming why
+    return View(REMOTE, (), tuple(sized))
+
+
+def _remote_difference(folder: str, expected: View) -> str | None:
+    """How this process reads the source ``folder`` on object storage otherwise than the
+    build: it cannot reach the bucket (no or other credentials), or a planned file is not
+    there alike."""
+    from h5etl.remote import parse_location
+    from h5etl.remote.errors import RemoteError
+    from h5etl.remote.objects import reachable, stat_object
+
+    base = parse_location(folder)
+    try:
+        reachable(base)
+        for relpath, size in expected.files:
+            there = stat_object(base.child(relpath)).size
+            if there != size:
+                return (
+                    f"sees {base.child(relpath).url} as {there} bytes where this build sees "
+                    f"{size} (another endpoint or bucket?)"
+                )
+    except RemoteError as exc:
+        return f"cannot read the source {folder}: {exc.message}"
+    return None
 
 
 def _described(size: int | None) -> str:

@@ -27,6 +27,7 @@ from h5etl.config.spec import Spec
 from h5etl.dataflow import Reject, Roots, Sample, SourceFile
 from h5etl.inputs import opening as inputs
 from h5etl.inputs.globs import glob_regex
+from h5etl.inputs.urls import is_remote
 
 STAGE = "discover"
 COMPOUND_SUFFIXES = (".nii.gz",)  # taken off whole by key_of
@@ -140,9 +141,12 @@ def not_a_folder(entry: os.DirEntry[str]) -> str | None:
     return f"not a folder but {what}; this source's entries are folders (entries: folders)"
 
 
-def list_source(root: Path, pattern: str, entries: str = "files") -> Listing:
+def list_source(root: Path | str, pattern: str, entries: str = "files") -> Listing:
     """The non-hidden entries under ``root`` whose relative POSIX path matches ``pattern``:
-    files, or with ``entries="folders"`` folders."""
+    files, or with ``entries="folders"`` folders. A URL ``root`` is listed on its object store
+    (files only: the config refuses ``entries: folders`` there)."""
+    if isinstance(root, str) and is_remote(root):
+        return list_objects(root, pattern)
     regex = glob_regex(pattern)
     folders = entries == "folders"
     judge = not_a_folder if folders else not_a_file
@@ -158,6 +162,28 @@ def list_source(root: Path, pattern: str, entries: str = "files") -> Listing:
     found.sort()
     reason = "not_a_folder" if folders else "not_a_file"
     return Listing(found, not_files, unlistable, reason)
+
+
+def list_objects(folder: str, pattern: str) -> Listing:
+    """The objects under the URL ``folder`` whose key relative to it matches ``pattern`` and
+    has no hidden part (as in a local folder), sorted. Each one's stamp is remembered for the
+    plan (``remote_files``).
+
+    Raises:
+        RemoteUsageError: no such bucket, refused credentials, the extra missing (exit 2).
+        RemoteError: the server failed the listing (exit 1).
+    """
+    from h5etl.inputs import remote_files  # a build from object storage only
+    from h5etl.remote import parse_location
+
+    regex = glob_regex(pattern)
+    base = parse_location(folder)
+    found = []
+    for obj in remote_files.list_folder(folder):
+        relpath = base.relative(obj.location)
+        if regex.match(relpath) and not any(p.startswith(".") for p in relpath.split("/")):
+            found.append(relpath)
+    return Listing(sorted(found), {})
 
 
 def key_of(relpath: str, *, folder: bool = False) -> str:

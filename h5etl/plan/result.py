@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from h5etl.dataflow import Reject, Sample
 from h5etl.decode.probes import ProbeRules
+from h5etl.inputs.urls import is_remote
 from h5etl.kinds.base import Kind
 
 if TYPE_CHECKING:
@@ -36,6 +37,12 @@ class Plan:
     probes: ProbeRules | None = None  # what a decode reject re-checks (h5etl.inputs.reasons)
     previous: Mapping[str, str] | None = None  # the parent's split of each name (sticky)
     transforms: Transforms | None = None  # the config's user code, for the workers (issue 28)
+
+    @property
+    def remote(self) -> bool:
+        """Whether a source is on object storage (its tasks then carry their stamps)."""
+        first = next((samples[0] for samples in self.splits.values() if samples), None)
+        return first is not None and any(is_remote(root) for _, root in first.roots)
 
     @property
     def total(self) -> int:

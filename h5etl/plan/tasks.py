@@ -210,6 +210,13 @@ class TaskCutter:
                 yield from self._round(split, queue, start, end)
             number += 1
 
+    def _stamps_of(self, samples: tuple[Sample, ...]) -> tuple[str, ...]:
+        """The samples' stamps, for a worker to read objects as listed; none for local files
+        (their reads need none: a task stays as small as before)."""
+        if not self._plan.remote:
+            return ()
+        return tuple(self._plan.stamps.get(sample.key, "") for sample in samples)
+
     def _round(self, split: str, queue: SplitQueue, start: int, end: int) -> Iterator[DecodeTask]:
         members = self._plan.splits[split]
         step = self.rows + self.reserve
@@ -219,13 +226,15 @@ class TaskCutter:
             stop = end if final else min(position + step, end)
             if stop > queue.consumed:  # a resumed build skips what its journal holds
                 indices = tuple(queue.member(p) for p in range(position, stop))
+                samples = tuple(members[i] for i in indices)
                 yield DecodeTask(
                     split,
                     position,
-                    tuple(members[i] for i in indices),
+                    samples,
                     self.rows,
                     self.block,
                     final=final,
                     members=indices,
+                    stamps=self._stamps_of(samples),
                 )
             position = stop

@@ -38,7 +38,7 @@ class BuildContext:
     name: str
     sources: tuple[str, ...]
     source: str | None
-    source_dirs: Mapping[str, Path]
+    source_dirs: Mapping[str, Path | str]
     source_globs: Mapping[str, str]
     fields: Mapping[str, FieldModel]
     storage: StorageSpec
