@@ -346,3 +346,14 @@ def test_a_misspelled_stratify_target_gets_a_suggestion(
     )
     (problem,) = _problems(config)
     assert problem.endswith("(label fields: label); did you mean 'label'?")
+
+
+def test_a_mask_dtype_that_is_a_list_is_a_config_error(raw_root: Path) -> None:
+    # the fuzz test's find: {dtype: [], values: []} raised TypeError (a list is no dict key)
+    data = base_config()
+    data["fields"]["mask"]["dtype"] = []
+    config = _write(raw_root / "config.yaml", data)
+    problems = _problems(config)
+    assert len(problems) == 1
+    assert "fields.mask.dtype: allowed dtypes are" in problems[0]
+    assert problems[0].endswith("for a mask field, got []")

@@ -231,7 +231,7 @@ class MaskField(ArrayField):
     @field_validator("dtype", mode="before")
     @classmethod
     def _mask_dtype(cls, value: Any) -> Any:
-        if value not in MASK_MAX:
+        if not isinstance(value, str) or value not in MASK_MAX:  # a list is no dict key
             raise ValueError(
                 f"allowed dtypes are {', '.join(MASK_MAX)} for a mask field, got {value!r}"
             )
