@@ -19,7 +19,7 @@ from typing import Any
 from h5etl.config import scheduler_address
 from h5etl.config.spec import Spec
 from h5etl.dataflow import Barrier, BatchResult, DecodeTask
-from h5etl.decode import task as decode
+from h5etl.decode import worker_memory
 from h5etl.decode.recipe import DecodeRecipe
 from h5etl.execute import dask_cluster as cluster
 from h5etl.execute import local_threads, schedule
@@ -184,7 +184,7 @@ def decoded(
     """Every task's result in order; the cutter learns each result before the next is cut."""
     for result in decoder(cutter, recipe):
         cutter.note(result)
-        decode.trim_when_gone(result)  # a CT case's chunks: give the heap back once written
+        worker_memory.trim_when_gone(result)  # a CT case's chunks: give the heap back once written
         yield result
         # not held while the next result is awaited: a CT case's 100 MB would stay alive
         # beside the next one arriving

@@ -7,7 +7,7 @@ the tasks hold, as the task cutter estimates them and as their results turn out.
 from __future__ import annotations
 
 from h5etl.dataflow import BatchResult
-from h5etl.decode import task as decode
+from h5etl.decode import worker_memory
 
 # Decoded bytes that the tasks in flight may hold together: the bound that matters when a
 # sample is a CT case of a few hundred MB (docs/benchmarks/volumes.md: peak RSS below 3x the largest
@@ -41,7 +41,7 @@ class InFlightLimit:
     def __init__(self, jobs: int, task_bytes: int):
         self.jobs = jobs
         self.estimate = task_bytes
-        self.largest = 0  # of the results seen, ``decode.result_nbytes``
+        self.largest = 0  # of the results seen, ``worker_memory.result_nbytes``
 
     def limit(self) -> int:
         planned = window_for(self.jobs, self.estimate)
@@ -50,5 +50,5 @@ class InFlightLimit:
         return max(planned, window_for(self.jobs, 2 * self.largest))
 
     def noted(self, result: BatchResult) -> BatchResult:
-        self.largest = max(self.largest, decode.result_nbytes(result))
+        self.largest = max(self.largest, worker_memory.result_nbytes(result))
         return result

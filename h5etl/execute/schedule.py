@@ -21,7 +21,7 @@ from joblib.externals.loky.process_executor import BrokenProcessPool
 
 from h5etl import timeline
 from h5etl.dataflow import Barrier, BatchResult, DecodeTask, Reject, Sample, sample_rejects
-from h5etl.decode import gather
+from h5etl.decode import gather, worker_memory
 from h5etl.decode import task as decode
 from h5etl.decode.recipe import DecodeRecipe
 from h5etl.execute import pool as workers
@@ -65,8 +65,8 @@ def run_tasks(
     slots = shared_memory.Slots(owner, most=4 * jobs + 4)
     pool = _Pool(jobs, worker, recipe, slots)
     with (
-        decode.collecting_less(),
-        _removed(decode.send_lock_path(owner)),
+        worker_memory.collecting_less(),
+        _removed(worker_memory.send_lock_path(owner)),
         shared_memory.swept(owner),
         contextlib.closing(slots),
     ):
@@ -212,14 +212,14 @@ def run_pooled(
     """``run_remote`` in a worker of the local pool: compressed chunks and raw ragged values
     go back through shared memory (``shared_memory``: the ``slot`` the parent lent this
     task, or files of their own), not the pipe, and a big result still waits for its turn
-    to be sent before the pool copies it (``decode.send_one_at_a_time``). ``direct``: the
+    to be sent before the pool copies it (``worker_memory.send_one_at_a_time``). ``direct``: the
     parent's ``codec.has_direct`` answers for the recipe's layouts (``direct_verdicts``)."""
     timeline.mark("worker: first task started", once=True)
     if direct:
         codec.trust_direct(direct)
-    with decode.busy():  # its heap is trimmed once it idles, not between two cases
+    with worker_memory.busy():  # its heap is trimmed once it idles, not between two cases
         result = shared_memory.share(run_remote(worker, task, recipe), owner, slot)
-    decode.send_one_at_a_time(result)
+    worker_memory.send_one_at_a_time(result)
     timeline.mark("worker: task sent")
     return result
 

@@ -13,7 +13,7 @@ from conftest import MakeRaw, WriteConfig, centre_pad, save
 
 from h5etl.config.load import load_spec
 from h5etl.dataflow import DecodeTask, EncodedChunk, EncodedRows, Sample, SourceFile
-from h5etl.decode import memory
+from h5etl.decode import memory, worker_memory
 from h5etl.decode import task as decode
 from h5etl.execute import assembly, mapping
 from h5etl.plan import admit, discover
@@ -106,14 +106,14 @@ def test_a_worker_trims_its_heap_once_it_idles_not_between_two_tasks(
     # a trim between two CT cases made the next one fault every page of the heap again
     trimmed = threading.Event()
     monkeypatch.setattr(memory, "release_free_memory", trimmed.set)
-    monkeypatch.setattr(decode, "TRIM_IDLE_SECONDS", 0.01)
-    monkeypatch.setattr(decode._Activity, "trim_pending", False)
-    with decode.busy():  # a result freed while the next task runs
-        decode._give_back_memory()
-        decode._give_back_memory()  # one trim waits for both
+    monkeypatch.setattr(worker_memory, "TRIM_IDLE_SECONDS", 0.01)
+    monkeypatch.setattr(worker_memory._Activity, "trim_pending", False)
+    with worker_memory.busy():  # a result freed while the next task runs
+        worker_memory._give_back_memory()
+        worker_memory._give_back_memory()  # one trim waits for both
         assert not trimmed.wait(0.2)
     assert trimmed.wait(10)  # idle: trimmed
-    assert not decode._Activity.trim_pending
+    assert not worker_memory._Activity.trim_pending
 
 
 def test_encoded_chunks_pickle_as_they_are() -> None:

@@ -33,7 +33,7 @@ from pydicom.uid import (
 
 from h5etl.config.load import load_spec
 from h5etl.dataflow import BatchResult, DecodeTask, EncodedChunk, EncodedRows, Sample
-from h5etl.decode import task as decode
+from h5etl.decode import worker_memory
 from h5etl.errors import RejectError
 from h5etl.examples.volumes import write_dicom_series
 from h5etl.execute import inflight, schedule
@@ -265,24 +265,24 @@ def test_results_arrive_with_rarer_young_collections_then_the_thresholds_come_ba
     import gc
 
     before = gc.get_threshold()
-    with decode.collecting_less():
+    with worker_memory.collecting_less():
         during = gc.get_threshold()
-    assert during == (decode.YOUNG_COLLECTION_EVERY, *before[1:])
+    assert during == (worker_memory.YOUNG_COLLECTION_EVERY, *before[1:])
     assert gc.get_threshold() == before
 
 
 def test_big_results_are_sent_one_at_a_time(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(decode, "send_lock_path", lambda parent: str(tmp_path / "send.lock"))
-    first = _result(decode.BIG_RESULT + 1)
-    decode.send_one_at_a_time(first)  # its turn, until it is gone (sent)
-    decode.send_one_at_a_time(_result(1000))  # a small one never waits
-    second = _result(decode.BIG_RESULT + 1)
+    monkeypatch.setattr(worker_memory, "send_lock_path", lambda parent: str(tmp_path / "send.lock"))
+    first = _result(worker_memory.BIG_RESULT + 1)
+    worker_memory.send_one_at_a_time(first)  # its turn, until it is gone (sent)
+    worker_memory.send_one_at_a_time(_result(1000))  # a small one never waits
+    second = _result(worker_memory.BIG_RESULT + 1)
     waited = threading.Event()
 
     def send_second() -> None:
-        decode.send_one_at_a_time(second)
+        worker_memory.send_one_at_a_time(second)
         waited.set()
 
     thread = threading.Thread(target=send_second)
