@@ -13,6 +13,7 @@ import numpy as np
 from h5etl.config import resources
 from h5etl.errors import UsageError
 from h5etl.inputs import raster as images
+from h5etl.release.durable import write_atomically
 
 
 def cell_pair(rng: np.random.Generator, height: int, width: int) -> tuple[np.ndarray, np.ndarray]:
@@ -107,7 +108,7 @@ def lay_out(folder: Path, shipped_config: Path, write: Callable[[Path], object])
         if not folder.exists():
             made.append(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        _write_atomically(config, shipped)
+        write_atomically(config, shipped)
         made.append(config)
     if not (folder / "raw").exists():
         staging = folder / f".raw.partial-{os.getpid()}"
@@ -125,12 +126,3 @@ def lay_out(folder: Path, shipped_config: Path, write: Callable[[Path], object])
             raise
         os.replace(staging, folder / "raw")  # a demo killed while writing leaves no raw/
     return config
-
-
-def _write_atomically(path: Path, data: bytes) -> None:
-    temp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        temp.write_bytes(data)
-        os.replace(temp, path)
-    finally:
-        temp.unlink(missing_ok=True)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from h5etl.errors import ClusterLost, H5EtlError, ReleaseError, ReleaseUsageError, io_problem
+from h5etl.release import durable
 from h5etl.release.lock import BuildLock
 from h5etl.release.naming import (
     PARTIAL_MARK,
@@ -35,47 +36,6 @@ if TYPE_CHECKING:  # records only: numpy loads with the build, not with `h5etl s
     from h5etl.dataflow import Reject
 
 logger = logging.getLogger("h5etl.release.listing")  # its name from before the split
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_file(path: Path) -> None:
-    with open(path, "rb") as handle:
-        os.fsync(handle.fileno())
-
-
-def _write_json(path: Path, data: Mapping[str, Any]) -> None:
-    with open(path, "w", encoding="utf-8") as handle:
-        json.dump(data, handle, indent=2, ensure_ascii=False)
-        handle.write("\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` all or nothing: a temp file fsynced, renamed, the folder
-    fsynced (a shard's manifest: its commit).
-
-    Raises:
-        OSError: the write failed; nothing is left under ``path``.
-    """
-    temp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(temp, "w", encoding="utf-8", errors="backslashreplace") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temp, path)
-        _fsync_dir(path.parent)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            temp.unlink()
 
 
 class OutputFolder:
@@ -259,7 +219,7 @@ class OutputFolder:
             except OSError as exc:
                 raise ReleaseError(f"cannot delete it: {io_problem(exc)}", path=path) from exc
             removed.append((path, info.st_size if info.st_nlink <= 1 else 0))
-        _fsync_dir(self.folder)
+        durable.fsync_dir(self.folder)
         return removed
 
     def published_url(self, version: int) -> str:
@@ -294,12 +254,12 @@ class OutputFolder:
         named: list[Path] = []  # the release names this call gave, taken back on a failure
         try:
             for index, part in enumerate(parts):
-                _fsync_file(part)
+                durable.fsync_file(part)
                 os.link(part, self.folder / part_filename(self.name, version, index))
                 named.append(self.folder / part_filename(self.name, version, index))
-            _fsync_file(staged)
+            durable.fsync_file(staged)
             self._write_report(report_temp, rejects)
-            _write_json(facts_temp, facts or {})
+            durable.write_json(facts_temp, facts or {})
             os.link(staged, final)  # unlike rename, refuses to replace an existing release
             named.append(final)
             os.replace(report_temp, report)
@@ -309,7 +269,7 @@ class OutputFolder:
             os.unlink(staged)
             for part in parts:
                 os.unlink(part)
-            _fsync_dir(self.folder)
+            durable.fsync_dir(self.folder)
             self.point_link(version)
         except FileExistsError as exc:
             self._unpublish(named, before, final.name)  # only the parts this call named
@@ -346,7 +306,7 @@ class OutputFolder:
             for path in named:  # only once the link is back: it never points at nothing
                 with contextlib.suppress(FileNotFoundError):
                     path.unlink()
-            _fsync_dir(self.folder)
+            durable.fsync_dir(self.folder)
         except OSError as exc:
             logger.warning("%s: cannot undo the failed publish: %s", self.folder, exc)
         finally:
@@ -393,7 +353,7 @@ class OutputFolder:
             temp.unlink()
         os.symlink(target, temp)
         os.replace(temp, self.link)
-        _fsync_dir(self.folder)
+        durable.fsync_dir(self.folder)
 
     def info(self, version: int) -> ReleaseInfo:
         path = self.folder / release_filename(self.name, version)

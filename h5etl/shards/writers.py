@@ -38,7 +38,7 @@ from h5etl.format.contract import SHARD_ATTR, SHARD_INDEX_ATTR
 from h5etl.history.build_report import enforce_limit
 from h5etl.history.provenance import fingerprint_lines
 from h5etl.plan.tasks import TaskCutter
-from h5etl.release.folder import write_atomically
+from h5etl.release.durable import write_atomically
 from h5etl.sink.small_columns import SinkLayout
 from h5etl.sink.writer import Sink
 from h5etl.stats.tallies import Tallies

@@ -36,7 +36,7 @@ from h5etl.config.spec import Spec
 from h5etl.errors import ReleaseError, SinkError
 from h5etl.format.journal import JournalWriter
 from h5etl.pipeline.run import build
-from h5etl.release import folder as output_folder
+from h5etl.release import durable
 
 MIB = 2**20
 SIDE = 256  # 256 KiB of noise per pair: 88 pairs make a release of about 22 MiB
@@ -385,14 +385,14 @@ def test_a_publish_that_fails_takes_its_names_back(
 
         monkeypatch.setattr(os, "symlink", symlink)
     else:
-        real = output_folder._fsync_dir
+        real = durable.fsync_dir
 
         def fsync_dir(folder: Path) -> None:
             real(folder)
             if (spec.output_path / f"{spec.name}.h5").resolve().name.endswith("v0002.h5"):
                 raise no_room
 
-        monkeypatch.setattr(output_folder, "_fsync_dir", fsync_dir)
+        monkeypatch.setattr(durable, "fsync_dir", fsync_dir)
     with pytest.raises(ReleaseError, match="publishing failed: no space left on device"):
         build(spec, full=True)  # the same inputs: else up to date, nothing to publish
     monkeypatch.undo()
