@@ -11,6 +11,7 @@ second) overlaps the parent's own imports, config loading and planning.
 
 from __future__ import annotations
 
+import atexit
 import gc
 import hashlib
 import os
@@ -20,9 +21,11 @@ from typing import Any, cast
 
 from h5etl import timeline
 
+FEEDER_JOIN_SECONDS = 5.0  # how long ``stop`` waits for the task queue's thread to end
 IDLE_SECONDS = 60  # workers outlive one build briefly, so a second one in-process reuses them
 _started: Executor | None = None  # this process's pool (``pool``, ``discard``, ``stop``)
 _size = 0  # its workers
+_stop_registered = False  # ``stop`` runs at exit once a pool was started
 _environment = ""  # the credentials environment its workers started with (a digest)
 # What an object store's backend reads its credentials and endpoint from: a worker has the
 # environment it started with (none is ever sent to it), so a pool started before a change
@@ -59,10 +62,16 @@ def pool(jobs: int) -> Executor:
     # Imported here: joblib imports numpy, and the CLI limits native threads before that.
     from joblib.externals.loky import ProcessPoolExecutor
 
-    global _started, _size, _environment
+    global _started, _size, _environment, _stop_registered
     environment = _credentials_environment()
     if _started is None or _size != jobs or _broken(_started) or _environment != environment:
         stop()
+        if not _stop_registered:
+            # A process that built in-process (a script, a notebook, the tests) and exits with
+            # the pool alive: stopped before the interpreter tears modules down, when loky's
+            # clean-up of a collected pool printed "Exception ignored ... weakref_cb".
+            atexit.register(stop)
+            _stop_registered = True
         _started = ProcessPoolExecutor(
             max_workers=jobs, timeout=IDLE_SECONDS, env=NATIVE_THREAD_LIMITS
         )
@@ -97,8 +106,15 @@ def stop() -> None:
     """
     global _started
     if _started is not None:
-        cast(Any, _started).shutdown(wait=True, kill_workers=True)
-        _started = None
+        executor, _started = cast(Any, _started), None
+        feeder = getattr(getattr(executor, "_call_queue", None), "_thread", None)
+        executor.shutdown(wait=True, kill_workers=True)
+        # loky leaves the feeder thread of its task queue running (a daemon it never joins
+        # for a queue this process made), and that thread frees the queue's semaphores as it
+        # ends: a process exiting first cut it short, and loky's resource tracker then
+        # printed "leaked semlock objects" warnings under the CLI's one-line error.
+        if feeder is not None:
+            feeder.join(timeout=FEEDER_JOIN_SECONDS)
 
 
 # What every task runs on: the decoding, and the pool's side of a task (its first task
