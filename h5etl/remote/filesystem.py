@@ -87,12 +87,21 @@ def _open(location: Location) -> FileSystem:
             use_listings_cache=False,
             skip_instance_cache=True,
             endpoint_url=endpoint,
-            config_kwargs={
-                "retries": {"max_attempts": 3, "mode": "standard"},
-                "connect_timeout": 10,
-            },
+            config_kwargs={"retries": _retries(), "connect_timeout": 10},
         )
     return fsspec.filesystem(location.protocol, skip_instance_cache=True)
+
+
+def _retries() -> dict[str, Any]:
+    """botocore's retries of one request: three in its standard mode, unless the environment
+    says otherwise (``AWS_MAX_ATTEMPTS``, ``AWS_RETRY_MODE``, as for every AWS tool: a
+    setting passed here would override them)."""
+    retries: dict[str, Any] = {}
+    if not os.environ.get("AWS_MAX_ATTEMPTS"):
+        retries["max_attempts"] = 3
+    if not os.environ.get("AWS_RETRY_MODE"):
+        retries["mode"] = "standard"
+    return retries
 
 
 def _imported(module: str, location: Location) -> Any:

@@ -314,7 +314,8 @@ def test_a_server_stopped_mid_read_fails_the_read_in_one_line(
     s3: Bucket, proxied: Proxy, built: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(reading, "FIRST_PAUSE_S", 0.01)
-    monkeypatch.setattr(reading, "DEFAULT_ATTEMPTS", 2)  # each one is botocore's 3 tries
+    monkeypatch.setattr(reading, "DEFAULT_ATTEMPTS", 2)
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")  # botocore's own tries: 3, seconds apart
     publish.publish(built, s3.location("releases"), "cells")
     reader = Release(url(s3), "train")
     reader.read([0])
@@ -336,12 +337,13 @@ def test_a_read_retried_while_the_server_is_back_gets_its_bytes(
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    monkeypatch.setattr(reading, "FIRST_PAUSE_S", 1.0)  # sent again at +1, +3, +7, +15 s
+    monkeypatch.setattr(reading, "FIRST_PAUSE_S", 0.2)  # sent again at +0.2, +0.6, +1.4 s
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")  # h5etl's own retries, not botocore's
     publish.publish(built, s3.location("releases"), "cells")
     reader = Release(url(s3), "train")
     reader.read([0])
     proxied.stop()
-    timer = threading.Timer(4, proxied.start)  # past botocore's own three tries
+    timer = threading.Timer(0.5, proxied.start)  # back between the second try and the third
     timer.start()
     try:
         rows = np.arange(22)[::-1]

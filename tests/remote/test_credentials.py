@@ -157,3 +157,24 @@ def test_scrub_masks_what_a_backend_may_echo(monkeypatch: pytest.MonkeyPatch) ->
     for secret in ("wJalrXUtnFEMI", "FwoGZXIvYXdzE", "pa55w0rd", "AKIAEXAMPLE", "abc123"):
         assert secret not in scrubbed
     assert "minio.lab:9000" in scrubbed  # where, still said
+
+
+@pytest.mark.parametrize(
+    ("environment", "want"),
+    [
+        pytest.param({}, {"max_attempts": 3, "mode": "standard"}, id="default"),
+        pytest.param({"AWS_MAX_ATTEMPTS": "1"}, {"mode": "standard"}, id="attempts"),
+        pytest.param({"AWS_RETRY_MODE": "adaptive"}, {"max_attempts": 3}, id="mode"),
+    ],
+)
+def test_the_environment_sets_botocores_retries_as_for_every_aws_tool(
+    s3: Bucket, monkeypatch: pytest.MonkeyPatch, environment: dict[str, str], want: object
+) -> None:
+    from h5etl.remote.filesystem import filesystem
+
+    for name in ("AWS_MAX_ATTEMPTS", "AWS_RETRY_MODE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    fs = filesystem(s3.location("raw"))
+    assert fs.config_kwargs["retries"] == want
