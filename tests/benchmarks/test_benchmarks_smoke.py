@@ -42,13 +42,11 @@ CONTENDERS = [
 # H5ETL_BENCH_SMOKE=1 (the runner's smoke run): of the codec builds lzf and blosc-lz4, of the
 # chunk sweep 1 and 32; a full run adds gzip, zstd, 8 and 64 (the same contenders, other configs)
 SMOKE_ENV = {**os.environ, "H5ETL_BENCH_SMOKE": "1"}
-# --messy --gap --variant same=...: clean against messy corpus, -j2 lzf against the work limit
-# with SHA-256; each h5etl run is followed by the same run of the variant tree
-MESSY_AND_GAP = [
+# --gap --variant same=...: -j2 against the work limits; each h5etl run is followed by the
+# same run of the variant tree (the messy corpus's rows are the default run's)
+GAP_WITH_VARIANT = [
     "h5etl build -j2 (lzf)",
     "h5etl build -j2 (lzf) [same]",
-    "h5etl build -j2 (lzf, messy corpus)",
-    "h5etl build -j2 (lzf, messy corpus) [same]",
     "work limit with what a release carries (SHA-256, statistics): decode+pad+lzf+hashes+stats",
     "work limit with what a release carries (SHA-256, statistics): decode+pad+blosc-lz4+hashes"
     "+stats",
@@ -56,8 +54,6 @@ MESSY_AND_GAP = [
     "honest work limit, no h5etl imported: decode+pad+blosc-lz4+hashes+stats",
     "h5etl API -j2 (lzf, writer CPU)",
     "h5etl API -j2 (lzf, writer CPU) [same]",
-    "h5etl API -j2 (lzf, messy corpus, writer CPU)",
-    "h5etl API -j2 (lzf, messy corpus, writer CPU) [same]",
     "h5etl build -j2 (blosc-lz4)",
     "h5etl build -j2 (blosc-lz4) [same]",
 ]
@@ -116,6 +112,13 @@ def test_runner_prints_every_contender(bench_dir: Path) -> None:
     assert "re-cut and compressed (chunk_paths :rechunked, target 0) | 0 |" in text
     assert "### Messy corpus" in text
     assert "| **per stored sample: messy / clean** |" in text
+    # the build drops the one spoiled pair at decode, and no block is compressed twice
+    assert "| stored samples, clean / messy | 40 / 39 | - |" in text
+    assert "by reason | 1 mask_values | all mask_values |" in text
+    assert "| blocks the writer re-cut and compressed, clean / messy (API) | 0 / 0 | 0 |" in text
+    # issue 30: h5etl against the limit that imports none of it, per codec
+    for codec in ("lzf", "blosc-lz4"):
+        assert f"| h5etl -j2 {codec} / honest limit ({codec}) |" in text
     for chunks in (1, 32):
         assert f"| tree as is | {chunks} |" in text
     assert output.read_text() in text
@@ -131,19 +134,13 @@ def test_flags_pick_rows_and_variants_follow_each_run(bench_dir: Path) -> None:
     # before --messy, --sweep, --gap every run built all contenders, with no messy corpus
     text = _run(
         "build.py", "--dir", str(bench_dir), "--samples", SAMPLES, "--repeats", "1",
-        "--messy", "--gap", "--variant", f"same={BENCH.parents[1]}",
+        "--gap", "--variant", f"same={BENCH.parents[1]}",
     )  # fmt: skip
-    assert _contenders(text) == MESSY_AND_GAP
-    assert "| h5etl build -j2 (lzf), messy / clean | tree as is | same | target |" in text
-    # both trees drop the one spoiled pair at decode, and no block is compressed twice
-    assert "| stored samples, clean / messy | 40 / 39 | 40 / 39 | - |" in text
-    assert "by reason | 1 mask_values | 1 mask_values |" in text
-    assert "clean / messy (API) | 0 / 0 | 0 / 0 | 0 |" in text
-    assert "-j2 lzf, messy corpus [same] / -j2 lzf, messy corpus (tree as is)" in text
+    assert _contenders(text) == GAP_WITH_VARIANT
+    assert "### Messy corpus" not in text
     assert "| writer (parent) process, h5etl -j2 lzf, medians | tree as is | same |" in text
     assert "(chunk_paths :rechunked, target 0) | 0 | 0 |" in text
     assert "### Chunk sweep" not in text
-    # issue 30: h5etl against the limit that imports none of it, per codec
     for codec in ("lzf", "blosc-lz4"):
         assert f"| h5etl -j2 {codec} / honest limit ({codec}) |" in text
         assert f"-j2 {codec} [same] / honest limit ({codec})" in text
