@@ -21,7 +21,9 @@ from typing import Any, cast
 
 from h5etl import timeline
 
-FEEDER_JOIN_SECONDS = 5.0  # how long ``stop`` waits for the task queue's thread to end
+# How long ``stop`` waits for the task queue's thread to end: milliseconds, unless it is stuck
+# writing a task no worker will read (the pipe full, the workers killed): it never ends then
+FEEDER_JOIN_SECONDS = 1.0
 IDLE_SECONDS = 60  # workers outlive one build briefly, so a second one in-process reuses them
 _started: Executor | None = None  # this process's pool (``pool``, ``discard``, ``stop``)
 _size = 0  # its workers
