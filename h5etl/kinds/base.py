@@ -208,6 +208,7 @@ class Kind:
     ``prepare(samples)``, ``plan_side``  or decode   parent, once at plan time
     ``expands``, ``expand``              no          parent, plan time
     ``depends_on``                       no          parent (order) and worker
+    ``reads_values_of``                  no          parent (incremental builds)
     ``stats``, ``task_stats``, ``place`` no          worker
     ``reads_own_files``                  no          parent and worker
     ``companion_paths``                  no          parent, plan time (stamps)
@@ -297,6 +298,14 @@ class Kind:
     @property
     def depends_on(self) -> tuple[str, ...]:
         """Fields whose decoded pixels this one needs first."""
+        return ()
+
+    @property
+    def reads_values_of(self) -> tuple[str, ...]:
+        """Of ``depends_on``, the fields whose stored value (after their transforms) makes
+        this one's: when their transform changes, an incremental build makes this field
+        again too. Only a size check of another field's pixels (a mask's of its image)
+        is not such a read."""
         return ()
 
     @property

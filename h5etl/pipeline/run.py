@@ -23,6 +23,7 @@ from h5etl.execute.assembly import (
 from h5etl.history import clock, provenance
 from h5etl.history.build_report import BuildReport, enforce_limit, require_samples
 from h5etl.incremental import carry_record, parent, reuse, uptodate
+from h5etl.incremental.redo import RedoRejected
 from h5etl.pipeline import interrupts, planning, settle, write
 from h5etl.pipeline.planning import ProgressHook
 from h5etl.pipeline.status import BuildStatus
@@ -220,7 +221,7 @@ def _build_planned(
         if why is not None:
             report.warnings.append(f"every sample decoded: {why}")
         if carried is not None and carried.decode is not None:
-            run.decoder.decode_here_if_cheap(carried.decode.total, carried.rate)
+            run.decoder.decode_here_if_cheap(carried.decoding, carried.rate)
         else:
             run.decoder.start()  # everything is decoded: the workers start while the sink opens
     planned_rejects = list(report.rejects)
@@ -266,6 +267,12 @@ def _build_planned(
                 )
                 timeline.mark("carry record written")
             return info
+        except RedoRejected as exc:  # the carried rows cannot stay: decode them all
+            report.warnings.append(f"every sample decoded: {exc}")
+            carried = None
+            report.reused = report.reused_bytes = 0
+            report.redone = ()
+            run.decoder.start()
         except ResumeMismatch as exc:
             if earlier is None:
                 raise

@@ -86,6 +86,8 @@ def write_release(
         cutter = assembly.cutter(spec, todo, state)
     except ValueError as exc:  # a journal of another h5etl: its tasks were cut otherwise
         raise ResumeMismatch(str(exc), path=temp) from exc
+    redo = carried.redo if carried is not None else None
+    first = None if redo is None else (redo.cutter(cutter.block, cutter.sample_bytes), redo.recipe(recipe))
     checkpoints = resume.Checkpoints(
         OutputFolder.journal_of(temp), spec, todo, cutter, run.checkpoint_seconds, tallies
     )
@@ -107,6 +109,7 @@ def write_release(
                 run.decoder,
                 early=carried is not None or earlier is not None,
                 start=created,
+                before=first,
             ) as results,
             Sink(
                 temp,
@@ -137,16 +140,22 @@ def write_release(
                 carried_lines, copied = reuse.copy_into(sink, carried, tallies, log, between)
                 fingerprint.update(carried_lines.encode())
                 report.reused, report.reused_bytes = carried.samples, copied
+                report.redone = tuple(sorted(redo.fields)) if redo is not None else ()
                 status.resumed(dict(sink.counts))  # carried rows are stored rows for status
                 checkpoints.sync_soon(sink)  # while the decoding finishes (0.05-0.08 s here)
                 watch.lap("carry")
             annotate.prepare()  # while the decoders work: read the parent's snapshot
-            hook("decode+write", 0, todo.total)  # in order: a decoded batch is written at once
+            total = todo.total + (redo.left if redo is not None else 0)
+            hook("decode+write", 0, total)  # in order: a decoded batch is written at once
             if earlier is not None:
                 hook("decode+write", sum(sink.counts.values()), None)
             for result in results:
                 timeline.mark("result")
                 interrupts.check()
+                if redo is not None and redo.left and log is not None:
+                    redo.take(result, sink, tallies, log)  # its fields' rows, after the copy
+                    hook("decode+write", processed(result), None)
+                    continue
                 report.rejects.extend(result.rejects)
                 enforce_limit(spec, report.rejects, report.inputs)
                 sink.write(result)

@@ -192,6 +192,8 @@ class Sink(JournalSide):
 
         def seed(name: str, path: str, chunked: ChunkLayout) -> h5py.Dataset | None:
             assert source is not None
+            if self.seed is not None and name in self.seed.skip:
+                return None  # made again by this build (an incremental build's redo)
             dataset = seed_dataset(file, source, path, rows, chunked)
             if dataset is not None:
                 self._seeded[(split, name)] = rows
@@ -251,6 +253,7 @@ class Sink(JournalSide):
         blocks: list[tuple[int, int]],
         record: dict[str, list[str]],
         between: Callable[[], None] = lambda: None,
+        skip: frozenset[str] = frozenset(),
     ) -> int:
         """Append rows of ``parent``'s ``split`` as they are stored there: each (start, rows)
         block's chunks byte for byte (``chunk_copy.copy_rows``: the filter mask travels with
@@ -259,6 +262,7 @@ class Sink(JournalSide):
         and lineage rows as values, and ``record`` (this build's sample keys of those
         rows). Call before any ``write`` to ``split``. Returns the stored bytes copied.
         ``between``: called now and then while the chunks are copied (the build fsyncs them).
+        ``skip``: array columns not copied: ``write_columns`` gives their rows after.
         """
         assert self.file is not None
         if not blocks:
@@ -267,7 +271,7 @@ class Sink(JournalSide):
             seeded = {n: self._seeded.pop((s, n)) for s, n in list(self._seeded) if s == split}
             with h5py.File(parent, "r") as source:
                 copied, ends = copy_parent_columns(
-                    source, self.layout, self.arrays, split, blocks, between, seeded
+                    source, self.layout, self.arrays, split, blocks, between, seeded, skip
                 )
                 small, lineage = parent_rows(source, self.layout, split, blocks)
             small.update(record)
@@ -278,6 +282,31 @@ class Sink(JournalSide):
             raise self._failed("copying the parent's chunks", exc) from exc
         self.counts[split] += len(lineage)
         return copied
+
+    def write_columns(self, result: BatchResult, names: frozenset[str]) -> None:
+        """Append one batch's rows of the array columns ``names`` only, in order: the rows
+        of samples whose other columns, small rows and lineage were copied from a parent
+        (``copy_parent_rows`` with ``skip``), made again by an incremental build."""
+        assert self.file is not None, "Sink used outside its with-block"
+        started = time.perf_counter()
+        split = result.task.split
+        self._ensure_room(sink_disk.batch_nbytes(result), "writing")
+        try:
+            writers = [(n, w) for (s, n), w in self.arrays.items() if s == split and n in names]
+            for name, writer in writers:
+                rows = result.columns[name]
+                if isinstance(rows, EncodedRows):
+                    writer.add_encoded(rows.blocks, rows.digests, result.accepted, defer=True)
+                else:
+                    assert isinstance(rows, np.ndarray)
+                    writer.add_raw(rows, final=result.task.final, defer=True)
+                if result.task.final:
+                    writer.flush_partial()
+            for _, writer in writers:
+                writer.drain()
+        except (OSError, RuntimeError) as exc:
+            raise self._failed("writing", exc) from exc
+        self.seconds += time.perf_counter() - started
 
     def append_rows(
         self, split: str, small: dict[str, list[Any]], lineage: list[list[str]]

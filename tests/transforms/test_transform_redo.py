@@ -1,0 +1,267 @@
+"""An incremental build after a transform change makes only the fields it can change (issue
+28 item 5): the user module beside the config counts its calls per field in a file, so each
+test counts which code ran; the release is compared dataset by dataset with a ``--full``
+build of the same config, and its values with what numpy makes of the PNGs here."""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+import pytest
+from conftest import SHAPE, MakeRaw, WriteConfig, add_pairs, centre_pad
+from PIL import Image
+
+import h5etl
+from h5etl.check.health import check_release
+from h5etl.config.load import load_spec
+from h5etl.format import contract as fileformat
+from h5etl.testing import run_killed_build
+
+COUNTED = '''
+import numpy as np
+
+LOG = {log!r}
+
+
+def _count(name):
+    with open(LOG, "a") as handle:
+        handle.write(name + "\\n")
+
+
+def brighter(value, *, by):
+    _count("image")
+    return np.clip(value.astype(np.int16) + by, 0, 255).astype(np.uint8)
+
+
+def flipped(value, *, times):
+    _count("mask")
+    return value[::-1] if times % 2 else value
+
+
+def grey(value, *, shift=0):
+    _count("grey")
+    return (value.mean(axis=2) // (1 + shift)).astype(np.uint8)
+
+
+def corner(sample, *, size):
+    _count("corner")
+    return {{name: value[:size, :size] for name, value in sample.items()}}
+
+
+def refuses(value, *, by):
+    _count("image")
+    if by > 5 and value.shape[0] == 24:
+        raise ValueError("too bright")
+    return value
+'''
+
+
+def counted_project(root: Path, make_raw: MakeRaw, write_config: WriteConfig, **config: Any) -> Path:
+    make_raw(root, n=8)
+    (root / "prep.py").write_text(COUNTED.format(log=str(root / "calls.log")))
+    return write_config(root, **config)
+
+
+def calls(root: Path) -> Counter[str]:
+    """The calls counted since the last look (the log is emptied)."""
+    log = root / "calls.log"
+    found = Counter(log.read_text().split()) if log.exists() else Counter[str]()
+    log.write_text("")
+    return found
+
+
+def fields(by: int = 1, times: int = 0, shift: int = 0) -> dict[str, Any]:
+    return {
+        "image": {"transform": [{"call": "prep:brighter", "args": {"by": by}}]},
+        "mask": {"transform": [{"call": "prep:flipped", "args": {"times": times}}]},
+        "grey": {
+            "kind": "image",
+            "shape": [1, SHAPE, SHAPE],
+            "derive": {"from": "image", "call": "prep:grey", "args": {"shift": shift}},
+        },
+    }
+
+
+def build(config: Path, **kwargs: Any) -> h5etl.BuildReport:
+    report = h5etl.build(load_spec(config), **kwargs)
+    assert report.path is not None
+    return report
+
+
+def datasets(path: Path) -> dict[str, Any]:
+    """Every dataset's values and attributes, the diagnostics' per-dataset digests and
+    bytes, the conversions and class counts: what must equal a full build's."""
+    out: dict[str, Any] = {}
+    with h5py.File(path, "r") as handle:
+
+        def visit(name: str, node: object) -> None:
+            if isinstance(node, h5py.Dataset):
+                out[name] = (node[...].tolist(), dict(node.attrs.items()).__repr__())
+            elif isinstance(node, h5py.Group) and name.startswith(fileformat.DIAGNOSTICS):
+                attrs = {k: v for k, v in node.attrs.items() if "seconds" not in k}
+                attrs.pop("stored_bytes", None)  # where chunks sit may differ: not their bytes
+                attrs.pop("ratio", None)
+                attrs.pop("stage_seconds", None)
+                out[f"{name}@"] = repr(sorted(attrs.items()))
+
+        handle.visititems(visit)
+        out["@layout"] = handle.attrs[fileformat.LAYOUT_ATTR]
+        out["@fingerprint"] = handle.attrs[fileformat.FINGERPRINT_ATTR]
+    return out
+
+
+def carry_record(path: Path) -> dict[str, Any]:
+    record = json.loads(path.with_name(f".{path.name}.carry.json").read_text())
+    return {k: v for k, v in record.items() if k in ("blocks", "rows", "samples", "rejected")}
+
+
+def assert_as_full(incremental: Path, full: Path) -> None:
+    mine, theirs = datasets(incremental), datasets(full)
+    assert sorted(mine) == sorted(theirs)
+    for name in mine:
+        if name.startswith(fileformat.DIAGNOSTICS) and name.endswith("@"):
+            continue  # the build's own times, compared below without them
+        assert mine[name] == theirs[name], name
+    assert carry_record(incremental) == carry_record(full)
+    assert check_release(incremental, deep=True).ok
+
+
+def pixels(path: Path, mode: str) -> np.ndarray:
+    with Image.open(path) as image:
+        array: np.ndarray = np.asarray(image.convert(mode))
+    return array
+
+
+def stored(path: Path, field: str) -> dict[str, np.ndarray]:
+    out: dict[str, np.ndarray] = {}
+    with h5py.File(path, "r") as handle:
+        for split in ("train", "valid"):
+            names = handle[f"{split}/filename"].asstr()[...]
+            out.update(zip(names, handle[f"{split}/{field}"][...], strict=True))
+    return out
+
+
+def test_one_fields_changed_args_redo_that_field_and_what_derives_from_it(
+    tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig
+) -> None:
+    config = counted_project(tmp_path, make_raw, write_config, fields=fields())
+    build(config)
+    assert calls(tmp_path) == {"image": 8, "mask": 8, "grey": 8}
+    # the image's args: the image and the grey derived from it, never the mask
+    changed = build(write_config(tmp_path, fields=fields(by=2)))
+    assert calls(tmp_path) == {"image": 8, "grey": 8}
+    assert changed.reused == 8
+    assert changed.redone == ("grey", "image")
+    assert "transform changed (image, " in changed.change
+    for name, row in stored(changed.path, "image").items():
+        source = pixels(tmp_path / "raw/images" / name, "RGB").astype(np.int16) + 2
+        expected = centre_pad(np.clip(source, 0, 255).astype(np.uint8), SHAPE, SHAPE)
+        assert np.array_equal(row, expected)
+    full = build(config, full=True)
+    calls(tmp_path)
+    assert_as_full(changed.path, full.path)
+    # the mask's args: the mask only
+    flipped = build(write_config(tmp_path, fields=fields(by=2, times=1)))
+    assert calls(tmp_path) == {"mask": 8}
+    assert flipped.redone == ("mask",)
+    for name, row in stored(flipped.path, "mask").items():
+        labels = (pixels(tmp_path / "raw/masks" / name, "L") == 255).astype(np.uint8)[::-1]
+        assert np.array_equal(row, centre_pad(labels, SHAPE, SHAPE))
+    full = build(config, full=True)
+    calls(tmp_path)
+    assert_as_full(flipped.path, full.path)
+    # the derive's own args: the derived field only (the image is read, not transformed)
+    derived = build(write_config(tmp_path, fields=fields(by=2, times=1, shift=1)))
+    assert calls(tmp_path) == {"image": 8, "grey": 8}  # its source's chain makes its input
+    assert derived.redone == ("grey",)
+
+
+def test_a_sample_call_redoes_its_fields_and_a_new_file_is_decoded_whole(
+    tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig
+) -> None:
+    def crop(size: int) -> list[dict[str, Any]]:
+        return [{"call": "prep:corner", "fields": ["image", "mask"], "args": {"size": size}}]
+
+    config = counted_project(
+        tmp_path, make_raw, write_config, fields=fields(), transforms=crop(8)
+    )
+    build(config)
+    calls(tmp_path)
+    add_pairs(tmp_path, ["new"], seed=3)
+    changed = build(write_config(tmp_path, fields=fields(), transforms=crop(6)))
+    # image and mask again (the crop sees both), the grey from the image; the new pair whole
+    assert calls(tmp_path) == {"corner": 9, "image": 9, "mask": 9, "grey": 9}
+    assert changed.redone == ("grey", "image", "mask")
+    assert changed.reused >= 4
+    assert sum(changed.samples.values()) == 9
+    images, masks = stored(changed.path, "image"), stored(changed.path, "mask")
+    for name in images:
+        image = pixels(tmp_path / "raw/images" / name, "RGB").astype(np.int16) + 1
+        labels = (pixels(tmp_path / "raw/masks" / name, "L") == 255).astype(np.uint8)
+        image = np.clip(image, 0, 255).astype(np.uint8)[:6, :6]
+        assert np.array_equal(images[name], centre_pad(image, SHAPE, SHAPE)), name
+        assert np.array_equal(masks[name], centre_pad(labels[:6, :6], SHAPE, SHAPE)), name
+    assert check_release(changed.path, deep=True).ok
+
+
+def test_a_sample_the_new_code_rejects_decodes_every_sample(
+    tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig
+) -> None:
+    def refusing(by: int) -> dict[str, Any]:
+        return {"image": {"transform": [{"call": "prep:refuses", "args": {"by": by}}]}}
+
+    config = counted_project(tmp_path, make_raw, write_config, fields=refusing(1))
+    build(config)
+    report = build(write_config(tmp_path, fields=refusing(9), max_shrink=0.5), jobs=2)
+    # the write that met the rejects was given up; the samples left were split again
+    # (settle), and that write carries the blocks the rejected samples were not in
+    assert any("the changed transform rejected a carried sample" in w for w in report.warnings)
+    # the two 24-pixel samples (of the 5 sizes make_raw cycles through) are rejected
+    assert sorted(r.key for r in report.rejects if r.reason == "transform_error") == [
+        "s001",
+        "s001",
+        "s006",
+        "s006",
+    ]
+    assert sum(report.samples.values()) == 6
+    full = build(config, full=True)  # its rows in another order: carried rows come first
+    for field in ("image", "mask"):
+        mine, theirs = stored(report.path, field), stored(full.path, field)
+        assert sorted(mine) == sorted(theirs)
+        assert all(np.array_equal(mine[name], theirs[name]) for name in mine)
+    assert check_release(report.path, deep=True).ok
+
+
+def test_a_killed_redo_build_resumes_to_the_same_release(
+    tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig
+) -> None:
+    config = counted_project(tmp_path, make_raw, write_config, fields=fields())
+    make_raw(tmp_path, n=16)
+    build(config)
+    write_config(tmp_path, fields=fields(by=3))
+    assert run_killed_build(config, after=4) == -signal.SIGKILL
+    resumed = build(config, resume=True)
+    assert resumed.version == 2
+    assert resumed.redone == ("grey", "image")
+    full = build(config, full=True)
+    assert_as_full(resumed.path, full.path)
+
+
+@pytest.mark.parametrize("jobs", [2])
+def test_workers_make_the_same_release(
+    tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig, jobs: int
+) -> None:
+    config = counted_project(tmp_path, make_raw, write_config, fields=fields())
+    make_raw(tmp_path, n=24)
+    build(config)
+    changed = build(write_config(tmp_path, fields=fields(by=2)), jobs=jobs)
+    assert changed.redone == ("grey", "image")
+    assert calls(tmp_path)["mask"] == 24  # the first build's
+    full = build(config, full=True, jobs=jobs)
+    assert_as_full(changed.path, full.path)
