@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -163,6 +163,12 @@ class Redo:
         order = tuple(n for k in plan.kinds for n in k.columns)
         return cls(stored, computed, decoded, columns, samples, order, left=total)
 
+    @classmethod
+    def none(cls) -> Redo:
+        """No field made again (``left`` is 0: no result is taken for one)."""
+        empty = frozenset[str]()
+        return cls(empty, empty, empty, empty, Plan({}, []), ())
+
     def cutter(self, block: int, sample_bytes: int) -> TaskCutter:
         """Tasks of the carried samples without reserves: each keeps exactly its samples."""
         return TaskCutter(self.plan, block, sample_bytes=sample_bytes, reserve=0)
@@ -181,6 +187,22 @@ class Redo:
         tallies.add_block(split, kept)
         self.pending.setdefault(split, deque()).append((kept, keys))
 
+    def consume(
+        self,
+        results: Iterator[BatchResult],
+        sink: Sink,
+        tallies: Tallies,
+        log: BlockLog | None,
+        done: Callable[[int], None],
+    ) -> None:
+        """Take the redo tasks' results, the first of ``results`` (``done``: told how many
+        samples each settled, for progress)."""
+        while self.left:
+            assert log is not None  # a build that carries logs its blocks
+            result = next(results)
+            self.take(result, sink, tallies, log)
+            done(result.accepted)
+
     def take(self, result: BatchResult, sink: Sink, tallies: Tallies, log: BlockLog) -> None:
         """Write a result of the redo tasks (their fields' rows only) and complete the
         tallies of the blocks it covers."""
@@ -196,9 +218,7 @@ class Redo:
             new = block_json(block)
             made = {
                 "stats": {n: s for n, s in new["stats"].items() if n in self.columns},
-                "conversions": {
-                    n: c for n, c in new["conversions"].items() if n in self.fields
-                },
+                "conversions": {n: c for n, c in new["conversions"].items() if n in self.fields},
             }
             tallies.add_block(task.split, made)
             stats = {**kept["stats"], **made["stats"]}

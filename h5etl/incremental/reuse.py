@@ -273,7 +273,9 @@ def plan_carry(
     digest = f"{plan.digest}+carry:{parent.version}:{parent.fingerprint}"
     carry.decode = dataclasses.replace(plan, splits=decode, digest=digest)
     if redo and carry.samples:
-        carried = {split: [s for b in blocks for s in b.samples] for split, blocks in carry.blocks.items()}
+        carried = {
+            split: [s for b in blocks for s in b.samples] for split, blocks in carry.blocks.items()
+        }
         carry.redo = Redo.of(redo, plan, carried)
     logger.info("carrying %d samples from v%04d", carry.samples, parent.version)
     return carry

@@ -33,9 +33,9 @@ from h5etl.format import contract as fileformat
 from h5etl.format.contract import LayoutRecord
 from h5etl.history.build_report import BuildReport
 from h5etl.history.release_notes import local_rejects, stored_rejects
-from h5etl.incremental.redo import transform_changes
 from h5etl.incremental import carry_record, reuse
 from h5etl.incremental.parent import Parent
+from h5etl.incremental.redo import transform_changes
 from h5etl.plan.result import Plan
 from h5etl.release.folder import OutputFolder
 from h5etl.sink import disk as sink_disk

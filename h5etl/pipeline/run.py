@@ -267,18 +267,32 @@ def _build_planned(
                 )
                 timeline.mark("carry record written")
             return info
-        except RedoRejected as exc:  # the carried rows cannot stay: decode them all
-            report.warnings.append(f"every sample decoded: {exc}")
-            carried = None
-            report.reused = report.reused_bytes = 0
-            report.redone = ()
-            run.decoder.start()
-        except ResumeMismatch as exc:
-            if earlier is None:
-                raise
-            logger.warning("cannot resume (%s); building from the start", exc)
-            earlier = None
-            report.resumed = 0
+        except (RedoRejected, ResumeMismatch) as exc:
+            earlier, carried = _start_over(exc, run, report, earlier, carried)
+
+
+def _start_over(
+    exc: RedoRejected | ResumeMismatch,
+    run: BuildRun,
+    report: BuildReport,
+    earlier: resume.Start | None,
+    carried: reuse.CarryPlan | None,
+) -> tuple[resume.Start | None, reuse.CarryPlan | None]:
+    """What the next write starts from after one was given up: nothing carried when the
+    changed code rejected a carried sample (its other columns were copied already), nothing
+    resumed when the killed build's chunks are not what its journal says (re-raised when
+    the write resumed nothing)."""
+    if isinstance(exc, RedoRejected):
+        report.warnings.append(f"every sample decoded: {exc}")
+        report.reused = report.reused_bytes = 0
+        report.redone = ()
+        run.decoder.start()
+        return earlier, None
+    if earlier is None:
+        raise exc
+    logger.warning("cannot resume (%s); building from the start", exc)
+    report.resumed = 0
+    return None, carried
 
 
 def _sharded(

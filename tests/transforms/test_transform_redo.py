@@ -23,7 +23,7 @@ from h5etl.config.load import load_spec
 from h5etl.format import contract as fileformat
 from h5etl.testing import run_killed_build
 
-COUNTED = '''
+COUNTED = """
 import numpy as np
 
 LOG = {log!r}
@@ -59,10 +59,12 @@ def refuses(value, *, by):
     if by > 5 and value.shape[0] == 24:
         raise ValueError("too bright")
     return value
-'''
+"""
 
 
-def counted_project(root: Path, make_raw: MakeRaw, write_config: WriteConfig, **config: Any) -> Path:
+def counted_project(
+    root: Path, make_raw: MakeRaw, write_config: WriteConfig, **config: Any
+) -> Path:
     make_raw(root, n=8)
     (root / "prep.py").write_text(COUNTED.format(log=str(root / "calls.log")))
     return write_config(root, **config)
@@ -121,7 +123,9 @@ def carry_record(path: Path) -> dict[str, Any]:
     return {k: v for k, v in record.items() if k in ("blocks", "rows", "samples", "rejected")}
 
 
-def assert_as_full(incremental: Path, full: Path) -> None:
+def assert_as_full(incremental: Path | None, full: Path | None) -> None:
+    assert incremental is not None
+    assert full is not None
     mine, theirs = datasets(incremental), datasets(full)
     assert sorted(mine) == sorted(theirs)
     for name in mine:
@@ -132,13 +136,19 @@ def assert_as_full(incremental: Path, full: Path) -> None:
     assert check_release(incremental, deep=True).ok
 
 
+def deep_ok(path: Path | None) -> bool:
+    assert path is not None
+    return check_release(path, deep=True).ok
+
+
 def pixels(path: Path, mode: str) -> np.ndarray:
     with Image.open(path) as image:
         array: np.ndarray = np.asarray(image.convert(mode))
     return array
 
 
-def stored(path: Path, field: str) -> dict[str, np.ndarray]:
+def stored(path: Path | None, field: str) -> dict[str, np.ndarray]:
+    assert path is not None
     out: dict[str, np.ndarray] = {}
     with h5py.File(path, "r") as handle:
         for split in ("train", "valid"):
@@ -188,9 +198,7 @@ def test_a_sample_call_redoes_its_fields_and_a_new_file_is_decoded_whole(
     def crop(size: int) -> list[dict[str, Any]]:
         return [{"call": "prep:corner", "fields": ["image", "mask"], "args": {"size": size}}]
 
-    config = counted_project(
-        tmp_path, make_raw, write_config, fields=fields(), transforms=crop(8)
-    )
+    config = counted_project(tmp_path, make_raw, write_config, fields=fields(), transforms=crop(8))
     build(config)
     calls(tmp_path)
     add_pairs(tmp_path, ["new"], seed=3)
@@ -202,12 +210,12 @@ def test_a_sample_call_redoes_its_fields_and_a_new_file_is_decoded_whole(
     assert sum(changed.samples.values()) == 9
     images, masks = stored(changed.path, "image"), stored(changed.path, "mask")
     for name in images:
-        image = pixels(tmp_path / "raw/images" / name, "RGB").astype(np.int16) + 1
+        brighter = pixels(tmp_path / "raw/images" / name, "RGB").astype(np.int16) + 1
         labels = (pixels(tmp_path / "raw/masks" / name, "L") == 255).astype(np.uint8)
-        image = np.clip(image, 0, 255).astype(np.uint8)[:6, :6]
+        image = np.clip(brighter, 0, 255).astype(np.uint8)[:6, :6]
         assert np.array_equal(images[name], centre_pad(image, SHAPE, SHAPE)), name
         assert np.array_equal(masks[name], centre_pad(labels[:6, :6], SHAPE, SHAPE)), name
-    assert check_release(changed.path, deep=True).ok
+    assert deep_ok(changed.path)
 
 
 def test_a_sample_the_new_code_rejects_decodes_every_sample(
@@ -235,7 +243,7 @@ def test_a_sample_the_new_code_rejects_decodes_every_sample(
         mine, theirs = stored(report.path, field), stored(full.path, field)
         assert sorted(mine) == sorted(theirs)
         assert all(np.array_equal(mine[name], theirs[name]) for name in mine)
-    assert check_release(report.path, deep=True).ok
+    assert deep_ok(report.path)
 
 
 def test_a_killed_redo_build_resumes_to_the_same_release(
