@@ -5,7 +5,7 @@ samples whose files are unchanged are carried as usual, but for the fields whose
 digest changed (``transform_change``), and those whose value depends on one (a ``derive``
 from it, every field of a sample-level call that sees it): those are made again for every
 carried sample, by a decode of just them (``DecodeRecipe.narrowed``), written row for row
-beside the copied columns (``Sink.write_columns``). The carried blocks' tallies keep the
+beside the copied columns (``Sink.write`` with ``only``). The carried blocks' tallies keep the
 parent's statistics of the other fields and take the new ones of these, so statistics,
 digests and the carry record are a full build's. A sample the new code rejects ends the
 plan (``RedoRejected``): the build decodes every sample instead.
@@ -210,7 +210,7 @@ class Redo:
         if result.rejects or result.deferred or result.accepted != len(task.samples):
             what = result.rejects[0].detail if result.rejects else "a sample came back deferred"
             raise RedoRejected(f"the changed transform rejected a carried sample: {what}")
-        sink.write_columns(result, self.columns)
+        sink.write(result, only=self.columns)
         self.left -= result.accepted
         waiting = self.pending[task.split]
         for block in result.blocks:

@@ -207,9 +207,12 @@ class Sink(JournalSide):
         self.arrays.update(created.writers)
         self.stats.update(created.stats)
 
-    def write(self, result: BatchResult) -> None:
+    def write(self, result: BatchResult, only: frozenset[str] | None = None) -> None:
         """Append one batch to its split, in the order batches are given. The chunks of its
-        ragged columns are emptied as they are stored (a result is written once)."""
+        ragged columns are emptied as they are stored (a result is written once). ``only``:
+        just these array columns' rows, of samples whose other columns, small rows and
+        lineage were copied (``copy_parent_rows`` with ``skip``): an incremental build's
+        fields made again."""
         assert self.file is not None, "Sink used outside its with-block"
         started = time.perf_counter()
         split, count = result.task.split, result.accepted
@@ -218,7 +221,11 @@ class Sink(JournalSide):
         nbytes = sink_disk.batch_nbytes(result)
         self._ensure_room(nbytes, "writing")
         try:
-            writers = [(n, w) for (target, n), w in self.arrays.items() if target == split]
+            writers = [
+                (n, w)
+                for (target, n), w in self.arrays.items()
+                if target == split and (only is None or n in only)
+            ]
             for name, writer in writers:  # queued: every dataset's re-cut blocks compress at once
                 rows = result.columns[name]
                 ragged = isinstance(rows, RaggedRows)
@@ -238,7 +245,9 @@ class Sink(JournalSide):
                 count = result.accepted
             for _, writer in writers:  # then stored, dataset by dataset, as they were queued
                 writer.drain()
-            if count:
+            if only is not None:
+                count = 0  # the samples' rows are in the file already
+            elif count:
                 self._small.add(split, result)
         except (OSError, RuntimeError) as exc:
             raise self._failed("writing", exc) from exc
@@ -262,7 +271,7 @@ class Sink(JournalSide):
         and lineage rows as values, and ``record`` (this build's sample keys of those
         rows). Call before any ``write`` to ``split``. Returns the stored bytes copied.
         ``between``: called now and then while the chunks are copied (the build fsyncs them).
-        ``skip``: array columns not copied: ``write_columns`` gives their rows after.
+        ``skip``: array columns not copied: ``write(result, only)`` gives their rows after.
         """
         assert self.file is not None
         if not blocks:
@@ -282,31 +291,6 @@ class Sink(JournalSide):
             raise self._failed("copying the parent's chunks", exc) from exc
         self.counts[split] += len(lineage)
         return copied
-
-    def write_columns(self, result: BatchResult, names: frozenset[str]) -> None:
-        """Append one batch's rows of the array columns ``names`` only, in order: the rows
-        of samples whose other columns, small rows and lineage were copied from a parent
-        (``copy_parent_rows`` with ``skip``), made again by an incremental build."""
-        assert self.file is not None, "Sink used outside its with-block"
-        started = time.perf_counter()
-        split = result.task.split
-        self._ensure_room(sink_disk.batch_nbytes(result), "writing")
-        try:
-            writers = [(n, w) for (s, n), w in self.arrays.items() if s == split and n in names]
-            for name, writer in writers:
-                rows = result.columns[name]
-                if isinstance(rows, EncodedRows):
-                    writer.add_encoded(rows.blocks, rows.digests, result.accepted, defer=True)
-                else:
-                    assert isinstance(rows, np.ndarray)
-                    writer.add_raw(rows, final=result.task.final, defer=True)
-                if result.task.final:
-                    writer.flush_partial()
-            for _, writer in writers:
-                writer.drain()
-        except (OSError, RuntimeError) as exc:
-            raise self._failed("writing", exc) from exc
-        self.seconds += time.perf_counter() - started
 
     def append_rows(
         self, split: str, small: dict[str, list[Any]], lineage: list[list[str]]
