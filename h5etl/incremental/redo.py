@@ -35,8 +35,8 @@ if TYPE_CHECKING:
 
 
 class RedoRejected(Exception):
-    """The changed code rejected (or deferred) a carried sample: its other fields are in the
-    file already, so this write is given up and every sample decoded (the message says)."""
+    """The changed code rejected a carried sample: its other fields are in the file already,
+    so this write is given up and every sample decoded (the message says)."""
 
 
 def transform_changes(before: LayoutRecord, after: LayoutRecord) -> dict[str, Change]:
@@ -207,9 +207,13 @@ class Redo:
         """Write a result of the redo tasks (their fields' rows only) and complete the
         tallies of the blocks it covers."""
         task = result.task
-        if result.rejects or result.deferred or result.accepted != len(task.samples):
-            what = result.rejects[0].detail if result.rejects else "a sample came back deferred"
-            raise RedoRejected(f"the changed transform rejected a carried sample: {what}")
+        if result.rejects:
+            raise RedoRejected(
+                f"the changed transform rejected a carried sample: {result.rejects[0].detail}"
+            )
+        # Without rejects a task defers only its tail (a partial block, the last task of a
+        # round), which the next round decodes first: the rows stay in order.
+        assert result.deferred == list(range(result.accepted, len(task.samples)))
         sink.write(result, only=self.columns)
         self.left -= result.accepted
         waiting = self.pending[task.split]
