@@ -54,6 +54,7 @@ def test_the_transform_redo_benchmark_prints_its_table() -> None:
         "incremental, the image's transform changed",
         "incremental, the mask's transform changed",
         "--full, the image's transform changed",
+        "nothing changed (up to date: start-up and planning)",
     ]
     assert "made again for those samples (their transform changed): image" in done.stdout
     assert "made again for those samples (their transform changed): mask" in done.stdout
