@@ -157,8 +157,7 @@ class Redo:
     def of(cls, stored: frozenset[str], plan: Plan, carried: Mapping[str, list[Sample]]) -> Redo:
         computed, decoded = inputs_of(stored, plan.kinds, plan.transforms)
         columns = frozenset(n for k in plan.kinds if k.name in stored for n in k.columns)
-        digest = f"{plan.digest}+redo:{','.join(sorted(stored))}"
-        samples = dataclasses.replace(plan, splits=dict(carried), digest=digest)
+        samples = dataclasses.replace(plan, splits=dict(carried))
         total = sum(len(s) for s in carried.values())
         order = tuple(n for k in plan.kinds for n in k.columns)
         return cls(stored, computed, decoded, columns, samples, order, left=total)
@@ -212,8 +211,10 @@ class Redo:
                 f"the changed transform rejected a carried sample: {result.rejects[0].detail}"
             )
         # Without rejects a task defers only its tail (a partial block, the last task of a
-        # round), which the next round decodes first: the rows stay in order.
-        assert result.deferred == list(range(result.accepted, len(task.samples)))
+        # round), which the next round decodes first: the rows stay in order. Anything else
+        # would put rows out of place: the write is given up rather than the release wrong.
+        if result.deferred != list(range(result.accepted, len(task.samples))):
+            raise RedoRejected(f"a task of {task.split} deferred samples before others")
         sink.write(result, only=self.columns)
         self.left -= result.accepted
         waiting = self.pending[task.split]

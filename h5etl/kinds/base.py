@@ -304,9 +304,9 @@ class Kind:
     def reads_values_of(self) -> tuple[str, ...]:
         """Of ``depends_on``, the fields whose stored value (after their transforms) makes
         this one's: when their transform changes, an incremental build makes this field
-        again too. Only a size check of another field's pixels (a mask's of its image)
-        is not such a read."""
-        return ()
+        again too. All of them unless a kind says otherwise (a mask only checks its size
+        against its image's pixels: none)."""
+        return self.depends_on
 
     @property
     def stats(self) -> StatsKind:
