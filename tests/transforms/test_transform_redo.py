@@ -16,10 +16,12 @@ import numpy as np
 import pytest
 from conftest import SHAPE, MakeRaw, WriteConfig, add_pairs, centre_pad
 from PIL import Image
+from typer.testing import CliRunner
 
 import h5etl
 import h5etl.plan.tasks
 from h5etl.check.health import check_release
+from h5etl.cli.app import app
 from h5etl.config.load import load_spec
 from h5etl.testing import run_killed_build
 
@@ -199,9 +201,14 @@ def test_one_fields_changed_args_redo_that_field_and_what_derives_from_it(
     calls(tmp_path)
     assert_as_full(flipped.path, full.path)
     # the derive's own args: the derived field only (the image is read, not transformed)
-    derived = build(write_config(tmp_path, fields=fields(by=2, times=1, shift=1)))
-    assert calls(tmp_path) == {"image": 8, "grey": 8}  # its source's chain makes its input
-    assert derived.redone == ("grey",)
+    # the derive's own args, through the CLI: the derived field only; its source's chain
+    # runs to make its input, the image is copied
+    done = CliRunner().invoke(app, ["build", str(write_config(tmp_path, fields=fields(2, 1, 1)))])
+    assert done.exit_code == 0, done.output
+    assert calls(tmp_path) == {"image": 8, "grey": 8}
+    assert "carried: 8 samples" in done.output
+    assert "made again for those samples (their transform changed): grey\n" in done.output
+    assert "transform changed (grey, " in done.output
 
 
 def test_a_sample_call_redoes_its_fields_and_a_new_file_is_decoded_whole(
