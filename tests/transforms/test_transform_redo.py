@@ -211,6 +211,21 @@ def test_one_fields_changed_args_redo_that_field_and_what_derives_from_it(
     assert "transform changed (grey, " in done.output
 
 
+def test_a_transform_added_then_removed_makes_its_field_again(
+    tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig
+) -> None:
+    config = counted_project(tmp_path, make_raw, write_config)  # no transform at all
+    build(config)
+    added = build(write_config(tmp_path, fields={"image": fields()["image"]}))
+    assert calls(tmp_path) == {"image": 8}
+    assert (added.reused, added.redone) == (8, ("image",))
+    removed = build(write_config(tmp_path))  # the image decoded again, no code runs
+    assert calls(tmp_path) == {}
+    assert (removed.reused, removed.redone) == (8, ("image",))
+    full = build(config, full=True)
+    assert_as_full(removed.path, full.path)
+
+
 def test_a_sample_call_redoes_its_fields_and_a_new_file_is_decoded_whole(
     tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig
 ) -> None:
@@ -221,12 +236,16 @@ def test_a_sample_call_redoes_its_fields_and_a_new_file_is_decoded_whole(
     build(config)
     calls(tmp_path)
     add_pairs(tmp_path, ["new"], seed=3)
+    for side in ("images", "masks"):
+        (tmp_path / "raw" / side / "s003.png").unlink()
     changed = build(write_config(tmp_path, fields=fields(), transforms=crop(6)))
-    # image and mask again (the crop sees both), the grey from the image; the new pair whole
-    assert calls(tmp_path) == {"corner": 9, "image": 9, "mask": 9, "grey": 9}
+    # image and mask again (the crop sees both), the grey from the image; the new pair and
+    # the block the removed one was in decoded whole: every sample once
+    assert calls(tmp_path) == {"corner": 8, "image": 8, "mask": 8, "grey": 8}
     assert changed.redone == ("grey", "image", "mask")
-    assert changed.reused >= 4
-    assert sum(changed.samples.values()) == 9
+    assert changed.reused >= 2
+    assert sum(changed.samples.values()) == 8
+    assert "s003.png" not in stored(changed.path, "image")
     images, masks = stored(changed.path, "image"), stored(changed.path, "mask")
     for name in images:
         brighter = pixels(tmp_path / "raw/images" / name, "RGB").astype(np.int16) + 1
