@@ -173,6 +173,7 @@ class Redo:
         return TaskCutter(self.plan, block, sample_bytes=sample_bytes, reserve=0)
 
     def recipe(self, recipe: DecodeRecipe) -> DecodeRecipe:
+        """The build's recipe making only these fields (``DecodeRecipe.narrowed``)."""
         return recipe.narrowed(self.fields, self.computed, self.decoded)
 
     def hold(self, split: str, tally: dict[str, Any], keys: list[str], tallies: Tallies) -> None:
