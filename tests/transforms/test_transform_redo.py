@@ -23,6 +23,7 @@ import h5etl.plan.tasks
 from h5etl.check.health import check_release
 from h5etl.cli.app import app
 from h5etl.config.load import load_spec
+from h5etl.execute import local_threads
 from h5etl.testing import run_killed_build
 
 COUNTED = """
@@ -299,22 +300,27 @@ def test_a_killed_redo_build_resumes_to_the_same_release(
     assert_as_full(resumed.path, full.path)
 
 
-@pytest.mark.parametrize("jobs", [1, 2])
+@pytest.mark.parametrize(("jobs", "where"), [(1, "this process"), (2, "workers")])
 def test_workers_make_the_same_release(
     tmp_path: Path,
     make_raw: MakeRaw,
     write_config: WriteConfig,
     monkeypatch: pytest.MonkeyPatch,
     jobs: int,
+    where: str,
 ) -> None:
     # tasks of 8 of 19 and 5 carried samples: the last task of a round defers the partial
     # block at its end to the next round (the parent split's last, carried too)
     monkeypatch.setattr(h5etl.plan.tasks, "TASK_SAMPLES", 8)
+    monkeypatch.setattr(local_threads, "START_SECONDS", 0.0)  # -j2: worker processes
     config = counted_project(tmp_path, make_raw, write_config, fields=fields())
     make_raw(tmp_path, n=24)
     build(config)
     changed = build(write_config(tmp_path, fields=fields(by=2)), jobs=jobs)
     assert changed.redone == ("grey", "image")
+    assert changed.path is not None
+    facts = json.loads(changed.path.with_name("cells-v0002.build.json").read_text())
+    assert facts["decoded_in"] == where
     assert calls(tmp_path)["mask"] == 24  # the first build's
     full = build(config, full=True, jobs=jobs)
     assert_as_full(changed.path, full.path)
