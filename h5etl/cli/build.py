@@ -358,6 +358,9 @@ def _render_build(report: BuildReport, *, dry_run: bool) -> None:
     if report.reused:
         mib = report.reused_bytes / 2**20
         _say(f"carried: {report.reused} samples ({mib:.1f} MiB of chunks) from the parent release")
+        if report.redone:
+            redone = ", ".join(report.redone)
+            _say(f"made again for those samples (their transform changed): {redone}")
     if report.shards:
         reused = (
             f", {report.shards_reused} reused from the killed build" if report.shards_reused else ""

@@ -7,6 +7,7 @@ Apart from ``task.py`` so the gathering of a task's columns (``gather.py``) and 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -73,6 +74,28 @@ class DecodeRecipe:
             probes,
             transforms,
             whole,
+        )
+
+    def narrowed(
+        self, stored: frozenset[str], computed: frozenset[str], decoded: frozenset[str]
+    ) -> DecodeRecipe:
+        """This recipe making only the ``stored`` fields' columns (an incremental build
+        making them again, the other fields copied from the parent): ``decoded`` fields are
+        decoded, the ``computed`` ones (those and what they read) also transformed; a source
+        no decoded field reads is not read. Every kind keeps its position in ``kinds``."""
+        kinds = self.kinds
+        order = tuple(i for i in self.order if kinds[i].name in decoded)
+        read = {kinds[i].source_index for i in order}
+        unread = {k.source_index for k in kinds if k.source_index is not None} - read
+        transforms = None if self.transforms is None else self.transforms.narrowed(computed)
+        return dataclasses.replace(
+            self,
+            order=order,
+            columns=tuple(c for c in self.columns if c[0].name in stored),
+            arrays=tuple(c for c in self.arrays if c[0].name in stored),
+            self_read=self.self_read | frozenset(i for i in unread if i is not None),
+            transforms=transforms,
+            whole=self.whole & computed,
         )
 
 

@@ -8,6 +8,7 @@ sharded build and tests share.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import math
 import threading
@@ -199,6 +200,7 @@ def results(
     *,
     early: bool,
     start: threading.Event | None = None,
+    before: tuple[tasks.TaskCutter, DecodeRecipe] | None = None,
 ) -> Iterator[Iterator[BatchResult]]:
     """The decode results in order (``decoded``); ``early``: pulled by a thread
     (``h5etl.execute.prefetch``)
@@ -206,9 +208,12 @@ def results(
     parent's chunks). The build sets it once its temp file exists: a sample that kills this
     process's decoding threads must leave that file, or the next build would not know to
     decode in workers (``local_threads``). Decoding in this process (``--jobs 1``) is
-    pulled as it is used."""
+    pulled as it is used. ``before``: tasks decoded first, with their own recipe (an
+    incremental build's fields made again for the samples it carries)."""
     source = decoded(cutter, recipe, decoder)
-    if not early or not decoder.parallel or cutter.empty:
+    if before is not None:
+        source = itertools.chain(decoded(*before, decoder), source)
+    if not early or not decoder.parallel or (cutter.empty and before is None):
         yield source
         return
     with Ahead(source, start=start) as ahead:

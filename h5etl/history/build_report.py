@@ -58,6 +58,7 @@ class BuildReport:
     resumed: int = 0  # samples copied from a killed build instead of decoded again
     reused: int = 0  # samples carried from the parent release (incremental build)
     reused_bytes: int = 0  # their stored chunk bytes, copied as they were
+    redone: tuple[str, ...] = ()  # fields made again for the carried samples (changed code)
     shards: int = 0  # shard writers of a sharded build (0: one writer)
     shards_reused: int = 0  # shards a killed sharded build had committed, reused
     virtual: bool = False  # the release maps its arrays onto its part files (--vds)

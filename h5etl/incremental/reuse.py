@@ -29,7 +29,6 @@ from h5etl.dataflow import Sample
 from h5etl.errors import RejectError
 from h5etl.execute import local_threads
 from h5etl.format.contract import LayoutRecord
-from h5etl.history.changes import transform_change
 from h5etl.incremental.carry_record import (
     FORMAT,
     BlockLog,
@@ -38,6 +37,14 @@ from h5etl.incremental.carry_record import (
     sample_state,
 )
 from h5etl.incremental.parent import Parent, ParentSplit
+from h5etl.incremental.redo import (
+    Redo,
+    bare_config,
+    bare_fields,
+    fields_to_redo,
+    refused,
+    transform_changes,
+)
 from h5etl.inputs import opening as inputs
 from h5etl.plan.result import Plan
 from h5etl.release.folder import OutputFolder
@@ -84,10 +91,18 @@ class CarryPlan:
     decode: Plan | None = None
     rate: float | None = None  # the parent's decode seconds per sample (``local_threads``)
     block: int = 1  # rows of one block (``plan_block``)
+    redo: Redo | None = None  # the fields made again for the carried samples (changed code)
 
     @property
     def samples(self) -> int:
         return sum(b.rows for blocks in self.blocks.values() for b in blocks)
+
+    @property
+    def decoding(self) -> int:
+        """Samples this build decodes: those not carried, and the carried ones again for
+        the fields it makes again."""
+        todo = self.decode.total if self.decode is not None else 0
+        return todo + (self.samples if self.redo is not None else 0)
 
     def seed(self) -> Seed:
         """The rows the sink copies with its datasets (``parent_rows.Seed``): a split's first
@@ -100,7 +115,7 @@ class CarryPlan:
             if first and first[0][0] == 0:
                 left = len(self.parent.splits[split].keys) - first[0][1]
                 rows[split] = first[0][1] if left <= self.block else 0
-        return Seed(self.parent.path, rows)
+        return Seed(self.parent.path, rows, self.redo.columns if self.redo else frozenset())
 
 
 def config_core(text: str) -> dict[str, Any]:
@@ -115,9 +130,11 @@ def config_core(text: str) -> dict[str, Any]:
 
 
 def why_not(
-    parent: Parent, record: Mapping[str, Any] | None, config: str, layout: LayoutRecord, block: int
+    parent: Parent, record: Mapping[str, Any] | None, config: str, layout: LayoutRecord, plan: Plan
 ) -> str | None:
-    """Why the parent cannot be carried from (None: it can)."""
+    """Why the parent cannot be carried from (None: it can, perhaps making some fields
+    again: ``redone``)."""
+    block = plan_block(plan)
     if record is None:
         return f"v{parent.version:04d} has no carry record beside it"
     if record.get("format") != FORMAT:
@@ -126,21 +143,25 @@ def why_not(
         return f"the carry record beside v{parent.version:04d} is not that release's"
     if record.get("block") != block:
         return "the chunk rows changed"
-    changed = [
-        change
-        for name, record in layout.fields.items()
-        if (old := parent.layout.fields.get(name)) is not None
-        and (change := transform_change(name, old.extra, record.extra)) is not None
-    ]
-    if changed:  # the code that makes a field's values: every sample is made again
-        return "; ".join(f"{c.category} {c.where}" for c in changed)
-    if config_core(parent.config) != config_core(config):
+    changed = transform_changes(parent.layout, layout)
+    if changed:  # the code that makes some fields' values: those are made again, or all
+        problem = refused(fields_to_redo(changed, plan.kinds, plan.transforms), plan.kinds)
+        if problem is not None:
+            return "; ".join([*(f"{c.category} {c.where}" for c in changed.values()), problem])
+    if bare_config(config_core(parent.config)) != bare_config(config_core(config)):
         return f"the config differs from v{parent.version:04d}'s in more than {VOLATILE_KEYS}"
-    theirs = {n: r.as_json() for n, r in parent.layout.fields.items()}
-    ours = {n: r.as_json() for n, r in layout.fields.items()}
-    if theirs != ours or parent.layout.template != layout.template:
+    if bare_fields(parent.layout) != bare_fields(layout) or (
+        parent.layout.template != layout.template
+    ):
         return f"the fields are stored otherwise than in v{parent.version:04d}"
     return None
+
+
+def redone(parent: Parent, layout: LayoutRecord, plan: Plan) -> frozenset[str]:
+    """The fields a build carrying from ``parent`` makes again for every sample it carries
+    (``redo.fields_to_redo``): their code changed, or the values they are made from."""
+    changed = transform_changes(parent.layout, layout)
+    return fields_to_redo(changed, plan.kinds, plan.transforms) if changed else frozenset()
 
 
 def file_lineage(plan: Plan) -> bool:
@@ -211,9 +232,15 @@ def _carried_blocks(
 
 
 def plan_carry(
-    plan: Plan, parent: Parent, record: Mapping[str, Any], stamps: Mapping[str, str], block: int
+    plan: Plan,
+    parent: Parent,
+    record: Mapping[str, Any],
+    stamps: Mapping[str, str],
+    block: int,
+    redo: frozenset[str] = frozenset(),
 ) -> CarryPlan:
-    """Split the plan into the parent blocks to copy and the plan of samples to decode."""
+    """Split the plan into the parent blocks to copy and the plan of samples to decode;
+    ``redo``: fields made again for the carried samples (their other fields copied)."""
     carry = CarryPlan(parent, rate=local_threads.per_sample_seconds(record), block=block)
     decode: dict[str, list[Sample]] = {}
     known: Mapping[str, list[Any]] = record.get("samples", {})
@@ -245,6 +272,11 @@ def plan_carry(
         decode[split] = [*waiting, *fresh]
     digest = f"{plan.digest}+carry:{parent.version}:{parent.fingerprint}"
     carry.decode = dataclasses.replace(plan, splits=decode, digest=digest)
+    if redo and carry.samples:
+        carried = {
+            split: [s for b in blocks for s in b.samples] for split, blocks in carry.blocks.items()
+        }
+        carry.redo = Redo.of(redo, plan, carried)
     logger.info("carrying %d samples from v%04d", carry.samples, parent.version)
     return carry
 
@@ -261,22 +293,25 @@ def decide(
     ``record``: its carry record as this build read it already (else read here)."""
     if record is None:
         record = output.read_carry(parent.version)
-    block = plan_block(plan)
-    reason = why_not(parent, record, config, layout, block)
+    reason = why_not(parent, record, config, layout, plan)
     if reason is not None or record is None:
         return None, reason
-    return plan_carry(plan, parent, record, plan.stamps, block), None
+    redo = redone(parent, layout, plan)
+    return plan_carry(plan, parent, record, plan.stamps, plan_block(plan), redo), None
 
 
 def facts(carried: CarryPlan, copied: int, stored: int) -> dict[str, Any]:
     """What the release records of its parent (``fileformat.PARENT_ATTR``)."""
-    return {
+    out = {
         "version": carried.parent.version,
         "source_fingerprint": carried.parent.fingerprint,
         "samples_reused": carried.samples,
         "bytes_reused": copied,
         "samples_decoded": stored - carried.samples,
     }
+    if carried.redo is not None:
+        out["fields_redone"] = sorted(carried.redo.fields)
+    return out
 
 
 def record_rows(samples: tuple[Sample, ...]) -> dict[str, list[str]]:
@@ -298,19 +333,27 @@ def copy_into(
 ) -> tuple[str, int]:
     """Copy every carried block into the new release (the sink writes); return the source
     fingerprint lines of the carried rows, in write order, and the stored bytes copied.
-    ``between``: called now and then while chunks are copied (``Sink.copy_parent_rows``)."""
+    ``between``: called now and then while chunks are copied (``Sink.copy_parent_rows``).
+    With fields to make again (``carried.redo``), their columns are not copied and each
+    block's tally waits for their new statistics (``Redo.hold``)."""
     lines: list[str] = []
     copied = 0
+    redo = carried.redo
+    skip = redo.columns if redo is not None else frozenset()
     for split, blocks in carried.blocks.items():
         samples = tuple(s for b in blocks for s in b.samples)
         spans = [(b.start, b.rows) for b in blocks]
         copied += sink.copy_parent_rows(
-            carried.parent.path, split, spans, record_rows(samples), between
+            carried.parent.path, split, spans, record_rows(samples), between, skip
         )
         lineage = carried.parent.splits[split].lineage
         for b in blocks:
-            tallies.add_block(split, b.tally)
-            log.add(split, [b.tally], [sample_carry_key(s) for s in b.samples])
+            keys = [sample_carry_key(s) for s in b.samples]
+            if redo is not None:
+                redo.hold(split, b.tally, keys, tallies)
+            else:
+                tallies.add_block(split, b.tally)
+                log.add(split, [b.tally], keys)
             # the stored S64 digests as text a block at a time (per digest: twice the time)
             digests = lineage[b.start : b.start + b.rows].astype(f"U{lineage.dtype.itemsize}")
             lines.extend(

@@ -35,6 +35,7 @@ from h5etl.history.build_report import BuildReport
 from h5etl.history.release_notes import local_rejects, stored_rejects
 from h5etl.incremental import carry_record, reuse
 from h5etl.incremental.parent import Parent
+from h5etl.incremental.redo import transform_changes
 from h5etl.plan.result import Plan
 from h5etl.release.folder import OutputFolder
 from h5etl.sink import disk as sink_disk
@@ -103,9 +104,12 @@ def why_build(
     the rows of the parent's rejects of the samples planned again. A sample the parent
     never saw ends the look at once unless ``thorough`` (``stored_same`` is then None)."""
     config = spec_text(spec)
-    reason = reuse.why_not(parent, record, config, layout, carry_record.plan_block(plan))
+    reason = reuse.why_not(parent, record, config, layout, plan)
     if reason is not None or record is None:
         return Verdict(reason or "no carry record")
+    changed = transform_changes(parent.layout, layout)
+    if changed:  # the same files, other code: its fields are made again (an edited module)
+        return Verdict("; ".join(f"{c.category} {c.where}" for c in changed.values()))
     if config != parent.config:
         return Verdict(f"the config differs from v{parent.version:04d}'s")
     if spec.notes and spec.notes != parent.notes:

@@ -208,6 +208,7 @@ class Kind:
     ``prepare(samples)``, ``plan_side``  or decode   parent, once at plan time
     ``expands``, ``expand``              no          parent, plan time
     ``depends_on``                       no          parent (order) and worker
+    ``reads_values_of``                  no          parent (incremental builds)
     ``stats``, ``task_stats``, ``place`` no          worker
     ``reads_own_files``                  no          parent and worker
     ``companion_paths``                  no          parent, plan time (stamps)
@@ -298,6 +299,14 @@ class Kind:
     def depends_on(self) -> tuple[str, ...]:
         """Fields whose decoded pixels this one needs first."""
         return ()
+
+    @property
+    def reads_values_of(self) -> tuple[str, ...]:
+        """Of ``depends_on``, the fields whose stored value (after their transforms) makes
+        this one's: when their transform changes, an incremental build makes this field
+        again too. All of them unless a kind says otherwise (a mask only checks its size
+        against its image's pixels: none)."""
+        return self.depends_on
 
     @property
     def stats(self) -> StatsKind:

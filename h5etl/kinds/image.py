@@ -56,6 +56,12 @@ class ImageKind(Kind):
         named = (self.derive_from, self.scale_of, *self.derive_sources)
         return tuple(dict.fromkeys(name for name in named if name is not None))
 
+    @property
+    def reads_values_of(self) -> tuple[str, ...]:
+        # derived from the fitted value, after the source's chain; scale_of checks pixels only
+        named = (self.derive_from, *self.derive_sources)
+        return tuple(dict.fromkeys(name for name in named if name is not None))
+
     def expectation(self) -> Expectation:
         from h5etl.transforms.apply import Expectation  # parent side, for transforms only
 

@@ -50,6 +50,10 @@ class MaskKind(Kind):
     def depends_on(self) -> tuple[str, ...]:
         return () if self.of is None else (self.of,)
 
+    @property
+    def reads_values_of(self) -> tuple[str, ...]:
+        return ()  # its image's pixels are a size check, not a value it is made from
+
     def expectation(self) -> Expectation:
         from h5etl.transforms.apply import Expectation  # parent side, for transforms only
 

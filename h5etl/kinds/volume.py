@@ -103,6 +103,10 @@ class VolumeKind(Kind):
     def depends_on(self) -> tuple[str, ...]:
         return () if self.of is None else (self.of,)
 
+    @property
+    def reads_values_of(self) -> tuple[str, ...]:
+        return ()  # its image's geometry (header notes) places it, not the image's values
+
     def expectation(self) -> Expectation:
         from h5etl.transforms.apply import Expectation  # parent side, for transforms only
 

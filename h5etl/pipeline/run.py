@@ -23,6 +23,7 @@ from h5etl.execute.assembly import (
 from h5etl.history import clock, provenance
 from h5etl.history.build_report import BuildReport, enforce_limit, require_samples
 from h5etl.incremental import carry_record, parent, reuse, uptodate
+from h5etl.incremental.redo import RedoRejected
 from h5etl.pipeline import interrupts, planning, settle, write
 from h5etl.pipeline.planning import ProgressHook
 from h5etl.pipeline.status import BuildStatus
@@ -220,7 +221,7 @@ def _build_planned(
         if why is not None:
             report.warnings.append(f"every sample decoded: {why}")
         if carried is not None and carried.decode is not None:
-            run.decoder.decode_here_if_cheap(carried.decode.total, carried.rate)
+            run.decoder.decode_here_if_cheap(carried.decoding, carried.rate)
         else:
             run.decoder.start()  # everything is decoded: the workers start while the sink opens
     planned_rejects = list(report.rejects)
@@ -266,12 +267,32 @@ def _build_planned(
                 )
                 timeline.mark("carry record written")
             return info
-        except ResumeMismatch as exc:
-            if earlier is None:
-                raise
-            logger.warning("cannot resume (%s); building from the start", exc)
-            earlier = None
-            report.resumed = 0
+        except (RedoRejected, ResumeMismatch) as exc:
+            earlier, carried = _start_over(exc, run, report, earlier, carried)
+
+
+def _start_over(
+    exc: RedoRejected | ResumeMismatch,
+    run: BuildRun,
+    report: BuildReport,
+    earlier: resume.Start | None,
+    carried: reuse.CarryPlan | None,
+) -> tuple[resume.Start | None, reuse.CarryPlan | None]:
+    """What the next write starts from after one was given up: nothing carried when the
+    changed code rejected a carried sample (its other columns were copied already), nothing
+    resumed when the killed build's chunks are not what its journal says (re-raised when
+    the write resumed nothing)."""
+    if isinstance(exc, RedoRejected):
+        report.warnings.append(f"every sample decoded: {exc}")
+        report.reused = report.reused_bytes = 0
+        report.redone = ()
+        run.decoder.start()
+        return earlier, None
+    if earlier is None:
+        raise exc
+    logger.warning("cannot resume (%s); building from the start", exc)
+    report.resumed = 0
+    return None, carried
 
 
 def _sharded(

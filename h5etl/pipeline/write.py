@@ -18,6 +18,7 @@ from pathlib import Path
 from h5etl import timeline
 from h5etl.config.spec import Spec
 from h5etl.decode import memory
+from h5etl.decode.recipe import DecodeRecipe
 from h5etl.errors import ResumeMismatch
 from h5etl.execute import assembly
 from h5etl.execute.assembly import (
@@ -32,10 +33,12 @@ from h5etl.history import clock, provenance
 from h5etl.history.build_report import BuildReport, enforce_limit, guard, require_samples
 from h5etl.history.release_notes import Annotator, stored_rejects
 from h5etl.incremental import carry_record, reuse, uptodate
+from h5etl.incremental.redo import Redo
 from h5etl.pipeline import interrupts
 from h5etl.pipeline.planning import ProgressHook
 from h5etl.pipeline.status import BuildStatus
 from h5etl.plan.result import Plan
+from h5etl.plan.tasks import TaskCutter
 from h5etl.release.folder import OutputFolder
 from h5etl.resume import journal_use as resume
 from h5etl.shards.committer import Sharding
@@ -86,6 +89,7 @@ def write_release(
         cutter = assembly.cutter(spec, todo, state)
     except ValueError as exc:  # a journal of another h5etl: its tasks were cut otherwise
         raise ResumeMismatch(str(exc), path=temp) from exc
+    redo, first = _redo_of(carried, cutter, recipe)
     checkpoints = resume.Checkpoints(
         OutputFolder.journal_of(temp), spec, todo, cutter, run.checkpoint_seconds, tallies
     )
@@ -107,6 +111,7 @@ def write_release(
                 run.decoder,
                 early=carried is not None or earlier is not None,
                 start=created,
+                before=first,
             ) as results,
             Sink(
                 temp,
@@ -137,13 +142,16 @@ def write_release(
                 carried_lines, copied = reuse.copy_into(sink, carried, tallies, log, between)
                 fingerprint.update(carried_lines.encode())
                 report.reused, report.reused_bytes = carried.samples, copied
+                report.redone = tuple(sorted(redo.fields))
                 status.resumed(dict(sink.counts))  # carried rows are stored rows for status
                 checkpoints.sync_soon(sink)  # while the decoding finishes (0.05-0.08 s here)
                 watch.lap("carry")
             annotate.prepare()  # while the decoders work: read the parent's snapshot
-            hook("decode+write", 0, todo.total)  # in order: a decoded batch is written at once
+            hook("decode+write", 0, todo.total + redo.left)  # a decoded batch is written at once
             if earlier is not None:
                 hook("decode+write", sum(sink.counts.values()), None)
+            # the carried samples' fields made again come first, beside the copied columns
+            redo.consume(results, sink, tallies, log, functools.partial(_redone, hook))
             for result in results:
                 timeline.mark("result")
                 interrupts.check()
@@ -214,3 +222,20 @@ def write_release(
     report.raw_bytes = sum(d["raw_bytes"] for d in report.datasets.values())
     report.stored_bytes = sum(d["stored_bytes"] for d in report.datasets.values())
     return None if log is None else (attrs[fileformat.FINGERPRINT_ATTR], log)
+
+
+def _redo_of(
+    carried: reuse.CarryPlan | None, cutter: TaskCutter, recipe: DecodeRecipe
+) -> tuple[Redo, tuple[TaskCutter, DecodeRecipe] | None]:
+    """The fields made again for the carried samples (``Redo.none()``: none), and the tasks
+    that make them, decoded before the others."""
+    if carried is None or carried.redo is None:
+        return Redo.none(), None
+    redo = carried.redo
+    return redo, (redo.cutter(cutter.block, cutter.sample_bytes), redo.recipe(recipe))
+
+
+def _redone(hook: ProgressHook, samples: int) -> None:
+    """A result of the fields made again was written (``Redo.consume``)."""
+    interrupts.check()
+    hook("decode+write", samples, None)

@@ -64,6 +64,7 @@ class Seed:
 
     parent: Path
     rows: Mapping[str, int]
+    skip: frozenset[str] = frozenset()  # array columns made again, not copied (``redo``)
 
 
 def open_seed(seed: Seed | None) -> h5py.File | None:
@@ -132,18 +133,20 @@ def copy_parent_columns(
     spans: Spans,
     between: Callable[[], None] = lambda: None,
     seeded: Mapping[str, int] | None = None,
+    skip: frozenset[str] = frozenset(),
 ) -> tuple[int, dict[str, list[int]]]:
     """Append the spans' rows of every array and ragged column of ``split``; return the
     stored bytes copied and each ragged column's offsets rows (its samples' ends, rebased).
     ``between``: called after each piece of ``PIECE_ROWS`` rows of a fixed array (the same
     chunks in the same order as in one go: pieces start and end on chunk rows).
     ``seeded``: array columns (by name) whose dataset holds the first run's rows already
-    (``seed_dataset``): they are counted, with the parent's block digests, not copied."""
+    (``seed_dataset``): they are counted, with the parent's block digests, not copied.
+    ``skip``: array columns not copied (an incremental build makes them again)."""
     nodes = source[fileformat.DIAGNOSTICS_DATASETS]
     copied = 0
     ends: dict[str, list[int]] = {}
     for (target, name), writer in writers.items():
-        if target != split:
+        if target != split or name in skip:
             continue
         path = layout.path(split, name)
         recorded = nodes[fileformat.diagnostics_node(path)][fileformat.BLOCK_DIGESTS][...]

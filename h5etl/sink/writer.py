@@ -192,6 +192,8 @@ class Sink(JournalSide):
 
         def seed(name: str, path: str, chunked: ChunkLayout) -> h5py.Dataset | None:
             assert source is not None
+            if self.seed is not None and name in self.seed.skip:
+                return None  # made again by this build (an incremental build's redo)
             dataset = seed_dataset(file, source, path, rows, chunked)
             if dataset is not None:
                 self._seeded[(split, name)] = rows
@@ -205,9 +207,12 @@ class Sink(JournalSide):
         self.arrays.update(created.writers)
         self.stats.update(created.stats)
 
-    def write(self, result: BatchResult) -> None:
+    def write(self, result: BatchResult, only: frozenset[str] | None = None) -> None:
         """Append one batch to its split, in the order batches are given. The chunks of its
-        ragged columns are emptied as they are stored (a result is written once)."""
+        ragged columns are emptied as they are stored (a result is written once). ``only``:
+        just these array columns' rows, of samples whose other columns, small rows and
+        lineage were copied (``copy_parent_rows`` with ``skip``): an incremental build's
+        fields made again."""
         assert self.file is not None, "Sink used outside its with-block"
         started = time.perf_counter()
         split, count = result.task.split, result.accepted
@@ -216,7 +221,11 @@ class Sink(JournalSide):
         nbytes = sink_disk.batch_nbytes(result)
         self._ensure_room(nbytes, "writing")
         try:
-            writers = [(n, w) for (target, n), w in self.arrays.items() if target == split]
+            writers = [
+                (n, w)
+                for (target, n), w in self.arrays.items()
+                if target == split and (only is None or n in only)
+            ]
             for name, writer in writers:  # queued: every dataset's re-cut blocks compress at once
                 rows = result.columns[name]
                 ragged = isinstance(rows, RaggedRows)
@@ -236,7 +245,9 @@ class Sink(JournalSide):
                 count = result.accepted
             for _, writer in writers:  # then stored, dataset by dataset, as they were queued
                 writer.drain()
-            if count:
+            if only is not None:
+                count = 0  # the samples' rows are in the file already
+            elif count:
                 self._small.add(split, result)
         except (OSError, RuntimeError) as exc:
             raise self._failed("writing", exc) from exc
@@ -251,6 +262,7 @@ class Sink(JournalSide):
         blocks: list[tuple[int, int]],
         record: dict[str, list[str]],
         between: Callable[[], None] = lambda: None,
+        skip: frozenset[str] = frozenset(),
     ) -> int:
         """Append rows of ``parent``'s ``split`` as they are stored there: each (start, rows)
         block's chunks byte for byte (``chunk_copy.copy_rows``: the filter mask travels with
@@ -259,6 +271,7 @@ class Sink(JournalSide):
         and lineage rows as values, and ``record`` (this build's sample keys of those
         rows). Call before any ``write`` to ``split``. Returns the stored bytes copied.
         ``between``: called now and then while the chunks are copied (the build fsyncs them).
+        ``skip``: array columns not copied: ``write(result, only)`` gives their rows after.
         """
         assert self.file is not None
         if not blocks:
@@ -267,7 +280,7 @@ class Sink(JournalSide):
             seeded = {n: self._seeded.pop((s, n)) for s, n in list(self._seeded) if s == split}
             with h5py.File(parent, "r") as source:
                 copied, ends = copy_parent_columns(
-                    source, self.layout, self.arrays, split, blocks, between, seeded
+                    source, self.layout, self.arrays, split, blocks, between, seeded, skip
                 )
                 small, lineage = parent_rows(source, self.layout, split, blocks)
             small.update(record)

@@ -192,6 +192,19 @@ class Transforms:
         object.__setattr__(self, "checks", tuple((n, expect[n]) for n in touched if n in expect))
         object.__setattr__(self, "chain_of", {c.field: c for c in self.chains})
 
+    def narrowed(self, fields: frozenset[str]) -> Transforms:
+        """Only the calls that make ``fields`` (an incremental build making some fields
+        again): their chains, derives and the sample-level calls all of whose fields are
+        among them. A sample-level call keeps its place among the calls on the same fields
+        (``sample_site``), so every random draw is the one a full build makes."""
+        return Transforms(
+            self.seed,
+            tuple(c for c in self.chains if c.field in fields),
+            tuple(s for s in self.sample_calls if set(s.fields) <= fields),
+            tuple((n, e) for n, e in self.expect if n in fields),
+            tuple(d for d in self.derived if d.field in fields),
+        )
+
 
 def chain_site(field: str, position: int) -> str:
     """Where a call of a field's chain sits, for its seed: ``image[0]``."""

@@ -39,3 +39,22 @@ def test_the_transform_build_benchmark_prints_its_table() -> None:
         "with prep:invert",
     ]
     assert "overhead of the transform" in done.stdout
+
+
+def test_the_transform_redo_benchmark_prints_its_table() -> None:
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT.with_name("transform_redo.py"))],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "H5ETL_BENCH_SMOKE": "1"},
+    )
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| ")]
+    assert [row.split(" | ")[0].removeprefix("| ") for row in rows[1:]] == [
+        "incremental, the image's transform changed",
+        "incremental, the mask's transform changed",
+        "--full, the image's transform changed",
+        "nothing changed (up to date: start-up and planning)",
+    ]
+    assert "made again for those samples (their transform changed): image" in done.stdout
+    assert "made again for those samples (their transform changed): mask" in done.stdout
