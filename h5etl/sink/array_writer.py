@@ -12,6 +12,7 @@ sits, for the resume journal.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +21,7 @@ import h5py
 import numpy as np
 
 from h5etl.dataflow import EncodedChunk
+from h5etl.format import contract as fileformat
 from h5etl.format import digest
 from h5etl.format.codec import BlockEncoder, ChunkLayout, decode_block
 from h5etl.sink.compress_threads import ChunkPool, Encoded
@@ -285,3 +287,26 @@ def chunk_places(
         info = dataset.id.get_chunk_info_by_coord(offset)
         places[offset] = (int(info.filter_mask), int(info.byte_offset), int(info.size))
     return places
+
+
+def dataset_report(
+    file: h5py.File, stats: Mapping[str, DatasetStats], in_parts: Mapping[str, int]
+) -> dict[str, dict[str, Any]]:
+    """Each written dataset's digests and sizes, by path: what ``/diagnostics`` records.
+    ``in_parts``: the stored bytes of a virtual release's datasets (in its part files)."""
+    report = {}
+    for path, dataset in stats.items():
+        stored = in_parts.get(path)
+        if stored is None:
+            stored = int(file[path].id.get_storage_size())
+        blocks = [dataset.stream.digest()] if dataset.stream is not None else dataset.blocks
+        report[path] = {
+            "dataset": path,
+            "sha256": dataset.sha256,
+            "raw_bytes": dataset.raw_bytes,
+            "stored_bytes": stored,
+            "ratio": round(dataset.raw_bytes / stored, 4) if stored else 0.0,
+            "block_rows": dataset.block_rows,
+            fileformat.BLOCK_DIGESTS: [b.hex() for b in blocks],
+        }
+    return report

@@ -27,7 +27,7 @@ from h5etl.errors import SinkError, io_problem
 from h5etl.format import contract as fileformat
 from h5etl.format.codec import ChunkLayout
 from h5etl.sink import disk as sink_disk
-from h5etl.sink.array_writer import ArrayWriter, DatasetStats, StoredChunks
+from h5etl.sink.array_writer import ArrayWriter, DatasetStats, StoredChunks, dataset_report
 from h5etl.sink.checkpoint import JournalSide
 from h5etl.sink.compress_threads import ChunkPool
 from h5etl.sink.datasets import create_split
@@ -377,24 +377,10 @@ class Sink(JournalSide):
 
     def _dataset_report(self) -> dict[str, dict[str, Any]]:
         assert self.file is not None
-        report = {}
-        virtual = {self.layout.path(s, n): c for (s, n), c in (self.virtual or {}).items()}
-        for path, stats in self.stats.items():
-            if path in virtual:
-                stored = virtual[path].stored_bytes  # in its parts
-            else:
-                stored = int(self.file[path].id.get_storage_size())
-            blocks = [stats.stream.digest()] if stats.stream is not None else stats.blocks
-            report[path] = {
-                "dataset": path,
-                "sha256": stats.sha256,
-                "raw_bytes": stats.raw_bytes,
-                "stored_bytes": stored,
-                "ratio": round(stats.raw_bytes / stored, 4) if stored else 0.0,
-                "block_rows": stats.block_rows,
-                fileformat.BLOCK_DIGESTS: [b.hex() for b in blocks],
-            }
-        return report
+        in_parts = {
+            self.layout.path(s, n): c.stored_bytes for (s, n), c in (self.virtual or {}).items()
+        }
+        return dataset_report(self.file, self.stats, in_parts)
 
     @property
     def chunk_paths(self) -> dict[str, int]:
