@@ -128,8 +128,10 @@ def _image_stats(window: Any) -> list[list[int]]:
     return [sums, values.sum(axis=1, dtype=np.uint32).tolist(), low, high]
 
 
-def block(pairs: Sequence[Pair], codec: str) -> dict[str, Any]:
-    """Decode, check, pad, count and compress one block of pairs; its digests and counts."""
+def block(pairs: Sequence[Pair], codec: str, invert: bool = False) -> dict[str, Any]:
+    """Decode, check, pad, count and compress one block of pairs; its digests and counts.
+    ``invert``: each image inverted after decoding, before it is placed (what a build with the
+    user transform ``transform_build.py`` writes, ``255 - value``, does there)."""
     import imagecodecs
     import numpy as np
 
@@ -145,6 +147,8 @@ def block(pairs: Sequence[Pair], codec: str) -> dict[str, Any]:
         rgb = imagecodecs.png_decode(_read(image_path))
         if rgb.ndim != 3 or rgb.shape[2] != 3:
             raise ValueError(f"{image_path}: not an 8-bit RGB PNG")
+        if invert:
+            rgb = np.subtract(255, rgb, dtype=rgb.dtype)
         sums += np.array(_image_stats(_place(image[row], rgb))[0])
         labels = _mask_labels(imagecodecs.png_decode(_read(mask_path)), mask_path)
         window = _place(mask[row], labels)
@@ -165,7 +169,7 @@ def pairs_of(corpus: Path) -> list[Pair]:
     return [(str(corpus / "images" / n), str(corpus / "masks" / n)) for n in names]
 
 
-def run(corpus: Path, codec: str, jobs: int) -> dict[str, Any]:
+def run(corpus: Path, codec: str, jobs: int, invert: bool = False) -> dict[str, Any]:
     """Every block of the corpus on ``jobs`` loky workers; totals to show the work was done."""
     from joblib.externals.loky import get_reusable_executor
 
@@ -173,7 +177,7 @@ def run(corpus: Path, codec: str, jobs: int) -> dict[str, Any]:
     pairs = pairs_of(corpus)
     blocks = [pairs[i : i + BATCH] for i in range(0, len(pairs), BATCH)]
     executor = get_reusable_executor(max_workers=jobs, env=THREAD_LIMITS)
-    done = list(executor.map(block, blocks, [codec] * len(blocks)))
+    done = list(executor.map(block, blocks, [codec] * len(blocks), [invert] * len(blocks)))
     no_h5etl("process, after the work")
     return {
         "samples": sum(d["samples"] for d in done),
@@ -188,10 +192,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--corpus", type=Path, required=True, help="folder with images/, masks/")
     parser.add_argument("--codec", choices=CODECS, default="lzf")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--invert", action="store_true", help="invert each image (a transform)")
     args = parser.parse_args(argv)
     for name, value in THREAD_LIMITS.items():  # before numpy loads, as the h5etl CLI does
         os.environ.setdefault(name, value)
-    print(json.dumps(run(args.corpus, args.codec, args.jobs)))
+    print(json.dumps(run(args.corpus, args.codec, args.jobs, args.invert)))
 
 
 if __name__ == "__main__":

@@ -62,27 +62,30 @@ def test_refuses_to_run_beside_h5etl(honest: ModuleType) -> None:
         honest.no_h5etl("test")  # this process imported h5etl
 
 
-def _corpus(root: Path) -> tuple[int, int]:
-    """Three pairs of sizes up to 224 (a 0/255 mask, a 0/1 mask); their pixel sum and ones."""
+def _corpus(root: Path) -> tuple[int, int, int]:
+    """Three pairs of sizes up to 224 (a 0/255 mask, a 0/1 mask); their pixel sum, their
+    pixel sum inverted (255 - value, as ``--invert`` does) and the masks' ones."""
     rng = np.random.default_rng(5)
-    image_sum = ones = 0
+    image_sum = inverted = ones = 0
     for kind in ("images", "masks"):
         (root / kind).mkdir(parents=True)
     for i, (height, width) in enumerate([(224, 224), (64, 100), (150, 81)]):
         rgb = rng.integers(0, 256, (height, width, 3), np.uint8)
         mask = (rng.random((height, width)) < 0.3).astype(np.uint8)
         image_sum += int(rgb.sum(dtype=np.int64))
+        inverted += int((255 - rgb).sum(dtype=np.int64))
         ones += int(mask.sum())
         Image.fromarray(rgb).save(root / "images" / f"s{i}.png")
         Image.fromarray(mask * (255 if i != 1 else 1)).save(root / "masks" / f"s{i}.png")
-    return image_sum, ones
+    return image_sum, inverted, ones
 
 
 def test_does_the_work_in_workers_that_import_no_h5etl(tmp_path: Path) -> None:
-    image_sum, ones = _corpus(tmp_path)
+    image_sum, inverted, ones = _corpus(tmp_path)
     script = BENCH / "honest_limit.py"
-    for codec in ("lzf", "blosc-lz4"):
+    for codec, invert in (("lzf", False), ("blosc-lz4", False), ("lzf", True)):
         args = ["--corpus", str(tmp_path), "--codec", codec, "--jobs", "2"]
+        args += ["--invert"] if invert else []
         done = subprocess.run(
             [sys.executable, str(script), *args],
             capture_output=True,
@@ -92,4 +95,5 @@ def test_does_the_work_in_workers_that_import_no_h5etl(tmp_path: Path) -> None:
         )
         assert done.returncode == 0, done.stderr  # no_h5etl held in the process and workers
         info = json.loads(done.stdout)
-        assert info == {"samples": 3, "mask_ones": ones, "image_sum": image_sum, "h5etl_modules": 0}
+        pixels = inverted if invert else image_sum
+        assert info == {"samples": 3, "mask_ones": ones, "image_sum": pixels, "h5etl_modules": 0}

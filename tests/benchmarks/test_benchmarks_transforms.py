@@ -58,3 +58,25 @@ def test_the_transform_redo_benchmark_prints_its_table() -> None:
     ]
     assert "made again for those samples (their transform changed): image" in done.stdout
     assert "made again for those samples (their transform changed): mask" in done.stdout
+
+
+def test_the_transform_build_against_the_honest_limit_prints_its_ratio(tmp_path: Path) -> None:
+    env = {**os.environ, "H5ETL_BENCH_SMOKE": "1"}
+    corpus = [sys.executable, str(SCRIPT.with_name("corpus.py")), "--dir", str(tmp_path)]
+    made = subprocess.run(
+        [*corpus, "--samples", "8"], capture_output=True, text=True, check=True, env=env
+    )
+    root = Path(made.stdout.split("corpus: ", 1)[1].split()[0])  # "corpus: <folder> (...)"
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT.with_name("transform_build.py")), "--corpus", str(root)],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
+    )
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| ")]
+    assert [row.split(" | ")[0].removeprefix("| ") for row in rows[1:]] == [
+        "h5etl build, image inverted (user transform)",
+        "honest limit, image inverted",
+    ]
+    assert "h5etl / honest limit, image inverted: **" in done.stdout
