@@ -53,7 +53,8 @@ class TaskRows:
             self._used = False
             for _, column_name, column in self.recipe.arrays:
                 self.out[column_name].fill(column.fill)
-        return self.out[name][index if self.raw else index - self.gathered]
+        row: np.ndarray = self.out[name][index if self.raw else index - self.gathered]
+        return row
 
     def added(self, kept: Sequence[DecodedSample]) -> None:
         """After each accepted sample: a full block is gathered now, while its rows are hot."""

@@ -54,7 +54,8 @@ def _honest() -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
-    module.no_h5etl = lambda where: None  # one process holds both sides here (see above)
+    # one process holds both sides here (see the module docstring)
+    module.__dict__["no_h5etl"] = lambda where: None
     return module
 
 
