@@ -1,9 +1,11 @@
 """gather: gather one task's accepted samples into stored columns, compressed and counted.
 
-Per task, in the worker: each column's rows (arrays compressed and hashed block by block,
-ragged values per row when one value row is a chunk), the per-block and per-task statistics,
-the conversions; and ``join_results``, which joins the raw one-sample results of a task that
-crash isolation decoded sample by sample. ``h5etl.decode.task`` decodes the samples.
+Per block, in the worker, as its rows fill (``gather_block``, called by
+``h5etl.decode.rows``): the fixed array columns compressed and hashed, their statistics. Per
+task (``gather``): the other columns' rows (ragged values per row when one value row is a
+chunk), the per-block and per-task statistics, the conversions; and ``join_results``, which
+joins the raw one-sample results of a task that crash isolation decoded sample by sample.
+``h5etl.decode.task`` decodes the samples.
 """
 
 from __future__ import annotations

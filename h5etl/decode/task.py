@@ -3,9 +3,10 @@
 Per sample: read the bytes once (hashing them for lineage), then each field's kind decodes,
 fits and validates its value (``h5etl.kinds``); a sample is kept only when every field
 accepts it. Per task: keep whole chunks of accepted samples (reserves replace rejects; what
-cannot fill a chunk is deferred) in reused per-thread buffers, then ``h5etl.decode.gather``
-compresses the array columns, hashes each block and gathers the statistics, so the single
-writer only writes. Scheduling the tasks is ``h5etl.execute.schedule``'s job.
+cannot fill a chunk is deferred), placed a block of rows at a time (``h5etl.decode.rows``:
+each block compressed, hashed and counted as soon as it is full), then
+``h5etl.decode.gather`` gathers the other columns and the statistics, so the single writer
+only writes. Scheduling the tasks is ``h5etl.execute.schedule``'s job.
 """
 
 from __future__ import annotations
