@@ -24,6 +24,7 @@ No figure here is asserted anywhere; ``test_benchmarks_worker_cost.py`` runs it 
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import cProfile
 import functools
@@ -206,6 +207,7 @@ def h5etl_side(config: Path, samples: int) -> tuple[Side, list[list[tuple[str, s
     owner = os.getpid()
     direct = schedule.direct_verdicts(recipe)
     slots = shared_memory.Slots(owner, most=4)
+    atexit.register(slots.close)  # its files in /dev/shm go with this process
     # what loky sends a worker per task: the call and its arguments, pickled by the parent
     calls = [
         reduction.dumps((schedule.run_pooled, decode.decode_batch, t, recipe, owner, direct))
