@@ -1,15 +1,18 @@
 """gather: gather one task's accepted samples into stored columns, compressed and counted.
 
-Per task, in the worker: each column's rows (arrays compressed and hashed block by block,
-ragged values per row when one value row is a chunk), the per-block and per-task statistics,
-the conversions; and ``join_results``, which joins the raw one-sample results of a task that
-crash isolation decoded sample by sample. ``h5etl.decode.task`` decodes the samples.
+Per block, in the worker, as its rows fill (``gather_block``, called by
+``h5etl.decode.rows``): the fixed array columns compressed and hashed, their statistics. Per
+task (``gather``): the other columns' rows (ragged values per row when one value row is a
+chunk), the per-block and per-task statistics, the conversions; and ``join_results``, which
+joins the raw one-sample results of a task that crash isolation decoded sample by sample.
+``h5etl.decode.task`` decodes the samples.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -33,13 +36,52 @@ if TYPE_CHECKING:
     from h5etl.decode.recipe import DecodedSample, DecodeRecipe
 
 
+@dataclass(slots=True)
+class ArrayParts:
+    """A task's fixed array columns, gathered block by block (``h5etl.decode.rows``): each
+    column's compressed chunks and block digests (a raw task's: its rows as they are), and
+    per block the statistics of each column that has them."""
+
+    columns: dict[str, EncodedRows | np.ndarray] = field(default_factory=dict)
+    stats: list[dict[str, Any]] = field(default_factory=list)
+
+
+def gather_block(
+    recipe: DecodeRecipe,
+    block: Sequence[DecodedSample],
+    rows: dict[str, np.ndarray],
+    parts: ArrayParts,
+    *,
+    raw: bool,
+) -> None:
+    """Add one block of accepted samples to ``parts``: each array column's ``rows`` (the
+    block's, by column) compressed and hashed (unless ``raw``), and its statistics over
+    the samples' windows (their unpadded pixels, views of those rows)."""
+    found: dict[str, Any] = {}
+    for kind, name, column in recipe.arrays:
+        stat = _task_stats(kind, name, column, block, None)
+        if stat is not None:
+            found[name] = stat
+        if raw:
+            continue
+        encoded = parts.columns.get(name)
+        if encoded is None:
+            encoded = parts.columns[name] = EncodedRows([], [])
+        assert isinstance(encoded, EncodedRows)
+        chunks, digests = encode_rows(column.layout, rows[name])
+        encoded.blocks.extend(chunks)
+        encoded.digests.extend(digests)
+    parts.stats.append(found)
+
+
 def gather(
     result: BatchResult,
     recipe: DecodeRecipe,
     kept: Sequence[DecodedSample],
-    arrays: dict[str, np.ndarray],
+    arrays: ArrayParts,
 ) -> None:
-    """Fill ``result`` from the accepted samples: columns, keys, lineage, stats, conversions."""
+    """Fill ``result`` from the accepted samples: columns, keys, lineage, stats, conversions;
+    the array columns as ``gather_block`` gathered them."""
     result.accepted = len(kept)
     result.keys = [d.sample.key for d in kept]
     result.lineage = [d.hashes for d in kept]
@@ -49,30 +91,42 @@ def gather(
     cuts = range(0, len(kept), step)
     result.blocks = [BlockTally() for _ in cuts]
     for kind, name, column in recipe.columns:
-        values = [d.values[name] for d in kept]
         if isinstance(column, ArrayColumn):
-            rows = arrays[name]
-            result.columns[name] = rows if result.task.raw else _encoded(rows, column)
-        elif isinstance(column, ScalarColumn):
-            result.columns[name] = _scalar_rows(values, column)
-        elif isinstance(column, RaggedColumn):
-            result.columns[name] = _ragged_rows(kind, name, values, column, raw=result.task.raw)
+            rows = arrays.columns.get(name)
+            result.columns[name] = EncodedRows([], []) if rows is None else rows
+            for tally, found in zip(result.blocks, arrays.stats, strict=True):
+                if name in found:
+                    tally.stats[name] = found[name]
         else:
-            result.columns[name] = [str(v) for v in values]
-        stored = result.columns[name]
-        for tally, start in zip(result.blocks, cuts, strict=True):
-            # per block, so an incremental build can carry a block with its statistics;
-            # the sums are exact, so the task's total is the same as over the task at once
-            part = stored[start : start + step] if isinstance(stored, np.ndarray | list) else None
-            found = _task_stats(kind, name, column, kept[start : start + step], part)
-            if found is not None:
-                tally.stats[name] = found
+            result.columns[name] = _rows_of(kind, name, column, kept, raw=result.task.raw)
+            stored = result.columns[name]
+            for tally, start in zip(result.blocks, cuts, strict=True):
+                # per block, so an incremental build can carry a block with its statistics;
+                # the sums are exact, so the task's total is the same as over the task at once
+                part = (
+                    stored[start : start + step] if isinstance(stored, np.ndarray | list) else None
+                )
+                stat = _task_stats(kind, name, column, kept[start : start + step], part)
+                if stat is not None:
+                    tally.stats[name] = stat
         parts = [t.stats[name] for t in result.blocks if name in t.stats]
         if parts:
             result.stats[name] = merge_all(parts)
     for tally, start in zip(result.blocks, cuts, strict=True):
         tally.conversions = _conversions(kept[start : start + step])
     result.conversions = _conversions(kept)
+
+
+def _rows_of(
+    kind: Kind, name: str, column: Column, kept: Sequence[DecodedSample], *, raw: bool
+) -> Any:
+    """The rows of a column other than a fixed array: numbers, ragged values or texts."""
+    values = [d.values[name] for d in kept]
+    if isinstance(column, ScalarColumn):
+        return _scalar_rows(values, column)
+    if isinstance(column, RaggedColumn):
+        return _ragged_rows(kind, name, values, column, raw=raw)
+    return [str(v) for v in values]
 
 
 def _conversions(kept: Sequence[DecodedSample]) -> dict[str, dict[str, int]]:
@@ -238,8 +292,3 @@ def _joined_tally(parts: Sequence[BatchResult]) -> BlockTally:
                 for code, count in codes.items():
                     counts[code] = counts.get(code, 0) + count
     return tally
-
-
-def _encoded(rows: np.ndarray, column: ArrayColumn) -> EncodedRows:
-    """Compress and hash the rows block by block (``chunkcodec.encode_rows``)."""
-    return EncodedRows(*encode_rows(column.layout, rows))

@@ -3,9 +3,10 @@
 Per sample: read the bytes once (hashing them for lineage), then each field's kind decodes,
 fits and validates its value (``h5etl.kinds``); a sample is kept only when every field
 accepts it. Per task: keep whole chunks of accepted samples (reserves replace rejects; what
-cannot fill a chunk is deferred) in reused per-thread buffers, then ``h5etl.decode.gather``
-compresses the array columns, hashes each block and gathers the statistics, so the single
-writer only writes. Scheduling the tasks is ``h5etl.execute.schedule``'s job.
+cannot fill a chunk is deferred), placed a block of rows at a time (``h5etl.decode.rows``:
+each block compressed, hashed and counted as soon as it is full), then
+``h5etl.decode.gather`` gathers the other columns and the statistics, so the single writer
+only writes. Scheduling the tasks is ``h5etl.execute.schedule``'s job.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
-import threading
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -29,11 +29,11 @@ from h5etl.dataflow import (
 from h5etl.decode import probes
 from h5etl.decode.gather import gather
 from h5etl.decode.recipe import DecodedSample, DecodeRecipe
+from h5etl.decode.rows import TaskRows
 from h5etl.decode.worker_memory import trim_when_gone
 from h5etl.errors import H5EtlError, RejectError
 from h5etl.inputs import opening as inputs
 from h5etl.kinds.base import (
-    ArrayColumn,
     Kind,
     SampleContext,
 )
@@ -170,9 +170,9 @@ def _decode_all(
     recipe: DecodeRecipe,
     result: BatchResult,
     kept: list[DecodedSample],
-    out: dict[str, np.ndarray],
+    rows: TaskRows,
 ) -> None:
-    """Decode ``task``'s samples in order into ``kept`` and the rows of ``out`` until it holds
+    """Decode ``task``'s samples in order into ``kept`` and their ``rows`` until it holds
     its rows; rejects and the deferred reserves go to ``result``."""
     for position, sample in enumerate(task.samples):
         if done_decoding(task, len(kept), position):
@@ -190,15 +190,18 @@ def _decode_all(
             continue
         # Only a sample that passed every check touches its row: a rejected one must not
         # leave pixels in the padding of the sample that takes the row next.
+        values = decoded.values
         for kind, name, _ in recipe.arrays:
-            row = out[name][len(kept)]
+            row = rows.row(name, len(kept))
+            # placed, the value is its row's: freed now, the next sample's decode reuses
+            # the memory while it is still in the caches
+            value = values.pop(name)
             window = (
-                kind.place(decoded.values[name], row)
-                if name == kind.name
-                else _copy_into(kind, name, decoded.values[name], row)
+                kind.place(value, row) if name == kind.name else _copy_into(kind, name, value, row)
             )
-            decoded.windows[name] = window  # statistics once per task, over these
+            decoded.windows[name] = window  # statistics once per block, over these
         kept.append(decoded)
+        rows.added(kept)
 
 
 def _fetched_ahead(task: DecodeTask) -> contextlib.AbstractContextManager[None]:
@@ -217,18 +220,15 @@ def decode_batch(task: DecodeTask, recipe: DecodeRecipe) -> BatchResult:
     that are not decoded and come back deferred (see ``DecodeTask``).
     """
     started = time.perf_counter()
-    capacity = capacity_of(task)
-    out = {name: _batch_buffer(name, column, capacity) for _, name, column in recipe.arrays}
+    rows = TaskRows(task, recipe, capacity_of(task))
     result = BatchResult(task, 0)
     kept: list[DecodedSample] = []
     with _fetched_ahead(task):
-        _decode_all(task, recipe, result, kept, out)
+        _decode_all(task, recipe, result, kept, rows)
     keep = keep_whole_blocks(task, len(kept))
     result.deferred = sorted([*result.deferred, *(d.position for d in kept[keep:])])
     del kept[keep:]
-    gather(result, recipe, kept, {name: rows[:keep] for name, rows in out.items()})
-    if task.raw:  # the rows leave with the result: the next task needs new buffers
-        drop_buffers()
+    gather(result, recipe, kept, rows.finish(kept, keep))
     # A CT case's thousands of compressed chunks are small heap blocks: freed once the
     # result is sent, the heap would keep them and an idle worker its peak (4 workers held
     # 4 cases' worth at a window of 2). Trim when the result is gone and the worker idles.
@@ -250,37 +250,3 @@ def _copy_into(kind: Kind, name: str, value: Any, row: np.ndarray) -> np.ndarray
     window = row[: len(array)]
     window[...] = array
     return window
-
-
-class _Buffers(threading.local):
-    """Per-thread batch buffers, reused while tasks end as encoded bytes: a fresh multi-megabyte
-    array per task costs page faults on every first touch, a reused one only the fill. Per
-    thread, because a Dask worker may run several tasks at once in one process."""
-
-    def __init__(self) -> None:
-        self.arrays: dict[str, np.ndarray] = {}
-
-
-_BUFFERS = _Buffers()
-
-
-def drop_buffers() -> None:
-    """Forget this thread's batch buffers (their rows left with a result, or the build ended)."""
-    _BUFFERS.arrays.clear()
-
-
-def _batch_buffer(name: str, column: ArrayColumn, count: int) -> np.ndarray:
-    layout = column.layout
-    shape = (count, *layout.shape)
-    buffer = _BUFFERS.arrays.get(name)
-    if (
-        buffer is None
-        or buffer.dtype != np.dtype(layout.dtype)
-        or buffer.shape[1:] != shape[1:]
-        or buffer.shape[0] < count
-    ):
-        buffer = np.empty(shape, dtype=layout.dtype)
-        _BUFFERS.arrays[name] = buffer
-    rows = buffer[:count]
-    rows.fill(column.fill)
-    return rows

@@ -22,6 +22,7 @@ from joblib.externals.loky.process_executor import BrokenProcessPool
 from h5etl import timeline
 from h5etl.dataflow import Barrier, BatchResult, DecodeTask, Reject, Sample, sample_rejects
 from h5etl.decode import gather, worker_memory
+from h5etl.decode import rows as decode_rows
 from h5etl.decode import task as decode
 from h5etl.decode.recipe import DecodeRecipe
 from h5etl.execute import pool as workers
@@ -58,7 +59,7 @@ def run_tasks(
                 if not isinstance(task, Barrier):
                     yield worker(task, recipe)
         finally:
-            decode.drop_buffers()  # inline, the buffers would outlive the build in this process
+            decode_rows.drop_buffers()  # inline, the buffers would outlive the build here
         return
     owner = os.getpid()
     # slots for the tasks in flight and the results held beside them; past that, files

@@ -124,6 +124,8 @@ def read_file(path: str, stamp: str | None = None) -> bytes:
         parts, want = [], size + 1
         while part := os.read(fd, want):  # to the end, as the file is now (it may grow)
             parts.append(part)
+            if len(part) < want:
+                break  # a short read of a regular file is its end: no read of nothing after
             want = 1 << 16
         return parts[0] if len(parts) == 1 else b"".join(parts)
     except OSError as exc:

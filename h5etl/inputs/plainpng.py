@@ -27,6 +27,8 @@ INERT_CHUNKS = frozenset(
 )
 CHANNELS = {0: 1, 2: 3, 6: 4}  # 8-bit colour types: grey, RGB, RGBA
 MODES = {1: "L", 3: "RGB", 4: "RGBA"}  # Pillow's mode for those channel counts
+# compiled once: every file of every build is walked (a format string is parsed per call)
+_CHUNK_HEAD, _CRC, _IHDR = struct.Struct(">I4s"), struct.Struct(">I"), struct.Struct(">IIBBBBB")
 
 
 def shape_of(data: bytes, *, header_only: bool = False) -> tuple[int, int, int] | None:
@@ -42,7 +44,7 @@ def shape_of(data: bytes, *, header_only: bool = False) -> tuple[int, int, int] 
         return None
     pos, end, shape = len(SIGNATURE), len(data), None
     while pos + 12 <= end:
-        length, kind = struct.unpack_from(">I4s", data, pos)
+        length, kind = _CHUNK_HEAD.unpack_from(data, pos)
         stop = pos + 12 + length
         if kind not in INERT_CHUNKS:
             return None
@@ -51,7 +53,7 @@ def shape_of(data: bytes, *, header_only: bool = False) -> tuple[int, int, int] 
         if stop > end:
             return None
         if kind != b"IDAT":  # libpng checks the pixel chunks' CRCs itself
-            (crc,) = struct.unpack_from(">I", data, stop - 4)
+            (crc,) = _CRC.unpack_from(data, stop - 4)
             if zlib.crc32(data[pos + 4 : stop - 4]) != crc:
                 return None
         if kind == b"IHDR" and shape is None and pos == len(SIGNATURE) and length == 13:
@@ -65,9 +67,7 @@ def shape_of(data: bytes, *, header_only: bool = False) -> tuple[int, int, int] 
 
 
 def _plain_ihdr(data: bytes, at: int) -> tuple[int, int, int] | None:
-    width, height, depth, colour, method, filtering, interlace = struct.unpack_from(
-        ">IIBBBBB", data, at
-    )
+    width, height, depth, colour, method, filtering, interlace = _IHDR.unpack_from(data, at)
     if (depth, method, filtering, interlace) != (8, 0, 0, 0) or colour not in CHANNELS:
         return None
     if not 0 < width * height <= (Image.MAX_IMAGE_PIXELS or width * height):

@@ -15,6 +15,7 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import TracebackType
 from typing import BinaryIO
 
 import imagecodecs
@@ -40,6 +41,7 @@ from h5etl.inputs.pixels import (
 _SWAPS_AXES = frozenset({5, 6, 7, 8})  # EXIF orientations that rotate by 90 degrees
 _EXIF_ORIENTATION = 0x0112
 _PROBE_BYTES = 4096  # a plain PNG's pixels start long before this
+_NO_LABELS: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,7 +233,7 @@ def decode_field(
     colour_table = role == "mask" and palette == "color"
     # the 8-bit path: what decode returns for these, colours for a colour table
     eight_bit: Mode = "RGB" if colour_table else mode
-    labels = frozenset[int]() if role == "mask" and not colour_table else None
+    labels = _NO_LABELS if role == "mask" and not colour_table else None
     with _rejecting(path, data):
         native = plainpng.decode(data, eight_bit, path=path, mask_labels=labels)
         source: str = eight_bit
@@ -282,27 +284,43 @@ def _nonempty(array: np.ndarray, path: str) -> np.ndarray:
     return array
 
 
-@contextlib.contextmanager
-def _rejecting(path: str, data: bytes) -> Iterator[None]:
+# What a file that Pillow or libpng cannot decode raises; ``_damage`` words each of them.
+_DAMAGE = (
+    Image.DecompressionBombError,
+    Image.DecompressionBombWarning,
+    OSError,
+    ValueError,
+    SyntaxError,
+    EOFError,
+    imagecodecs.PngError,  # libpng refused what Pillow read
+)
+
+
+def _rejecting(path: str, data: bytes) -> contextlib.AbstractContextManager[None]:
     """What decoding ``data`` (the bytes of ``path``) raises, as that file's ``RejectError``
     named by ``_damage`` (``MemoryError`` passes)."""
-    try:
-        yield
-    except RejectError as exc:
-        exc.path = path
-        raise
-    except MemoryError:
-        raise  # the decode stage rejects the sample as memory_error
-    except (
-        Image.DecompressionBombError,
-        Image.DecompressionBombWarning,
-        OSError,
-        ValueError,
-        SyntaxError,
-        EOFError,
-        imagecodecs.PngError,  # libpng refused what Pillow read
-    ) as exc:
-        raise _damage(path, exc, data) from exc
+    return _Rejecting(path, data)
+
+
+class _Rejecting(contextlib.AbstractContextManager[None]):
+    """``_rejecting``'s context: a class, not a generator, because every file of every build
+    is decoded inside one (a generator's context costs 1 us more a file)."""
+
+    __slots__ = ("data", "path")
+
+    def __init__(self, path: str, data: bytes):
+        self.path, self.data = path, data
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if isinstance(exc, RejectError):
+            exc.path = self.path  # raised on, with the path of the file it was decoding
+        elif isinstance(exc, _DAMAGE):  # a MemoryError passes: the decode stage words it
+            raise _damage(self.path, exc, self.data) from exc
 
 
 @contextlib.contextmanager
