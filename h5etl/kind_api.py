@@ -11,7 +11,8 @@ package registers it as an entry point of the group ``h5etl.kinds`` named like t
 
 See docs/internals/add-a-kind.md. Parent side (it imports pydantic through the config):
 a kind's behaviour module, which decode workers import, takes the same names from
-``h5etl.kinds.base`` and ``h5etl.errors`` instead, so that workers stay free of pydantic.
+``h5etl.kinds.base``, ``h5etl.kinds.columns`` and ``h5etl.errors`` instead, so that workers
+stay free of pydantic.
 """
 
 from __future__ import annotations
@@ -24,17 +25,14 @@ from h5etl.errors import KindDefinitionError, RejectError
 from h5etl.format.codec import ChunkLayout, Codec
 from h5etl.format.contract import FieldRecord
 from h5etl.format.reader_hints import ReaderHints
-from h5etl.kinds.base import (
+from h5etl.kinds.base import Kind, ProbeTarget, SampleContext, check_hooks
+from h5etl.kinds.columns import (
     ArrayColumn,
     Column,
-    Kind,
-    ProbeTarget,
     RaggedColumn,
-    SampleContext,
     ScalarColumn,
     StatsKind,
     TextColumn,
-    check_hooks,
 )
 from h5etl.kinds.tabular import Prepared
 from h5etl.transforms.apply import Expectation

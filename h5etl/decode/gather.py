@@ -21,15 +21,8 @@ from h5etl.dataflow import BatchResult, BlockTally, EncodedRows, RaggedRows
 from h5etl.format import contract as fileformat
 from h5etl.format import digest
 from h5etl.format.codec import BlockEncoder, encode_rows
-from h5etl.kinds.base import (
-    ArrayColumn,
-    Column,
-    EncodedValue,
-    Kind,
-    RaggedColumn,
-    ScalarColumn,
-    TextColumn,
-)
+from h5etl.kinds.base import EncodedValue, Kind
+from h5etl.kinds.columns import ArrayColumn, Column, RaggedColumn, ScalarColumn, TextColumn
 from h5etl.stats import normalisation as stats
 
 if TYPE_CHECKING:

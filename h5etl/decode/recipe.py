@@ -16,7 +16,8 @@ import numpy as np
 
 from h5etl.dataflow import Sample
 from h5etl.decode.probes import ProbeRules
-from h5etl.kinds.base import ArrayColumn, Column, Kind
+from h5etl.kinds.base import Kind
+from h5etl.kinds.columns import ArrayColumn, Column
 
 if TYPE_CHECKING:  # workers import apply only for a build that runs transforms
     from h5etl.transforms.apply import Transforms

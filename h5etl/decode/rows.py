@@ -24,7 +24,7 @@ import numpy as np
 
 from h5etl.dataflow import DecodeTask
 from h5etl.decode.gather import ArrayParts, gather_block
-from h5etl.kinds.base import ArrayColumn
+from h5etl.kinds.columns import ArrayColumn
 
 if TYPE_CHECKING:
     from h5etl.decode.recipe import DecodedSample, DecodeRecipe

@@ -27,7 +27,7 @@ from h5etl.execute import local_threads, schedule
 from h5etl.execute.prefetch import Ahead
 from h5etl.format import contract as fileformat
 from h5etl.format.codec import ChunkLayout
-from h5etl.kinds.base import ArrayColumn, TextColumn
+from h5etl.kinds.columns import ArrayColumn, TextColumn
 from h5etl.plan import tasks
 from h5etl.plan.kind_registry import decode_order, layout_of, layout_records
 from h5etl.plan.result import Plan

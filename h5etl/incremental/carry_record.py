@@ -77,7 +77,7 @@ def sample_state(sample: Sample, stamp: str) -> list[Any]:
 def plan_block(plan: Plan) -> int:
     """Rows of one block: a whole chunk of every array field (``Spec.batch_samples``); a
     ragged column's values are cut in chunks of value rows, not of samples (``parent_rows``)."""
-    from h5etl.kinds.base import ArrayColumn
+    from h5etl.kinds.columns import ArrayColumn
 
     rows = [
         c.layout.rows for k in plan.kinds for c in k.columns.values() if isinstance(c, ArrayColumn)

@@ -24,7 +24,8 @@ from h5etl.decode.recipe import DecodeRecipe
 from h5etl.format.contract import TRANSFORMS_KEY, LayoutRecord
 from h5etl.history.changes import Change, transform_change
 from h5etl.incremental.carry_record import BlockLog
-from h5etl.kinds.base import ArrayColumn, Kind
+from h5etl.kinds.base import Kind
+from h5etl.kinds.columns import ArrayColumn
 from h5etl.plan.result import Plan
 from h5etl.plan.tasks import TaskCutter
 from h5etl.stats.tallies import Tallies, block_json

@@ -13,14 +13,8 @@ from h5etl.format.contract import FieldRecord
 from h5etl.inputs import pixels
 from h5etl.inputs import raster as images
 from h5etl.kinds import placement as geometry
-from h5etl.kinds.base import (
-    ArrayColumn,
-    Column,
-    Kind,
-    ProbeTarget,
-    SampleContext,
-    StatsKind,
-)
+from h5etl.kinds.base import Kind, ProbeTarget, SampleContext
+from h5etl.kinds.columns import ArrayColumn, Column, StatsKind
 from h5etl.kinds.fitting import fit, size_text
 
 if TYPE_CHECKING:

@@ -17,7 +17,8 @@ from h5etl.errors import RejectError
 from h5etl.format import contract as fileformat
 from h5etl.format.contract import FieldRecord
 from h5etl.inputs.globs import glob_regex
-from h5etl.kinds.base import Column, Kind, ScalarColumn, StatsKind
+from h5etl.kinds.base import Kind
+from h5etl.kinds.columns import Column, ScalarColumn, StatsKind
 from h5etl.kinds.sidecar import text_value
 from h5etl.kinds.tabular import Prepared, TableSource, shown, table_lookup
 

@@ -15,14 +15,8 @@ from h5etl.format.contract import FieldRecord
 from h5etl.inputs import raster as images
 from h5etl.inputs.pixels import rejecting_surprises
 from h5etl.kinds import mask_values
-from h5etl.kinds.base import (
-    ArrayColumn,
-    Column,
-    Kind,
-    ProbeTarget,
-    SampleContext,
-    StatsKind,
-)
+from h5etl.kinds.base import Kind, ProbeTarget, SampleContext
+from h5etl.kinds.columns import ArrayColumn, Column, StatsKind
 from h5etl.kinds.fitting import fit, size_text
 
 if TYPE_CHECKING:

@@ -27,15 +27,8 @@ from h5etl.format.codec import ChunkLayout, Codec
 from h5etl.inputs import recording
 from h5etl.inputs.channels import ChannelSpec
 from h5etl.inputs.recording import Recording, RecordingSpec
-from h5etl.kinds.base import (
-    ArrayColumn,
-    Column,
-    Kind,
-    RaggedColumn,
-    SampleContext,
-    ScalarColumn,
-    TextColumn,
-)
+from h5etl.kinds.base import Kind, SampleContext
+from h5etl.kinds.columns import ArrayColumn, Column, RaggedColumn, ScalarColumn, TextColumn
 from h5etl.kinds.tabular import Prepared
 
 # Rows of a ragged chunk: about ten seconds of the channel, at least 4096 rows and at most

@@ -9,7 +9,8 @@ from typing import Any, ClassVar
 
 from h5etl.dataflow import Sample
 from h5etl.errors import RejectError
-from h5etl.kinds.base import Column, Kind, SampleContext, ScalarColumn, StatsKind
+from h5etl.kinds.base import Kind, SampleContext
+from h5etl.kinds.columns import Column, ScalarColumn, StatsKind
 from h5etl.kinds.sidecar import json_value, typed_value
 from h5etl.kinds.tabular import Prepared, TableSource, table_lookup
 

@@ -26,16 +26,8 @@ from h5etl.inputs.volumes import CaseHeader, open_case, orient
 from h5etl.inputs.volumes import resample as resampling
 from h5etl.inputs.volumes.case import SLAB_ROWS
 from h5etl.inputs.volumes.orient import Reorientation
-from h5etl.kinds.base import (
-    Column,
-    EncodedValue,
-    Kind,
-    RaggedColumn,
-    SampleContext,
-    ScalarColumn,
-    StatsKind,
-    TextColumn,
-)
+from h5etl.kinds.base import EncodedValue, Kind, SampleContext
+from h5etl.kinds.columns import Column, RaggedColumn, ScalarColumn, StatsKind, TextColumn
 
 if TYPE_CHECKING:
     from h5etl.transforms.apply import Expectation

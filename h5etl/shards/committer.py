@@ -26,7 +26,7 @@ from h5etl.decode.recipe import DecodeRecipe
 from h5etl.errors import ClusterLost, H5EtlError, ShardError, UsageError
 from h5etl.execute import assembly
 from h5etl.history.build_report import BuildReport
-from h5etl.kinds.base import ArrayColumn, RaggedColumn, ScalarColumn, TextColumn
+from h5etl.kinds.columns import ArrayColumn, RaggedColumn, ScalarColumn, TextColumn
 from h5etl.plan.result import Plan
 from h5etl.plan.tasks import TaskCutter
 from h5etl.release.folder import OutputFolder

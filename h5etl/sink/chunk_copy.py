@@ -26,7 +26,7 @@ import numpy as np
 from h5etl.errors import ShardError
 from h5etl.format import contract as fileformat
 from h5etl.format import digest
-from h5etl.kinds.base import ArrayColumn, ScalarColumn
+from h5etl.kinds.columns import ArrayColumn, ScalarColumn
 from h5etl.sink.array_writer import ArrayWriter, DatasetStats
 from h5etl.sink.small_columns import SinkLayout
 from h5etl.sink.virtual import VirtualColumn, add_part

@@ -23,7 +23,7 @@ import numpy as np
 
 from h5etl.format import contract as fileformat
 from h5etl.format.codec import ChunkLayout
-from h5etl.kinds.base import ArrayColumn, RaggedColumn, ScalarColumn
+from h5etl.kinds.columns import ArrayColumn, RaggedColumn, ScalarColumn
 from h5etl.sink.array_writer import ArrayWriter, DatasetStats, StoredChunks
 from h5etl.sink.compress_threads import ChunkPool
 from h5etl.sink.small_columns import SinkLayout

@@ -31,7 +31,7 @@ import numpy as np
 
 from h5etl.format import contract as fileformat
 from h5etl.format.codec import ChunkLayout
-from h5etl.kinds.base import ArrayColumn, ScalarColumn
+from h5etl.kinds.columns import ArrayColumn, ScalarColumn
 from h5etl.sink.array_writer import ArrayWriter
 from h5etl.sink.chunk_copy import copy_rows
 from h5etl.sink.object_copy import copy_object

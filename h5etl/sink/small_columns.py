@@ -18,7 +18,7 @@ import numpy as np
 from h5etl.dataflow import BatchResult, RaggedRows, Reject, valid_text
 from h5etl.format import contract as fileformat
 from h5etl.format import digest
-from h5etl.kinds.base import ArrayColumn, Column, RaggedColumn, ScalarColumn
+from h5etl.kinds.columns import ArrayColumn, Column, RaggedColumn, ScalarColumn
 from h5etl.sink.array_writer import DatasetStats
 
 # Small rows are buffered and appended this many at a time: one resize and write per field

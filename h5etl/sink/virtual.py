@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import h5py
 
 from h5etl.format.codec import ChunkLayout
-from h5etl.kinds.base import ArrayColumn
+from h5etl.kinds.columns import ArrayColumn
 from h5etl.sink.array_writer import DatasetStats
 from h5etl.sink.datasets import CreatedSplit
 from h5etl.sink.small_columns import SinkLayout

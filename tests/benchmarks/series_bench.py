@@ -51,7 +51,7 @@ from h5etl.examples.sensors import START, write_recording
 from h5etl.format import digest
 from h5etl.format.codec import ChunkLayout, encode_block
 from h5etl.inputs import recording
-from h5etl.kinds.base import RaggedColumn
+from h5etl.kinds.columns import RaggedColumn
 from h5etl.kinds.series import SeriesKind
 from h5etl.plan import kind_registry as registry
 from h5etl.stats import normalisation as stats

@@ -32,7 +32,7 @@ import numpy as np
 from h5etl.dataflow import BatchResult, DecodeTask, RaggedRows
 from h5etl.format import contract as fileformat
 from h5etl.format.codec import Codec
-from h5etl.kinds.base import RaggedColumn
+from h5etl.kinds.columns import RaggedColumn
 from h5etl.sink import datasets
 from h5etl.sink.small_columns import SinkLayout
 from h5etl.sink.writer import Sink

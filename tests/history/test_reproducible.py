@@ -30,7 +30,7 @@ from h5etl.dataflow import BatchResult, DecodeTask, EncodedRows
 from h5etl.errors import ConfigError
 from h5etl.format.codec import ChunkLayout, encode_rows
 from h5etl.history import clock
-from h5etl.kinds.base import ArrayColumn, TextColumn
+from h5etl.kinds.columns import ArrayColumn, TextColumn
 from h5etl.sink import small_columns
 from h5etl.sink.small_columns import SinkLayout
 from h5etl.sink.writer import Sink

@@ -16,7 +16,7 @@ import h5etl.sink.compress_threads
 from h5etl.dataflow import BatchResult, DecodeTask, RaggedRows
 from h5etl.errors import SinkError
 from h5etl.format.codec import ChunkLayout, Codec, encode_direct
-from h5etl.kinds.base import RaggedColumn, ScalarColumn
+from h5etl.kinds.columns import RaggedColumn, ScalarColumn
 from h5etl.sink.compress_threads import ChunkPool
 from h5etl.sink.small_columns import SinkLayout
 from h5etl.sink.writer import Sink

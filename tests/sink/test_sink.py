@@ -17,7 +17,7 @@ from h5etl.dataflow import BatchResult, DecodeTask, EncodedRows
 from h5etl.errors import SinkError
 from h5etl.format import digest
 from h5etl.format.codec import ChunkLayout, decode_block, encode_block
-from h5etl.kinds.base import ArrayColumn, TextColumn
+from h5etl.kinds.columns import ArrayColumn, TextColumn
 from h5etl.sink.small_columns import SinkLayout
 from h5etl.sink.writer import Sink
 

@@ -18,7 +18,7 @@ from h5etl.decode.gather import _encoded_rows
 from h5etl.format import contract as fileformat
 from h5etl.format import digest
 from h5etl.format.codec import Codec
-from h5etl.kinds.base import RaggedColumn, ScalarColumn
+from h5etl.kinds.columns import RaggedColumn, ScalarColumn
 from h5etl.sink.small_columns import SinkLayout
 from h5etl.sink.writer import Sink
 

@@ -9,7 +9,8 @@ from typing import Any, ClassVar
 import numpy as np
 
 from h5etl.errors import RejectError
-from h5etl.kinds.base import Column, Kind, SampleContext, ScalarColumn, StatsKind
+from h5etl.kinds.base import Kind, SampleContext
+from h5etl.kinds.columns import Column, ScalarColumn, StatsKind
 
 HEAD = 4  # bytes of each file kept in ``<field>_head`` (zeros past a shorter file's end)
 
