@@ -83,6 +83,7 @@ class LazyDecoder:
         self._decoder: schedule.Decoder | None = None
         self.refused: str | None = None  # why this build keeps each crash in a worker
         self.where = ""  # where it decodes, once started (the build facts' ``decoded_in``)
+        self._threads = False  # decoding in this process's threads (``decode_here_if_cheap``)
 
     @property
     def address(self) -> str:
@@ -116,6 +117,7 @@ class LazyDecoder:
             return
         logger.info("decoding in this process (%d threads): %s", self.jobs, choice.why)
         self._decoder = local_threads.threads(self.jobs)
+        self._threads = True
         self.where = f"this process ({self.jobs} threads)"
 
     @property
@@ -123,6 +125,15 @@ class LazyDecoder:
         """Whether decoding runs beside this process's writer (worker processes, threads
         here, a cluster)."""
         return self.jobs > 1 or self.address != scheduler_address.LOCAL
+
+    @property
+    def in_local_workers(self) -> bool:
+        """Whether decoding runs in the local pool's worker processes: a sample that kills its
+        decoder cannot take this process down with it, so the workers may start on the first
+        tasks before this process has created its temp file. (A Dask build connects and
+        checks its workers' sources first, in this process: not before the file.)"""
+        local = self.address == scheduler_address.LOCAL
+        return local and self.jobs > 1 and not self._threads
 
     def __call__(
         self, todo: Iterable[DecodeTask | Barrier], recipe: DecodeRecipe

@@ -100,6 +100,12 @@ def write_release(
     linked = run.output.current_release()  # the parent, as for the splits
     annotate = Annotator(None if linked is None else linked[1])  # the change label
     created = threading.Event()
+    # A first build decoding in local worker processes: they take the first tasks now, while
+    # this process creates the file and reads the parent's snapshot (40 ms of 2.6 s at 3,000
+    # pairs, the workers idle). Decoding in this process's threads waits for the file.
+    at_once = carried is None and earlier is None and run.decoder.in_local_workers
+    hook("decode+write", 0, todo.total + redo.left)  # opens as decoding starts; a decoded
+    # batch is written at once
     try:
         with (
             # with chunks to copy first, the workers decode meanwhile (a thread pulls them),
@@ -109,8 +115,8 @@ def write_release(
                 cutter,
                 recipe,
                 run.decoder,
-                early=carried is not None or earlier is not None,
-                start=created,
+                early=carried is not None or earlier is not None or at_once,
+                start=None if at_once else created,
                 before=first,
             ) as results,
             Sink(
@@ -147,7 +153,6 @@ def write_release(
                 checkpoints.sync_soon(sink)  # while the decoding finishes (0.05-0.08 s here)
                 watch.lap("carry")
             annotate.prepare()  # while the decoders work: read the parent's snapshot
-            hook("decode+write", 0, todo.total + redo.left)  # a decoded batch is written at once
             if earlier is not None:
                 hook("decode+write", sum(sink.counts.values()), None)
             # the carried samples' fields made again come first, beside the copied columns
