@@ -21,11 +21,15 @@ import importlib.util
 import os
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from h5etl.remote.errors import RemoteError, object_changed
 from h5etl.remote.filesystem import environment_key, problem
 from h5etl.remote.location import Location
+
+if TYPE_CHECKING:
+    from obstore import GetOptions  # TypedDicts of its stubs only
+    from obstore.store import S3Credential
 
 __all__ = ["CLIENT_VARIABLE", "enabled", "get_all"]
 
@@ -70,7 +74,7 @@ async def get_all(objects: Sequence[Listed], concurrency: int) -> list[bytes | R
         store = _store(obj.location.bucket)
         if store is None:
             return None
-        options: dict[str, Any] = {}
+        options: GetOptions = {}
         if obj.version_id:
             options["version"] = obj.version_id  # that version's bytes, whatever came after
         if obj.etag:
@@ -139,7 +143,7 @@ class _Credentials:
     def __init__(self, session: Any):
         self.session = session
 
-    def __call__(self) -> dict[str, Any]:
+    def __call__(self) -> S3Credential:
         credentials = self.session.get_credentials()
         frozen = credentials.get_frozen_credentials()
         refreshable = hasattr(credentials, "refresh_needed")

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from s3_server import Bucket
 
+from h5etl.remote import filesystem as filesystem_module
 from h5etl.remote import list_objects, stat_object
 from h5etl.remote import objects as objects_module
 from h5etl.remote.errors import RemoteAccessDenied, RemoteChanged, RemoteError
@@ -84,7 +85,7 @@ def test_a_server_without_versioned_listings_is_listed_without_versions(
     # s3rver and Cloudflare R2 answer ListObjectVersions with 405/501: the listing falls back
     # to ListObjectsV2 and stamps the ETags alone (the reads still carry If-Match)
     s3.put("raw/a.png", b"alpha")
-    real = objects_module.filesystem
+    real = filesystem_module.filesystem
 
     def without_versions(location: Any, *, versioned: bool = True) -> Any:
         fs = real(location, versioned=versioned)
@@ -113,7 +114,7 @@ def test_a_server_without_versioned_listings_is_listed_without_versions(
 def test_another_error_is_not_taken_for_a_server_without_versions(
     s3: Bucket, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real = objects_module.filesystem
+    real = filesystem_module.filesystem
 
     def failing(location: Any, *, versioned: bool = True) -> Any:
         fs = real(location, versioned=versioned)
