@@ -195,7 +195,11 @@ def main(argv: list[str] | None = None) -> None:
         _table(runs, args.samples, args.jobs, args.server)
     finally:
         server.terminate()
-        server.wait(timeout=10)
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # moto, still answering a stopped build's requests
+            server.kill()
+            server.wait()
         shutil.rmtree(scratch, ignore_errors=True)
 
 
