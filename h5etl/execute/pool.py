@@ -31,8 +31,9 @@ _stop_registered = False  # ``stop`` runs at exit once a pool was started
 _environment = ""  # the credentials environment its workers started with (a digest)
 # What an object store's backend reads its credentials and endpoint from: a worker has the
 # environment it started with (none is ever sent to it), so a pool started before a change
-# (credentials set or rotated between two builds in one process) is replaced
-_CREDENTIAL_PREFIXES = ("AWS_", "GOOGLE_", "GCS_", "AZURE_", "FSSPEC_")
+# (credentials set or rotated between two builds in one process) is replaced; so is one
+# started before the S3 client of the workers' GETs was chosen (h5etl.remote.direct)
+_CREDENTIAL_PREFIXES = ("AWS_", "GOOGLE_", "GCS_", "AZURE_", "FSSPEC_", "H5ETL_S3_CLIENT")
 
 # One thread for the native thread pools under numpy and friends (what joblib's Parallel sets
 # for its workers too). A worker is already one of ``jobs`` processes on as many cores, and

@@ -28,6 +28,7 @@ __all__ = [
     "RemoteError",
     "RemoteReadFailed",
     "RemoteUsageError",
+    "object_changed",
 ]
 
 
@@ -53,3 +54,12 @@ class RemoteUsageError(RemoteError, UsageError):
 
 class RemoteAccessDenied(RemoteUsageError):
     """The object store refused the credentials of the environment or config files."""
+
+
+def object_changed(url: str, how: str) -> RemoteChanged:
+    """The error of an object ``url`` whose read found it changed since it was listed."""
+    return RemoteChanged(
+        f"the object changed during the build ({how}); nothing from it was used: build again "
+        f"once the uploads to that prefix are done",
+        path=url,
+    )

@@ -23,7 +23,16 @@ from typing import Any, TypeVar
 from h5etl.remote.errors import RemoteAccessDenied, RemoteError, RemoteUsageError
 from h5etl.remote.location import Location
 
-__all__ = ["EXTRA", "FileSystem", "client_code", "filesystem", "problem", "run", "scrub"]
+__all__ = [
+    "EXTRA",
+    "FileSystem",
+    "client_code",
+    "environment_key",
+    "filesystem",
+    "problem",
+    "run",
+    "scrub",
+]
 
 EXTRA = "pip install 'h5etl[cloud]'"
 FileSystem = Any  # an fsspec AbstractFileSystem (fsspec ships no type hints)
@@ -50,30 +59,39 @@ _DENIED = {
 # botocore's errors for credentials it cannot find at all (no request was sent)
 _NO_CREDENTIALS = {"NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError"}
 _GONE = {"NoSuchBucket", "NoSuchKey", "NoSuchVersion", "404"}
-_OPEN: dict[tuple[str, str, int], FileSystem] = {}
+# obstore's (h5etl.remote.direct) errors for the same, by class name
+_DENIED_CLASSES = {"PermissionDeniedError", "UnauthenticatedError"}
+_OPEN: dict[tuple[str, str, int, bool], FileSystem] = {}
 
 
-def filesystem(location: Location) -> FileSystem:
+def filesystem(location: Location, *, versioned: bool = True) -> FileSystem:
     """The fsspec file system that reads and writes ``location``, opened in this process.
 
     One per protocol, environment and process: a forked worker opens its own (a file system's
-    event loop thread does not survive a fork), as does a changed environment.
+    event loop thread does not survive a fork), as does a changed environment. ``versioned``
+    False lists S3 without versions (ListObjectsV2), for servers that have no
+    ListObjectVersions (``list_objects``).
 
     Raises:
         RemoteUsageError: fsspec or the protocol's backend is not installed (exit code 2).
     """
-    fingerprint = hashlib.sha256(
-        repr(sorted((k, v) for k, v in os.environ.items() if _ENVIRONMENT.match(k))).encode()
-    ).hexdigest()
-    key = (location.protocol, fingerprint, os.getpid())
+    key = (location.protocol, environment_key(), os.getpid(), versioned)
     if key not in _OPEN:
         if len(_OPEN) >= 8:  # environments come and go in tests, never many in a build
             _OPEN.clear()
-        _OPEN[key] = _open(location)
+        _OPEN[key] = _open(location, versioned)
     return _OPEN[key]
 
 
-def _open(location: Location) -> FileSystem:
+def environment_key() -> str:
+    """A digest of the environment the backends read credentials and endpoints from: a
+    client opened under another one is not reused."""
+    return hashlib.sha256(
+        repr(sorted((k, v) for k, v in os.environ.items() if _ENVIRONMENT.match(k))).encode()
+    ).hexdigest()
+
+
+def _open(location: Location, versioned: bool = True) -> FileSystem:
     fsspec = _imported("fsspec", location)
     if location.protocol in _BACKEND:
         _imported(_BACKEND[location.protocol], location)
@@ -82,7 +100,7 @@ def _open(location: Location) -> FileSystem:
         return fsspec.filesystem(
             "s3",
             # the VersionId of each object in listings and reads, in a versioned bucket
-            version_aware=True,
+            version_aware=versioned,
             # a listing is always asked anew: a cached one would hide a changed object
             use_listings_cache=False,
             skip_instance_cache=True,
@@ -167,7 +185,7 @@ def problem(
             f"AWS_SECRET_ACCESS_KEY, AWS_PROFILE, ~/.aws/credentials)",
             path=url,
         )
-    if code in _DENIED or isinstance(exc, PermissionError):
+    if code in _DENIED or isinstance(exc, PermissionError) or type(exc).__name__ in _DENIED_CLASSES:
         return RemoteAccessDenied(
             f"cannot {doing}: the server refused the credentials ({code or 'access denied'}); "
             f"check the {location.protocol} credentials in the environment or config files",
@@ -179,5 +197,6 @@ def problem(
         return RemoteUsageError(f"cannot {doing}: {missing}", path=url)
     if getattr(exc, "errno", None) == errno.ENOSPC:
         return RemoteError(f"cannot {doing}: no space left on the local disk", path=url)
-    text = scrub(" ".join(str(exc).split())) or type(exc).__name__
+    # obstore's messages go on with a "Debug source:" chain of their causes after a blank line
+    text = scrub(" ".join(str(exc).split("\n\n")[0].split())) or type(exc).__name__
     return RemoteError(f"cannot {doing}: {code + ': ' if code else ''}{text}", path=url)

@@ -1,19 +1,25 @@
 """Sources on object storage: ``h5etl build`` of the benchmark corpus from a local S3 server
-(moto's server mode, a process of its own on localhost) against the same corpus on local disk.
+(a process of its own on localhost) against the same corpus on local disk.
 
     python tests/benchmarks/remote_sources.py                      # 3000 pairs, 3 repeats, -j2
-    python tests/benchmarks/remote_sources.py --samples 600 --repeats 5
+    python tests/benchmarks/remote_sources.py --server moto --samples 600 --repeats 5
 
 Both builds run as child processes, interleaved (local, s3, local, s3, ...); the table shows
 medians: wall, images/s, CPU of the build's process tree, and the CPU the server spent per s3
-build (moto is a Python server on the same cores as the build: its CPU is the build's loss here,
-where a real store's is on other machines). The ratio s3/local is of images per second.
-A script, not a test: it asserts nothing.
+build (the server runs on the same cores as the build: its CPU is the build's loss here, where
+a real store's is on other machines). The ratio s3/local is of images per second. With obstore
+installed the s3 build's workers GET through it (``h5etl.remote.direct``), and a third build,
+``s3, s3fs GETs``, sends them through s3fs/aiobotocore as without it.
+
+``--server s3rver`` (the default) is s3rver, a Node.js S3 server that serves objects from files
+(``npm install s3rver@3.7.1`` in ``$S3RVER_DIR``, default /tmp/s3rver); ``--server moto`` is
+moto's server mode (Python, ~3 ms of CPU per GET). A script, not a test: it asserts nothing.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import resource
 import shutil
@@ -23,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -39,30 +46,48 @@ def _free_port() -> int:
         return port
 
 
-def _server(port: int, log: Path) -> subprocess.Popen[bytes]:
+S3RVER = Path(os.environ.get("S3RVER_DIR", "/tmp/s3rver")) / "node_modules/s3rver/bin/s3rver.js"
+# The keys each server accepts (s3rver knows one pair; moto any)
+KEYS = {"moto": ("bench", "bench-secret"), "s3rver": ("S3RVER", "S3RVER")}
+
+
+def _server(kind: str, port: int, scratch: Path) -> subprocess.Popen[bytes]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    if kind == "moto":
+        command = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
+    elif kind == "s3rver":
+        if not S3RVER.is_file():
+            raise SystemExit(f"no s3rver at {S3RVER}: npm install s3rver@3.7.1 (or --server moto)")
+        data = scratch / "s3rver-data"
+        data.mkdir()
+        # s3rver 3.7 signs its listings' continuation tokens with DES, which OpenSSL 3 (Node
+        # >= 17) has only in its legacy provider: without it a listing past 1000 keys fails
+        legacy = "--openssl-legacy-provider"
+        command = ["node", legacy, str(S3RVER), "-a", "127.0.0.1", "-p", str(port), "-d", str(data)]
+    else:
+        raise SystemExit(f"unknown server {kind!r}: s3rver or moto")
+    log = scratch / f"{kind}.log"
     with log.open("wb") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
     for _ in range(300):
+        if process.poll() is not None:
+            break
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/moto-api/", timeout=1):
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=1):
                 return process
+        except urllib.error.HTTPError:
+            return process  # it answers (403 for an anonymous GET of /)
         except OSError:
             time.sleep(0.1)
     process.kill()
-    raise SystemExit(f"the moto server did not start: {log.read_text()[-2000:]}")
+    raise SystemExit(f"the {kind} server did not start: {log.read_text()[-2000:]}")
 
 
-def _environment(endpoint: str) -> dict[str, str]:
+def _environment(endpoint: str, keys: tuple[str, str]) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     env.update(
-        AWS_ACCESS_KEY_ID="bench",
-        AWS_SECRET_ACCESS_KEY="bench-secret",
+        AWS_ACCESS_KEY_ID=keys[0],
+        AWS_SECRET_ACCESS_KEY=keys[1],
         AWS_ENDPOINT_URL=endpoint,
         AWS_DEFAULT_REGION="us-east-1",
         AWS_SHARED_CREDENTIALS_FILE=os.devnull,
@@ -72,15 +97,15 @@ def _environment(endpoint: str) -> dict[str, str]:
     return env
 
 
-def _upload(root: Path, endpoint: str) -> None:
+def _upload(root: Path, endpoint: str, keys: tuple[str, str]) -> None:
     import boto3
 
     client = boto3.client(
         "s3",
         endpoint_url=endpoint,
         region_name="us-east-1",
-        aws_access_key_id="bench",
-        aws_secret_access_key="bench-secret",
+        aws_access_key_id=keys[0],
+        aws_secret_access_key=keys[1],
     )
     client.create_bucket(Bucket=BUCKET)
     files = [p for folder in ("images", "masks") for p in sorted((root / folder).iterdir())]
@@ -112,6 +137,18 @@ def _configs(corpus_config: Path, scratch: Path) -> dict[str, Path]:
     return out
 
 
+def _variants(
+    configs: dict[str, Path], endpoint: str, keys: tuple[str, str]
+) -> dict[str, tuple[Path, dict[str, str]]]:
+    """The builds to time: local, s3 (the workers' GETs through obstore when it is installed)
+    and, then, s3 with every GET through s3fs (``H5ETL_S3_CLIENT=s3fs``)."""
+    env = _environment(endpoint, keys)
+    variants = {"local": (configs["local"], env), "s3": (configs["s3"], env)}
+    if importlib.util.find_spec("obstore") is not None:
+        variants["s3, s3fs GETs"] = (configs["s3"], {**env, "H5ETL_S3_CLIENT": "s3fs"})
+    return variants
+
+
 def _cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -136,43 +173,58 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--samples", type=int, default=DEFAULT_SAMPLES)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--server", choices=sorted(KEYS), default="s3rver")
     args = parser.parse_args(argv)
     corpus = ensure_corpus(args.dir, CorpusParams(samples=args.samples))
     scratch = Path(tempfile.mkdtemp(prefix="h5etl-remote-bench-"))
     port = _free_port()
     endpoint = f"http://127.0.0.1:{port}"
-    server = _server(port, scratch / "moto.log")
+    server = _server(args.server, port, scratch)
+    keys = KEYS[args.server]
     try:
         started = time.perf_counter()
-        _upload(corpus.root, endpoint)
+        _upload(corpus.root, endpoint, keys)
         print(f"uploaded {2 * args.samples} objects in {time.perf_counter() - started:.1f} s")
-        configs = _configs(corpus.config("lzf"), scratch)
-        env = _environment(endpoint)
-        runs: dict[str, list[tuple[float, float, float]]] = {"local": [], "s3": []}
+        variants = _variants(_configs(corpus.config("lzf"), scratch), endpoint, keys)
+        runs: dict[str, list[tuple[float, float, float]]] = {name: [] for name in variants}
         for _ in range(args.repeats):
-            for name, config in configs.items():
+            for name, (config, env) in variants.items():
                 served = _cpu_seconds(server.pid)
                 wall, cpu = _build(config, args.jobs, env)
                 runs[name].append((wall, cpu, _cpu_seconds(server.pid) - served))
-        _table(runs, args.samples, args.jobs)
+        _table(runs, args.samples, args.jobs, args.server)
     finally:
         server.terminate()
-        server.wait(timeout=10)
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # moto, still answering a stopped build's requests
+            server.kill()
+            server.wait()
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _table(runs: dict[str, list[tuple[float, float, float]]], samples: int, jobs: int) -> None:
-    print(f"\n{samples} pairs, -j{jobs}, medians of {len(runs['local'])} interleaved runs\n")
+def _table(
+    runs: dict[str, list[tuple[float, float, float]]], samples: int, jobs: int, server: str
+) -> None:
+    print(f"\n{samples} pairs, -j{jobs}, server {server}, medians of {len(runs['local'])} runs\n")
     print("| sources | wall s | images/s | build CPU s | server CPU s |")
     print("|---|---|---|---|---|")
-    speed = {}
+    speed, cpu, served = {}, {}, {}
     for name, got in runs.items():
         wall = statistics.median(r[0] for r in got)
-        cpu = statistics.median(r[1] for r in got)
-        served = statistics.median(r[2] for r in got)
+        cpu[name] = statistics.median(r[1] for r in got)
+        served[name] = statistics.median(r[2] for r in got)
         speed[name] = samples / wall
-        print(f"| {name} | {wall:.2f} | {speed[name]:.0f} | {cpu:.2f} | {served:.2f} |")
-    print(f"\ns3 / local images/s: {speed['s3'] / speed['local']:.2f}x")
+        print(f"| {name} | {wall:.2f} | {speed[name]:.0f} | {cpu[name]:.2f} | {served[name]:.2f} |")
+    print()
+    objects = 2 * samples
+    for name in runs:
+        if name != "local":
+            print(
+                f"{name} / local images/s: {speed[name] / speed['local']:.2f}x; build CPU over "
+                f"local {1000 * (cpu[name] - cpu['local']) / objects:.2f} ms and server CPU "
+                f"{1000 * served[name] / objects:.2f} ms per object"
+            )
 
 
 if __name__ == "__main__":

@@ -27,5 +27,6 @@ def test_the_remote_sources_bench_prints_its_table(tmp_path: Path) -> None:
     rows = [
         line.split("|")[1].strip() for line in done.stdout.splitlines() if line.startswith("| ")
     ]
-    assert rows == ["sources", "local", "s3"], done.stdout
+    assert rows[:3] == ["sources", "local", "s3"], done.stdout
+    assert rows[3:] in ([], ["s3, s3fs GETs"]), done.stdout  # the latter with obstore
     assert "s3 / local images/s:" in done.stdout

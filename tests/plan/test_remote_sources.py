@@ -147,10 +147,16 @@ def _replacing_after_listing(
     monkeypatch.setattr(remote_files, "list_folder", list_then_replace)
 
 
+# the workers' GETs through obstore (when installed) and through s3fs: both send If-Match
+CLIENTS = [pytest.param("obstore", id="obstore"), pytest.param("s3fs", id="s3fs")]
+
+
+@pytest.mark.parametrize("client", CLIENTS)
 @pytest.mark.parametrize("jobs", [1, 2])
 def test_an_object_replaced_during_the_build_is_rejected_never_mixed(
-    s3: Bucket, remote_project: Path, monkeypatch: pytest.MonkeyPatch, jobs: int
+    s3: Bucket, remote_project: Path, monkeypatch: pytest.MonkeyPatch, jobs: int, client: str
 ) -> None:
+    monkeypatch.setenv("H5ETL_S3_CLIENT", client)
     _replacing_after_listing(monkeypatch, s3, "raw/images/s003.png", _png(8))
     report = build(load_spec(remote_project), jobs=jobs)
     assert report.path is not None
@@ -164,13 +170,16 @@ def test_an_object_replaced_during_the_build_is_rejected_never_mixed(
     assert sum(report.samples.values()) == 9
 
 
+@pytest.mark.parametrize("client", CLIENTS)
 def test_a_versioned_bucket_reads_the_listed_version(
     s3_versioned: Bucket,
     make_raw: MakeRaw,
     write_config: WriteConfig,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
+    client: str,
 ) -> None:
+    monkeypatch.setenv("H5ETL_S3_CLIENT", client)
     raw = make_raw(tmp_path / "upload", n=4)
     _upload(raw, s3_versioned)
     root = tmp_path / "project"

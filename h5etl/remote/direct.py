@@ -1,0 +1,168 @@
+"""direct: the workers' whole-object S3 GETs through obstore (Rust's object_store), if installed.
+
+A decode worker reads each object of its task with one GET; through s3fs/aiobotocore a GET
+costs ~1.2 ms of the worker's CPU in Python (signing, events, response parsing), as much as
+decoding the PNG it fetches, on the cores the build decodes on. obstore sends the same
+request from Rust for ~0.4 ms. It is optional (in the ``cloud`` extra): without it, or with
+``H5ETL_S3_CLIENT=s3fs``, ``h5etl.remote.objects.read_many`` uses s3fs as before; listing,
+uploads, locks, pointers and the readers' range reads always go through s3fs.
+
+The request is the same as s3fs's: the listed VersionId and ``If-Match`` on the listed ETag,
+so the server refuses a changed object (``RemoteChanged``). Credentials come from botocore's
+own chain (environment, ``AWS_PROFILE``, config files, instance metadata: what s3fs would
+use), asked for again before they expire, and are never put in a message. The endpoint is
+``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL``; failed requests are sent again as botocore's
+standard mode would (``AWS_MAX_ATTEMPTS`` attempts, 3 by default).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import Callable, Coroutine, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+from h5etl.remote.errors import RemoteError, object_changed
+from h5etl.remote.filesystem import environment_key, problem
+from h5etl.remote.location import Location
+
+if TYPE_CHECKING:
+    from obstore import GetOptions  # TypedDicts of its stubs only
+    from obstore.store import S3Credential
+
+__all__ = ["CLIENT_VARIABLE", "enabled", "get_all", "run"]
+
+CLIENT_VARIABLE = "H5ETL_S3_CLIENT"  # "s3fs": the workers' GETs through s3fs too
+# Refreshable credentials (an assumed role, SSO) are asked of botocore again this often; it
+# renews them itself before they expire
+_CREDENTIALS_TTL = timedelta(minutes=5)
+_STORES: dict[tuple[str, str, int], Any] = {}
+T = TypeVar("T")
+
+
+class Listed(Protocol):
+    """An object as listed (``h5etl.remote.objects.RemoteObject``, which imports this module)."""
+
+    @property
+    def location(self) -> Location: ...
+    @property
+    def etag(self) -> str | None: ...
+    @property
+    def version_id(self) -> str | None: ...
+    @property
+    def url(self) -> str: ...
+
+
+def enabled() -> bool:
+    """Whether the workers' GETs go through obstore: it is installed and not turned off."""
+    if os.environ.get(CLIENT_VARIABLE, "").lower() == "s3fs":
+        return False
+    return importlib.util.find_spec("obstore") is not None
+
+
+def run(func: Callable[..., Coroutine[Any, Any, T]], *args: Any) -> T:
+    """Run the coroutine function ``func`` on fsspec's event loop thread (s3fs's too), without
+    opening an s3fs file system: a worker that only GETs through obstore does not import s3fs
+    and aiobotocore (~0.15 s of CPU per process)."""
+    from fsspec.asyn import get_loop, sync
+
+    result: T = sync(get_loop(), func, *args)
+    return result
+
+
+async def get_all(objects: Sequence[Listed], concurrency: int) -> list[bytes | RemoteError | None]:
+    """All bytes of each of ``objects`` (S3, as listed), ``concurrency`` GETs at a time, or
+    the error its read met; None for an object this client cannot ask for (no credentials
+    found: s3fs then reads it, and says so in its own words)."""
+    import asyncio  # here: 15-30 ms of imports every local build's processes would pay
+
+    import obstore
+
+    gate = asyncio.Semaphore(concurrency)
+    # asked once per batch: the environment's digest costs ~25 us, a GET's CPU ~350 us
+    stores = {bucket: _store(bucket) for bucket in {obj.location.bucket for obj in objects}}
+
+    async def one(obj: Listed) -> bytes | RemoteError | None:
+        store = stores[obj.location.bucket]
+        if store is None:
+            return None
+        options: GetOptions = {}
+        if obj.version_id:
+            options["version"] = obj.version_id  # that version's bytes, whatever came after
+        if obj.etag:
+            options["if_match"] = f'"{obj.etag}"'
+        async with gate:
+            try:
+                got = await obstore.get_async(store, obj.location.key, options=options)
+                return bytes(await got.bytes_async())
+            except Exception as exc:
+                return _error(obj, exc)
+
+    return list(await asyncio.gather(*(one(obj) for obj in objects)))
+
+
+def _error(obj: Listed, exc: Exception) -> RemoteError:
+    """obstore's error as ``read_many``'s: a changed or vanished object, else ``problem``."""
+    # obstore raises FileNotFoundError for a 404 (its NotFoundError for other not-founds)
+    gone = isinstance(exc, FileNotFoundError) or type(exc).__name__ == "NotFoundError"
+    if gone or type(exc).__name__ == "PreconditionError" or "NoSuchVersion" in str(exc):
+        return object_changed(obj.url, "its ETag or version is no longer the listed one")
+    return problem(exc, obj.location, "read")
+
+
+def _store(bucket: str) -> Any:
+    """The obstore S3Store of ``bucket`` for this process and environment, or None when
+    botocore finds no credentials."""
+    key = (bucket, environment_key(), os.getpid())
+    if key not in _STORES:
+        if len(_STORES) >= 8:  # environments come and go in tests, never many in a build
+            _STORES.clear()
+        _STORES[key] = _open(bucket)
+    return _STORES[key]
+
+
+def _open(bucket: str) -> Any:
+    import botocore.session
+    from obstore.store import S3Store
+
+    session = botocore.session.get_session()
+    if session.get_credentials() is None:
+        return None
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    attempts = int(os.environ.get("AWS_MAX_ATTEMPTS") or 3)
+    config: dict[str, Any] = {"region": session.get_config_variable("region") or "us-east-1"}
+    if endpoint:
+        config["endpoint"] = endpoint
+    return S3Store(
+        bucket,
+        config=config,  # type: ignore[arg-type]
+        client_options={
+            "allow_http": bool(endpoint and endpoint.startswith("http://")),
+            "connect_timeout": timedelta(seconds=10),
+        },
+        retry_config={
+            "max_retries": max(attempts - 1, 0),
+            "backoff": {"init_backoff": timedelta(milliseconds=100), "base": 2},
+            "retry_timeout": timedelta(seconds=60),
+        },
+        credential_provider=_Credentials(session),
+    )
+
+
+class _Credentials:
+    """obstore's credential callback: botocore's credentials as they are now."""
+
+    def __init__(self, session: Any):
+        self.session = session
+
+    def __call__(self) -> S3Credential:
+        credentials = self.session.get_credentials()
+        frozen = credentials.get_frozen_credentials()
+        refreshable = hasattr(credentials, "refresh_needed")
+        return {
+            "access_key_id": frozen.access_key,
+            "secret_access_key": frozen.secret_key,
+            "token": frozen.token,
+            "expires_at": datetime.now(UTC) + _CREDENTIALS_TTL if refreshable else None,
+        }

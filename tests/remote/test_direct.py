@@ -1,0 +1,133 @@
+"""The workers' whole-object GETs (``read_many``) through obstore and through s3fs, against
+a real S3-compatible server: the same bytes, the same refusals, the same one-line errors."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import pytest
+from s3_server import Bucket
+
+from h5etl.remote import filesystem as filesystem_module
+from h5etl.remote import list_objects, stat_object
+from h5etl.remote import objects as objects_module
+from h5etl.remote.errors import RemoteAccessDenied, RemoteChanged, RemoteError
+from h5etl.remote.objects import read_many
+
+CLIENTS = [pytest.param("obstore", id="obstore"), pytest.param("s3fs", id="s3fs")]
+
+
+@pytest.fixture(params=CLIENTS)
+def client(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    name: str = request.param
+    if name == "obstore":
+        pytest.importorskip("obstore", reason="the optional fast GETs: pip install obstore")
+    monkeypatch.setenv("H5ETL_S3_CLIENT", name)
+    return name
+
+
+def test_read_many_returns_each_objects_bytes_in_order(s3: Bucket, client: str) -> None:
+    blobs = {f"raw/{i:03d}.bin": hashlib.sha256(bytes([i])).digest() * (i + 1) for i in range(20)}
+    for key, data in blobs.items():
+        s3.put(key, data)
+    listed = list_objects(s3.location("raw"))
+    assert read_many(listed, concurrency=4) == list(blobs.values())
+
+
+def test_a_changed_and_a_deleted_object_are_refused_the_others_read(
+    s3: Bucket, client: str
+) -> None:
+    for name in ("a", "b", "c"):
+        s3.put(f"raw/{name}.png", name.encode() * 3)
+    listed = list_objects(s3.location("raw"))
+    s3.put("raw/a.png", b"replaced")  # another process uploads anew
+    s3.client.delete_object(Bucket=s3.name, Key="raw/c.png")
+
+    first, second, third = read_many(listed)
+
+    assert second == b"bbb"
+    for got, key in ((first, "a"), (third, "c")):
+        assert isinstance(got, RemoteChanged), got
+        assert str(got).startswith(f"s3://{s3.name}/raw/{key}.png: the object changed")
+
+
+def test_a_versioned_bucket_serves_the_listed_version(s3_versioned: Bucket, client: str) -> None:
+    s3_versioned.put("raw/a.png", b"first")
+    listed = list_objects(s3_versioned.location("raw"))
+    s3_versioned.put("raw/a.png", b"second")
+    assert read_many(listed) == [b"first"]
+
+
+def test_refused_credentials_are_one_line_without_the_secret(
+    s3_auth: Bucket, client: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s3_auth.put("raw/a.png", b"alpha")
+    listed = [stat_object(s3_auth.location("raw/a.png"))]  # the right key works
+    assert read_many(listed) == [b"alpha"]
+    secret = "wrong-secret-never-shown-7c2e"
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+
+    (got,) = read_many(listed)
+
+    assert isinstance(got, RemoteAccessDenied), got
+    text = str(got)
+    assert text.startswith(f"s3://{s3_auth.name}/raw/a.png: cannot read: ")
+    assert "refused the credentials" in text
+    assert secret not in text
+    assert "\n" not in text
+
+
+def test_a_server_without_versioned_listings_is_listed_without_versions(
+    s3: Bucket, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # s3rver and Cloudflare R2 answer ListObjectVersions with 405/501: the listing falls back
+    # to ListObjectsV2 and stamps the ETags alone (the reads still carry If-Match)
+    s3.put("raw/a.png", b"alpha")
+    real = filesystem_module.filesystem
+
+    def without_versions(location: Any, *, versioned: bool = True) -> Any:
+        fs = real(location, versioned=versioned)
+        if not versioned:
+            return fs
+
+        class Refusing:
+            def __getattr__(self, name: str) -> Any:
+                return getattr(fs, name)
+
+            def find(self, *args: Any, **kwargs: Any) -> Any:
+                from botocore.exceptions import ClientError
+
+                error = {"Error": {"Code": "MethodNotAllowed", "Message": "not allowed"}}
+                raise PermissionError("not allowed") from ClientError(error, "ListObjectVersions")
+
+        return Refusing()
+
+    monkeypatch.setattr(objects_module, "filesystem", without_versions)
+    (obj,) = list_objects(s3.location("raw"))
+    assert obj.etag == hashlib.md5(b"alpha").hexdigest()
+    assert obj.version_id is None
+    assert read_many([obj]) == [b"alpha"]
+
+
+def test_another_error_is_not_taken_for_a_server_without_versions(
+    s3: Bucket, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = filesystem_module.filesystem
+
+    def failing(location: Any, *, versioned: bool = True) -> Any:
+        fs = real(location, versioned=versioned)
+
+        class Failing:
+            def __getattr__(self, name: str) -> Any:
+                return getattr(fs, name)
+
+            def find(self, *args: Any, **kwargs: Any) -> Any:
+                raise OSError("connection reset")
+
+        return Failing()
+
+    monkeypatch.setattr(objects_module, "filesystem", failing)
+    with pytest.raises(RemoteError, match="cannot list: connection reset"):
+        list_objects(s3.location("raw"))
