@@ -106,6 +106,7 @@ def write_release(
     at_once = carried is None and earlier is None and run.decoder.in_local_workers
     hook("decode+write", 0, todo.total + redo.left)  # opens as decoding starts; a decoded
     # batch is written at once
+    settled = 0  # samples of ``todo`` stored or rejected so far
     try:
         with (
             # with chunks to copy first, the workers decode meanwhile (a thread pulls them),
@@ -172,7 +173,10 @@ def write_release(
                 lines = provenance.fingerprint_lines(result)
                 fingerprint.update("".join(lines).encode())
                 checkpoints.note(result, lines)
-                if not cutter.finished:  # after the last result the build ends at once
+                settled += processed(result)
+                # after the last result the build ends at once: no checkpoint (pulled ahead by
+                # a thread, the cutter has seen results this loop has not written yet)
+                if not (settled >= todo.total if at_once else cutter.finished):
                     checkpoints.maybe_write(sink)
                 if checkpoints.due_for_trim():
                     memory.release_free_memory()
