@@ -47,7 +47,9 @@ def invert(value):
 SIDE = 128
 
 
-def write_corpus(root: Path, samples: int) -> None:
+def write_corpus(root: Path, samples: int, module: str = MODULE) -> None:
+    """``samples`` seeded RGB PNGs of SIDE x SIDE with 0/255 masks under ``root/raw``, and the
+    transforms ``module`` beside them as ``prep.py``."""
     rng = np.random.default_rng(0)
     (root / "raw/images").mkdir(parents=True)
     (root / "raw/masks").mkdir(parents=True)
@@ -56,7 +58,7 @@ def write_corpus(root: Path, samples: int) -> None:
         mask = (rng.random((SIDE, SIDE)) > 0.5).astype(np.uint8) * 255
         Image.fromarray(image).save(root / f"raw/images/s{i:05d}.png", compress_level=1)
         Image.fromarray(mask).save(root / f"raw/masks/s{i:05d}.png", compress_level=1)
-    (root / "prep.py").write_text(MODULE)
+    (root / "prep.py").write_text(module)
 
 
 def write_config(root: Path, name: str, transform: bool) -> Path:

@@ -31,9 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import yaml
-from PIL import Image
+from transform_build import SIDE, write_corpus
 
 MODULE = """import numpy as np
 
@@ -51,20 +50,7 @@ def blur(value, *, passes):
 def flip(value, *, times):
     return value[::-1] if times % 2 else value
 """
-SIDE = 128
 PASSES = 4  # of the blur in the parent: the image's transform costs about its decode
-
-
-def write_corpus(root: Path, samples: int) -> None:
-    rng = np.random.default_rng(0)
-    (root / "raw/images").mkdir(parents=True)
-    (root / "raw/masks").mkdir(parents=True)
-    for i in range(samples):
-        image = rng.integers(0, 256, (SIDE, SIDE, 3), dtype=np.uint8)
-        mask = (rng.random((SIDE, SIDE)) > 0.5).astype(np.uint8) * 255
-        Image.fromarray(image).save(root / f"raw/images/s{i:05d}.png", compress_level=1)
-        Image.fromarray(mask).save(root / f"raw/masks/s{i:05d}.png", compress_level=1)
-    (root / "prep.py").write_text(MODULE)
 
 
 def write_config(root: Path, passes: int, times: int) -> Path:
@@ -132,7 +118,7 @@ def main() -> None:
     said: dict[str, str] = {}
     with tempfile.TemporaryDirectory() as folder:
         root = Path(folder)
-        write_corpus(root, args.samples)
+        write_corpus(root, args.samples, MODULE)
         write_config(root, PASSES, 0)
         build(root, args.jobs, "-q")
         shutil.copytree(root / "out", root / "parent", symlinks=True)
