@@ -80,6 +80,19 @@ def write_config(root: Path, name: str, transform: bool) -> Path:
     return path
 
 
+def timed(
+    command: list[str], cwd: Path, env: dict[str, str] | None = None
+) -> tuple[float, float, str]:
+    """(wall, CPU seconds of the child and its workers, its output) of one run of ``command``."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.perf_counter()
+    done = subprocess.run(command, check=True, capture_output=True, text=True, cwd=cwd, env=env)
+    wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu, done.stdout
+
+
 def timed_build(
     root: Path, config: Path, jobs: int, tree: str | None = None
 ) -> tuple[float, float]:
@@ -87,18 +100,8 @@ def timed_build(
     source tree it runs (PYTHONPATH), else this process's."""
     env = dict(os.environ) if tree is None else {**os.environ, "PYTHONPATH": tree}
     shutil.rmtree(root / f"out-{config.stem}", ignore_errors=True)
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    started = time.perf_counter()
-    subprocess.run(
-        [sys.executable, "-m", "h5etl", "build", str(config), "-j", str(jobs), "-q"],
-        check=True,
-        capture_output=True,
-        cwd=root,
-        env=env,
-    )
-    wall = time.perf_counter() - started
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    command = [sys.executable, "-m", "h5etl", "build", str(config), "-j", str(jobs), "-q"]
+    wall, cpu, _ = timed(command, root, env)
     return wall, cpu
 
 
@@ -129,9 +132,7 @@ def honest_rounds(corpus: Path, repeats: int, jobs: int) -> None:
     walls: dict[str, list[float]] = {name: [] for name in contenders}
     for _ in range(repeats):
         for name, command in contenders.items():
-            started = time.perf_counter()
-            subprocess.run(command, check=True, capture_output=True, cwd=corpus)
-            walls[name].append(time.perf_counter() - started)
+            walls[name].append(timed(command, corpus)[0])
     samples = len(list((corpus / "images").glob("*.png")))
     median = {name: statistics.median(found) for name, found in walls.items()}
     print(f"{corpus.name}: {samples} pairs, lzf, -j {jobs}, {repeats} rounds (medians)\n")

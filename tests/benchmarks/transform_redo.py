@@ -22,17 +22,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import yaml
-from transform_build import SIDE, write_corpus
+from transform_build import SIDE, timed, write_corpus
 
 MODULE = """import numpy as np
 
@@ -82,19 +79,8 @@ def write_config(root: Path, passes: int, times: int) -> Path:
 
 def build(root: Path, jobs: int, *extra: str) -> tuple[float, float, str]:
     """(wall, CPU seconds of the child and its workers, its output) of one build."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    started = time.perf_counter()
-    done = subprocess.run(
-        [sys.executable, "-m", "h5etl", "build", "redo.yaml", "-j", str(jobs), *extra],
-        check=True,
-        capture_output=True,
-        text=True,
-        cwd=root,
-    )
-    wall = time.perf_counter() - started
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return wall, cpu, done.stdout
+    command = [sys.executable, "-m", "h5etl", "build", "redo.yaml", "-j", str(jobs), *extra]
+    return timed(command, root)
 
 
 CONTENDERS = {

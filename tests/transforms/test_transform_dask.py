@@ -63,6 +63,16 @@ def noise(value, *, scale, rng):
 """
 
 
+def assert_same_datasets(mine: Path | None, theirs: Path | None) -> None:
+    """Both releases exist and hold the same datasets with the same values."""
+    assert mine is not None
+    assert theirs is not None
+    ours, other = read_release(mine), read_release(theirs)
+    assert ours.keys() == other.keys()
+    for name, data in ours.items():
+        np.testing.assert_array_equal(data, other[name], err_msg=name)
+
+
 def test_a_dask_build_stores_the_bytes_of_a_local_one(
     tmp_path: Path,
     make_raw: MakeRaw,
@@ -77,12 +87,7 @@ def test_a_dask_build_stores_the_bytes_of_a_local_one(
     local = h5etl.build(h5etl.load_spec(write_config(tmp_path, fields=noisy)), jobs=1)
     spec = h5etl.load_spec(write_config(tmp_path, fields=noisy, output="dask"))
     remote = h5etl.build(spec, scheduler=cluster.scheduler_address)
-    assert local.path is not None
-    assert remote.path is not None
-    mine, theirs = read_release(local.path), read_release(remote.path)
-    assert mine.keys() == theirs.keys()
-    for name, data in mine.items():
-        np.testing.assert_array_equal(data, theirs[name], err_msg=name)
+    assert_same_datasets(local.path, remote.path)
 
 
 def test_a_dask_build_makes_again_only_the_changed_field(
@@ -107,12 +112,7 @@ def test_a_dask_build_makes_again_only_the_changed_field(
     remote = h5etl.build(noisy(4, "dask"), scheduler=cluster.scheduler_address)
     assert (remote.reused, remote.redone) == (6, ("image",))
     local = h5etl.build(noisy(4, "local"), jobs=1, full=True)
-    assert local.path is not None
-    assert remote.path is not None
-    mine, theirs = read_release(local.path), read_release(remote.path)
-    assert mine.keys() == theirs.keys()
-    for name, data in mine.items():
-        np.testing.assert_array_equal(data, theirs[name], err_msg=name)
+    assert_same_datasets(local.path, remote.path)
 
 
 def test_a_worker_that_cannot_import_the_module_stops_the_build_in_one_line(
