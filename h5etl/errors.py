@@ -173,6 +173,11 @@ class ClusterError(H5EtlError):
     """
 
 
+class SchedulerUnreachable(ClusterError):
+    """No connection could be made to the Dask scheduler. A shard writer's, after another
+    shard of the build had connected, means the scheduler was lost mid-build."""
+
+
 class ClusterLost(ClusterError):
     """The connection to the Dask scheduler was lost mid-build; nothing was published.
 

@@ -34,7 +34,7 @@ from h5etl.config.scheduler_address import scheduler_problem
 from h5etl.dataflow import Barrier, BatchResult, DecodeTask, Sample
 from h5etl.decode import task as decode
 from h5etl.decode.recipe import DecodeRecipe
-from h5etl.errors import ClusterError, ClusterLost, UsageError
+from h5etl.errors import ClusterError, ClusterLost, SchedulerUnreachable, UsageError
 from h5etl.execute import pool as workers
 from h5etl.execute import schedule, sourceviews
 
@@ -158,7 +158,7 @@ class Cluster:
                 self.address, timeout=self.timeout, set_as_default=False
             )
         except (OSError, TimeoutError, ValueError) as exc:
-            raise ClusterError(
+            raise SchedulerUnreachable(
                 f"cannot reach the Dask scheduler at {self.address} ({_one_line(exc)}); start "
                 f"one with `dask scheduler` and give its address"
             ) from exc
@@ -184,6 +184,8 @@ class Cluster:
                 f"the Dask scheduler at {self.address} has no workers after "
                 f"{WORKERS_SECONDS:.0f} s; start some with `dask worker {self.address}`"
             ) from exc
+        except OSError as exc:  # it died while we waited
+            raise self._lost(exc) from exc
         # the build's own view of its sources, before any worker is asked for its
         self.views = tuple((root, sourceviews.view_of(root)) for root in self.roots)
         self._ask_workers()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import multiprocessing.connection
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -23,7 +24,7 @@ from h5etl import errors
 from h5etl.config.spec import Spec, spec_sha256
 from h5etl.dataflow import DecodeTask, Reject
 from h5etl.decode.recipe import DecodeRecipe
-from h5etl.errors import ClusterLost, H5EtlError, ShardError, UsageError
+from h5etl.errors import ClusterLost, H5EtlError, SchedulerUnreachable, ShardError, UsageError
 from h5etl.execute import assembly
 from h5etl.history.build_report import BuildReport
 from h5etl.kinds.columns import ArrayColumn, RaggedColumn, ScalarColumn, TextColumn
@@ -235,48 +236,72 @@ def _start(job: shards.ShardJob) -> tuple[BaseProcess, Connection]:
     return process, receive
 
 
-def _outcome(process: BaseProcess, receive: Connection) -> tuple[str, str, str] | None:
-    """Wait for a shard writer: its outcome, or None if it died without one."""
-    got: tuple[str, str, str] | None = None
+def _receive(process: BaseProcess, receive: Connection) -> tuple[str, str, str] | None:
+    """A shard writer's next message (``CONNECTED`` or its outcome), or None if it died."""
     try:
-        got = receive.recv()
+        got: tuple[str, str, str] = receive.recv()
     except EOFError:
-        got = None
+        return None
+    return got
+
+
+def _ended(process: BaseProcess, receive: Connection, got: tuple[str, str, str] | None) -> bool:
+    """Wait for a shard writer that sent its outcome ``got`` (None: it sent none); whether it
+    ended well enough to take that outcome."""
     process.join()
     receive.close()
-    return got if process.exitcode == 0 else None
+    return got is not None and process.exitcode == 0
 
 
 def _run(
     jobs: Sequence[shards.ShardJob], advance: Callable[[int], None]
 ) -> dict[int, dict[str, Any]]:
-    """Run shard writers side by side; restart one that dies, once; return their manifests."""
+    """Run shard writers side by side; restart one that dies, once; return their manifests.
+
+    Outcomes are taken as they come, not in shard order: the first shard to fail stops the
+    others at once. A shard that cannot connect to the scheduler after another one's decoder
+    came up has lost it mid-build (it was connecting when the scheduler died).
+    """
     running = {job.index: (job, *_start(job), 1) for job in jobs}
     manifests: dict[int, dict[str, Any]] = {}
+    reached = False
     try:
         while running:
-            index = min(running)
-            job, process, receive, attempt = running.pop(index)
-            outcome = _outcome(process, receive)
-            if outcome is None:
-                if attempt >= ATTEMPTS:
-                    raise ShardError(
-                        f"shard writer {index} died {attempt} times (exit code "
-                        f"{process.exitcode}); nothing was published"
+            ready = multiprocessing.connection.wait([entry[2] for entry in running.values()])
+            ended: list[tuple[int, tuple[str, str, str] | None]] = []
+            for index in sorted(i for i, entry in running.items() if entry[2] in ready):
+                got = _receive(running[index][1], running[index][2])
+                if got == shards.CONNECTED:
+                    reached = True  # noted before any outcome that came with it is judged
+                else:
+                    ended.append((index, got))
+            for index, got in ended:
+                job, process, receive, attempt = running.pop(index)
+                if not _ended(process, receive, got):
+                    if attempt >= ATTEMPTS:
+                        raise ShardError(
+                            f"shard writer {index} died {attempt} times (exit code "
+                            f"{process.exitcode}); nothing was published"
+                        )
+                    logger.warning(
+                        "shard writer %d died (exit code %s); starting it again",
+                        index,
+                        process.exitcode,
                     )
-                logger.warning(
-                    "shard writer %d died (exit code %s); starting it again",
-                    index,
-                    process.exitcode,
-                )
-                running[index] = (job, *_start(job), attempt + 1)
-                continue
-            _raise_failed(outcome)
-            manifest = shards.read_manifest(job.manifest, job.ident)
-            if manifest is None:
-                raise ShardError(f"shard {index} has no readable manifest", path=job.manifest)
-            manifests[index] = manifest
-            advance(1)  # in shard order: a later shard done first is counted when it is met
+                    running[index] = (job, *_start(job), attempt + 1)
+                    continue
+                assert got is not None
+                if got[0] == SchedulerUnreachable.__name__ and reached:
+                    raise ClusterLost(
+                        f"lost the Dask scheduler at {job.scheduler} mid-build (shard writer "
+                        f"{index} could not connect after another had); nothing was published"
+                    )
+                _raise_failed(got)
+                manifest = shards.read_manifest(job.manifest, job.ident)
+                if manifest is None:
+                    raise ShardError(f"shard {index} has no readable manifest", path=job.manifest)
+                manifests[index] = manifest
+                advance(1)
     finally:
         for _, process, receive, _ in running.values():
             process.kill()  # our own shard writers, on the way out after an error

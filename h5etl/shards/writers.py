@@ -21,7 +21,7 @@ import logging
 import signal
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -103,10 +103,13 @@ def task_entry(result: BatchResult) -> dict[str, Any]:
     }
 
 
-def write_shard(job: ShardJob, cutter: TaskCutter | None = None) -> dict[str, Any]:
+def write_shard(
+    job: ShardJob, cutter: TaskCutter | None = None, connected: Callable[[], None] = lambda: None
+) -> dict[str, Any]:
     """Decode the job's tasks, write them to its shard file, commit it; return the manifest.
 
     With ``cutter``, its tasks instead (the tail of a virtual release, cut as results come).
+    ``connected`` is called once its decoder is up (connected to the cluster and checked).
 
     Raises:
         BuildFailed: its rejects pass ``on_error`` or ``max_rejects``.
@@ -121,6 +124,7 @@ def write_shard(job: ShardJob, cutter: TaskCutter | None = None) -> dict[str, An
         cluster.decoding(job.scheduler, job.jobs, job.roots) as decoder,
         Sink(job.path, job.layout) as sink,
     ):
+        connected()
         for result in decoder(job.tasks if cutter is None else cutter, job.recipe):
             if cutter is not None:
                 cutter.note(result)
@@ -178,13 +182,17 @@ def _die_with_parent() -> None:
             ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
+CONNECTED = ("connected", "", "")  # a note before the outcome: this writer's decoder is up
+
+
 def run_shard(job: ShardJob, outcome: Connection) -> None:
-    """A shard writer process's entry: write the shard; send ``("ok", "")`` or the error."""
+    """A shard writer process's entry: write the shard; send ``CONNECTED`` once its decoder
+    is up, then ``("ok", "", "")`` or the error."""
     _die_with_parent()
     workers.limit_native_threads()
     _quiet_dask_logs()
     try:
-        write_shard(job)
+        write_shard(job, connected=lambda: outcome.send(CONNECTED))
     except H5EtlError as exc:
         outcome.send((type(exc).__name__, exc.message, str(exc.path or "")))
     else:

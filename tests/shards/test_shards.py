@@ -13,6 +13,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import h5py
 import numpy as np
@@ -23,7 +24,7 @@ from hypothesis import strategies as st
 
 from h5etl.config.load import load_spec
 from h5etl.dataflow import DecodeTask, Sample
-from h5etl.errors import ShardError, UsageError
+from h5etl.errors import ClusterLost, SchedulerUnreachable, ShardError, UsageError
 from h5etl.history.build_report import BuildReport
 from h5etl.pipeline import run as pipeline
 from h5etl.plan import tasks
@@ -155,6 +156,62 @@ def test_a_shard_writer_that_keeps_dying_fails_the_build_cleanly(
     link = tmp_path / "releases" / "cells.h5"
     assert link.resolve() == _published(first).resolve()  # the previous release stays current
     assert sorted(p.name for p in (tmp_path / "releases").glob("cells-v*.h5")) == ["cells-v0001.h5"]
+
+
+def _slow_first_shard(job: shards.ShardJob, outcome: object) -> None:
+    """Shard 0 waits (and would then fail in its own words); shard 1 dies at once."""
+    if job.index == 0:
+        time.sleep(30)
+        outcome.send(("ShardError", "shard 0 was waited for", ""))  # type: ignore[attr-defined]
+        return
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_the_first_shard_to_fail_stops_the_build_without_waiting_for_the_others(
+    tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # outcomes were awaited in shard order: shard 1's failure waited for shard 0, and when a
+    # Dask scheduler died, a shard still connecting reported "cannot reach" ahead of the one
+    # that lost it mid-task
+    spec = load_spec(_corpus(tmp_path, make_raw, write_config))
+    monkeypatch.setattr(committer, "SHARD_WRITER", _slow_first_shard)
+    with pytest.raises(ShardError, match="shard writer 1 died 2 times"):
+        pipeline.build(spec, jobs=2, shards=2)
+    assert not list((tmp_path / "releases").glob("cells*.h5"))
+
+
+def _one_connects_one_cannot(job: shards.ShardJob, outcome: Any) -> None:
+    """Shard 0's decoder comes up; shard 1 then cannot reach the scheduler (it was connecting
+    when the scheduler died)."""
+    up = job.path.parent / "shard-0-up"
+    if job.index == 0:
+        outcome.send(shards.CONNECTED)
+        up.touch()
+        time.sleep(30)
+        return
+    while not up.exists():
+        time.sleep(0.01)
+    outcome.send(("SchedulerUnreachable", "cannot reach the Dask scheduler at local", ""))
+
+
+def _none_connects(job: shards.ShardJob, outcome: Any) -> None:
+    outcome.send(("SchedulerUnreachable", "cannot reach the Dask scheduler at local", ""))
+
+
+def test_a_shard_that_cannot_connect_after_another_did_has_lost_the_scheduler(
+    tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # CI: a scheduler killed while shard 1 was still connecting read "cannot reach ...; start
+    # one with `dask scheduler`", though the build had reached it: it was lost mid-build
+    spec = load_spec(_corpus(tmp_path, make_raw, write_config))
+    monkeypatch.setattr(committer, "SHARD_WRITER", _one_connects_one_cannot)
+    with pytest.raises(ClusterLost) as lost:
+        pipeline.build(spec, jobs=2, shards=2)
+    assert lost.value.message.startswith("lost the Dask scheduler at local mid-build")
+    assert "shard writer 1 could not connect after another had" in lost.value.message
+    monkeypatch.setattr(committer, "SHARD_WRITER", _none_connects)
+    with pytest.raises(SchedulerUnreachable, match="cannot reach the Dask scheduler"):
+        pipeline.build(spec, jobs=2, shards=2)
 
 
 # A sharded build in its own session whose shard 1 never finishes: the test kills the whole
