@@ -168,7 +168,8 @@ class BuildStatus:
             self._finish(INTERRUPTED, stopped)
             return
         if isinstance(exc, H5EtlError):
-            message, code = str(exc).splitlines()[0], exc.exit_code
+            # an error without words (none is raised so today) still gets a status
+            message, code = (str(exc).splitlines() or [type(exc).__name__])[0], exc.exit_code
         else:  # our bug: the traceback goes to the terminal, the status names it
             message, code = f"internal error: {type(exc).__name__}: {exc}", 1
         self._finish(FAILED, {"error": message, "exit_code": code})

@@ -25,7 +25,7 @@ from typer.testing import CliRunner
 
 import h5etl
 from h5etl.cli.app import app
-from h5etl.errors import BuildFailed, LockHeld
+from h5etl.errors import BuildFailed, LockHeld, ShardError
 from h5etl.pipeline import status
 from h5etl.release.folder import OutputFolder
 
@@ -195,6 +195,14 @@ def test_a_failed_build_leaves_its_error(
         f"per-file reasons in {folder / 'cells.failed.rejects.jsonl'} "
         "(see docs/reference/rejects.md#mask_values) (exit code 1)"
     )
+
+
+def test_an_error_without_words_still_leaves_a_status(tmp_path: Path) -> None:
+    # it raised IndexError inside the handler and hid the build's own error
+    output = OutputFolder(tmp_path, "cells")
+    with status.BuildStatus(output, config=None, jobs=1) as build_status:
+        build_status.failed(ShardError(""))
+    assert read_status(tmp_path)["result"] == {"error": "ShardError", "exit_code": 1}
 
 
 def test_a_dry_run_writes_no_status(project: Path) -> None:
