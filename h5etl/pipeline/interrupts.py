@@ -6,7 +6,9 @@ weakref callback or a finaliser run by the garbage collector, the exception is p
 runs of the SIGINT test). ``catching`` installs a handler that also records the request;
 the build calls ``check`` after each result and before it publishes, which raises it again.
 Meanwhile the lost exception's traceback is not printed: the one line a Ctrl-C gets is the
-CLI's "interrupted; nothing was published".
+CLI's "interrupted; nothing was published". A Ctrl-C that lands in a C extension's callback can
+come out as another error (h5py's lock turned it into ``SystemError`` while iterating
+attributes): once one came, whatever ends the build is the interrupt.
 """
 
 from __future__ import annotations
@@ -46,10 +48,19 @@ def catching() -> Iterator[None]:
     sys.unraisablehook = unraisable
     try:
         yield
+    except Exception as exc:
+        if _requested:  # the Ctrl-C came out as another error: h5py's lock raised SystemError
+            raise KeyboardInterrupt from exc
+        raise
     finally:
         signal.signal(signal.SIGINT, previous)
         sys.unraisablehook = hook
         _requested = False
+
+
+def requested() -> bool:
+    """Whether a Ctrl-C came during this build (whatever error it came out as)."""
+    return _requested
 
 
 def check() -> None:

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from h5etl.errors import H5EtlError, UsageError
 from h5etl.history import clock as build_clock
+from h5etl.pipeline import interrupts
 from h5etl.release.folder import OutputFolder
 from h5etl.release.lock import pid_alive
 
@@ -163,7 +164,8 @@ class BuildStatus:
 
     def failed(self, exc: BaseException) -> None:
         """The build stopped on ``exc`` (the caller re-raises it)."""
-        if not isinstance(exc, Exception):  # Ctrl-C (KeyboardInterrupt), SystemExit
+        # Ctrl-C (KeyboardInterrupt, or another error it came out as), SystemExit
+        if not isinstance(exc, Exception) or interrupts.requested():
             stopped = {"error": "interrupted; nothing was published", "exit_code": 130}
             self._finish(INTERRUPTED, stopped)
             return

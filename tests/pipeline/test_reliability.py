@@ -748,6 +748,33 @@ def test_a_ctrl_c_python_swallowed_still_stops_the_build_before_it_publishes(
     assert not interrupts._requested  # reset once the build is left
 
 
+def test_a_ctrl_c_that_comes_out_as_another_error_is_still_an_interrupt(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CI: a SIGINT that landed in h5py's attribute iteration came out as ``SystemError``
+    (its lock's ``__exit__``): the build printed a traceback and exit 1, not 130."""
+    from h5etl.pipeline import interrupts
+
+    build(project)
+    folder = project.parent / "releases"
+    before = file_sha(folder / "cells-v0001.h5")
+
+    def hook(stage: str, advance: int, total: int | None) -> None:
+        if stage == "decode+write" and advance:
+            monkeypatch.setattr(interrupts, "_requested", True)  # as the handler leaves it
+            raise SystemError("FastRLock.__exit__ returned a result with an exception set")
+
+    with pytest.raises(KeyboardInterrupt) as caught, interrupts.catching():
+        build(project, jobs=1, full=True, progress=hook)
+    assert isinstance(caught.value.__cause__, SystemError)
+    assert folder_state(folder)["files"] == PUBLISHED_V1
+    assert file_sha(folder / "cells-v0001.h5") == before
+    status = json.loads((folder / "cells.status.json").read_text())
+    assert status["state"] == "interrupted", status
+    with pytest.raises(SystemError), interrupts.catching():  # without a Ctrl-C: our bug, shown
+        raise SystemError("a real one")
+
+
 def test_a_swallowed_ctrl_c_prints_no_traceback_and_other_lost_errors_still_do(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
