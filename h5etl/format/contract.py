@@ -305,9 +305,11 @@ def read_layout(handle: h5py.File) -> LayoutRecord:
 def _stored_fields(handle: h5py.File) -> dict[str, Any]:
     import yaml
 
+    from h5etl.format import yaml_load
+
     try:
-        config = yaml.safe_load(str(handle.attrs.get("config", ""))) or {}
-    except yaml.YAMLError:
+        config = yaml_load.safe_load(str(handle.attrs.get("config", ""))) or {}
+    except (yaml.YAMLError, RecursionError):
         return {}
     fields = config.get("fields") if isinstance(config, dict) else None
     return fields if isinstance(fields, dict) else {}

@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from h5etl.format import contract as fileformat
+from h5etl.format import yaml_load
 from h5etl.format.contract import TRANSFORMS_KEY
 from h5etl.history.changes import Change, Moved, ReleaseDiff, SampleChange, transform_change
 from h5etl.history.diff_rejects import compare_rejects, reject_notes
@@ -55,8 +56,6 @@ IDENTITY_WORDS: dict[Identity, str] = {
     "filename": f"their file name (the {FILENAME_FIELD!r} field)",
     "sources": "the SHA-256 of their source files",
 }
-
-_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's: 10x faster
 
 
 def diff_paths(a: Path, b: Path) -> ReleaseDiff:
@@ -119,8 +118,8 @@ def _config_keys(text: str) -> dict[str, Any]:
     """The stored config as dotted keys (``fields.image.shape``); a null is no key, so an
     option a newer version added with its default does not show as a change."""
     try:
-        data = yaml.load(text, Loader=_YAML_LOADER) if text else {}
-    except yaml.YAMLError:
+        data = yaml_load.safe_load(text) if text else {}
+    except (yaml.YAMLError, RecursionError):
         return {"(config)": text}  # not YAML: compared as one text
     out: dict[str, Any] = {}
 

@@ -28,6 +28,7 @@ import yaml
 from h5etl.dataflow import Sample
 from h5etl.errors import RejectError
 from h5etl.execute import local_threads
+from h5etl.format import yaml_load
 from h5etl.format.contract import LayoutRecord
 from h5etl.incremental.carry_record import (
     FORMAT,
@@ -56,7 +57,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's: 10x faster, same data
 # Config keys that change no stored byte of a sample already in the parent: a parent built
 # with other values still carries (fractions and seed place only new samples).
 VOLATILE_KEYS = (
@@ -121,8 +121,8 @@ class CarryPlan:
 def config_core(text: str) -> dict[str, Any]:
     """A stored config without the keys that change no stored byte (``VOLATILE_KEYS``)."""
     try:
-        data = yaml.load(text, Loader=SAFE_LOADER) or {}
-    except yaml.YAMLError:
+        data = yaml_load.safe_load(text) or {}
+    except (yaml.YAMLError, RecursionError):
         return {"unreadable": text}
     if not isinstance(data, dict):
         return {"unreadable": text}

@@ -115,11 +115,20 @@ def has_link(config: Path) -> bool:
     """
     import yaml
 
+    from h5etl.format import yaml_load
+
     try:
-        loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's when there
-        data = yaml.load(config.read_text(encoding="utf-8"), Loader=loader)
+        data = yaml_load.safe_load(config.read_text(encoding="utf-8"))
         name, output = data["name"], data.get("output", DEFAULT_OUTPUT)
         folder = Path(output) if Path(output).is_absolute() else config.parent / output
         return (folder / link_filename(str(name))).is_symlink()
-    except (OSError, ValueError, TypeError, KeyError, AttributeError, yaml.YAMLError):
+    except (
+        OSError,
+        ValueError,
+        TypeError,
+        KeyError,
+        AttributeError,
+        RecursionError,
+        yaml.YAMLError,
+    ):
         return False

@@ -326,6 +326,10 @@ def test_config_errors_name_file_and_key(
         pytest.param("1: x\n", "must be a string", id="int-key"),
         pytest.param("", "sources: required key is missing", id="empty"),
         pytest.param("pipeline: 3\n", "pipeline", id="pipeline-type"),
+        # libyaml's parser, now used for configs, crashes the process on this (yaml_load)
+        pytest.param(
+            "name: " + "[" * 100_000 + "]" * 100_000 + "\n", "nested too deeply", id="deep"
+        ),
     ],
 )
 def test_unusable_documents(tmp_path: Path, text: str, message: str) -> None:
