@@ -21,14 +21,19 @@ Child modes (``--run serial|limit|disk|api|read|profile``) are what the runner l
 ``H5ETL_BENCH_SMOKE=1`` (the test suite's smoke run, no figure meant): every table and code
 path, with the fewest builds that show them: of the codec builds only lzf and blosc-lz4 (the
 one with its own work limit; gzip and zstd are the same contender with another config), of
-the chunk sweep only 1 and 32 (the reference) samples a chunk.
+the chunk sweep only 1 and 32 (the reference) samples a chunk. The child modes of this script
+(serial loops, h5etl's work limits, the disk limit, the API build, the reads) run in the runner's
+own process, so they share its imports and one worker pool (``measure_child``); ``h5etl build``,
+the honest limit and every variant tree still run as child processes.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import importlib
+import io
 import json
 import os
 import resource
@@ -155,7 +160,15 @@ class _Sampler(threading.Thread):
             self.done.wait(0.02)
 
 
-def _reap_orphans(deadline: float = 30.0) -> None:
+def _children() -> set[int]:
+    me = os.getpid()
+    return {pid for pid, parent in _parents().items() if parent == me}
+
+
+def _reap_orphans(keep: set[int], deadline: float = 30.0) -> None:
+    """Wait for the children of a run (orphaned workers adopted here) to exit and reap them;
+    ``keep``: this runner's own children from before the run (smoke mode: the worker pools of
+    the child modes it ran in-process), which live on."""
     end = time.monotonic() + deadline
     while time.monotonic() < end:
         try:
@@ -163,11 +176,14 @@ def _reap_orphans(deadline: float = 30.0) -> None:
         except ChildProcessError:
             return
         if pid == 0:
+            if keep and _children() <= keep:
+                return
             time.sleep(0.02)
 
 
 def measure(cmd: Sequence[str], env: dict[str, str] | None = None) -> tuple[Run, str]:
     """Run ``cmd`` to completion; its wall, tree CPU and peak RSS, and its stdout."""
+    keep = _children() if SMOKE else set()
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
@@ -175,7 +191,7 @@ def measure(cmd: Sequence[str], env: dict[str, str] | None = None) -> tuple[Run,
     sampler.start()
     out, err = proc.communicate()
     wall = time.perf_counter() - started
-    _reap_orphans()
+    _reap_orphans(keep)
     sampler.done.set()
     sampler.join()
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -186,6 +202,25 @@ def measure(cmd: Sequence[str], env: dict[str, str] | None = None) -> tuple[Run,
     workers = [peak for pid, peak in sampler.peaks.items() if pid != proc.pid and peak > 8 * MIB]
     run = Run(wall, cpu, sampler.peaks.get(proc.pid, 0), max(workers, default=0))
     return run, out
+
+
+def measure_child(cmd: Sequence[str], env: dict[str, str] | None = None) -> tuple[Run, str]:
+    """``measure`` a child mode of a benchmark script (``cmd``: python, the script, its
+    arguments). The smoke run (no figure meant) runs the child modes of the scripts in
+    ``IN_PROCESS`` in this process instead, the same code from their arguments to their JSON
+    line, when they run this tree (no variant's ``PYTHONPATH``): one process and one worker
+    pool for all of them, not a process and a pool each."""
+    child = IN_PROCESS.get(cmd[1]) if SMOKE and env in (None, LIMIT_ENV) else None
+    if child is None:
+        return measure(cmd, env)
+    text = io.StringIO()
+    before = _cpu(resource.getrusage(resource.RUSAGE_SELF))
+    started = time.perf_counter()
+    with contextlib.redirect_stdout(text):
+        child(list(cmd[2:]))
+    wall = time.perf_counter() - started
+    cpu = _cpu(resource.getrusage(resource.RUSAGE_SELF)) - before
+    return Run(wall, cpu, _hwm(os.getpid()), 0), text.getvalue()
 
 
 def _child_json(out: str) -> dict[str, Any]:
@@ -499,7 +534,9 @@ def _h5etl_cli(
         run.extra = _build_seconds(release)
         run.extra["rejects"] = float(attrs.get("rejects_total", 0))
     if reads is not None:
-        read, out = measure(_child("read", "--file", str(release), "--dataset", "/train/image"))
+        read, out = measure_child(
+            _child("read", "--file", str(release), "--dataset", "/train/image")
+        )
         info = _child_json(out)
         read.samples, read.wall, read.disk = info["samples"], info["seconds"], info["bytes"]
         reads.setdefault(config, []).append(read)
@@ -509,7 +546,7 @@ def _h5etl_cli(
 def _child_run(
     cmd: list[str], samples: int, disk: Path | None = None, env: dict[str, str] | None = None
 ) -> Run:
-    run, out = measure(cmd, env)
+    run, out = measure_child(cmd, env)
     info = _child_json(out)
     run.samples = int(info.get("samples", samples))
     run.extra = info
@@ -1208,6 +1245,14 @@ def child_main(args: argparse.Namespace) -> None:
     else:
         info = run_profile(args.config, args.jobs, args.out)
     print(json.dumps(info))
+
+
+def _child_here(argv: Sequence[str]) -> None:
+    child_main(parse(argv))
+
+
+# script -> its child modes' entry point, for ``measure_child`` (smoke runs only)
+IN_PROCESS: dict[str, Callable[[Sequence[str]], None]] = {str(HERE): _child_here}
 
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:

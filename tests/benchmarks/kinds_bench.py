@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 from build import HERE as BUILD_SCRIPT
 from build import (
+    IN_PROCESS,
     LIMIT_ENV,
     Run,
     _child_run,
@@ -296,6 +297,13 @@ def run_limit(config: Path) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------------------------
 # the interleaved runner and the table
+
+
+def _limit_here(argv: Sequence[str]) -> None:
+    main(argv)
+
+
+IN_PROCESS[str(HERE)] = _limit_here  # smoke runs: the limit in the runner (build.measure_child)
 
 
 def _limit(corpus: Corpus, task: str) -> Run:
