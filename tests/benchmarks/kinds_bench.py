@@ -26,7 +26,9 @@ proportions, so both make the same number of blocks.
     python tests/benchmarks/kinds_bench.py --wait-load 1.5 --repeats 5 --output /tmp/kinds.md
     python tests/benchmarks/kinds_bench.py --no-superres --samples 600 --repeats 3
 
-Child mode ``--run limit --config CFG`` is what the runner launches.
+Child mode ``--run limit --config CFG`` is what the runner launches; ``H5ETL_BENCH_SMOKE=1``
+(no figure meant) runs it, and build.py's disk write, in the runner's process
+(``build.measure_child``).
 """
 
 from __future__ import annotations
