@@ -23,8 +23,9 @@ path, with the fewest builds that show them: of the codec builds only lzf and bl
 one with its own work limit; gzip and zstd are the same contender with another config), of
 the chunk sweep only 1 and 32 (the reference) samples a chunk. The child modes of this script
 (serial loops, h5etl's work limits, the disk limit, the API build, the reads) run in the runner's
-own process, so they share its imports and one worker pool (``measure_child``); ``h5etl build``,
-the honest limit and every variant tree still run as child processes.
+own process, and so do the ``h5etl build`` runs of this tree: they pay the imports once, and
+the child modes share one worker pool (``measure_child``); the honest limit and every variant
+tree still run as child processes.
 """
 
 from __future__ import annotations
@@ -205,22 +206,49 @@ def measure(cmd: Sequence[str], env: dict[str, str] | None = None) -> tuple[Run,
 
 
 def measure_child(cmd: Sequence[str], env: dict[str, str] | None = None) -> tuple[Run, str]:
-    """``measure`` a child mode of a benchmark script (``cmd``: python, the script, its
-    arguments). The smoke run (no figure meant) runs the child modes of the scripts in
-    ``IN_PROCESS`` in this process instead, the same code from their arguments to their JSON
-    line, when they run this tree (no variant's ``PYTHONPATH``): one process and one worker
-    pool for all of them, not a process and a pool each."""
-    child = IN_PROCESS.get(cmd[1]) if SMOKE and env in (None, LIMIT_ENV) else None
-    if child is None:
+    """``measure`` a child: ``h5etl ...``, ``python -m h5etl ...`` or a child mode of a
+    benchmark script (python, the script, its arguments). The smoke run (no figure meant)
+    runs ``h5etl`` and the child modes of the scripts in ``IN_PROCESS`` in this process
+    instead, the same code from their arguments to their output, when they run this tree (no
+    variant's ``PYTHONPATH``): the imports paid once, and one worker pool for all the child
+    modes, not a process and a pool each."""
+    here = _in_process(cmd) if SMOKE and env in (None, LIMIT_ENV) else None
+    if here is None:
         return measure(cmd, env)
+    child, args = here
     text = io.StringIO()
     before = _cpu(resource.getrusage(resource.RUSAGE_SELF))
     started = time.perf_counter()
     with contextlib.redirect_stdout(text):
-        child(list(cmd[2:]))
+        child(args)
     wall = time.perf_counter() - started
     cpu = _cpu(resource.getrusage(resource.RUSAGE_SELF)) - before
     return Run(wall, cpu, _hwm(os.getpid()), 0), text.getvalue()
+
+
+def _in_process(cmd: Sequence[str]) -> tuple[Callable[[Sequence[str]], None], list[str]] | None:
+    """The function that runs ``cmd`` here, and its arguments; None: it runs as a child."""
+    if cmd[0] == "h5etl":
+        return _h5etl_here, list(cmd[1:])
+    if list(cmd[1:3]) == ["-m", "h5etl"]:
+        return _h5etl_here, list(cmd[3:])
+    child = IN_PROCESS.get(cmd[1]) if len(cmd) > 1 else None
+    return None if child is None else (child, list(cmd[2:]))
+
+
+def _h5etl_here(args: Sequence[str]) -> None:
+    """The ``h5etl`` command line in this process, as its entry point runs it."""
+    from h5etl.cli.app import main as h5etl_main
+
+    argv = sys.argv
+    sys.argv = ["h5etl", *args]
+    try:
+        h5etl_main()
+    except SystemExit as exc:
+        if exc.code not in (0, None):
+            raise RuntimeError(f"h5etl {' '.join(args)} failed ({exc.code})") from exc
+    finally:
+        sys.argv = argv
 
 
 def _child_json(out: str) -> dict[str, Any]:
@@ -525,7 +553,7 @@ def _h5etl_cli(
     folder = corpus.releases(config)
     shutil.rmtree(folder, ignore_errors=True)
     cmd = ["h5etl", "build", str(corpus.config(config)), "--jobs", str(jobs), "--quiet"]
-    run, _ = measure(cmd, _variant_env(variant))
+    run, _ = measure_child(cmd, _variant_env(variant))
     release = _release_file(folder)
     run.disk = release.stat().st_size
     with h5py.File(release, "r") as f:

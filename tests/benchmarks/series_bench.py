@@ -50,7 +50,6 @@ from build import (
     _child_json,
     _median,
     become_subreaper,
-    measure,
     measure_child,
 )
 from installed import byte_compile, warm
@@ -224,7 +223,7 @@ def _release(folder: Path) -> Path:
 def _build(folder: Path, jobs: int) -> Run:
     shutil.rmtree(folder / "releases", ignore_errors=True)
     cmd = [sys.executable, "-m", "h5etl", "build", str(folder / "series.yaml"), "--jobs", str(jobs)]
-    run, _ = measure([*cmd, "--quiet"])
+    run, _ = measure_child([*cmd, "--quiet"])
     run.disk = _release(folder).stat().st_size
     return run
 
