@@ -25,8 +25,6 @@ runs in this process instead (h5etl imported once), from its arguments to its JS
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import json
 import os
 import shutil
@@ -35,6 +33,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from installed import exec_child
 
 HERE = Path(__file__).resolve()
 DEFAULT_DIR = Path(os.environ.get("H5ETL_BENCH_DIR", "/tmp/h5etl-ragged-carry-bench"))
@@ -62,7 +62,7 @@ def _build(root: Path, jobs: int, **extra: object) -> tuple[float, dict[str, obj
     args = [str(root / "bench.yaml"), str(jobs), json.dumps(extra)]
     started = time.perf_counter()
     if SMOKE:
-        out = _child_here(args)
+        out = exec_child(CHILD, args)
     else:
         done = subprocess.run(
             [sys.executable, "-c", CHILD, *args], check=True, capture_output=True, text=True
@@ -71,18 +71,6 @@ def _build(root: Path, jobs: int, **extra: object) -> tuple[float, dict[str, obj
     wall = time.perf_counter() - started
     found: dict[str, object] = json.loads(out.strip().splitlines()[-1])
     return wall, found
-
-
-def _child_here(args: list[str]) -> str:
-    """``CHILD`` run in this process (smoke runs): its stdout."""
-    text, argv = io.StringIO(), sys.argv
-    sys.argv = ["-c", *args]
-    try:
-        with contextlib.redirect_stdout(text):
-            exec(CHILD, {"__name__": "__main__"})
-    finally:
-        sys.argv = argv
-    return text.getvalue()
 
 
 def _touch(folder: Path) -> None:
