@@ -63,7 +63,7 @@ from corpus import (
     messy_indices,
     sweep_config,
 )
-from installed import byte_compile, warm
+from installed import byte_compile, h5etl_here, warm
 
 try:
     from h5etl.execute.pool import NATIVE_THREAD_LIMITS
@@ -229,26 +229,11 @@ def measure_child(cmd: Sequence[str], env: dict[str, str] | None = None) -> tupl
 def _in_process(cmd: Sequence[str]) -> tuple[Callable[[Sequence[str]], None], list[str]] | None:
     """The function that runs ``cmd`` here, and its arguments; None: it runs as a child."""
     if cmd[0] == "h5etl":
-        return _h5etl_here, list(cmd[1:])
+        return h5etl_here, list(cmd[1:])
     if list(cmd[1:3]) == ["-m", "h5etl"]:
-        return _h5etl_here, list(cmd[3:])
+        return h5etl_here, list(cmd[3:])
     child = IN_PROCESS.get(cmd[1]) if len(cmd) > 1 else None
     return None if child is None else (child, list(cmd[2:]))
-
-
-def _h5etl_here(args: Sequence[str]) -> None:
-    """The ``h5etl`` command line in this process, as its entry point runs it."""
-    from h5etl.cli.app import main as h5etl_main
-
-    argv = sys.argv
-    sys.argv = ["h5etl", *args]
-    try:
-        h5etl_main()
-    except SystemExit as exc:
-        if exc.code not in (0, None):
-            raise RuntimeError(f"h5etl {' '.join(args)} failed ({exc.code})") from exc
-    finally:
-        sys.argv = argv
 
 
 def _child_json(out: str) -> dict[str, Any]:

@@ -12,8 +12,9 @@ its work limit, so on a page cache that other jobs emptied the first build alone
 inputs from disk: the first repeat's ratio came out 0.52-0.79 where the others gave 0.8-1.0,
 in every benchmark, always against h5etl. Both contenders now start from the same warm cache.
 
-``exec_child`` runs a child's ``python -c`` code in this process instead: the test suite's
-smoke runs (``H5ETL_BENCH_SMOKE=1``, no figure meant) pay the imports once.
+``exec_child`` and ``h5etl_here`` run a child's ``python -c`` code or its ``h5etl`` command
+line in this process instead: the test suite's smoke runs (``H5ETL_BENCH_SMOKE=1``, no figure
+meant) pay the imports once.
 """
 
 from __future__ import annotations
@@ -69,6 +70,21 @@ def warm(*roots: str | Path) -> int:
                 except OSError:
                     continue  # unreadable: the build reports it
     return total
+
+
+def h5etl_here(args: Sequence[str]) -> None:
+    """``h5etl ARGS`` in this process, as its entry point runs it; a failure raises."""
+    from h5etl.cli.app import main
+
+    argv = sys.argv
+    sys.argv = ["h5etl", *args]
+    try:
+        main()
+    except SystemExit as exc:
+        if exc.code not in (0, None):
+            raise RuntimeError(f"h5etl {' '.join(args)} failed ({exc.code})") from exc
+    finally:
+        sys.argv = argv
 
 
 def exec_child(code: str, args: Sequence[str], cwd: Path | None = None) -> str:
