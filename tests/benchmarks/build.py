@@ -4,7 +4,8 @@ Every contender runs as a child process, interleaved (all contenders once, then 
 and the table shows medians over ``--repeats``. Per run: images/s (samples / wall of the
 process), wall, CPU (user+sys of the whole process tree: this runner is a child subreaper, so
 orphaned workers are reaped here and counted in ``RUSAGE_CHILDREN``), peak RSS of the parent
-and of the largest other process (``VmHWM`` sampled from /proc every 20 ms) and bytes on disk.
+and of the largest other process (``VmHWM`` sampled from /proc every 20 ms; 100 ms in a smoke
+run) and bytes on disk.
 
     python tests/benchmarks/build.py                 # the default run (about 6 minutes)
     python tests/benchmarks/build.py --messy         # only clean vs messy corpus (3% rejects)
@@ -74,6 +75,7 @@ MIB = 2**20
 SMOKE = os.environ.get("H5ETL_BENCH_SMOKE") == "1"
 BUILD_CODECS = ("lzf", "blosc-lz4") if SMOKE else tuple(CODECS)
 BUILD_SWEEP = (1, 32) if SMOKE else CHUNK_SWEEP
+SAMPLE_EVERY = 0.1 if SMOKE else 0.02  # seconds between the /proc samples of peak RSS
 BATCH = 32
 SIZE = 224
 HERE = Path(__file__).resolve()
@@ -158,7 +160,7 @@ class _Sampler(threading.Thread):
         while not self.done.is_set():
             for pid in [self.root, *_descendants(os.getpid())]:
                 self.peaks[pid] = max(self.peaks.get(pid, 0), _hwm(pid))
-            self.done.wait(0.02)
+            self.done.wait(SAMPLE_EVERY)
 
 
 def _children() -> set[int]:

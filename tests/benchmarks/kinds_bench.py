@@ -51,6 +51,7 @@ from build import HERE as BUILD_SCRIPT
 from build import (
     IN_PROCESS,
     LIMIT_ENV,
+    SMOKE,
     Run,
     _child_run,
     _h5etl_cli,
@@ -435,8 +436,9 @@ def _ratio_row(label: str, ratios: list[float]) -> str:
 
 def _photos_in_child(base: Path, params: PhotoParams) -> Corpus:
     """The corpus, written by a child if missing: made here, the pool's workers would stay
-    children of this runner, and ``measure`` waits for every one of them to exit."""
-    if not (base / params.folder_name / "corpus.json").exists():
+    children of this runner, and ``measure`` waits for every one of them to exit. A smoke run
+    makes it here: it measures nothing in a child (``build.measure_child``)."""
+    if not SMOKE and not (base / params.folder_name / "corpus.json").exists():
         cmd = [sys.executable, str(HERE), "--run", "corpus", "--dir", str(base)]
         cmd += ["--samples", str(params.samples), "--classes", str(params.classes)]
         subprocess.run([*cmd, "--seed", str(params.seed)], check=True, stdout=sys.stderr)
