@@ -4,7 +4,8 @@ Every contender runs as a child process, interleaved (all contenders once, then 
 and the table shows medians over ``--repeats``. Per run: images/s (samples / wall of the
 process), wall, CPU (user+sys of the whole process tree: this runner is a child subreaper, so
 orphaned workers are reaped here and counted in ``RUSAGE_CHILDREN``), peak RSS of the parent
-and of the largest other process (``VmHWM`` sampled from /proc every 20 ms) and bytes on disk.
+and of the largest other process (``VmHWM`` sampled from /proc every 20 ms; 100 ms in a smoke
+run) and bytes on disk.
 
     python tests/benchmarks/build.py                 # the default run (about 6 minutes)
     python tests/benchmarks/build.py --messy         # only clean vs messy corpus (3% rejects)
@@ -21,14 +22,20 @@ Child modes (``--run serial|limit|disk|api|read|profile``) are what the runner l
 ``H5ETL_BENCH_SMOKE=1`` (the test suite's smoke run, no figure meant): every table and code
 path, with the fewest builds that show them: of the codec builds only lzf and blosc-lz4 (the
 one with its own work limit; gzip and zstd are the same contender with another config), of
-the chunk sweep only 1 and 32 (the reference) samples a chunk.
+the chunk sweep only 1 and 32 (the reference) samples a chunk. The child modes of this script
+(serial loops, h5etl's work limits, the disk limit, the API build, the reads) run in the runner's
+own process, and so do the ``h5etl build`` runs of this tree: they pay the imports once, and
+the child modes share one worker pool (``measure_child``); the honest limit and every variant
+tree still run as child processes.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import importlib
+import io
 import json
 import os
 import resource
@@ -57,7 +64,7 @@ from corpus import (
     messy_indices,
     sweep_config,
 )
-from installed import byte_compile, warm
+from installed import byte_compile, h5etl_here, warm
 
 try:
     from h5etl.execute.pool import NATIVE_THREAD_LIMITS
@@ -68,6 +75,7 @@ MIB = 2**20
 SMOKE = os.environ.get("H5ETL_BENCH_SMOKE") == "1"
 BUILD_CODECS = ("lzf", "blosc-lz4") if SMOKE else tuple(CODECS)
 BUILD_SWEEP = (1, 32) if SMOKE else CHUNK_SWEEP
+SAMPLE_EVERY = 0.1 if SMOKE else 0.02  # seconds between the /proc samples of peak RSS
 BATCH = 32
 SIZE = 224
 HERE = Path(__file__).resolve()
@@ -152,10 +160,18 @@ class _Sampler(threading.Thread):
         while not self.done.is_set():
             for pid in [self.root, *_descendants(os.getpid())]:
                 self.peaks[pid] = max(self.peaks.get(pid, 0), _hwm(pid))
-            self.done.wait(0.02)
+            self.done.wait(SAMPLE_EVERY)
 
 
-def _reap_orphans(deadline: float = 30.0) -> None:
+def _children() -> set[int]:
+    me = os.getpid()
+    return {pid for pid, parent in _parents().items() if parent == me}
+
+
+def _reap_orphans(keep: set[int], deadline: float = 30.0) -> None:
+    """Wait for the children of a run (orphaned workers adopted here) to exit and reap them;
+    ``keep``: this runner's own children from before the run (smoke mode: the worker pools of
+    the child modes it ran in-process), which live on."""
     end = time.monotonic() + deadline
     while time.monotonic() < end:
         try:
@@ -163,11 +179,14 @@ def _reap_orphans(deadline: float = 30.0) -> None:
         except ChildProcessError:
             return
         if pid == 0:
+            if keep and _children() <= keep:
+                return
             time.sleep(0.02)
 
 
 def measure(cmd: Sequence[str], env: dict[str, str] | None = None) -> tuple[Run, str]:
     """Run ``cmd`` to completion; its wall, tree CPU and peak RSS, and its stdout."""
+    keep = _children() if SMOKE else set()
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
@@ -175,7 +194,7 @@ def measure(cmd: Sequence[str], env: dict[str, str] | None = None) -> tuple[Run,
     sampler.start()
     out, err = proc.communicate()
     wall = time.perf_counter() - started
-    _reap_orphans()
+    _reap_orphans(keep)
     sampler.done.set()
     sampler.join()
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -186,6 +205,37 @@ def measure(cmd: Sequence[str], env: dict[str, str] | None = None) -> tuple[Run,
     workers = [peak for pid, peak in sampler.peaks.items() if pid != proc.pid and peak > 8 * MIB]
     run = Run(wall, cpu, sampler.peaks.get(proc.pid, 0), max(workers, default=0))
     return run, out
+
+
+def measure_child(cmd: Sequence[str], env: dict[str, str] | None = None) -> tuple[Run, str]:
+    """``measure`` a child: ``h5etl ...``, ``python -m h5etl ...`` or a child mode of a
+    benchmark script (python, the script, its arguments). The smoke run (no figure meant)
+    runs ``h5etl`` and the child modes of the scripts in ``IN_PROCESS`` in this process
+    instead, the same code from their arguments to their output, when they run this tree (no
+    variant's ``PYTHONPATH``): the imports paid once, and one worker pool for all the child
+    modes, not a process and a pool each."""
+    here = _in_process(cmd) if SMOKE and env in (None, LIMIT_ENV) else None
+    if here is None:
+        return measure(cmd, env)
+    child, args = here
+    text = io.StringIO()
+    before = _cpu(resource.getrusage(resource.RUSAGE_SELF))
+    started = time.perf_counter()
+    with contextlib.redirect_stdout(text):
+        child(args)
+    wall = time.perf_counter() - started
+    cpu = _cpu(resource.getrusage(resource.RUSAGE_SELF)) - before
+    return Run(wall, cpu, _hwm(os.getpid()), 0), text.getvalue()
+
+
+def _in_process(cmd: Sequence[str]) -> tuple[Callable[[Sequence[str]], None], list[str]] | None:
+    """The function that runs ``cmd`` here, and its arguments; None: it runs as a child."""
+    if cmd[0] == "h5etl":
+        return h5etl_here, list(cmd[1:])
+    if list(cmd[1:3]) == ["-m", "h5etl"]:
+        return h5etl_here, list(cmd[3:])
+    child = IN_PROCESS.get(cmd[1]) if len(cmd) > 1 else None
+    return None if child is None else (child, list(cmd[2:]))
 
 
 def _child_json(out: str) -> dict[str, Any]:
@@ -490,7 +540,7 @@ def _h5etl_cli(
     folder = corpus.releases(config)
     shutil.rmtree(folder, ignore_errors=True)
     cmd = ["h5etl", "build", str(corpus.config(config)), "--jobs", str(jobs), "--quiet"]
-    run, _ = measure(cmd, _variant_env(variant))
+    run, _ = measure_child(cmd, _variant_env(variant))
     release = _release_file(folder)
     run.disk = release.stat().st_size
     with h5py.File(release, "r") as f:
@@ -499,7 +549,9 @@ def _h5etl_cli(
         run.extra = _build_seconds(release)
         run.extra["rejects"] = float(attrs.get("rejects_total", 0))
     if reads is not None:
-        read, out = measure(_child("read", "--file", str(release), "--dataset", "/train/image"))
+        read, out = measure_child(
+            _child("read", "--file", str(release), "--dataset", "/train/image")
+        )
         info = _child_json(out)
         read.samples, read.wall, read.disk = info["samples"], info["seconds"], info["bytes"]
         reads.setdefault(config, []).append(read)
@@ -509,7 +561,7 @@ def _h5etl_cli(
 def _child_run(
     cmd: list[str], samples: int, disk: Path | None = None, env: dict[str, str] | None = None
 ) -> Run:
-    run, out = measure(cmd, env)
+    run, out = measure_child(cmd, env)
     info = _child_json(out)
     run.samples = int(info.get("samples", samples))
     run.extra = info
@@ -1208,6 +1260,14 @@ def child_main(args: argparse.Namespace) -> None:
     else:
         info = run_profile(args.config, args.jobs, args.out)
     print(json.dumps(info))
+
+
+def _child_here(argv: Sequence[str]) -> None:
+    child_main(parse(argv))
+
+
+# script -> its child modes' entry point, for ``measure_child`` (smoke runs only)
+IN_PROCESS: dict[str, Callable[[Sequence[str]], None]] = {str(HERE): _child_here}
 
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:

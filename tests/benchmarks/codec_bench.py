@@ -19,7 +19,9 @@ tables show medians over the repeats, and ratios against the current default (lz
     python tests/benchmarks/codec_bench.py                       # all candidates, chunks 8/16/32
     python tests/benchmarks/codec_bench.py --candidates lzf blosc-lz4 --chunks 8 32 --repeats 5
 
-``--run read --file RELEASE`` is the read child the runner launches.
+``--run read --file RELEASE`` is the read child the runner launches. ``H5ETL_BENCH_SMOKE=1``
+(the test suite's smoke run, no figure meant) runs it, and each build, in the runner's process
+(``build.measure_child``).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from build import Run, _h5etl_origin, become_subreaper, measure
+from build import IN_PROCESS, SMOKE, Run, _h5etl_origin, become_subreaper, measure_child
 from corpus import (
     CONFIG_TEMPLATE,
     DEFAULT_DIR,
@@ -220,21 +222,28 @@ def run_cell(corpus: Corpus, cell: Cell, args: argparse.Namespace) -> None:
     """Build the candidate, read the release back in a fresh child, then delete it."""
     folder = corpus.root / "releases" / "codecs" / label(cell.name, cell.chunk)
     shutil.rmtree(folder, ignore_errors=True)
-    build, _ = measure(["h5etl", "build", str(cell.config), "--jobs", "2", "--quiet"])
+    build, _ = measure_child(["h5etl", "build", str(cell.config), "--jobs", "2", "--quiet"])
     release = _release_file(folder)
     build.disk = release.stat().st_size
     build.extra["raw_bytes"] = _raw_bytes(release)
     child = [sys.executable, str(HERE), "--run", "read", "--file", str(release)]
     child += ["--probes", str(args.probes), "--min-seconds", str(args.min_seconds)]
-    # No /proc sampler beside the reads (measure() runs one): it would take CPU from them.
-    done = subprocess.run(child, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(child)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
-    reads = json.loads(done.stdout.splitlines()[-1])
+    reads = json.loads(_read_child(child).splitlines()[-1])
     build.samples = int(reads["samples"])
     cell.builds.append(build)
     cell.reads.append(reads)
     shutil.rmtree(folder, ignore_errors=True)
+
+
+def _read_child(child: list[str]) -> str:
+    """The read child's output; smoke runs: run here (``build.measure_child``)."""
+    if SMOKE:
+        return measure_child(child)[1]
+    # No /proc sampler beside the reads (measure() runs one): it would take CPU from them.
+    done = subprocess.run(child, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(child)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return done.stdout
 
 
 def run_all(corpus: Corpus, cells: list[Cell], args: argparse.Namespace) -> None:
@@ -337,10 +346,13 @@ def benchmark(args: argparse.Namespace) -> str:
     import h5py
 
     # The corpus is written by a child: joblib's workers (and loky's resource tracker) would
-    # otherwise stay alive as our children, and measure() waits for every child to exit.
-    make = [sys.executable, str(HERE.with_name("corpus.py")), "--dir", str(args.dir)]
-    subprocess.run([*make, "--samples", str(args.samples)], check=True, stdout=subprocess.DEVNULL)
-    corpus = ensure_corpus(args.dir, CorpusParams(samples=args.samples))  # cached: no workers
+    # otherwise stay alive as our children, and measure() waits for every child to exit. A
+    # smoke run makes it here: it measures nothing in a child (build.measure_child).
+    if not SMOKE:
+        make = [sys.executable, str(HERE.with_name("corpus.py")), "--dir", str(args.dir)]
+        make += ["--samples", str(args.samples)]
+        subprocess.run(make, check=True, stdout=subprocess.DEVNULL)
+    corpus = ensure_corpus(args.dir, CorpusParams(samples=args.samples))  # cached, unless smoke
     wanted = [(n, c) for n in args.candidates for c in args.chunks]
     if BASELINE not in wanted:
         wanted.insert(0, BASELINE)
@@ -398,6 +410,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(text)
     if args.output:
         args.output.write_text(text, encoding="utf-8")
+
+
+IN_PROCESS[str(HERE)] = main  # smoke runs: the read child in the runner (build.measure_child)
 
 
 if __name__ == "__main__":

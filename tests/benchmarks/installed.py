@@ -11,13 +11,20 @@ measures first (into their ``__pycache__``, as an install would), whatever the s
 its work limit, so on a page cache that other jobs emptied the first build alone read the
 inputs from disk: the first repeat's ratio came out 0.52-0.79 where the others gave 0.8-1.0,
 in every benchmark, always against h5etl. Both contenders now start from the same warm cache.
+
+``exec_child`` and ``h5etl_here`` run a child's ``python -c`` code or its ``h5etl`` command
+line in this process instead: the test suite's smoke runs (``H5ETL_BENCH_SMOKE=1``, no figure
+meant) pay the imports once.
 """
 
 from __future__ import annotations
 
 import compileall
+import contextlib
+import io
 import os
-from collections.abc import Iterable
+import sys
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 
@@ -63,3 +70,30 @@ def warm(*roots: str | Path) -> int:
                 except OSError:
                     continue  # unreadable: the build reports it
     return total
+
+
+def h5etl_here(args: Sequence[str]) -> None:
+    """``h5etl ARGS`` in this process, as its entry point runs it; a failure raises."""
+    from h5etl.cli.app import main
+
+    argv = sys.argv
+    sys.argv = ["h5etl", *args]
+    try:
+        main()
+    except SystemExit as exc:
+        if exc.code not in (0, None):
+            raise RuntimeError(f"h5etl {' '.join(args)} failed ({exc.code})") from exc
+    finally:
+        sys.argv = argv
+
+
+def exec_child(code: str, args: Sequence[str], cwd: Path | None = None) -> str:
+    """What ``python -c CODE ARGS`` (run in ``cwd``) prints, run in this process."""
+    text, argv = io.StringIO(), sys.argv
+    sys.argv = ["-c", *args]
+    try:
+        with contextlib.chdir(cwd or os.getcwd()), contextlib.redirect_stdout(text):
+            exec(code, {"__name__": "__main__"})
+    finally:
+        sys.argv = argv
+    return text.getvalue()

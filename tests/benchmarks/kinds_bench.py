@@ -26,7 +26,9 @@ proportions, so both make the same number of blocks.
     python tests/benchmarks/kinds_bench.py --wait-load 1.5 --repeats 5 --output /tmp/kinds.md
     python tests/benchmarks/kinds_bench.py --no-superres --samples 600 --repeats 3
 
-Child mode ``--run limit --config CFG`` is what the runner launches.
+Child mode ``--run limit --config CFG`` is what the runner launches; ``H5ETL_BENCH_SMOKE=1``
+(no figure meant) runs it, and build.py's disk write, in the runner's process
+(``build.measure_child``).
 """
 
 from __future__ import annotations
@@ -47,7 +49,9 @@ from typing import Any
 import numpy as np
 from build import HERE as BUILD_SCRIPT
 from build import (
+    IN_PROCESS,
     LIMIT_ENV,
+    SMOKE,
     Run,
     _child_run,
     _h5etl_cli,
@@ -298,6 +302,13 @@ def run_limit(config: Path) -> dict[str, Any]:
 # the interleaved runner and the table
 
 
+def _limit_here(argv: Sequence[str]) -> None:
+    main(argv)
+
+
+IN_PROCESS[str(HERE)] = _limit_here  # smoke runs: the limit in the runner (build.measure_child)
+
+
 def _limit(corpus: Corpus, task: str) -> Run:
     cmd = [sys.executable, str(HERE), "--run", "limit", "--config", str(corpus.config(task))]
     return _child_run(cmd, corpus.params.samples, env=LIMIT_ENV)
@@ -425,8 +436,9 @@ def _ratio_row(label: str, ratios: list[float]) -> str:
 
 def _photos_in_child(base: Path, params: PhotoParams) -> Corpus:
     """The corpus, written by a child if missing: made here, the pool's workers would stay
-    children of this runner, and ``measure`` waits for every one of them to exit."""
-    if not (base / params.folder_name / "corpus.json").exists():
+    children of this runner, and ``measure`` waits for every one of them to exit. A smoke run
+    makes it here: it measures nothing in a child (``build.measure_child``)."""
+    if not SMOKE and not (base / params.folder_name / "corpus.json").exists():
         cmd = [sys.executable, str(HERE), "--run", "corpus", "--dir", str(base)]
         cmd += ["--samples", str(params.samples), "--classes", str(params.classes)]
         subprocess.run([*cmd, "--seed", str(params.seed)], check=True, stdout=sys.stderr)

@@ -22,6 +22,10 @@ threads. "Split cache" is a reader made with ``cache_bytes="split"``: its first 
 two workers (``persistent_workers``) so their caches survive the epoch. Prints markdown
 tables: latencies are medians; throughputs the best of several epochs or runs (the machine
 is shared, so noise only ever slows a run), and ratios of those.
+
+``H5ETL_BENCH_SMOKE=1`` (the test suite's smoke run, no figure meant): every table and reader,
+each best-of taken over one run or epoch (the cached readers: the filling epoch and one
+more), and the synthetic images made from 8 base pictures instead of 48.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ try:
 except ImportError:  # a tree from before _ahead.py (--release compares trees on one script)
     from h5etl.readers._chunks import prefetched  # type: ignore[attr-defined,no-redef]
 
+SMOKE = os.environ.get("H5ETL_BENCH_SMOKE") == "1"
 SHAPE = (3, 224, 224)
 BATCH = 32
 FORMATS: dict[str, dict[str, Any]] = {  # the filters a release of that codec gets
@@ -64,7 +69,8 @@ FORMATS: dict[str, dict[str, Any]] = {  # the filters a release of that codec ge
 def synthetic(samples: int, seed: int = 0) -> np.ndarray:
     """``samples`` cell pictures: a few bases, each shifted, flipped and re-noised."""
     rng = np.random.default_rng(seed)
-    bases = [cell_pair(rng, SHAPE[1], SHAPE[2])[0].transpose(2, 0, 1) for _ in range(48)]
+    count = 8 if SMOKE else 48
+    bases = [cell_pair(rng, SHAPE[1], SHAPE[2])[0].transpose(2, 0, 1) for _ in range(count)]
     out = np.empty((samples, *SHAPE), dtype=np.uint8)
     for index in range(samples):
         image = bases[int(rng.integers(len(bases)))]
@@ -176,9 +182,14 @@ def throughput(fn: Callable[[np.ndarray], Any], batches: list[np.ndarray], budge
     return done / (time.perf_counter() - started)
 
 
+def runs(repeats: int) -> int:
+    """How many runs a best-of takes: ``repeats``, or one in a smoke run (no figure meant)."""
+    return 1 if SMOKE else repeats
+
+
 def best_of(repeats: int, fn: Callable[[], float]) -> float:
     """The best of ``repeats`` runs: the machine is shared, so noise only ever slows a run."""
-    return max(fn() for _ in range(repeats))
+    return max(fn() for _ in range(runs(repeats)))
 
 
 class NpyDataset:
@@ -226,7 +237,7 @@ def cached_epochs(path: Path, args: argparse.Namespace) -> tuple[float, float]:
         sampler.set_epoch(0)
         first = throughput(read, sampler.batches(BATCH), math.inf)  # fills the cache
         later = 0.0
-        for epoch in range(1, 7):
+        for epoch in range(1, 1 + runs(6)):
             sampler.set_epoch(epoch)
             later = max(later, throughput(read, sampler.batches(BATCH), args.budget))
     return first, later
@@ -244,7 +255,7 @@ def persistent_loader_epochs(dataset: Any, batches: Any, workers: int) -> float:
         persistent_workers=True,
     )
     best = 0.0
-    for epoch in range(4):
+    for epoch in range(1 + runs(3)):
         batches.set_epoch(epoch)
         started = time.perf_counter()
         count = sum(len(batch["image"]) for batch in loader)
@@ -266,7 +277,7 @@ def measure(path: Path, npy: np.ndarray | None, args: argparse.Namespace) -> dic
             sampler.set_epoch(epoch)
             return throughput(read, sampler.batches(BATCH), args.budget)
 
-        return max(one(epoch) for epoch in range(repeats))
+        return max(one(epoch) for epoch in range(runs(repeats)))
 
     row: dict[str, float] = {}
     if npy is not None:
@@ -281,7 +292,7 @@ def measure(path: Path, npy: np.ndarray | None, args: argparse.Namespace) -> dic
             5, lambda: throughput(lambda b: npy[b], naive_batches, args.budget)
         )
         row["sampler"] = epochs(lambda b: npy[b], 7)
-        row["prefetched"] = max(prefetched_epoch(path, args, epoch=e) for e in range(7))
+        row["prefetched"] = max(prefetched_epoch(path, args, epoch=e) for e in range(runs(7)))
         return row
     # HDF5 shares one chunk cache per dataset between the openings of one process, sized by
     # the first: so each reader below is closed before the next one opens.
@@ -298,7 +309,7 @@ def measure(path: Path, npy: np.ndarray | None, args: argparse.Namespace) -> dic
         )
     with Release(path, "train", fields=["image"], batch_size=BATCH) as release:
         row["sampler"] = epochs(release.read, 7 if row["single_ms"] < 2 else 3)
-    repeats = 7 if row["single_ms"] < 2 else 3
+    repeats = runs(7 if row["single_ms"] < 2 else 3)
     row["prefetched"] = max(prefetched_epoch(path, args, epoch=e) for e in range(repeats))
     return row
 
@@ -397,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
         # Best of two cold epochs, alternating plain and prefetched, for every file alike.
         cold: dict[str, float] = {}
         cold_ahead: dict[str, float] = {}
-        for _ in range(2):
+        for _ in range(runs(2)):
             for name, path in paths.items():
                 cold[name] = max(cold.get(name, 0.0), cold_epoch(path, args))
                 ahead = cold_epoch(path, args, prefetch=args.prefetch)

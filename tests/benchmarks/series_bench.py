@@ -24,7 +24,8 @@ ragged release (``h5etl.readers.series.SeriesReader``) and from the vlen file (h
 
     python tests/benchmarks/series_bench.py --recordings 40 --repeats 3 --output /tmp/series.md
 
-Child modes (``--run limit|vlen|read``) are what the runner launches.
+Child modes (``--run limit|vlen|read``) are what the runner launches; ``H5ETL_BENCH_SMOKE=1``
+(no figure meant) runs them in the runner's process (``build.measure_child``).
 """
 
 from __future__ import annotations
@@ -42,7 +43,15 @@ from typing import Any
 
 import h5py
 import numpy as np
-from build import LIMIT_ENV, Run, _child_json, _median, become_subreaper, measure
+from build import (
+    IN_PROCESS,
+    LIMIT_ENV,
+    Run,
+    _child_json,
+    _median,
+    become_subreaper,
+    measure_child,
+)
 from installed import byte_compile, warm
 from joblib import Parallel, delayed
 
@@ -214,13 +223,13 @@ def _release(folder: Path) -> Path:
 def _build(folder: Path, jobs: int) -> Run:
     shutil.rmtree(folder / "releases", ignore_errors=True)
     cmd = [sys.executable, "-m", "h5etl", "build", str(folder / "series.yaml"), "--jobs", str(jobs)]
-    run, _ = measure([*cmd, "--quiet"])
+    run, _ = measure_child([*cmd, "--quiet"])
     run.disk = _release(folder).stat().st_size
     return run
 
 
 def _measured(cmd: list[str], env: dict[str, str] | None = None) -> Run:
-    run, out = measure(cmd, env)
+    run, out = measure_child(cmd, env)  # smoke runs: in this process (IN_PROCESS)
     run.extra = _child_json(out)
     run.samples = int(run.extra.get("samples", 0))
     run.disk = int(run.extra.get("bytes", 0))
@@ -325,6 +334,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(text)
     if args.output is not None:
         args.output.write_text(text + "\n", encoding="utf-8")
+
+
+IN_PROCESS[str(HERE)] = main  # smoke runs: the child modes in the runner (build.measure_child)
 
 
 if __name__ == "__main__":

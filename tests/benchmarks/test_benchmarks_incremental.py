@@ -2,20 +2,30 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).parent  # the scripts beside these tests
+SMOKE_ENV = {**os.environ, "H5ETL_BENCH_SMOKE": "1"}  # no figure meant: every build in-process
 
 
-def test_incremental_bench_prints_every_build_and_both_ratios(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def bench_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One corpus for both tests (it is cached; each run links its own work folder)."""
+    return tmp_path_factory.mktemp("incremental")
+
+
+def test_incremental_bench_prints_every_build_and_both_ratios(bench_dir: Path) -> None:
     done = subprocess.run(
         [
             sys.executable,
             str(BENCH / "incremental.py"),
             "--dir",
-            str(tmp_path),
+            str(bench_dir),
             "--samples",
             "20",
             "--repeats",
@@ -27,6 +37,7 @@ def test_incremental_bench_prints_every_build_and_both_ratios(tmp_path: Path) ->
         text=True,
         check=False,
         timeout=600,
+        env=SMOKE_ENV,
     )
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
@@ -44,9 +55,9 @@ def test_incremental_bench_prints_every_build_and_both_ratios(tmp_path: Path) ->
 TINY = ("--samples", "20", "--repeats", "1", "--jobs", "1", "--in-process")
 
 
-def test_the_in_process_variant_prints_the_same_rows(tmp_path: Path) -> None:
+def test_the_in_process_variant_prints_the_same_rows(bench_dir: Path) -> None:
     done = subprocess.run(
-        [sys.executable, str(BENCH / "incremental.py"), "--dir", str(tmp_path), *TINY],
+        [sys.executable, str(BENCH / "incremental.py"), "--dir", str(bench_dir), *TINY],
         capture_output=True,
         text=True,
         check=False,

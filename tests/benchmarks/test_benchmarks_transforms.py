@@ -49,7 +49,7 @@ def test_the_transform_redo_benchmark_prints_its_table() -> None:
 
 
 def test_the_transform_build_against_the_honest_limit_prints_its_ratio(tmp_path: Path) -> None:
-    made = _run("corpus.py", "--dir", str(tmp_path), "--samples", "8")
+    made = _run("corpus.py", "--dir", str(tmp_path), "--samples", "8", "-j", "1")  # no pool
     root = made.split("corpus: ", 1)[1].split()[0]  # "corpus: <folder> (...)"
     text = _run("transform_build.py", "--corpus", root)
     assert _contenders(text) == [

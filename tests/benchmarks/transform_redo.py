@@ -15,7 +15,8 @@ sample, what each costs over the build that finds nothing changed.
     python tests/benchmarks/transform_redo.py                  # 600 samples, 3 rounds
     python tests/benchmarks/transform_redo.py --samples 200 --repeats 1 --jobs 1
 
-``H5ETL_BENCH_SMOKE=1`` (no figure meant): 12 samples, 1 round.
+``H5ETL_BENCH_SMOKE=1`` (no figure meant): 12 samples, 1 round, each build in this process
+(``transform_build.timed``).
 """
 
 from __future__ import annotations
