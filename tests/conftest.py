@@ -16,8 +16,9 @@ import hashlib
 import io
 import math
 import os
+import tempfile
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
@@ -347,6 +348,48 @@ def dataset_digests(path: Path) -> dict[str, str]:
     with h5py.File(path, "r") as handle:
         group = handle["diagnostics/datasets"]
         return {str(node.attrs["dataset"]): str(node.attrs["sha256"]) for node in group.values()}
+
+
+# Temp folders in RAM when the machine has room and the user chose no TMPDIR: the suite makes
+# thousands of small releases, each fsynced several times (the publish must be durable), and on
+# a busy disk those waits, not the CPU, set the pace. The code paths are the same on tmpfs;
+# the disk-full tests mount their own small tmpfs. pyproject keeps only failed tests' folders.
+RAM_TEMP = Path("/dev/shm")
+RAM_TEMP_MIN_FREE = 4 * 2**30
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if os.environ.get("TMPDIR") or config.option.basetemp or not RAM_TEMP.is_dir():
+        return
+    try:
+        stat = os.statvfs(RAM_TEMP)
+    except OSError:
+        return
+    if stat.f_bavail * stat.f_frsize < RAM_TEMP_MIN_FREE:
+        return
+    folder = RAM_TEMP / "h5etl-tests"
+    try:
+        folder.mkdir(exist_ok=True)
+    except OSError:
+        return
+    os.environ["TMPDIR"] = str(folder)  # xdist's workers and the tests' children inherit it
+    tempfile.tempdir = None  # read TMPDIR again
+
+
+@pytest.fixture(autouse=True)
+def _working_directory_restored() -> Iterator[None]:
+    """A test that moves the process elsewhere must move it back (``monkeypatch.chdir``): its
+    temp folder is removed after it passes, and the next test of the worker found no working
+    directory (FileNotFoundError from os.getcwd)."""
+    before = os.getcwd()
+    yield
+    try:
+        after = os.getcwd()
+    except FileNotFoundError:
+        after = ""
+    if after != before:
+        os.chdir(before)
+        pytest.fail(f"the test left the working directory at {after or 'a removed folder'}")
 
 
 def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 
@@ -154,15 +153,13 @@ def test_changed_output_is_stored_as_it_is(
 
 
 def test_config_file_is_kept_out_of_the_stored_config(
-    tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig
+    tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     make_raw(tmp_path, n=1)
     config = write_config(tmp_path)
-    os.chdir(tmp_path)
-    try:
+    with monkeypatch.context() as here:
+        here.chdir(tmp_path)
         spec = load_spec(Path(config.name))
-    finally:
-        os.chdir("/")
     assert spec.config_file == config
     assert spec.config_file.is_absolute()
     assert "config_file" not in spec_text(spec)
@@ -185,7 +182,7 @@ def test_config_file_cannot_be_set_from_yaml(
 
 
 def test_a_sidecar_table_is_found_beside_the_config_and_stored_as_written(
-    tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig
+    tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # a label table is a path in the config like a source folder: relative to the config
     make_raw(tmp_path, n=2)
@@ -199,7 +196,7 @@ def test_a_sidecar_table_is_found_beside_the_config_and_stored_as_written(
     )
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    os.chdir(elsewhere)
+    monkeypatch.chdir(elsewhere)  # undone after the test (its folder is removed then)
     spec = load_spec(config)
     field = spec.fields["label"]
     assert isinstance(field, LabelField)
