@@ -75,6 +75,8 @@ class BuildStatus:
         self._warned = False
         self._points: deque[tuple[float, int]] = deque()  # (time, steps settled)
         self._rejects: Counter[str] = Counter()
+        # stored batches not yet counted: they count with the progress advance that follows
+        self._stored: list[tuple[str, int, list[str]]] = []  # split, samples, reject reasons
         self.data: dict[str, Any] = {
             "format": FORMAT,
             "name": output.name,
@@ -117,6 +119,7 @@ class BuildStatus:
             return
         with self._lock:
             self.data["done"] += advance
+            self._count_stored()
             self._dirty = True
 
     def planned(self, samples: dict[str, int], rejects: Iterable[Reject]) -> None:
@@ -134,11 +137,20 @@ class BuildStatus:
             self._dirty = True
 
     def stored(self, result: BatchResult) -> None:
-        """A batch went to the file: its samples and rejects count from now on."""
+        """A batch went to the file: its samples and rejects count from the progress advance
+        that follows (the pipeline reports each stored batch as settled right after). Counted
+        at once, a status written in between showed samples stored that the stage's progress
+        did not have yet (stored 8, done 4)."""
+        reasons = [reject.reason for reject in result.rejects]
         with self._lock:
-            self._split(result.task.split)["stored"] += result.accepted
-            self._add_rejects(result.rejects)
-            self._dirty = True
+            self._stored.append((result.task.split, result.accepted, reasons))
+
+    def _count_stored(self) -> None:
+        """Count the stored batches (under the lock)."""
+        for split, accepted, reasons in self._stored:
+            self._split(split)["stored"] += accepted
+            self._count_rejects(reasons)
+        self._stored.clear()
 
     def succeeded(
         self,
@@ -154,6 +166,7 @@ class BuildStatus:
         and ``rejects`` are all of its rejects, decode-time ones too): the outcome, while the
         build still holds the lock."""
         with self._lock:
+            self._count_stored()  # before the counts that replace them
             for split, count in samples.items():
                 self._split(split)["stored"] = count
             if rejects is not None:
@@ -182,6 +195,7 @@ class BuildStatus:
 
     def _finish(self, state: str, result: dict[str, Any]) -> None:
         with self._lock:
+            self._count_stored()  # a batch stored just before the build stopped
             self.data.update(state=state, result=result, rate=None, eta_seconds=None)
         if not self.write_now():
             # A status left saying "running" would read as a killed build: none is better.
@@ -189,7 +203,10 @@ class BuildStatus:
                 self.output.status_path.unlink()
 
     def _add_rejects(self, rejects: Iterable[Reject]) -> None:
-        self._rejects.update(reject.reason for reject in rejects)
+        self._count_rejects(reject.reason for reject in rejects)
+
+    def _count_rejects(self, reasons: Iterable[str]) -> None:
+        self._rejects.update(reasons)
         self.data["rejects"] = {
             "total": sum(self._rejects.values()),
             "reasons": dict(sorted(self._rejects.items())),

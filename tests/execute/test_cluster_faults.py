@@ -72,6 +72,22 @@ def _wait(what: str, done: Any, process: subprocess.Popen[Any] | None = None) ->
         time.sleep(0.05)
 
 
+def _scheduler_address(path: Path, process: subprocess.Popen[Any]) -> str:
+    """The address a ``dask scheduler`` process writes to its scheduler file ``path``.
+
+    Waited for until the file parses, not until it exists: the scheduler writes it in place
+    (``open(path, "w")``, then ``json.dump``), so for a moment it exists empty."""
+    found: list[str] = []
+
+    def written() -> bool:
+        with contextlib.suppress(FileNotFoundError, ValueError):
+            found.append(json.loads(path.read_text())["address"])
+        return bool(found)
+
+    _wait("the scheduler", written, process)
+    return found[0]
+
+
 def _named(client: Any, name: str) -> str | None:
     workers = client.scheduler_info(n_workers=-1)["workers"]
     return next((address for address, w in workers.items() if w["name"] == name), None)
@@ -351,8 +367,7 @@ def test_a_scheduler_killed_mid_build_is_one_line_and_resume_continues(
     command = [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1"]
     command += ["--port", "0", "--no-dashboard", "--scheduler-file", str(tmp_path / "s.json")]
     with _process(command, tmp_path, _env()) as dying:
-        _wait("the scheduler", (tmp_path / "s.json").is_file, dying)
-        address = json.loads((tmp_path / "s.json").read_text())["address"]
+        address = _scheduler_address(tmp_path / "s.json", dying)
         holding = [sys.executable, "-m", "distributed.cli.dask_worker", address, "--nthreads"]
         holding += ["1", "--no-nanny", "--no-dashboard", "--preload", str(tmp_path / "hold.py")]
         with _process(holding, tmp_path, _env()):
@@ -418,8 +433,7 @@ def test_a_scheduler_killed_before_the_first_checkpoint_promises_no_resume(
     command = [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1"]
     command += ["--port", "0", "--no-dashboard", "--scheduler-file", str(tmp_path / "s.json")]
     with _process(command, tmp_path, _env()) as dying:
-        _wait("the scheduler", (tmp_path / "s.json").is_file, dying)
-        address = json.loads((tmp_path / "s.json").read_text())["address"]
+        address = _scheduler_address(tmp_path / "s.json", dying)
         holding = [sys.executable, "-m", "distributed.cli.dask_worker", address, "--nthreads"]
         holding += ["1", "--no-nanny", "--no-dashboard", "--preload", str(tmp_path / "hold.py")]
         with _process(holding, tmp_path, _env()):

@@ -223,13 +223,15 @@ def test_the_exit_code_is_the_worst_outcomes(codes: list[int], expected: int) ->
 
 def cli_with_decode(before: str) -> str:
     """A child script: ``h5etl build FOLDER --jobs 1`` with ``before`` (code run at the start
-    of every image decode, ``calls[0]`` counting them) put in front of the decoder."""
+    of every image decode, ``calls[0]`` counting them, ``folder`` the folder built) put in
+    front of the decoder."""
     body = textwrap.indent(textwrap.dedent(before).strip(), " " * 4)
     return f"""
 import os, signal, sys, time
 import h5etl.inputs.raster
 original = h5etl.inputs.raster.decode_field
 calls = [0]
+folder = sys.argv[1]
 def patched(*args, **kwargs):
     calls[0] += 1
 {body}
@@ -241,8 +243,20 @@ main()
 """
 
 
-# The CLI over a folder, the first build slowed down so that Ctrl-C lands in it.
-SLOW_MANY = cli_with_decode("time.sleep(0.05)")
+# The CLI over a folder whose first build, at its first decode, says so (the file
+# ``decoding`` beside the folder) and waits there for the Ctrl-C: it lands in that build
+# however late the test gets to send it. It was a 0.05 s sleep per decode, a window of about
+# 2 s that a test starved that long on a loaded machine missed: the first build published.
+GATED_MANY = cli_with_decode(
+    """
+    if calls[0] == 1:
+        from pathlib import Path
+        from h5etl.pipeline import interrupts
+        (Path(folder).parent / "decoding").touch()
+        while not interrupts.requested():  # in the main thread, the Ctrl-C raises in here
+            time.sleep(0.01)
+    """
+)
 
 
 def test_ctrl_c_stops_the_builds_and_still_prints_the_summary(
@@ -250,26 +264,26 @@ def test_ctrl_c_stops_the_builds_and_still_prints_the_summary(
 ) -> None:
     add_config(tmp_path, write_config, "a.yaml")
     add_config(tmp_path, write_config, "b.yaml", name="later")
-    proc = subprocess.Popen(
-        [sys.executable, "-c", SLOW_MANY, str(tmp_path / "configs")],
+    status = tmp_path / "releases" / "cells.status.json"
+    # its pipes closed whatever happens: left open, they failed the next test of this process
+    with subprocess.Popen(
+        [sys.executable, "-c", GATED_MANY, str(tmp_path / "configs")],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
-    )
-    status = tmp_path / "releases" / "cells.status.json"
-    try:
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:  # the live status says when it decodes
-            with contextlib.suppress(FileNotFoundError, ValueError):
-                if json.loads(status.read_text("utf-8"))["stage"] == "decode+write":
-                    break
-            time.sleep(0.02)
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=90)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
+    ) as proc:
+        try:
+            deadline = time.monotonic() + 90  # to come up on a loaded machine, not a measure
+            while not (tmp_path / "decoding").exists():  # the first build waits there
+                assert proc.poll() is None, proc.communicate()
+                assert time.monotonic() < deadline, "the first build never decoded"
+                time.sleep(0.02)
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=90)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 130, err
     assert [row[1:3] for row in summary(out)[1:]] == [["cells", "failed"], ["later", "not"]]
     assert "0 of 2 configs built" in out

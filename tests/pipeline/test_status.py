@@ -147,6 +147,46 @@ def test_a_running_build_shows_its_progress_to_another_process(project: Path) ->
     assert "v0001 " in result.output.splitlines()[0]
 
 
+def test_no_status_shows_a_batch_stored_before_its_progress(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the status thread could write between a batch's stored count and the progress advance
+    # that follows it: a reader saw "stored 8" beside "done 4" (the live-status test above
+    # failed so, `8 <= 4`, with the build paused there). Here a write is forced right there.
+    from h5etl.history import provenance
+
+    live: list[status.BuildStatus] = []
+    written: list[dict[str, Any]] = []
+    enter, lines, write = (
+        status.BuildStatus.__enter__,
+        provenance.fingerprint_lines,
+        OutputFolder.write_status,
+    )
+
+    def entered(self: status.BuildStatus) -> status.BuildStatus:
+        live.append(self)
+        return enter(self)
+
+    def between(result: Any) -> list[str]:  # the pipeline's step after storing a batch
+        live[-1].write_now()
+        return lines(result)
+
+    def recorded(self: OutputFolder, data: dict[str, Any]) -> None:
+        written.append(json.loads(json.dumps(data)))
+        write(self, data)
+
+    monkeypatch.setattr(status.BuildStatus, "__enter__", entered)
+    monkeypatch.setattr(provenance, "fingerprint_lines", between)
+    monkeypatch.setattr(OutputFolder, "write_status", recorded)
+    h5etl.build(h5etl.load_spec(project), jobs=1)
+    decoding = [d for d in written if d["stage"] == "decode+write" and d["state"] == "running"]
+    assert len(decoding) > 1
+    for data in decoding:  # a first build: every sample stored was settled (stored or not)
+        assert sum(s["stored"] for s in data["samples"].values()) <= data["done"], data
+    assert written[-1]["state"] == "succeeded"
+    assert written[-1]["rejects"] == {"total": 3, "reasons": {"mask_values": 2, "orphan": 1}}
+
+
 def test_a_killed_build_is_shown_as_killed(project: Path) -> None:
     folder = project.parent / "releases"
     with gated_build(project) as (proc, _):
