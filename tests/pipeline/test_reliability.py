@@ -143,12 +143,20 @@ KILLED_BUILD = f"""
 # `h5etl build CONFIG` through the CLI, slowed down so that a signal lands mid-build: about
 # 10 s of decoding (24 pairs), so that a poller starved on a loaded machine still finds it
 # mid-build; the test stops it at once, so this costs nothing when all is well.
+# The CLI build, its first decode held until the build's handler has recorded the Ctrl-C (at
+# most 120 s): the signal lands mid-build however late a loaded machine lets the test send it.
+# It was a 0.2 s sleep per decode, a window of about 10 s.
 SLOW_CLI_BUILD = """
     import sys, time
     import h5etl.inputs.raster
+    from h5etl.pipeline import interrupts
     original = h5etl.inputs.raster.decode_field  # what the kinds decode with
+    calls = [0]
     def slow(*args, **kwargs):
-        time.sleep(0.2)
+        calls[0] += 1
+        deadline = time.monotonic() + 120
+        while calls[0] == 1 and not interrupts.requested() and time.monotonic() < deadline:
+            time.sleep(0.01)  # in the main thread, the Ctrl-C raises in here
         return original(*args, **kwargs)
     h5etl.inputs.raster.decode_field = slow
     from h5etl.cli.app import main
@@ -389,7 +397,8 @@ def test_resume_refuses_a_changed_plan(project: Path, make_raw: MakeRaw, tmp_pat
 
 
 def interrupt_slow_build(config: Path, folder: Path) -> tuple[bool, int, str]:
-    """Run the slow CLI build, Ctrl-C it once it writes its temp file (or after 60 s).
+    """Run the CLI build held at its first decode, Ctrl-C it once it writes its temp file (or
+    after 60 s).
 
     Returns whether it had started writing, its exit code and its stderr.
     """
