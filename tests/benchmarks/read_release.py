@@ -283,6 +283,8 @@ def main(argv: list[str] | None = None) -> int:
         return child(args)
     args.release = Path(os.path.realpath(args.release))
     warm(args.release)
+    if args.dir is not None:
+        args.dir.mkdir(parents=True, exist_ok=True)  # a scratch folder named but not made yet
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         npy = export_npy(args.release, args.split, Path(tmp))
         for name in npy.values():
