@@ -77,6 +77,7 @@ class BuildStatus:
         self._rejects: Counter[str] = Counter()
         # stored batches not yet counted: they count with the progress advance that follows
         self._stored: list[tuple[str, int, list[str]]] = []  # split, samples, reject reasons
+        self._copied: dict[str, int] = {}  # samples per split copied, not yet counted
         self.data: dict[str, Any] = {
             "format": FORMAT,
             "name": output.name,
@@ -130,11 +131,10 @@ class BuildStatus:
         self.write_now()
 
     def resumed(self, counts: dict[str, int]) -> None:
-        """Samples per split copied from a killed build."""
+        """Samples per split copied from a killed build (or carried from the parent): they
+        count from the progress advance that follows, as stored batches do."""
         with self._lock:
-            for split, count in counts.items():
-                self._split(split)["stored"] = count
-            self._dirty = True
+            self._copied = dict(counts)
 
     def stored(self, result: BatchResult) -> None:
         """A batch went to the file: its samples and rejects count from the progress advance
@@ -146,7 +146,10 @@ class BuildStatus:
             self._stored.append((result.task.split, result.accepted, reasons))
 
     def _count_stored(self) -> None:
-        """Count the stored batches (under the lock)."""
+        """Count the copied samples and the stored batches (under the lock)."""
+        for split, count in self._copied.items():
+            self._split(split)["stored"] = count
+        self._copied.clear()
         for split, accepted, reasons in self._stored:
             self._split(split)["stored"] += accepted
             self._count_rejects(reasons)

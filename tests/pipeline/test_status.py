@@ -187,6 +187,28 @@ def test_no_status_shows_a_batch_stored_before_its_progress(
     assert written[-1]["rejects"] == {"total": 3, "reasons": {"mask_values": 2, "orphan": 1}}
 
 
+def test_samples_copied_from_a_killed_build_count_with_the_progress_that_follows(
+    tmp_path: Path,
+) -> None:
+    # a resumed build set its stored counts, then read its parent's snapshot before the
+    # progress advance: a status written in between showed stored ahead of done
+    output = OutputFolder(tmp_path, "cells")
+    with status.BuildStatus(output, config=None, jobs=1) as build_status:
+        build_status("decode+write", 0, 20)
+        build_status.resumed({"train": 6, "valid": 2})
+        build_status.write_now()
+        shown = read_status(tmp_path)
+        assert (shown["done"], shown["samples"]) == (0, {})
+        build_status("decode+write", 8, None)
+        build_status.write_now()
+        shown = read_status(tmp_path)
+    assert shown["done"] == 8
+    assert {split: counts["stored"] for split, counts in shown["samples"].items()} == {
+        "train": 6,
+        "valid": 2,
+    }
+
+
 def test_a_killed_build_is_shown_as_killed(project: Path) -> None:
     folder = project.parent / "releases"
     with gated_build(project) as (proc, _):
