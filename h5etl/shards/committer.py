@@ -236,7 +236,7 @@ def _start(job: shards.ShardJob) -> tuple[BaseProcess, Connection]:
     return process, receive
 
 
-def _receive(process: BaseProcess, receive: Connection) -> tuple[str, str, str] | None:
+def _receive(receive: Connection) -> tuple[str, str, str] | None:
     """A shard writer's next message (``CONNECTED`` or its outcome), or None if it died."""
     try:
         got: tuple[str, str, str] = receive.recv()
@@ -251,6 +251,25 @@ def _ended(process: BaseProcess, receive: Connection, got: tuple[str, str, str] 
     process.join()
     receive.close()
     return got is not None and process.exitcode == 0
+
+
+def _started_again(
+    job: shards.ShardJob, died: BaseProcess, attempt: int
+) -> tuple[shards.ShardJob, BaseProcess, Connection, int]:
+    """A shard writer that died, started once more (its ``running`` entry).
+
+    Raises:
+        ShardError: it has died ``ATTEMPTS`` times.
+    """
+    if attempt >= ATTEMPTS:
+        raise ShardError(
+            f"shard writer {job.index} died {attempt} times (exit code {died.exitcode}); "
+            "nothing was published"
+        )
+    logger.warning(
+        "shard writer %d died (exit code %s); starting it again", job.index, died.exitcode
+    )
+    return (job, *_start(job), attempt + 1)
 
 
 def _run(
@@ -270,7 +289,7 @@ def _run(
             ready = multiprocessing.connection.wait([entry[2] for entry in running.values()])
             ended: list[tuple[int, tuple[str, str, str] | None]] = []
             for index in sorted(i for i, entry in running.items() if entry[2] in ready):
-                got = _receive(running[index][1], running[index][2])
+                got = _receive(running[index][2])
                 if got == shards.CONNECTED:
                     reached = True  # noted before any outcome that came with it is judged
                 else:
@@ -278,17 +297,7 @@ def _run(
             for index, got in ended:
                 job, process, receive, attempt = running.pop(index)
                 if not _ended(process, receive, got):
-                    if attempt >= ATTEMPTS:
-                        raise ShardError(
-                            f"shard writer {index} died {attempt} times (exit code "
-                            f"{process.exitcode}); nothing was published"
-                        )
-                    logger.warning(
-                        "shard writer %d died (exit code %s); starting it again",
-                        index,
-                        process.exitcode,
-                    )
-                    running[index] = (job, *_start(job), attempt + 1)
+                    running[index] = _started_again(job, process, attempt)
                     continue
                 assert got is not None
                 if got[0] == SchedulerUnreachable.__name__ and reached:
