@@ -178,6 +178,7 @@ def _dask_logs(shown: bool) -> None:
 def main() -> None:
     """Entry point of the ``h5etl`` command."""
     workers.limit_native_threads()  # numpy is not imported yet (a test holds this)
+    workers.serve_forks()
     try:
         app()
     finally:
@@ -186,6 +187,7 @@ def main() -> None:
         # (pydantic's schemas, numpy, h5py), 0.1 s of CPU after the work is done. Frozen,
         # they are freed as the modules go, without that walk.
         workers.stop()
+        workers.serve_forks(False)  # main() called in a process that goes on (a test)
         gc.freeze()
 
 

@@ -248,6 +248,8 @@ def build(
     single = len(configs) == 1 and not configs[0].is_dir()
     pooled = scheduler in (None, "local") and not (single and not full and _has_link(configs[0]))
     if pooled:
+        if shards > 1:
+            workers.preload_too(("h5etl.shards.writers",))
         workers.warm_up(jobs)  # a config naming a cluster leaves these idle; they time out
     options = _BuildOptions(
         jobs, dry_run, decode, resume, quiet, full, scheduler, shards, vds, notes, pooled,

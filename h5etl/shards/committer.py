@@ -26,6 +26,7 @@ from h5etl.dataflow import DecodeTask, Reject
 from h5etl.decode.recipe import DecodeRecipe
 from h5etl.errors import ClusterLost, H5EtlError, SchedulerUnreachable, ShardError, UsageError
 from h5etl.execute import assembly
+from h5etl.execute import pool as workers
 from h5etl.history.build_report import BuildReport
 from h5etl.kinds.columns import ArrayColumn, RaggedColumn, ScalarColumn, TextColumn
 from h5etl.plan.result import Plan
@@ -217,9 +218,7 @@ def _context() -> Any:
     interpreter per writer costs about a second of imports), never a fork of this process,
     whose threads (a Dask client's, the fsync thread) a fork would copy mid-step."""
     if "forkserver" in multiprocessing.get_all_start_methods():
-        context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload(["h5etl.shards.writers"])
-        return context
+        return workers.fork_server(("h5etl.shards.writers",))
     return multiprocessing.get_context("spawn")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -134,3 +135,46 @@ def test_stop_waits_for_the_task_queues_thread_so_an_exiting_cli_prints_nothing(
     )
     assert done.stdout.strip() == "[]"
     assert done.stderr == ""
+
+
+FORKED_WORKERS = """
+import json, os, sys
+from h5etl.execute import pool as workers
+
+def facts(names):
+    return {
+        "parent": os.getppid(),
+        "environment": {name: os.environ.get(name) for name in names},
+        "stack imported": all(module in sys.modules for module in workers.DECODE_STACK),
+        "config loaded": any(module.startswith("h5etl.config") for module in sys.modules),
+    }
+
+if __name__ == "__main__":
+    names = [*sorted(workers.NATIVE_THREAD_LIMITS), "H5ETL_TEST_SET_LATER"]
+    os.environ["OMP_NUM_THREADS"] = "3"  # the workers' own limit wins, as with loky's start
+    workers.serve_forks()
+    workers.warm_up(2)  # the fork server starts with this environment
+    workers.stop()
+    os.environ["H5ETL_TEST_SET_LATER"] = "yes"  # credentials set between two builds
+    seen = [workers.pool(2).submit(facts, names).result() for _ in range(4)]
+    workers.stop()
+    print(json.dumps({"me": os.getpid(), "seen": seen}))
+"""
+
+
+def test_the_clis_workers_are_forks_of_a_server_with_the_decode_stack_and_todays_environment(
+    tmp_path: Path,
+) -> None:
+    script = tmp_path / "forked_workers.py"
+    script.write_text(FORKED_WORKERS, encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if k != "H5ETL_TEST_SET_LATER"}
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    told = json.loads(done.stdout.strip().splitlines()[-1])
+    seen = told["seen"]
+    assert all(facts["parent"] != told["me"] for facts in seen)  # the server's children
+    assert all(facts["stack imported"] and not facts["config loaded"] for facts in seen)
+    expected = {**dict.fromkeys(workers.NATIVE_THREAD_LIMITS, "1"), "H5ETL_TEST_SET_LATER": "yes"}
+    assert all(facts["environment"] == expected for facts in seen)
