@@ -72,6 +72,8 @@ def pool(jobs: int) -> Executor:
     ``discard``-ed after a worker died); idle workers exit after ``IDLE_SECONDS``, and
     the pool starts new ones as work comes."""
     # Imported here: joblib imports numpy, and the CLI limits native threads before that.
+    import multiprocessing
+
     from joblib.externals.loky import ProcessPoolExecutor
 
     global _started, _size, _environment, _stop_registered
@@ -84,7 +86,7 @@ def pool(jobs: int) -> Executor:
             # clean-up of a collected pool printed "Exception ignored ... weakref_cb".
             atexit.register(stop)
             _stop_registered = True
-        if _forked:
+        if _forked and "forkserver" in multiprocessing.get_all_start_methods():
             # A fork has the server's environment, of when it started: each worker takes
             # this process's of now, as loky's own start gives it (credentials set since)
             _started = ProcessPoolExecutor(
@@ -106,10 +108,8 @@ def serve_forks(serve: bool = True) -> None:
     """Start this process's workers as forks of a fork server that has imported the decode
     stack (the CLI's choice, before any import it makes; where the platform has one), or,
     ``serve`` False, with loky's own start again."""
-    import multiprocessing
-
     global _forked
-    _forked = serve and "forkserver" in multiprocessing.get_all_start_methods()
+    _forked = serve  # the platform is asked when a pool starts: multiprocessing is loaded then
 
 
 def _adopt_environment(environment: dict[str, str]) -> None:
