@@ -21,6 +21,7 @@ import gc
 import hashlib
 import os
 import threading
+import time
 from collections.abc import MutableMapping
 from concurrent.futures import Executor
 from typing import Any, cast
@@ -93,8 +94,8 @@ def pool(jobs: int) -> Executor:
                 max_workers=jobs,
                 timeout=IDLE_SECONDS,
                 context=fork_server(DECODE_STACK),
-                initializer=_adopt_environment,
-                initargs=({**os.environ, **NATIVE_THREAD_LIMITS},),
+                initializer=_forked_worker,
+                initargs=({**os.environ, **NATIVE_THREAD_LIMITS}, os.getpid()),
             )
         else:
             _started = ProcessPoolExecutor(
@@ -112,10 +113,26 @@ def serve_forks(serve: bool = True) -> None:
     _forked = serve  # the platform is asked when a pool starts: multiprocessing is loaded then
 
 
-def _adopt_environment(environment: dict[str, str]) -> None:
-    """In a forked worker: the environment of the process that started the pool."""
+def _forked_worker(environment: dict[str, str], owner: int) -> None:
+    """In a forked worker: the environment of ``owner``, the process that started the pool,
+    and a watch that ends the worker once ``owner`` is gone. A fork holds both ends of its
+    task queue and the fork server's liveness pipe, so no end-of-file tells it that a killed
+    CLI will send nothing more; without the watch it idled ``IDLE_SECONDS`` (as loky's own
+    workers do), and the fork server with it."""
     os.environ.clear()
     os.environ.update(environment)
+    threading.Thread(target=_watch, args=(owner,), name="h5etl-orphan-watch", daemon=True).start()
+
+
+ORPHAN_POLL_SECONDS = 1.0
+
+
+def _watch(owner: int) -> None:
+    from h5etl.processes import pid_alive
+
+    while pid_alive(owner):
+        time.sleep(ORPHAN_POLL_SECONDS)
+    os._exit(1)  # nothing of a dead build's to finish: its temp file is the next build's
 
 
 def preload_too(modules: tuple[str, ...]) -> None:

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from h5etl.dataflow import BatchResult, EncodedChunk, EncodedRows, RaggedRows, values_nbytes
-from h5etl.release.lock import pid_alive
+from h5etl.processes import pid_alive
 
 SHM = Path("/dev/shm")
 PREFIX = "h5etl-values"

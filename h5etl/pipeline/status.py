@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Any
 from h5etl.errors import H5EtlError, UsageError
 from h5etl.history import clock as build_clock
 from h5etl.pipeline import interrupts
+from h5etl.processes import pid_alive
 from h5etl.release.folder import OutputFolder
-from h5etl.release.lock import pid_alive
 
 if TYPE_CHECKING:  # records only: numpy loads with the build, not with `h5etl status`
     from h5etl.dataflow import BatchResult, Reject

@@ -20,19 +20,9 @@ from pathlib import Path
 from typing import NoReturn
 
 from h5etl.errors import LockHeld, ReleaseError, io_problem
+from h5etl.processes import pid_alive
 
 logger = logging.getLogger(__name__)
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` of this host exists (another user's counts as alive)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class BuildLock:

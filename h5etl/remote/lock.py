@@ -24,25 +24,14 @@ from datetime import UTC, datetime
 from typing import NoReturn
 
 from h5etl.errors import LockHeld
+from h5etl.processes import pid_alive
 from h5etl.remote import s3
 from h5etl.remote.errors import RemoteError
 from h5etl.remote.location import Location
 
-__all__ = ["RemoteLock", "lock_location", "pid_alive"]
+__all__ = ["RemoteLock", "lock_location"]
 
 logger = logging.getLogger(__name__)
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` of this host exists (another user's counts as alive); as
-    ``h5etl.release.lock.pid_alive``, which this folder, below it, cannot import."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def lock_location(output: Location, name: str) -> Location:

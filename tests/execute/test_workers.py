@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from h5etl.execute import pool as workers
+from h5etl.processes import pid_alive
 
 
 def _environment(names: list[str]) -> dict[str, str | None]:
@@ -178,3 +179,33 @@ def test_the_clis_workers_are_forks_of_a_server_with_the_decode_stack_and_todays
     assert all(facts["stack imported"] and not facts["config loaded"] for facts in seen)
     expected = {**dict.fromkeys(workers.NATIVE_THREAD_LIMITS, "1"), "H5ETL_TEST_SET_LATER": "yes"}
     assert all(facts["environment"] == expected for facts in seen)
+
+
+KILLED_OWNER = """
+import os, signal, sys
+from h5etl.execute import pool as workers
+
+if __name__ == "__main__":
+    workers.serve_forks()
+    executor = workers.pool(2)
+    pids = {executor.submit(os.getpid).result() for _ in range(8)}
+    print(" ".join(map(str, sorted(pids))), flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)  # as a CLI killed mid-build: nothing cleans up
+"""
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc")
+def test_forked_workers_end_soon_after_their_cli_is_killed(tmp_path: Path) -> None:
+    import time
+
+    script = tmp_path / "killed_owner.py"
+    script.write_text(KILLED_OWNER, encoding="utf-8")
+    command = [sys.executable, str(script)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode == -9, done.stderr
+    pids = [int(pid) for pid in done.stdout.split()]
+    assert pids
+    deadline = time.monotonic() + 10 * workers.ORPHAN_POLL_SECONDS
+    while any(map(pid_alive, pids)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(map(pid_alive, pids)), "a worker outlived its killed CLI"
