@@ -187,6 +187,8 @@ def main() -> None:
         # (pydantic's schemas, numpy, h5py), 0.1 s of CPU after the work is done. Frozen,
         # they are freed as the modules go, without that walk.
         workers.stop()
+        if workers.serving_forks():
+            workers.stop_fork_server()
         workers.serve_forks(False)  # main() called in a process that goes on (a test)
         gc.freeze()
 

@@ -113,6 +113,11 @@ def serve_forks(serve: bool = True) -> None:
     _forked = serve  # the platform is asked when a pool starts: multiprocessing is loaded then
 
 
+def serving_forks() -> bool:
+    """Whether this process starts its workers as forks of a fork server (``serve_forks``)."""
+    return _forked
+
+
 def _forked_worker(environment: dict[str, str], owner: int) -> None:
     """In a forked worker: the environment of ``owner``, the process that started the pool,
     and a watch that ends the worker once ``owner`` is gone. A fork holds both ends of its
@@ -133,6 +138,18 @@ def _watch(owner: int) -> None:
     while pid_alive(owner):
         time.sleep(ORPHAN_POLL_SECONDS)
     os._exit(1)  # nothing of a dead build's to finish: its temp file is the next build's
+
+
+def stop_fork_server() -> None:
+    """Stop the fork server and wait for it (a process about to exit: the CLI). Its workers'
+    CPU time is then the CLI's, as a process's reaped children's is (``time h5etl build``
+    showed the parent's alone), and nothing of the build outlives it. Call after ``stop``."""
+    from multiprocessing import forkserver
+
+    server = getattr(forkserver, "_forkserver", None)
+    if server is not None and getattr(server, "_forkserver_pid", None) is not None:
+        with contextlib.suppress(Exception):  # a private API: without it the server exits
+            server._stop()  # once this process's end closes the liveness pipe
 
 
 def preload_too(modules: tuple[str, ...]) -> None:

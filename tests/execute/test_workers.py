@@ -209,3 +209,33 @@ def test_forked_workers_end_soon_after_their_cli_is_killed(tmp_path: Path) -> No
     while any(map(pid_alive, pids)) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(map(pid_alive, pids)), "a worker outlived its killed CLI"
+
+
+def test_the_cli_stops_and_reaps_its_fork_server_so_its_workers_cpu_is_counted(
+    tmp_path: Path,
+) -> None:
+    script = tmp_path / "server_reaped.py"
+    script.write_text(
+        "import os, resource\n"
+        "from multiprocessing import forkserver\n"
+        "from h5etl.execute import pool as workers\n"
+        "def spin():\n"
+        "    return sum(i * i for i in range(3_000_000))\n"
+        "if __name__ == '__main__':\n"
+        "    workers.serve_forks()\n"
+        "    executor = workers.pool(2)\n"
+        "    [executor.submit(spin).result() for _ in range(4)]\n"
+        "    server = forkserver._forkserver._forkserver_pid\n"
+        "    workers.stop()\n"
+        "    workers.stop_fork_server()\n"
+        "    children = resource.getrusage(resource.RUSAGE_CHILDREN)\n"
+        "    print(server, children.ru_utime + children.ru_stime)\n",
+        encoding="utf-8",
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    server, cpu = done.stdout.split()
+    assert not pid_alive(int(server))
+    assert float(cpu) > 0.2  # the workers' spinning, through the reaped server
