@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import gc
 import logging
 from pathlib import Path
@@ -179,18 +180,27 @@ def main() -> None:
     """Entry point of the ``h5etl`` command."""
     workers.limit_native_threads()  # numpy is not imported yet (a test holds this)
     workers.serve_forks()
+    # The interpreter's last garbage collection, after the exit handlers, would walk every
+    # object the imports made (pydantic's schemas, numpy, h5py): 0.1 s of CPU after the work
+    # is done. Frozen, they are freed as the modules go, without that walk. At exit, not
+    # here: a process that calls main() and goes on (a test) must keep collecting what is in
+    # reference cycles (an S3 client's pooled connections among them: a test process whose
+    # heap was frozen once hung in a later read, no connection open, waiting for one).
+    global _freeze_at_exit
+    if not _freeze_at_exit:
+        atexit.register(gc.freeze)
+        _freeze_at_exit = True
     try:
         app()
     finally:
-        # The process exits next: the workers it started go now (a config error included),
-        # and its last garbage collection would walk every object the imports made
-        # (pydantic's schemas, numpy, h5py), 0.1 s of CPU after the work is done. Frozen,
-        # they are freed as the modules go, without that walk.
+        # the workers it started go now (a config error included)
         workers.stop()
         if workers.serving_forks():
             workers.stop_fork_server()
         workers.serve_forks(False)  # main() called in a process that goes on (a test)
-        gc.freeze()
+
+
+_freeze_at_exit = False
 
 
 @app.command()

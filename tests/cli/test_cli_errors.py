@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import re
 import subprocess
@@ -324,9 +325,13 @@ def test_demo_refuses_a_folder_with_data_of_its_own(tmp_path: Path) -> None:
 def test_main_exits_with_the_code(monkeypatch: pytest.MonkeyPatch) -> None:
     # the real entry point, not the test runner: one line on stderr, exit 2
     monkeypatch.setattr(sys, "argv", ["h5etl", "releases"])
+    frozen = gc.get_freeze_count()
     with pytest.raises(SystemExit) as caught:
         cli.main()
     assert caught.value.code == 2
+    # the heap is frozen at the process's exit, not when main() returns to a caller that
+    # goes on: a frozen heap never frees what is in reference cycles
+    assert gc.get_freeze_count() == frozen
 
 
 def test_dry_run_over_max_rejects_lists_them_and_fails(
