@@ -254,8 +254,13 @@ def test_build_prints_warnings_after_the_summary(
         return _fake_report(warnings=["split valid is empty"])
 
     monkeypatch.setattr(pipeline, "build", fake_build)
+    frozen = gc.get_freeze_count()
     code, output = _invoke("build", write_config(tmp_path), "-q")
     assert code == 0, output
+    # a build in a process that goes on leaves its garbage collection alone: frozen once
+    # before the build, a test process's S3 client's pooled connections were never freed and
+    # a later read in it hung (tests/remote, tests/cli, then a remote reader, in one process)
+    assert gc.get_freeze_count() == frozen
     assert calls[0]["decode"] is False
     assert "reject: " not in output  # per-file lines are the rejects report's job here
     assert output.splitlines()[-1] == "warning: split valid is empty"
