@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Any
 
@@ -276,7 +277,7 @@ def test_one_slow_batch_among_cached_stats_sends_nothing_to_threads() -> None:
     import threading
     import time
 
-    def one_pause(batch: list[int]) -> list[str]:
+    def one_pause(batch: Sequence[int]) -> list[str]:
         if batch[0] == 4:
             time.sleep(0.05)
         return [f"{item}:{threading.current_thread().name}" for item in batch]
