@@ -3,6 +3,9 @@ unseen (no test ran them; the other scripts each have one). No timings are asser
 
 from __future__ import annotations
 
+import contextlib
+import io
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -31,6 +34,19 @@ def test_the_volume_bench_builds_dicom_cases_and_compares_with_its_limit(tmp_pat
     assert "| build / limit throughput (ratio of the medians) | **" in text
     assert "| random 3-D patches (64, 128, 128) per s: release |" in text
     assert "| on disk: DICOM inputs |" in text
+
+
+def test_the_volume_limit_compresses_chunks_of_several_slices_itself(tmp_path: Path) -> None:
+    # with --chunks of several slices the kind hands the voxels over whole (the writer cuts
+    # them): the limit crashed expecting them encoded
+    import volume_bench
+
+    root = volume_bench.ensure_corpus(tmp_path, 2, 6, 32, npy=False)
+    volume_bench.write_config(root, 32, (4, 16, 16))
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        volume_bench.run_limit(root, 1)
+    assert json.loads(printed.getvalue())["stored"] > 0
 
 
 def test_the_release_read_bench_reads_a_real_release(
