@@ -101,6 +101,21 @@ def test_a_sharded_build_is_the_one_writer_build(
             np.testing.assert_array_equal(mine[key], theirs[key], err_msg=key)
 
 
+def test_a_sharded_cli_build_with_fork_server_workers_is_the_one_writer_build(
+    tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig
+) -> None:
+    # the CLI's decode workers and shard writers are forks of one fork server that preloads
+    # both stacks (h5etl.execute.pool); an in-process build's decode workers are loky's
+    config = _corpus(tmp_path, make_raw, write_config)
+    plain = pipeline.build(load_spec(config), jobs=1)
+    command = [sys.executable, "-m", "h5etl", "build", str(config), "-j", "2", "--shards", "2"]
+    done = subprocess.run([*command, "--full", "-q"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    published = sorted((tmp_path / "releases").glob("*-v0002.h5"))
+    assert len(published) == 1, done.stdout
+    _same_release(_published(plain), published[0])
+
+
 def test_one_split_smaller_than_a_task_and_a_flat_layout(
     tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
