@@ -195,8 +195,7 @@ def main() -> None:
     finally:
         # the workers it started go now (a config error included)
         workers.stop()
-        if workers.serving_forks():
-            workers.stop_fork_server()
+        workers.stop_fork_server()  # none running (no pool was started): nothing to do
         workers.serve_forks(False)  # main() called in a process that goes on (a test)
 
 

@@ -113,11 +113,6 @@ def serve_forks(serve: bool = True) -> None:
     _forked = serve  # the platform is asked when a pool starts: multiprocessing is loaded then
 
 
-def serving_forks() -> bool:
-    """Whether this process starts its workers as forks of a fork server (``serve_forks``)."""
-    return _forked
-
-
 def _forked_worker(environment: dict[str, str], owner: int) -> None:
     """In a forked worker: the environment of ``owner``, the process that started the pool,
     and a watch that ends the worker once ``owner`` is gone. A fork holds both ends of its
