@@ -9,7 +9,8 @@ medians: wall, images/s, CPU of the build's process tree, and the CPU the server
 build (the server runs on the same cores as the build: its CPU is the build's loss here, where
 a real store's is on other machines). The ratio s3/local is of images per second. With obstore
 installed the s3 build's workers GET through it (``h5etl.remote.direct``), and a third build,
-``s3, s3fs GETs``, sends them through s3fs/aiobotocore as without it.
+``s3, s3fs GETs``, sends them through s3fs/aiobotocore as without it. ``--variant old=TREE``
+adds a build from the bucket with the h5etl of another source tree (an A/B in one run).
 
 ``--server s3rver`` (the default) is s3rver, a Node.js S3 server that serves objects from files
 (``npm install s3rver@3.7.1`` in ``$S3RVER_DIR``, default /tmp/s3rver); ``--server moto`` is
@@ -174,6 +175,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--server", choices=sorted(KEYS), default="s3rver")
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME=TREE",
+        help="also build from the bucket with another h5etl source tree (PYTHONPATH=TREE)",
+    )
     args = parser.parse_args(argv)
     corpus = ensure_corpus(args.dir, CorpusParams(samples=args.samples))
     scratch = Path(tempfile.mkdtemp(prefix="h5etl-remote-bench-"))
@@ -186,6 +194,9 @@ def main(argv: list[str] | None = None) -> None:
         _upload(corpus.root, endpoint, keys)
         print(f"uploaded {2 * args.samples} objects in {time.perf_counter() - started:.1f} s")
         variants = _variants(_configs(corpus.config("lzf"), scratch), endpoint, keys)
+        for name, tree in (v.split("=", 1) for v in args.variant):
+            config, env = variants["s3"]
+            variants[f"s3, {name}"] = (config, {**env, "PYTHONPATH": str(Path(tree).resolve())})
         runs: dict[str, list[tuple[float, float, float]]] = {name: [] for name in variants}
         for _ in range(args.repeats):
             for name, (config, env) in variants.items():
