@@ -23,7 +23,7 @@ from h5etl.errors import RejectError
 from h5etl.inputs.urls import is_remote
 from h5etl.remote import Location, RemoteObject, list_objects, parse_location, read_bytes
 from h5etl.remote.errors import RemoteChanged, RemoteError, RemoteUsageError
-from h5etl.remote.objects import read_many, stat_object
+from h5etl.remote.objects import Reading, read_ahead, stat_object
 
 __all__ = [
     "fetched",
@@ -40,7 +40,7 @@ _STAMP = re.compile(r"^size=(\d+);etag=([^;]*)(?:;version=(.*))?$")
 _LISTED: dict[str, RemoteObject] = {}
 _LOCK = threading.Lock()
 # Per thread (the in-process decoders are threads): the objects of the task being decoded,
-# fetched together ahead of decoding (``fetched``): URL -> bytes, or the error its read met
+# read ahead of decoding (``fetched``): URL -> its read
 _AHEAD = threading.local()
 
 
@@ -105,19 +105,23 @@ def object_of(url: str, stamp: str | None) -> RemoteObject:
 
 @contextlib.contextmanager
 def fetched(samples: Iterable[tuple[Sequence[str], str]]) -> Iterator[None]:
-    """Within: the objects of ``samples`` (each sample's paths and stamps) are read, as
-    listed, concurrently now and served from memory: a worker waits for a round trip per
-    batch of requests, not per object (on S3 a request costs tens of ms, a PNG's decode one).
-    Their bytes are dropped on leaving."""
+    """Within: the objects of ``samples`` (each sample's paths and stamps) are being read, as
+    listed, concurrently and in order, and ``read_remote`` takes each from its read: a
+    worker waits for a round trip per batch of requests, not per object (on S3 a request
+    costs tens of ms, a PNG's decode one), and decodes the first samples while the rest
+    arrive. On leaving, reads not yet sent are dropped, and the bytes of those not taken."""
     wanted: dict[str, RemoteObject] = {}
     for paths, stamps in samples:
         remember_stamps(paths, stamps)
         wanted.update((path, _LISTED[path]) for path in paths if path in _LISTED)
-    _AHEAD.found = dict(zip(wanted, read_many(list(wanted.values())), strict=True))
+    found: dict[str, Reading] = dict(zip(wanted, read_ahead(list(wanted.values())), strict=True))
+    _AHEAD.found = found
     try:
         yield
     finally:
         _AHEAD.found = {}
+        for reading in found.values():
+            reading.cancel()
 
 
 def read_remote(url: str, stamp: str | None = None) -> bytes:
@@ -130,10 +134,11 @@ def read_remote(url: str, stamp: str | None = None) -> bytes:
             be read, so the build stops in one line (exit 2) instead of rejecting every one.
     """
     try:
-        ahead = getattr(_AHEAD, "found", {}).pop(url, None)
-        if isinstance(ahead, RemoteError):
-            raise ahead
-        return ahead if ahead is not None else read_bytes(object_of(url, stamp))
+        ahead: Reading | None = getattr(_AHEAD, "found", {}).pop(url, None)
+        got = ahead.wait() if ahead is not None else read_bytes(object_of(url, stamp))
+        if isinstance(got, RemoteError):
+            raise got
+        return got
     except RemoteChanged as exc:
         raise RejectError("changed_during_build", exc.message, path=url) from exc
     except RemoteUsageError as exc:

@@ -3,8 +3,9 @@
 A decode worker reads each object of its task with one GET; through s3fs/aiobotocore a GET
 costs ~1.2 ms of the worker's CPU in Python (signing, events, response parsing), as much as
 decoding the PNG it fetches, on the cores the build decodes on. obstore sends the same
-request from Rust for ~0.12 ms, from a thread of the worker's own. It is optional (in the ``cloud`` extra): without it, or with
-``H5ETL_S3_CLIENT=s3fs``, ``h5etl.remote.objects.read_many`` uses s3fs as before; listing,
+request from Rust for ~0.12 ms, from a thread of the worker's own. It is optional (in the
+``cloud`` extra): without it, or with ``H5ETL_S3_CLIENT=s3fs``,
+``h5etl.remote.objects.read_ahead`` uses s3fs as before; listing,
 uploads, locks, pointers and the readers' range reads always go through s3fs.
 
 The request is the same as s3fs's: the listed VersionId and ``If-Match`` on the listed ETag,
@@ -20,7 +21,7 @@ from __future__ import annotations
 import importlib.util
 import os
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
     from obstore import GetOptions  # TypedDicts of its stubs only
     from obstore.store import S3Credential
 
-__all__ = ["CLIENT_VARIABLE", "enabled", "get_all"]
+__all__ = ["CLIENT_VARIABLE", "enabled", "get_each"]
 
 CLIENT_VARIABLE = "H5ETL_S3_CLIENT"  # "s3fs": the workers' GETs through s3fs too
 # Refreshable credentials (an assumed role, SSO) are asked of botocore again this often; it
@@ -62,15 +63,19 @@ def enabled() -> bool:
     return importlib.util.find_spec("obstore") is not None
 
 
-def get_all(objects: Sequence[Listed], concurrency: int) -> list[bytes | RemoteError | None]:
-    """All bytes of each of ``objects`` (S3, as listed), ``concurrency`` GETs at a time, or
-    the error its read met; None for an object this client cannot ask for (no credentials
-    found: s3fs then reads it, and says so in its own words).
+def get_each(
+    objects: Sequence[Listed], concurrency: int
+) -> list[Future[bytes | RemoteError | None]]:
+    """Start a GET of each of ``objects`` (S3, as listed), ``concurrency`` at a time, in their
+    order: each future gives the object's bytes, or the error its read met, or None for an
+    object this client cannot ask for (no credentials found: s3fs then reads it, and says so
+    in its own words). A future not yet started can be cancelled.
 
     Each GET is one blocking obstore call on a thread of this process's pool (obstore lets
-    go of the GIL while it waits). Gathering obstore's coroutines on fsspec's event loop
-    thread cost twice the CPU: 264 against 123 us a GET (1,024 GETs from s3rver, 64 at a
-    call), the loop's wake-ups and the handoffs between the two threads."""
+    go of the GIL while it waits), so the caller decodes the first objects while the rest are
+    on their way. Gathering obstore's coroutines on fsspec's event loop thread cost twice the
+    CPU: 264 against 123 us a GET (1,024 GETs from s3rver, 64 at a call), the loop's wake-ups
+    and the handoffs between the two threads."""
     import obstore
 
     # asked once per batch: the environment's digest costs ~25 us, a GET's CPU ~120 us
@@ -90,7 +95,8 @@ def get_all(objects: Sequence[Listed], concurrency: int) -> list[bytes | RemoteE
         except Exception as exc:
             return _error(obj, exc)
 
-    return list(_threads(concurrency).map(one, objects))
+    pool = _threads(concurrency)
+    return [pool.submit(one, obj) for obj in objects]
 
 
 def _threads(count: int) -> ThreadPoolExecutor:
@@ -105,7 +111,7 @@ def _threads(count: int) -> ThreadPoolExecutor:
 
 
 def _error(obj: Listed, exc: Exception) -> RemoteError:
-    """obstore's error as ``read_many``'s: a changed or vanished object, else ``problem``."""
+    """obstore's error as ``read_ahead``'s: a changed or vanished object, else ``problem``."""
     # obstore raises FileNotFoundError for a 404 (its NotFoundError for other not-founds)
     gone = isinstance(exc, FileNotFoundError) or type(exc).__name__ == "NotFoundError"
     if gone or type(exc).__name__ == "PreconditionError" or "NoSuchVersion" in str(exc):

@@ -1,4 +1,4 @@
-"""The workers' whole-object GETs (``read_many``) through obstore and through s3fs, against
+"""The workers' whole-object GETs (``read_ahead``, ``read_many``) through obstore and through s3fs, against
 a real S3-compatible server: the same bytes, the same refusals, the same one-line errors."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from h5etl.remote import filesystem as filesystem_module
 from h5etl.remote import list_objects, stat_object
 from h5etl.remote import objects as objects_module
 from h5etl.remote.errors import RemoteAccessDenied, RemoteChanged, RemoteError
-from h5etl.remote.objects import read_many
+from h5etl.remote.objects import read_ahead, read_many
 
 CLIENTS = [pytest.param("obstore", id="obstore"), pytest.param("s3fs", id="s3fs")]
 
@@ -33,6 +33,24 @@ def test_read_many_returns_each_objects_bytes_in_order(s3: Bucket, client: str) 
         s3.put(key, data)
     listed = list_objects(s3.location("raw"))
     assert read_many(listed, concurrency=4) == list(blobs.values())
+
+
+def test_reads_ahead_are_taken_in_any_order_and_unsent_ones_dropped(
+    s3: Bucket, client: str
+) -> None:
+    blobs = {f"raw/{i:03d}.bin": bytes([i]) * (100 + i) for i in range(40)}
+    for key, data in blobs.items():
+        s3.put(key, data)
+    listed = list_objects(s3.location("raw"))
+
+    readings = read_ahead(listed, concurrency=2)
+    assert [r.wait() for r in reversed(readings)] == list(reversed(blobs.values()))
+
+    # a task that stops early (its worker cancelled) drops what it had not sent yet
+    dropped = read_ahead(listed, concurrency=1)
+    for reading in dropped:
+        reading.cancel()
+    assert read_many(listed[:3], concurrency=1) == list(blobs.values())[:3]
 
 
 def test_a_changed_and_a_deleted_object_are_refused_the_others_read(
