@@ -228,10 +228,10 @@ def find_samples(spec: Spec, progress: Callable[[int], None] | None = None) -> D
     listed = _Listed()
     unlisted: dict[str, Reject] = {}  # by folder: sources may share one
     seen = 0
-    for source, source_spec in spec.sources.items():
+    for source, listing in _listings(spec):
+        source_spec = spec.sources[source]
         files = listed.unique.setdefault(source, {})
         copies = listed.duplicated.setdefault(source, {})
-        listing = list_source(source_spec.dir, source_spec.glob, source_spec.entries)
         listed.not_files[source] = listing.not_files
         listed.odd_reasons[source] = listing.odd_reason
         folders = source_spec.entries == "folders"
@@ -270,6 +270,33 @@ def find_samples(spec: Spec, progress: Callable[[int], None] | None = None) -> D
     if progress is not None and seen % PROGRESS_EVERY:
         progress(seen % PROGRESS_EVERY)
     return Discovery(samples, rejects, seen)
+
+
+def _listings(spec: Spec) -> Iterator[tuple[str, Listing]]:
+    """Each source's listing, in the config's order. Sources on object storage are listed
+    all at once, in threads: a listing is a request per 1,000 objects, each a round trip to
+    the store (two folders of 3,000 objects from s3rver: 0.92 s at once against 1.15 s one
+    after the other; on S3 the round trips dominate)."""
+    remote = [name for name, src in spec.sources.items() if is_remote(str(src.dir))]
+    if len(remote) < 2:
+        for source, src in spec.sources.items():
+            yield source, list_source(src.dir, src.glob, src.entries)
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(len(remote), thread_name_prefix="h5etl-list") as pool:
+        ahead = {
+            name: pool.submit(list_source, str(src.dir), src.glob, src.entries)
+            for name, src in spec.sources.items()
+            if name in remote
+        }
+        try:
+            for source, src in spec.sources.items():
+                got = ahead.get(source)
+                yield source, got.result() if got else list_source(src.dir, src.glob, src.entries)
+        finally:
+            for future in ahead.values():
+                future.cancel()
 
 
 def _pair(key: str, roots: Roots, listed: _Listed, rejects: list[Reject]) -> Sample | None:

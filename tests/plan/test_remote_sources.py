@@ -198,18 +198,23 @@ def _cli(*args: str) -> tuple[int, list[str]]:
     return result.exit_code, result.output.strip().splitlines()
 
 
+@pytest.mark.parametrize("missing", ["image", "mask"])
 def test_a_missing_bucket_is_one_line_as_a_missing_folder(
-    s3: Bucket, write_config: WriteConfig, tmp_path: Path
+    s3: Bucket, write_config: WriteConfig, tmp_path: Path, make_raw: MakeRaw, missing: str
 ) -> None:
+    # the sources are listed at once: the error is the source's whose listing failed
+    _upload(make_raw(tmp_path / "raw", n=2), s3)
     sources = {
-        "image": {"dir": "s3://h5etl-no-such-bucket/raw/images"},
-        "mask": {"dir": "s3://h5etl-no-such-bucket/raw/masks"},
+        "image": {"dir": f"s3://{s3.name}/raw/images"},
+        "mask": {"dir": f"s3://{s3.name}/raw/masks"},
     }
+    url = f"s3://h5etl-no-such-bucket/raw/{missing}s"
+    sources[missing] = {"dir": url}
     config = write_config(tmp_path, sources=sources)
     code, lines = _cli("build", str(config), "-j", "1", "-q")
     assert code == 2
     assert len(lines) == 1, lines
-    assert "s3://h5etl-no-such-bucket/raw/images" in lines[0]
+    assert url in lines[0]
     assert "no such bucket 'h5etl-no-such-bucket'" in lines[0]
     assert not (tmp_path / "releases").exists()
 
