@@ -25,8 +25,8 @@ from h5etl.decode import gather, worker_memory
 from h5etl.decode import rows as decode_rows
 from h5etl.decode import task as decode
 from h5etl.decode.recipe import DecodeRecipe
+from h5etl.execute import arena, shared_memory
 from h5etl.execute import pool as workers
-from h5etl.execute import shared_memory
 from h5etl.execute.inflight import InFlightLimit
 from h5etl.format import codec
 
@@ -218,8 +218,10 @@ def run_pooled(
     timeline.mark("worker: first task started", once=True)
     if direct:
         codec.trust_direct(direct)
-    with worker_memory.busy():  # its heap is trimmed once it idles, not between two cases
-        result = shared_memory.share(run_remote(worker, task, recipe), owner, slot)
+    # its heap is trimmed once it idles, not between two cases; its chunks are compressed
+    # into the lent slot itself (``arena``)
+    with worker_memory.busy(), arena.writing_into(slot) as placed:
+        result = shared_memory.share(run_remote(worker, task, recipe), owner, slot, placed)
     worker_memory.send_one_at_a_time(result)
     timeline.mark("worker: task sent")
     return result

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from h5etl.dataflow import BatchResult, EncodedChunk, EncodedRows, RaggedRows, values_nbytes
+from h5etl.execute.arena import Arena
 from h5etl.processes import pid_alive
 
 SHM = Path("/dev/shm")
@@ -61,26 +62,46 @@ class SharedArray:
 class SharedChunks:
     """Where a worker left one column's compressed chunks: a file name, each chunk's size in
     the order of ``EncodedRows.blocks`` (block by block, chunk by chunk); in a lent slot
-    (``slot``), from byte ``offset``."""
+    (``slot``), from byte ``offset``, one after another, or each from its own ``starts``
+    (compressed into the slot where they lie: ``arena``)."""
 
     name: str
     sizes: tuple[int, ...]
     offset: int = 0
     slot: bool = False
+    starts: tuple[int, ...] = ()
 
 
-def _shareable(result: BatchResult) -> list[tuple[str, Any, int]]:
+def _shareable(result: BatchResult, arena: Arena | None) -> list[tuple[str, Any, int]]:
     """The columns of ``result`` worth sharing: (name, raw values array or encoded rows,
-    bytes), each of ``MIN_BYTES`` or more."""
+    bytes), each of ``MIN_BYTES`` or more, and any whose chunks are all in ``arena``
+    (shared at no cost)."""
     out: list[tuple[str, Any, int]] = []
     for name, rows in result.columns.items():
         values = rows.values if isinstance(rows, RaggedRows) else rows
         shareable = isinstance(values, EncodedRows) or (
             isinstance(values, np.ndarray) and isinstance(rows, RaggedRows)
         )
-        if shareable and (nbytes := values_nbytes(values)) >= MIN_BYTES:
+        if not shareable:
+            continue
+        nbytes = values_nbytes(values)
+        if nbytes >= MIN_BYTES or _starts(values, arena) is not None:
             out.append((name, values, nbytes))
     return out
+
+
+def _starts(values: Any, arena: Arena | None) -> tuple[int, ...] | None:
+    """Where each chunk of ``values`` lies in ``arena``, in order; None unless all do."""
+    if arena is None or not isinstance(values, EncodedRows):
+        return None
+    starts = []
+    for block in values.blocks:
+        for chunk in block:
+            start = arena.offset_of(chunk.data)
+            if start is None:
+                return None
+            starts.append(start)
+    return tuple(starts)
 
 
 def _write_values(fd: int, values: Any) -> tuple[int, ...]:
@@ -133,20 +154,33 @@ def _ref(name: str, values: Any, sizes: tuple[int, ...], offset: int, slot: bool
     return SharedArray(name, values.shape, values.dtype.str, offset, slot)
 
 
-def share(result: BatchResult, owner: int, slot: str | None = None) -> BatchResult:
+def share(
+    result: BatchResult, owner: int, slot: str | None = None, arena: Arena | None = None
+) -> BatchResult:
     """In a local worker: move each raw ragged values array and each column's compressed
     chunks of ``MIN_BYTES`` or more to ``/dev/shm`` (``result.shared``), leaving them empty
     in the result: into the parent's lent ``slot`` (a file name) when they fit
-    ``SLOT_BYTES``, else each into a file named for the parent ``owner``. Any error leaves
-    the values where they are (or in files of their own, if the slot failed)."""
-    if not SHM.is_dir():
-        return result
-    wanted = _shareable(result)
+    ``SLOT_BYTES``, else each into a file named for the parent ``owner``. Chunks compressed
+    into the slot already (its ``arena``) stay where they are. Any error leaves the values
+    where they are (or in files of their own, if the slot failed)."""
+    try:
+        if SHM.is_dir():
+            _share(result, owner, slot, arena)
+    finally:
+        if arena is not None:
+            _detach(result, arena)
+    return result
+
+
+def _share(result: BatchResult, owner: int, slot: str | None, arena: Arena | None) -> None:
+    wanted = _shareable(result, arena)
     if not wanted:
-        return result
-    fits = slot is not None and sum(n for _, _, n in wanted) <= SLOT_BYTES
-    if fits and slot is not None and _into_slot(result, wanted, slot):
-        return result
+        return
+    placed = arena.used if arena is not None else 0
+    rest = sum(n for name, values, n in wanted if _starts(values, arena) is None)
+    fits = slot is not None and placed + rest <= SLOT_BYTES
+    if fits and slot is not None and _into_slot(result, wanted, slot, arena):
+        return
     for name, values, _ in wanted:
         path = SHM / f"{PREFIX}-{owner}-{uuid.uuid4().hex}"
         try:
@@ -161,17 +195,40 @@ def share(result: BatchResult, owner: int, slot: str | None = None) -> BatchResu
             continue
         result.shared[name] = _ref(path.name, values, sizes, 0, False)
         _emptied(result, name, values)
-    return result
 
 
-def _into_slot(result: BatchResult, wanted: list[tuple[str, Any, int]], slot: str) -> bool:
-    """Write the ``wanted`` columns one after another into the lent ``slot``; False (and the
-    result untouched) if it cannot be written (the parent gave it up: the build stopped)."""
-    refs, offset = {}, 0
+def _detach(result: BatchResult, arena: Arena) -> None:
+    """Give chunks still viewing ``arena`` (a column that was not shared) bytes of their
+    own: the result is pickled, and the slot's next task writes over the arena."""
+    for rows in result.columns.values():
+        values = rows.values if isinstance(rows, RaggedRows) else rows
+        if not isinstance(values, EncodedRows):
+            continue
+        for block in values.blocks:
+            for index, chunk in enumerate(block):
+                if arena.offset_of(chunk.data) is not None:
+                    data = bytes(chunk.data)
+                    block[index] = EncodedChunk(chunk.offset, chunk.filter_mask, data, chunk.sha256)
+
+
+def _into_slot(
+    result: BatchResult, wanted: list[tuple[str, Any, int]], slot: str, arena: Arena | None
+) -> bool:
+    """Write the ``wanted`` columns one after another into the lent ``slot``, after what its
+    ``arena`` holds (columns all in it stay there); False (and the result untouched) if it
+    cannot be written (the parent gave it up: the build stopped)."""
+    refs: dict[str, Any] = {}
+    offset = arena.used if arena is not None else 0
     try:
         fd = os.open(SHM / slot, os.O_WRONLY | os.O_CLOEXEC)  # never made here: the parent's
         try:
+            os.lseek(fd, offset, os.SEEK_SET)
             for name, values, nbytes in wanted:
+                starts = _starts(values, arena)
+                if starts is not None:
+                    sizes = tuple(len(c.data) for block in values.blocks for c in block)
+                    refs[name] = SharedChunks(slot, sizes, 0, True, starts)
+                    continue
                 refs[name] = _ref(slot, values, _write_values(fd, values), offset, True)
                 offset += nbytes
         finally:
@@ -209,7 +266,7 @@ def attach(result: BatchResult, slots: Slots | None = None, lent: str | None = N
         if isinstance(ref, SharedChunks):
             encoded = rows.values if isinstance(rows, RaggedRows) else rows
             assert isinstance(encoded, EncodedRows)
-            _attach_chunks(encoded, memoryview(mapped), ref.sizes, ref.offset)
+            _attach_chunks(encoded, memoryview(mapped), ref.sizes, ref.offset, ref.starts)
             continue
         assert isinstance(rows, RaggedRows)
         count = int(np.prod(ref.shape, dtype=np.int64))
@@ -222,15 +279,21 @@ def attach(result: BatchResult, slots: Slots | None = None, lent: str | None = N
 
 
 def _attach_chunks(
-    rows: EncodedRows, view: memoryview, sizes: tuple[int, ...], start: int = 0
+    rows: EncodedRows,
+    view: memoryview,
+    sizes: tuple[int, ...],
+    start: int = 0,
+    starts: tuple[int, ...] = (),
 ) -> None:
     """Give each chunk of ``rows`` its bytes back, as views of ``view`` in their order, the
-    first at ``start``."""
+    first at ``start``, or each at its own of ``starts``."""
     blocks, index = [], 0
     for block in rows.blocks:
         placed = []
         for chunk in block:
             size = sizes[index]
+            if starts:
+                start = starts[index]
             data = view[start : start + size]
             placed.append(EncodedChunk(chunk.offset, chunk.filter_mask, data, chunk.sha256))
             start, index = start + size, index + 1
@@ -282,10 +345,12 @@ class Slots:
         slot comes back once it and every view of it are freed."""
         end = max(_end(ref) for ref in refs if ref.slot)
         mapped = self._mapped.get(name)
-        if mapped is None or len(mapped) < end:  # the slot grew: map it whole again
+        if mapped is None or len(mapped) < end:  # more of the slot is used: map it again
+            # only as far as it is used: a worker makes the file ``arena.ARENA_BYTES`` long,
+            # and reading (populating) a tmpfs file's hole gives it a page
             with open(SHM / name, "rb") as handle:
                 flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-                mapped = mmap.mmap(handle.fileno(), 0, flags=flags, prot=mmap.PROT_READ)
+                mapped = mmap.mmap(handle.fileno(), end, flags=flags, prot=mmap.PROT_READ)
             self._mapped[name] = mapped
         anchor = np.frombuffer(mapped, dtype=np.uint8, count=end)
         weakref.finalize(anchor, self.give_back, name)
@@ -301,6 +366,8 @@ class Slots:
 
 def _end(ref: SharedArray | SharedChunks) -> int:
     """Where ``ref``'s bytes end in its file."""
+    if isinstance(ref, SharedChunks) and ref.starts:
+        return max((s + n for s, n in zip(ref.starts, ref.sizes, strict=True)), default=0)
     if isinstance(ref, SharedChunks):
         return ref.offset + sum(ref.sizes)
     size = int(np.prod(ref.shape, dtype=np.int64)) * np.dtype(ref.dtype).itemsize

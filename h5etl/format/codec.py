@@ -14,13 +14,15 @@ GIL, so the sink can compress re-cut blocks in threads beside the writer (``comp
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import itertools
 import math
 import os
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
@@ -143,7 +145,9 @@ def _scratch(layout: ChunkLayout) -> tuple[h5py.File, h5py.Dataset]:
     return scratch, dataset
 
 
-def _lzf_direct(layout: ChunkLayout, rows: np.ndarray) -> list[EncodedChunk] | None:
+def _lzf_direct(
+    layout: ChunkLayout, rows: np.ndarray, destination: Destination | None = None
+) -> list[EncodedChunk] | None:
     """lzf without HDF5's filter pipeline, where the stored bytes are plain LZF of the rows.
 
     That holds for one chunk per block of a one-byte dtype (HDF5's shuffle of one-byte
@@ -153,9 +157,19 @@ def _lzf_direct(layout: ChunkLayout, rows: np.ndarray) -> list[EncodedChunk] | N
     if not _plain_lzf(layout):
         return None
     buffer = np.ascontiguousarray(rows).data  # any buffer works; the stubs say bytes
-    stored = bytes(imagecodecs.lzf_encode(buffer))  # type: ignore[arg-type]
-    if len(stored) >= rows.nbytes:
-        return None  # incompressible: let HDF5 store it raw and flag the filter as skipped
+    room = destination.reserve(rows.nbytes - 1) if destination is not None else None
+    stored: bytes | memoryview
+    if room is not None:
+        try:  # a room one byte short of the rows: LZF refuses what does not shrink
+            stored = imagecodecs.lzf_encode(buffer, out=room)  # type: ignore[arg-type,assignment]
+        except imagecodecs.LzfError:
+            return None  # incompressible: let HDF5 store it raw and flag the filter as skipped
+        assert destination is not None
+        destination.commit(stored)  # type: ignore[arg-type]
+    else:
+        stored = bytes(imagecodecs.lzf_encode(buffer))  # type: ignore[arg-type]
+        if len(stored) >= rows.nbytes:
+            return None  # incompressible: let HDF5 store it raw, the filter flagged skipped
     offset = (0,) * (len(layout.shape) + 1)
     return [EncodedChunk(offset, 0, stored, hashlib.sha256(stored).hexdigest())]
 
@@ -178,9 +192,11 @@ def _hdf5_shuffled(data: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(data.reshape(-1).view(np.uint8).reshape(-1, item).T)
 
 
-def _codec_call(layout: ChunkLayout) -> Callable[[np.ndarray], bytes] | None:
+def _codec_call(layout: ChunkLayout) -> Callable[..., bytes | memoryview] | None:
     """The one codec call HDF5's pipeline makes for a (C-contiguous) block of ``layout``, or
-    None where it is more than one call (tiled chunks; lzf, which ``_lzf_direct`` handles)."""
+    None where it is more than one call (tiled chunks; lzf, which ``_lzf_direct`` handles).
+    blosc's takes ``out``, a room to write into (``Destination.reserve``); it returns the
+    written part of it."""
     if layout.chunks[1:] != layout.shape:
         return None
     compression = layout.compression
@@ -193,16 +209,20 @@ def _codec_call(layout: ChunkLayout) -> Callable[[np.ndarray], bytes] | None:
         item = np.dtype(layout.dtype).itemsize
         typesize = item if item <= _BLOSC_MAX_TYPESIZE else 1  # what the HDF5 filter passes
         code, cname = _BLOSC_SHUFFLE[compression.blosc_shuffle], compression.cname
-        return lambda data: bytes(
-            imagecodecs.blosc_encode(
-                data.data,  # type: ignore[arg-type]
+
+        def blosc(data: np.ndarray, out: memoryview | None = None) -> bytes | memoryview:
+            encoded = imagecodecs.blosc_encode(
+                cast(bytes, data.data),
                 level or 0,
                 compressor=cname,
                 shuffle=code,
                 typesize=typesize,
                 numthreads=1,
+                out=cast(Any, out),
             )
-        )
+            return cast(bytes | memoryview, encoded)  # a view of ``out``, if given
+
+        return blosc
     if codec == "gzip":
         gzip_level = 4 if level is None else level  # h5py's default
         return lambda data: zlib.compress(
@@ -225,6 +245,29 @@ def _probe_rows(layout: ChunkLayout) -> np.ndarray:
     data = np.zeros(nbytes, np.uint8)
     data[: nbytes // 8] = np.random.default_rng(20260101).integers(0, 16, nbytes // 8, np.uint8)
     return data.view(layout.dtype).reshape(layout.rows, *layout.shape)
+
+
+class Destination(Protocol):
+    """Where this thread's encoded chunks go instead of fresh bytes objects (a local worker's
+    lent shared-memory slot: ``h5etl.execute.arena``)."""
+
+    def reserve(self, nbytes: int) -> memoryview | None: ...
+    def commit(self, written: memoryview) -> None: ...
+
+
+_DESTINATION: ContextVar[Destination | None] = ContextVar("h5etl_chunk_destination", default=None)
+_BLOSC_MAX_OVERHEAD = 16  # blosc's header: what a block that does not compress grows by
+
+
+@contextlib.contextmanager
+def encoding_into(destination: Destination) -> Iterator[None]:
+    """Within: ``encode_direct`` writes blosc and lzf chunks into rooms ``destination``
+    reserves (while it has room), and the chunks' bytes are views of them."""
+    token = _DESTINATION.set(destination)
+    try:
+        yield
+    finally:
+        _DESTINATION.reset(token)
 
 
 # ``has_direct`` answers another process of this machine found (``trust_direct``): a local
@@ -267,12 +310,19 @@ def encode_direct(layout: ChunkLayout, rows: np.ndarray) -> list[EncodedChunk] |
     if not has_direct(layout):
         return None
     rows = np.ascontiguousarray(rows, dtype=layout.dtype)
+    destination = _DESTINATION.get()
     call = _codec_call(layout)
     if call is None:
-        return _lzf_direct(layout, rows)
-    stored = call(rows)
+        return _lzf_direct(layout, rows, destination)
+    room = None
+    if destination is not None and layout.compression.codec == "blosc":
+        room = destination.reserve(rows.nbytes + _BLOSC_MAX_OVERHEAD)
+    stored = call(rows) if room is None else call(rows, room)
     if len(stored) >= rows.nbytes and layout.compression.codec != "none":
         return None
+    if room is not None:
+        assert isinstance(stored, memoryview)
+        destination.commit(stored)  # type: ignore[union-attr]
     offset = (0,) * (len(layout.shape) + 1)
     return [EncodedChunk(offset, 0, stored, hashlib.sha256(stored).hexdigest())]
 

@@ -1,0 +1,118 @@
+"""arena: a local worker compresses its task's chunks straight into the slot it was lent.
+
+A local worker's compressed chunks reach the parent through a file of ``/dev/shm`` the parent
+lends the task (``shared_memory.Slots``). Compressing each block into a fresh bytes object and
+then copying it into the slot cost the worker twice: the bytes object's pages came fresh from
+the kernel for every block (the task's chunks are all alive until the result leaves, so
+malloc never reuses them: a page fault and a zeroed page per 4 KiB), and the copy into the
+file was a second pass over the bytes. With blosc-lz4, 1,024 samples of the benchmark corpus:
+102 us a sample compressing and 26 us copying, against 62 and 1 here.
+
+``writing_into(slot)`` maps the slot in the worker (read-write, shared: the parent's mapping
+sees the same pages), makes it the codecs' destination for the task (``codec.encoding_into``),
+and tells ``shared_memory.share`` where each chunk landed (``Arena.offset_of``). The mapping
+is kept for the worker's next task in the same slot: its pages are faulted in once per worker,
+not per task. A mapping whose file is gone (the parent retired the slot, or its build ended)
+is dropped at the next task, so a worker holds a finished build's pages only until then (or
+until it exits).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from h5etl.format import codec
+
+SHM = Path("/dev/shm")
+# What a slot may hold (``shared_memory.SLOT_BYTES``; a result past it gets files of its own).
+# The file is made this long at once: a tmpfs file's pages exist only once written.
+ARENA_BYTES = 16 << 20
+
+
+class Arena:
+    """A lent slot, mapped in this worker; chunks are placed one after another from byte 0."""
+
+    def __init__(self, name: str, mapped: mmap.mmap, inode: int):
+        self.name = name
+        self.inode = inode
+        self.used = 0
+        self._mapped = mapped
+        self._view = memoryview(mapped)
+        self._placed: dict[int, tuple[memoryview, int]] = {}  # id -> (view, offset)
+
+    def reserve(self, nbytes: int) -> memoryview | None:
+        """Room for ``nbytes`` at the end of what was placed, or None: the slot is full."""
+        if self.used + nbytes > ARENA_BYTES:
+            return None
+        return self._view[self.used : self.used + nbytes]
+
+    def commit(self, written: memoryview) -> None:
+        """Keep ``written``, the start of the last room ``reserve`` gave, as a chunk's bytes."""
+        self._placed[id(written)] = (written, self.used)
+        self.used += len(written)
+
+    def offset_of(self, data: object) -> int | None:
+        """Where in the slot the chunk bytes ``data`` were placed; None: not placed here."""
+        placed = self._placed.get(id(data))
+        return placed[1] if placed is not None and placed[0] is data else None
+
+    def clear(self) -> None:
+        """Forget this task's chunks (the next task places from byte 0 again)."""
+        self._placed.clear()
+        self.used = 0
+
+
+_ARENAS: dict[str, Arena] = {}  # this worker's mapped slots, by name
+
+
+def _inode(name: str) -> int | None:
+    try:
+        return os.stat(SHM / name).st_ino
+    except OSError:
+        return None
+
+
+def _mapped(name: str) -> Arena | None:
+    """The slot ``name`` mapped in this process (made ``ARENA_BYTES`` long), or None if it
+    cannot be (the parent gave it up: the build stopped)."""
+    for other, arena in list(_ARENAS.items()):  # the parent's files that are gone
+        if _inode(other) != arena.inode:
+            del _ARENAS[other]
+    known = _ARENAS.get(name)
+    if known is not None:
+        return known
+    try:
+        fd = os.open(SHM / name, os.O_RDWR | os.O_CLOEXEC)  # never made here: the parent's
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if info.st_size < ARENA_BYTES:
+            os.ftruncate(fd, ARENA_BYTES)
+        mapped = mmap.mmap(fd, ARENA_BYTES, flags=mmap.MAP_SHARED)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    arena = _ARENAS[name] = Arena(name, mapped, info.st_ino)
+    return arena
+
+
+@contextlib.contextmanager
+def writing_into(slot: str | None) -> Iterator[Arena | None]:
+    """Within: the codecs place this thread's chunks in the lent ``slot`` (the arena given;
+    None: no slot, no ``/dev/shm``, or the slot is gone, and chunks are bytes as ever)."""
+    arena = _mapped(slot) if slot is not None and SHM.is_dir() else None
+    if arena is None:
+        yield None
+        return
+    arena.clear()
+    try:
+        with codec.encoding_into(arena):
+            yield arena
+    finally:
+        arena.clear()
