@@ -28,9 +28,11 @@ from pathlib import Path
 from h5etl.format import codec
 
 SHM = Path("/dev/shm")
-# What a slot may hold (``shared_memory.SLOT_BYTES``; a result past it gets files of its own).
-# The file is made this long at once: a tmpfs file's pages exist only once written.
-ARENA_BYTES = 16 << 20
+# What a slot may hold (``shared_memory.SLOT_BYTES``: a result past it gets files of its own).
+SLOT_SIZE = 16 << 20
+# What the arena of a slot may hold: all of it. The file is made this long at once (a tmpfs
+# file's pages exist only once written).
+ARENA_BYTES = SLOT_SIZE
 
 
 class Arena:

@@ -28,22 +28,20 @@ import uuid
 import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from h5etl.dataflow import BatchResult, EncodedChunk, EncodedRows, RaggedRows, values_nbytes
-from h5etl.execute.arena import Arena
+from h5etl.execute.arena import SHM, SLOT_SIZE, Arena
 from h5etl.processes import pid_alive
 
-SHM = Path("/dev/shm")
 PREFIX = "h5etl-values"
 MIN_BYTES = 1 << 20  # smaller arrays cost less pickled than a file
 # A result whose shared columns hold at most this many bytes goes into a lent slot (a task of
 # image chunks: 3-10 MB). Larger ones (CT cases) get a file of their own, freed with them: a
-# slot keeps its pages until the build ends.
-SLOT_BYTES = 16 << 20
+# slot keeps its pages until the build ends. (A worker maps a slot this long: ``arena``.)
+SLOT_BYTES = SLOT_SIZE
 
 
 @dataclass(frozen=True, slots=True)
