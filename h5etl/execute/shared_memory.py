@@ -33,7 +33,8 @@ from typing import Any
 import numpy as np
 
 from h5etl.dataflow import BatchResult, EncodedChunk, EncodedRows, RaggedRows, values_nbytes
-from h5etl.execute.arena import SHM, SLOT_SIZE, Arena
+from h5etl.execute.arena import SHM as SHM
+from h5etl.execute.arena import SLOT_SIZE, Arena
 from h5etl.processes import pid_alive
 
 PREFIX = "h5etl-values"

@@ -5,6 +5,8 @@ the room left."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -51,123 +53,114 @@ def _ours(owner: int) -> list[Path]:
     return sorted(shared_memory.SHM.glob(f"{shared_memory.PREFIX}-{owner}-*"))
 
 
+@dataclass
+class Lent:
+    """A slot the parent (this process, ``owner``) lent a task, from its ``slots``."""
+
+    owner: int
+    slots: shared_memory.Slots
+    slot: str
+
+
+@pytest.fixture
+def lent() -> Iterator[Lent]:
+    owner = os.getpid()
+    slots = shared_memory.Slots(owner, most=1)
+    slot = slots.take()
+    assert slot is not None
+    try:
+        yield Lent(owner, slots, slot)
+    finally:
+        slots.close()
+    assert _ours(owner) == []  # the slot, and no file of a result's own, is left
+
+
 @pytest.mark.parametrize("compression", LAYOUTS)
 def test_chunks_compressed_into_the_slot_reach_the_parent_unchanged(
-    compression: Compression,
+    compression: Compression, lent: Lent
 ) -> None:
     layout = _layout(compression)
     blocks = [_rows(seed) for seed in (1, 2, 3)]
     expected = [bytes(encode_block(layout, rows)[0].data) for rows in blocks]
-    owner = os.getpid()
-    slots = shared_memory.Slots(owner, most=1)
-    try:
-        slot = slots.take()
-        assert slot is not None
-        with arena.writing_into(slot) as placed:
-            assert placed is not None
-            encoded = [encode_block(layout, rows) for rows in blocks]
-            assert all(isinstance(c[0].data, memoryview) for c in encoded)
-            assert placed.used == sum(len(e) for e in expected)
-            # the small column (under shared_memory.MIN_BYTES) travels in the slot too
-            result = shared_memory.share(_result(encoded), owner, slot, placed)
-        ref = result.shared["image"]
-        assert isinstance(ref, shared_memory.SharedChunks)
-        assert ref.slot
-        assert len(ref.starts) == 3
-        assert _bytes(result) == [b"", b"", b""]  # nothing of the slot goes through the pipe
-        shared_memory.attach(result, slots, slot)
-        assert _bytes(result) == expected
-        with arena.writing_into(slot) as again:  # the worker's next task in this slot
-            assert again is placed  # mapped once: its pages are faulted in once
-            assert again.used == 0
-    finally:
-        slots.close()
-    assert _ours(owner) == []
+    with arena.writing_into(lent.slot) as placed:
+        assert placed is not None
+        encoded = [encode_block(layout, rows) for rows in blocks]
+        assert all(isinstance(c[0].data, memoryview) for c in encoded)
+        assert placed.used == sum(len(e) for e in expected)
+        # the small column (under shared_memory.MIN_BYTES) travels in the slot too
+        result = shared_memory.share(_result(encoded), lent.owner, lent.slot, placed)
+    ref = result.shared["image"]
+    assert isinstance(ref, shared_memory.SharedChunks)
+    assert ref.slot
+    assert len(ref.starts) == 3
+    assert _bytes(result) == [b"", b"", b""]  # nothing of the slot goes through the pipe
+    shared_memory.attach(result, lent.slots, lent.slot)
+    assert _bytes(result) == expected
+    with arena.writing_into(lent.slot) as again:  # the worker's next task in this slot
+        assert again is placed  # mapped once: its pages are faulted in once
+        assert again.used == 0
 
 
 def test_a_full_arena_leaves_chunks_as_bytes_written_after_it(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, lent: Lent
 ) -> None:
     layout = _layout(Compression(codec="blosc", cname="lz4"))
     first, second = _rows(4), _rows(5)
-    owner = os.getpid()
-    slots = shared_memory.Slots(owner, most=1)
-    try:
-        slot = slots.take()
-        assert slot is not None
-        with arena.writing_into(slot) as placed:
-            assert placed is not None
-            in_slot, mask = encode_block(layout, first), encode_block(layout, first)
-            monkeypatch.setattr(arena, "ARENA_BYTES", placed.used)  # full from here
-            monkeypatch.setattr(shared_memory, "MIN_BYTES", 1)  # every column is shared
-            as_bytes = encode_block(layout, second)
-            assert isinstance(in_slot[0].data, memoryview)
-            assert isinstance(mask[0].data, memoryview)
-            assert isinstance(as_bytes[0].data, bytes)
-            result = _result([in_slot, as_bytes])  # a column partly in the arena
-            result.columns["mask"] = EncodedRows([mask], [b"d" * 32])  # one all in it
-            shared_memory.share(result, owner, slot, placed)
-        image, in_place = result.shared["image"], result.shared["mask"]
-        assert isinstance(image, shared_memory.SharedChunks)
-        assert isinstance(in_place, shared_memory.SharedChunks)
-        assert in_place.starts
-        assert in_place.slot
-        assert not image.starts
-        assert image.slot
-        assert image.offset == sum(len(c.data) for c in in_slot + mask)
-        shared_memory.attach(result, slots, slot)
-        expected = [bytes(encode_block(layout, rows)[0].data) for rows in (first, second)]
-        assert _bytes(result) == expected
-        assert _bytes(result, "mask") == expected[:1]
-    finally:
-        slots.close()
+    with arena.writing_into(lent.slot) as placed:
+        assert placed is not None
+        in_slot, mask = encode_block(layout, first), encode_block(layout, first)
+        monkeypatch.setattr(arena, "ARENA_BYTES", placed.used)  # full from here
+        monkeypatch.setattr(shared_memory, "MIN_BYTES", 1)  # every column is shared
+        as_bytes = encode_block(layout, second)
+        assert isinstance(in_slot[0].data, memoryview)
+        assert isinstance(mask[0].data, memoryview)
+        assert isinstance(as_bytes[0].data, bytes)
+        result = _result([in_slot, as_bytes])  # a column partly in the arena
+        result.columns["mask"] = EncodedRows([mask], [b"d" * 32])  # one all in it
+        shared_memory.share(result, lent.owner, lent.slot, placed)
+    image, in_place = result.shared["image"], result.shared["mask"]
+    assert isinstance(image, shared_memory.SharedChunks)
+    assert isinstance(in_place, shared_memory.SharedChunks)
+    assert in_place.starts
+    assert in_place.slot
+    assert not image.starts  # written into the slot after the arena
+    assert image.slot
+    assert image.offset == sum(len(c.data) for c in in_slot + mask)
+    shared_memory.attach(result, lent.slots, lent.slot)
+    expected = [bytes(encode_block(layout, rows)[0].data) for rows in (first, second)]
+    assert _bytes(result) == expected
+    assert _bytes(result, "mask") == expected[:1]
 
 
-def test_chunks_of_a_slot_the_parent_gave_up_leave_as_bytes() -> None:
+def test_chunks_of_a_slot_the_parent_gave_up_leave_as_bytes(lent: Lent) -> None:
     """The build stopped (the slot is gone before the result is shared): the chunks still
-    reach the pipe whole, and nothing keeps viewing the worker's mapping."""
+    reach the parent whole, and nothing keeps viewing the worker's mapping."""
     layout = _layout(Compression(codec="lzf"))
     rows = _rows(6)
-    owner = os.getpid()
-    slots = shared_memory.Slots(owner, most=1)
-    try:
-        slot = slots.take()
-        assert slot is not None
-        with arena.writing_into(slot) as placed:
-            assert placed is not None
-            encoded = encode_block(layout, rows)
-            slots.retire(slot)
-            result = shared_memory.share(_result([encoded]), owner, slot, placed)
-        chunk = result.columns["image"].blocks[0][0]  # type: ignore[union-attr]
-        assert not isinstance(chunk.data, memoryview)  # nothing views the worker's mapping
-        ref = result.shared["image"]
-        assert not ref.slot  # a file of its own instead of the gone slot
-        shared_memory.attach(result)
-        assert _bytes(result) == [bytes(encode_block(layout, rows)[0].data)]
-        assert arena._mapped(slot) is None  # the gone file's mapping is dropped
-        assert slot not in arena._ARENAS
-    finally:
-        slots.close()
-    assert _ours(owner) == []
+    with arena.writing_into(lent.slot) as placed:
+        assert placed is not None
+        encoded = encode_block(layout, rows)
+        lent.slots.retire(lent.slot)
+        result = shared_memory.share(_result([encoded]), lent.owner, lent.slot, placed)
+    chunk = result.columns["image"].blocks[0][0]  # type: ignore[union-attr]
+    assert not isinstance(chunk.data, memoryview)  # nothing views the worker's mapping
+    assert not result.shared["image"].slot  # a file of its own instead of the gone slot
+    shared_memory.attach(result)
+    assert _bytes(result) == [bytes(encode_block(layout, rows)[0].data)]
+    assert arena._mapped(lent.slot) is None  # the gone file's mapping is dropped
+    assert lent.slot not in arena._ARENAS
 
 
-def test_a_block_that_does_not_compress_takes_no_room() -> None:
+def test_a_block_that_does_not_compress_takes_no_room(lent: Lent) -> None:
     layout = _layout(Compression(codec="lzf"))
     noise = np.random.default_rng(7).integers(0, 256, (8, *SHAPE), dtype=np.uint8)
-    owner = os.getpid()
-    slots = shared_memory.Slots(owner, most=1)
-    try:
-        slot = slots.take()
-        assert slot is not None
-        with arena.writing_into(slot) as placed:
-            assert placed is not None
-            assert encode_direct(layout, noise) is None  # HDF5 stores it raw
-            assert placed.used == 0
-            stored = encode_block(layout, noise)  # through HDF5: bytes, flagged skipped
-            assert isinstance(stored[0].data, bytes)
-            assert stored[0].filter_mask != 0
-    finally:
-        slots.close()
+    with arena.writing_into(lent.slot) as placed:
+        assert placed is not None
+        assert encode_direct(layout, noise) is None  # HDF5 stores it raw
+        assert placed.used == 0
+        stored = encode_block(layout, noise)  # through HDF5: bytes, its filter flagged skipped
+        assert isinstance(stored[0].data, bytes)
+        assert stored[0].filter_mask != 0
 
 
 def test_without_a_slot_chunks_are_plain_bytes() -> None:

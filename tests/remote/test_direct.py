@@ -1,5 +1,6 @@
-"""The workers' whole-object GETs (``read_ahead``, ``read_many``) through obstore and through s3fs, against
-a real S3-compatible server: the same bytes, the same refusals, the same one-line errors."""
+"""The workers' whole-object GETs (``read_ahead``, ``read_many``) through obstore and through
+s3fs, against a real S3-compatible server: the same bytes, the same refusals, the same one-line
+errors."""
 
 from __future__ import annotations
 
