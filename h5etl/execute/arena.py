@@ -13,8 +13,9 @@ sees the same pages), makes it the codecs' destination for the task (``codec.enc
 and tells ``shared_memory.share`` where each chunk landed (``Arena.offset_of``). The mapping
 is kept for the worker's next task in the same slot: its pages are faulted in once per worker,
 not per task. A mapping whose file is gone (the parent retired the slot, or its build ended)
-is dropped at the next task, so a worker holds a finished build's pages only until then (or
-until it exits).
+is dropped at the next task, and a worker that idles ``IDLE_DROP_SECONDS`` drops them all:
+the parent removes its slots when its build ends, and a mapping would keep their pages (a
+pool outlives a build in a notebook by a minute).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -69,6 +72,34 @@ class Arena:
 
 
 _ARENAS: dict[str, Arena] = {}  # this worker's mapped slots, by name
+IDLE_DROP_SECONDS = 2.0  # a worker this long without a task forgets its mapped slots
+
+
+class _Idle:
+    """Whether a task uses an arena now, since when none has, and whether a thread waits to
+    drop the mappings."""
+
+    running = 0
+    since = 0.0
+    watching = False
+
+
+def _drop_when_idle() -> None:
+    """Forget every mapped slot (their pages go once no view of them is left) after
+    ``IDLE_DROP_SECONDS`` without a task, on a thread; one such thread at a time."""
+    if _Idle.watching:
+        return
+    _Idle.watching = True
+
+    def watch() -> None:
+        while True:
+            time.sleep(min(IDLE_DROP_SECONDS, 0.25))
+            if not _Idle.running and time.monotonic() - _Idle.since >= IDLE_DROP_SECONDS:
+                break
+        _ARENAS.clear()  # a task that took its arena meanwhile keeps it; it is mapped anew next
+        _Idle.watching = False
+
+    threading.Thread(target=watch, name="h5etl-arena-idle", daemon=True).start()
 
 
 def _inode(name: str) -> int | None:
@@ -83,7 +114,7 @@ def _mapped(name: str) -> Arena | None:
     cannot be (the parent gave it up: the build stopped)."""
     for other, arena in list(_ARENAS.items()):  # the parent's files that are gone
         if _inode(other) != arena.inode:
-            del _ARENAS[other]
+            _ARENAS.pop(other, None)
     known = _ARENAS.get(name)
     if known is not None:
         return known
@@ -113,8 +144,12 @@ def writing_into(slot: str | None) -> Iterator[Arena | None]:
         yield None
         return
     arena.clear()
+    _Idle.running += 1
     try:
         with codec.encoding_into(arena):
             yield arena
     finally:
         arena.clear()
+        _Idle.running -= 1
+        _Idle.since = time.monotonic()
+        _drop_when_idle()

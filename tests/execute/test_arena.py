@@ -5,6 +5,7 @@ the room left."""
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -170,3 +171,20 @@ def test_without_a_slot_chunks_are_plain_bytes() -> None:
         assert isinstance(encode_block(layout, _rows(8))[0].data, bytes)
     with arena.writing_into("h5etl-values-no-such-slot") as placed:
         assert placed is None
+
+
+def test_a_worker_that_idles_forgets_its_mapped_slots(
+    monkeypatch: pytest.MonkeyPatch, lent: Lent
+) -> None:
+    """The parent removes its slots when the build ends; a worker of a pool that outlives
+    the build (a notebook's) must not keep their pages mapped."""
+    monkeypatch.setattr(arena, "IDLE_DROP_SECONDS", 0.05)
+    layout = _layout(Compression(codec="lzf"))
+    with arena.writing_into(lent.slot) as placed:
+        assert placed is not None
+        encode_block(layout, _rows(9))
+    assert lent.slot in arena._ARENAS  # kept for the next task in this slot
+    deadline = time.monotonic() + 10
+    while lent.slot in arena._ARENAS and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert lent.slot not in arena._ARENAS
