@@ -12,6 +12,7 @@ Use them as pytest fixtures::
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import math
@@ -374,6 +375,24 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     os.environ["TMPDIR"] = str(folder)  # xdist's workers and the tests' children inherit it
     tempfile.tempdir = None  # read TMPDIR again
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Remove the named semaphores of loky pools whose process is gone. Tests SIGKILL builds
+    with their process group, resource tracker included, and each left its pool's
+    ``/dev/shm/sem.loky-<pid>-*`` (about 110 a full run). A live process's are left alone
+    (an xdist worker's beside this one): only a dead ``<pid>``'s go, and a semaphore
+    still open somewhere keeps working without its name."""
+    from h5etl.processes import pid_alive
+
+    for path in RAM_TEMP.glob("sem.loky-*-*") if RAM_TEMP.is_dir() else ():
+        try:
+            pid = int(path.name.split("-")[1])
+        except (IndexError, ValueError):
+            continue
+        if not pid_alive(pid):
+            with contextlib.suppress(OSError):
+                path.unlink()
 
 
 @pytest.fixture(autouse=True)
