@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from obstore import GetOptions  # TypedDicts of its stubs only
     from obstore.store import S3Credential
 
-__all__ = ["CLIENT_VARIABLE", "enabled", "get_each"]
+__all__ = ["CLIENT_VARIABLE", "enabled", "get_each", "list_keys"]
 
 CLIENT_VARIABLE = "H5ETL_S3_CLIENT"  # "s3fs": the workers' GETs through s3fs too
 # Refreshable credentials (an assumed role, SSO) are asked of botocore again this often; it
@@ -57,7 +57,8 @@ class Listed(Protocol):
 
 
 def enabled() -> bool:
-    """Whether the workers' GETs go through obstore: it is installed and not turned off."""
+    """Whether the workers' GETs (and the listings of buckets without versions) go through
+    obstore: it is installed and not turned off."""
     if os.environ.get(CLIENT_VARIABLE, "").lower() == "s3fs":
         return False
     return importlib.util.find_spec("obstore") is not None
@@ -97,6 +98,23 @@ def get_each(
 
     pool = _threads(concurrency)
     return [pool.submit(one, obj) for obj in objects]
+
+
+def list_keys(bucket: str, prefix: str) -> list[tuple[str, int, str | None]] | None:
+    """Each object under ``prefix`` of ``bucket`` (a folder: whole path segments): its key,
+    size and ETag (quotes off), by one ListObjectsV2 request per 1,000; None when botocore
+    finds no credentials. obstore's errors are raised as they are."""
+    import obstore
+
+    store = _store(bucket)
+    if store is None:
+        return None
+    found: list[tuple[str, int, str | None]] = []
+    for page in obstore.list(store, prefix=prefix or None, chunk_size=1000):
+        for meta in page:
+            etag = meta.get("e_tag")
+            found.append((meta["path"], int(meta["size"]), etag.strip('"') if etag else None))
+    return found
 
 
 def _threads(count: int) -> ThreadPoolExecutor:

@@ -80,18 +80,53 @@ def list_objects(folder: Location, pattern: str = "*") -> list[RemoteObject]:
             fs.info(folder.bucket)
         except Exception as exc:
             raise problem(exc, folder, "list", f"no such bucket {folder.bucket!r}") from exc
+        quick = _listed_directly(fs, folder)
+        if quick is not None:
+            return _matching(folder, quick, pattern)
     try:
         found = _find(fs, folder)
     except Exception as exc:  # OSErrors, and botocore's own (no credentials) that are not
         raise problem(exc, folder, "list") from exc
-    objects = []
-    for info in found.values():
-        if info.get("type", "file") != "file":
-            continue
-        obj = _record(folder, info, fs)
-        if fnmatch.fnmatchcase(folder.relative(obj.location), pattern):
-            objects.append(obj)
-    return sorted(objects, key=lambda o: o.location.key)
+    objects = [
+        _record(folder, info, fs) for info in found.values() if info.get("type", "file") == "file"
+    ]
+    return _matching(folder, objects, pattern)
+
+
+def _matching(folder: Location, objects: list[RemoteObject], pattern: str) -> list[RemoteObject]:
+    """Those of ``objects`` whose key relative to ``folder`` matches ``pattern``, by key."""
+    kept = [o for o in objects if fnmatch.fnmatchcase(folder.relative(o.location), pattern)]
+    return sorted(kept, key=lambda o: o.location.key)
+
+
+def _listed_directly(fs: FileSystem, folder: Location) -> list[RemoteObject] | None:
+    """The objects under ``folder`` listed through obstore (``direct.list_keys``), or None:
+    s3fs lists them. botocore's parsing of each listing page cost the build's parent 70-85 us
+    an object (0.2-0.6 CPU-s for 3,000 objects from s3rver), obstore's 4 us: for a bucket of a
+    million objects, a minute before the first decode. Only where it lists exactly what s3fs
+    would: a bucket that never had versioning (no VersionIds to pin), and no empty object in
+    the listing (obstore drops a folder marker's trailing ``/``, which s3fs leaves out)."""
+    if not direct.enabled() or _may_hold_versions(fs, folder.bucket):
+        return None
+    try:
+        listed = direct.list_keys(folder.bucket, folder.key)
+    except Exception:  # s3fs lists it again, and words what fails
+        return None
+    if listed is None or any(size == 0 for _, size, _ in listed):
+        return None
+    return [
+        RemoteObject(Location("s3", folder.bucket, key), size, etag or None, None)
+        for key, size, etag in listed
+    ]
+
+
+def _may_hold_versions(fs: FileSystem, bucket: str) -> bool:
+    """Whether ``bucket``'s versioning is, or was, on (or cannot be asked: then, as if)."""
+    try:
+        answer = run(fs, fs._call_s3, "get_bucket_versioning", Bucket=bucket)
+    except Exception:
+        return True
+    return bool(answer.get("Status"))  # "Enabled" or "Suspended": objects may have versions
 
 
 def _find(fs: FileSystem, folder: Location) -> dict[str, dict[str, Any]]:

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from s3_server import Bucket
 
+from h5etl.remote import direct as direct_module
 from h5etl.remote import filesystem as filesystem_module
 from h5etl.remote import list_objects, stat_object
 from h5etl.remote import objects as objects_module
@@ -34,6 +35,42 @@ def test_read_many_returns_each_objects_bytes_in_order(s3: Bucket, client: str) 
         s3.put(key, data)
     listed = list_objects(s3.location("raw"))
     assert read_many(listed, concurrency=4) == list(blobs.values())
+
+
+def test_a_listing_through_obstore_is_the_one_s3fs_gives(
+    s3: Bucket, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("obstore", reason="the optional fast listing: pip install obstore")
+    keys = ["raw/a b.png", "raw/ü.png", "raw/50%.png", "raw/a+b.png", "raw/sub/x.png"]
+    for index, key in enumerate(keys):
+        s3.put(key, bytes([index]) * (10 + index))
+    s3.put("rawer/y.png", b"not under raw/")
+    asked: list[str] = []
+    real = direct_module.list_keys
+    monkeypatch.setattr(
+        direct_module,
+        "list_keys",
+        lambda *a: asked.append(a[1]) or real(*a),  # type: ignore[func-returns-value]
+    )
+    quick = list_objects(s3.location("raw"), "*.png")
+    assert asked == ["raw"]  # obstore listed it: the bucket never had versioning
+    monkeypatch.setenv("H5ETL_S3_CLIENT", "s3fs")
+    assert quick == list_objects(s3.location("raw"), "*.png")
+    assert [o.location.key for o in quick] == sorted(keys)
+
+
+def test_an_empty_object_sends_the_listing_back_to_s3fs(
+    s3: Bucket, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """obstore drops a folder marker's trailing ``/`` (``raw/sub/`` comes as ``raw/sub``):
+    with any empty object in its listing, the folder is listed by s3fs, as it always was."""
+    pytest.importorskip("obstore", reason="the optional fast listing: pip install obstore")
+    s3.put("raw/sub/", b"")
+    s3.put("raw/sub/x.png", b"x")
+    listed = list_objects(s3.location("raw"))
+    monkeypatch.setenv("H5ETL_S3_CLIENT", "s3fs")
+    assert listed == list_objects(s3.location("raw"))
+    assert "raw/sub/x.png" in [o.location.key for o in listed]
 
 
 def test_reads_ahead_are_taken_in_any_order_and_unsent_ones_dropped(
@@ -103,6 +140,7 @@ def test_a_server_without_versioned_listings_is_listed_without_versions(
 ) -> None:
     # s3rver and Cloudflare R2 answer ListObjectVersions with 405/501: the listing falls back
     # to ListObjectsV2 and stamps the ETags alone (the reads still carry If-Match)
+    monkeypatch.setenv("H5ETL_S3_CLIENT", "s3fs")  # s3fs's listing (obstore's has no versions)
     s3.put("raw/a.png", b"alpha")
     real = filesystem_module.filesystem
 
@@ -133,6 +171,7 @@ def test_a_server_without_versioned_listings_is_listed_without_versions(
 def test_another_error_is_not_taken_for_a_server_without_versions(
     s3: Bucket, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("H5ETL_S3_CLIENT", "s3fs")  # s3fs's listing (obstore's has no versions)
     real = filesystem_module.filesystem
 
     def failing(location: Any, *, versioned: bool = True) -> Any:
