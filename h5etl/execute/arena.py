@@ -9,7 +9,7 @@ file was a second pass over the bytes. With blosc-lz4, 1,024 samples of the benc
 102 us a sample compressing and 26 us copying, against 62 and 1 here.
 
 ``writing_into(slot)`` maps the slot in the worker (read-write, shared: the parent's mapping
-sees the same pages), makes it the codecs' destination for the task (``codec.encoding_into``),
+sees the same pages), makes it the codecs' destination for the task (``destination.encoding_into``),
 and tells ``shared_memory.share`` where each chunk landed (``Arena.offset_of``). The mapping
 is kept for the worker's next task in the same slot: its pages are faulted in once per worker,
 not per task. A mapping whose file is gone (the parent retired the slot, or its build ended)
@@ -28,7 +28,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from h5etl.format import codec
+from h5etl.format.destination import encoding_into
 
 SHM = Path("/dev/shm")
 # What a slot may hold (``shared_memory.SLOT_BYTES``: a result past it gets files of its own).
@@ -146,7 +146,7 @@ def writing_into(slot: str | None) -> Iterator[Arena | None]:
     arena.clear()
     _Idle.running += 1
     try:
-        with codec.encoding_into(arena):
+        with encoding_into(arena):
             yield arena
     finally:
         arena.clear()

@@ -14,15 +14,13 @@ GIL, so the sink can compress re-cut blocks in threads beside the writer (``comp
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import itertools
 import math
 import os
 import zlib
-from collections.abc import Callable, Iterator
-from contextvars import ContextVar
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
@@ -31,6 +29,7 @@ import numpy as np
 
 from h5etl.dataflow import EncodedChunk
 from h5etl.format import digest
+from h5etl.format.destination import Destination, current
 
 # h5py and hdf5plugin load where HDF5 runs (a scratch file, a dataset's filters): a worker
 # whose every block ``encode_direct`` encodes never needs them (0.1 CPU-s a worker).
@@ -157,19 +156,21 @@ def _lzf_direct(
     if not _plain_lzf(layout):
         return None
     buffer = np.ascontiguousarray(rows).data  # any buffer works; the stubs say bytes
+    # a room one byte short of the rows: LZF refuses what does not shrink
     room = destination.reserve(rows.nbytes - 1) if destination is not None else None
     stored: bytes | memoryview
-    if room is not None:
-        try:  # a room one byte short of the rows: LZF refuses what does not shrink
-            stored = imagecodecs.lzf_encode(buffer, out=room)  # type: ignore[arg-type,assignment]
-        except imagecodecs.LzfError:
-            return None  # incompressible: let HDF5 store it raw and flag the filter as skipped
-        assert destination is not None
-        destination.commit(stored)  # type: ignore[arg-type]
-    else:
+    if destination is None or room is None:
         stored = bytes(imagecodecs.lzf_encode(buffer))  # type: ignore[arg-type]
         if len(stored) >= rows.nbytes:
-            return None  # incompressible: let HDF5 store it raw, the filter flagged skipped
+            return None  # incompressible: let HDF5 store it raw and flag the filter as skipped
+    else:
+        try:
+            stored = cast(
+                memoryview, imagecodecs.lzf_encode(cast(bytes, buffer), out=cast(Any, room))
+            )
+        except imagecodecs.LzfError:
+            return None  # incompressible, as above
+        destination.commit(stored)
     offset = (0,) * (len(layout.shape) + 1)
     return [EncodedChunk(offset, 0, stored, hashlib.sha256(stored).hexdigest())]
 
@@ -195,8 +196,8 @@ def _hdf5_shuffled(data: np.ndarray) -> np.ndarray:
 def _codec_call(layout: ChunkLayout) -> Callable[..., bytes | memoryview] | None:
     """The one codec call HDF5's pipeline makes for a (C-contiguous) block of ``layout``, or
     None where it is more than one call (tiled chunks; lzf, which ``_lzf_direct`` handles).
-    blosc's takes ``out``, a room to write into (``Destination.reserve``); it returns the
-    written part of it."""
+    blosc's takes ``out``, a room to write into (``Destination.reserve``), and returns the part
+    it wrote."""
     if layout.chunks[1:] != layout.shape:
         return None
     compression = layout.compression
@@ -247,27 +248,7 @@ def _probe_rows(layout: ChunkLayout) -> np.ndarray:
     return data.view(layout.dtype).reshape(layout.rows, *layout.shape)
 
 
-class Destination(Protocol):
-    """Where this thread's encoded chunks go instead of fresh bytes objects (a local worker's
-    lent shared-memory slot: ``h5etl.execute.arena``)."""
-
-    def reserve(self, nbytes: int) -> memoryview | None: ...
-    def commit(self, written: memoryview) -> None: ...
-
-
-_DESTINATION: ContextVar[Destination | None] = ContextVar("h5etl_chunk_destination", default=None)
 _BLOSC_MAX_OVERHEAD = 16  # blosc's header: what a block that does not compress grows by
-
-
-@contextlib.contextmanager
-def encoding_into(destination: Destination) -> Iterator[None]:
-    """Within: ``encode_direct`` writes blosc and lzf chunks into rooms ``destination``
-    reserves (while it has room), and the chunks' bytes are views of them."""
-    token = _DESTINATION.set(destination)
-    try:
-        yield
-    finally:
-        _DESTINATION.reset(token)
 
 
 # ``has_direct`` answers another process of this machine found (``trust_direct``): a local
@@ -310,7 +291,7 @@ def encode_direct(layout: ChunkLayout, rows: np.ndarray) -> list[EncodedChunk] |
     if not has_direct(layout):
         return None
     rows = np.ascontiguousarray(rows, dtype=layout.dtype)
-    destination = _DESTINATION.get()
+    destination = current()
     call = _codec_call(layout)
     if call is None:
         return _lzf_direct(layout, rows, destination)
@@ -320,9 +301,9 @@ def encode_direct(layout: ChunkLayout, rows: np.ndarray) -> list[EncodedChunk] |
     stored = call(rows) if room is None else call(rows, room)
     if len(stored) >= rows.nbytes and layout.compression.codec != "none":
         return None
-    if room is not None:
+    if destination is not None and room is not None:
         assert isinstance(stored, memoryview)
-        destination.commit(stored)  # type: ignore[union-attr]
+        destination.commit(stored)
     offset = (0,) * (len(layout.shape) + 1)
     return [EncodedChunk(offset, 0, stored, hashlib.sha256(stored).hexdigest())]
 
