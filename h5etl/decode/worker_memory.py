@@ -114,6 +114,11 @@ def busy() -> Iterator[None]:
         _Activity.since = time.monotonic()
 
 
+def idle_seconds() -> float:
+    """How long this worker has run no task (``busy``): 0.0 while it runs one."""
+    return 0.0 if _Activity.running else time.monotonic() - _Activity.since
+
+
 def _give_back_memory() -> None:
     """Trim the heap once the worker idles (no task for ``TRIM_IDLE_SECONDS``): a
     finalizer runs as the result starts being freed (its chunks still alive), so the trim
@@ -128,8 +133,7 @@ def _give_back_memory() -> None:
     def trim() -> None:
         while True:
             time.sleep(TRIM_IDLE_SECONDS)
-            idle = time.monotonic() - _Activity.since
-            if not _Activity.running and idle >= TRIM_IDLE_SECONDS:
+            if idle_seconds() >= TRIM_IDLE_SECONDS:
                 break
         _Activity.trim_pending = False
         memory.release_free_memory()

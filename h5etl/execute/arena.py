@@ -28,6 +28,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from h5etl.decode import worker_memory
 from h5etl.format.destination import encoding_into
 
 SHM = Path("/dev/shm")
@@ -75,29 +76,24 @@ _ARENAS: dict[str, Arena] = {}  # this worker's mapped slots, by name
 IDLE_DROP_SECONDS = 2.0  # a worker this long without a task forgets its mapped slots
 
 
-class _Idle:
-    """Whether a task uses an arena now, since when none has, and whether a thread waits to
-    drop the mappings."""
-
-    running = 0
-    since = 0.0
-    watching = False
+_dropping = False  # a thread waits to drop them (``_drop_when_idle``)
 
 
 def _drop_when_idle() -> None:
-    """Forget every mapped slot (their pages go once no view of them is left) after
-    ``IDLE_DROP_SECONDS`` without a task, on a thread; one such thread at a time."""
-    if _Idle.watching:
+    """Forget every mapped slot (their pages go once no view of them is left) once this
+    worker has run no task (``worker_memory.busy``) for ``IDLE_DROP_SECONDS``, on a thread;
+    one such thread at a time."""
+    global _dropping
+    if _dropping:
         return
-    _Idle.watching = True
+    _dropping = True
 
     def watch() -> None:
-        while True:
+        global _dropping
+        while worker_memory.idle_seconds() < IDLE_DROP_SECONDS:
             time.sleep(min(IDLE_DROP_SECONDS, 0.25))
-            if not _Idle.running and time.monotonic() - _Idle.since >= IDLE_DROP_SECONDS:
-                break
         _ARENAS.clear()  # a task that took its arena meanwhile keeps it; it is mapped anew next
-        _Idle.watching = False
+        _dropping = False
 
     threading.Thread(target=watch, name="h5etl-arena-idle", daemon=True).start()
 
@@ -137,19 +133,17 @@ def _mapped(name: str) -> Arena | None:
 
 @contextlib.contextmanager
 def writing_into(slot: str | None) -> Iterator[Arena | None]:
-    """Within: the codecs place this thread's chunks in the lent ``slot`` (the arena given;
-    None: no slot, no ``/dev/shm``, or the slot is gone, and chunks are bytes as ever)."""
+    """Within (a task, inside ``worker_memory.busy``): the codecs place this thread's chunks
+    in the lent ``slot`` (the arena given; None: no slot, no ``/dev/shm``, or the slot is
+    gone, and chunks are bytes as ever)."""
     arena = _mapped(slot) if slot is not None and SHM.is_dir() else None
     if arena is None:
         yield None
         return
     arena.clear()
-    _Idle.running += 1
     try:
         with encoding_into(arena):
             yield arena
     finally:
         arena.clear()
-        _Idle.running -= 1
-        _Idle.since = time.monotonic()
         _drop_when_idle()

@@ -4,6 +4,7 @@ the room left."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Iterator
@@ -15,6 +16,7 @@ import pytest
 
 from h5etl.config.sections import Compression
 from h5etl.dataflow import BatchResult, DecodeTask, EncodedChunk, EncodedRows
+from h5etl.decode import worker_memory
 from h5etl.execute import arena, shared_memory
 from h5etl.format.codec import ChunkLayout, encode_block, encode_direct
 
@@ -54,6 +56,13 @@ def _ours(owner: int) -> list[Path]:
     return sorted(shared_memory.SHM.glob(f"{shared_memory.PREFIX}-{owner}-*"))
 
 
+@contextlib.contextmanager
+def _task(slot: str | None) -> Iterator[arena.Arena | None]:
+    """As ``schedule.run_pooled`` runs a task: busy, the lent slot the codecs' destination."""
+    with worker_memory.busy(), arena.writing_into(slot) as placed:
+        yield placed
+
+
 @dataclass
 class Lent:
     """A slot the parent (this process, ``owner``) lent a task, from its ``slots``."""
@@ -83,7 +92,7 @@ def test_chunks_compressed_into_the_slot_reach_the_parent_unchanged(
     layout = _layout(compression)
     blocks = [_rows(seed) for seed in (1, 2, 3)]
     expected = [bytes(encode_block(layout, rows)[0].data) for rows in blocks]
-    with arena.writing_into(lent.slot) as placed:
+    with _task(lent.slot) as placed:
         assert placed is not None
         encoded = [encode_block(layout, rows) for rows in blocks]
         assert all(isinstance(c[0].data, memoryview) for c in encoded)
@@ -97,7 +106,7 @@ def test_chunks_compressed_into_the_slot_reach_the_parent_unchanged(
     assert _bytes(result) == [b"", b"", b""]  # nothing of the slot goes through the pipe
     shared_memory.attach(result, lent.slots, lent.slot)
     assert _bytes(result) == expected
-    with arena.writing_into(lent.slot) as again:  # the worker's next task in this slot
+    with _task(lent.slot) as again:  # the worker's next task in this slot
         assert again is placed  # mapped once: its pages are faulted in once
         assert again.used == 0
 
@@ -107,7 +116,7 @@ def test_a_full_arena_leaves_chunks_as_bytes_written_after_it(
 ) -> None:
     layout = _layout(Compression(codec="blosc", cname="lz4"))
     first, second = _rows(4), _rows(5)
-    with arena.writing_into(lent.slot) as placed:
+    with _task(lent.slot) as placed:
         assert placed is not None
         in_slot, mask = encode_block(layout, first), encode_block(layout, first)
         monkeypatch.setattr(arena, "ARENA_BYTES", placed.used)  # full from here
@@ -138,7 +147,7 @@ def test_chunks_of_a_slot_the_parent_gave_up_leave_as_bytes(lent: Lent) -> None:
     reach the parent whole, and nothing keeps viewing the worker's mapping."""
     layout = _layout(Compression(codec="lzf"))
     rows = _rows(6)
-    with arena.writing_into(lent.slot) as placed:
+    with _task(lent.slot) as placed:
         assert placed is not None
         encoded = encode_block(layout, rows)
         lent.slots.retire(lent.slot)
@@ -155,7 +164,7 @@ def test_chunks_of_a_slot_the_parent_gave_up_leave_as_bytes(lent: Lent) -> None:
 def test_a_block_that_does_not_compress_takes_no_room(lent: Lent) -> None:
     layout = _layout(Compression(codec="lzf"))
     noise = np.random.default_rng(7).integers(0, 256, (8, *SHAPE), dtype=np.uint8)
-    with arena.writing_into(lent.slot) as placed:
+    with _task(lent.slot) as placed:
         assert placed is not None
         assert encode_direct(layout, noise) is None  # HDF5 stores it raw
         assert placed.used == 0
@@ -166,10 +175,10 @@ def test_a_block_that_does_not_compress_takes_no_room(lent: Lent) -> None:
 
 def test_without_a_slot_chunks_are_plain_bytes() -> None:
     layout = _layout(Compression(codec="blosc", cname="lz4"))
-    with arena.writing_into(None) as placed:
+    with _task(None) as placed:
         assert placed is None
         assert isinstance(encode_block(layout, _rows(8))[0].data, bytes)
-    with arena.writing_into("h5etl-values-no-such-slot") as placed:
+    with _task("h5etl-values-no-such-slot") as placed:
         assert placed is None
 
 
@@ -180,7 +189,7 @@ def test_a_worker_that_idles_forgets_its_mapped_slots(
     the build (a notebook's) must not keep their pages mapped."""
     monkeypatch.setattr(arena, "IDLE_DROP_SECONDS", 0.05)
     layout = _layout(Compression(codec="lzf"))
-    with arena.writing_into(lent.slot) as placed:
+    with _task(lent.slot) as placed:
         assert placed is not None
         encode_block(layout, _rows(9))
     assert lent.slot in arena._ARENAS  # kept for the next task in this slot
