@@ -28,6 +28,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from h5etl.dataflow import EncodedChunk, EncodedRows
 from h5etl.decode import worker_memory
 from h5etl.format.destination import encoding_into
 
@@ -65,6 +66,25 @@ class Arena:
         """Where in the slot the chunk bytes ``data`` were placed; None: not placed here."""
         placed = self._placed.get(id(data))
         return placed[1] if placed is not None and placed[0] is data else None
+
+    def starts_of(self, rows: EncodedRows) -> tuple[int, ...] | None:
+        """Where each chunk of ``rows`` lies here, in order; None unless all do."""
+        starts = []
+        for block in rows.blocks:
+            for chunk in block:
+                start = self.offset_of(chunk.data)
+                if start is None:
+                    return None
+                starts.append(start)
+        return tuple(starts)
+
+    def detach(self, rows: EncodedRows) -> None:
+        """Give each chunk of ``rows`` that views this arena bytes of its own."""
+        for block in rows.blocks:
+            for index, chunk in enumerate(block):
+                if self.offset_of(chunk.data) is not None:
+                    data = bytes(chunk.data)
+                    block[index] = EncodedChunk(chunk.offset, chunk.filter_mask, data, chunk.sha256)
 
     def clear(self) -> None:
         """Forget this task's chunks (the next task places from byte 0 again)."""

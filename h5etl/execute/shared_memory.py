@@ -28,7 +28,7 @@ import uuid
 import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -71,11 +71,20 @@ class SharedChunks:
     starts: tuple[int, ...] = ()
 
 
-def _shareable(result: BatchResult, arena: Arena | None) -> list[tuple[str, Any, int]]:
-    """The columns of ``result`` worth sharing: (name, raw values array or encoded rows,
-    bytes), each of ``MIN_BYTES`` or more, and any whose chunks are all in ``arena``
-    (shared at no cost)."""
-    out: list[tuple[str, Any, int]] = []
+class _Wanted(NamedTuple):
+    """A column to share: its name, raw values array or encoded rows, their bytes, and where
+    its chunks lie in the arena (None: not all of them there)."""
+
+    name: str
+    values: Any
+    nbytes: int
+    starts: tuple[int, ...] | None
+
+
+def _shareable(result: BatchResult, arena: Arena | None) -> list[_Wanted]:
+    """The columns of ``result`` worth sharing: each of ``MIN_BYTES`` or more, and any whose
+    chunks are all in ``arena`` (shared at no cost)."""
+    out: list[_Wanted] = []
     for name, rows in result.columns.items():
         values = rows.values if isinstance(rows, RaggedRows) else rows
         shareable = isinstance(values, EncodedRows) or (
@@ -83,24 +92,13 @@ def _shareable(result: BatchResult, arena: Arena | None) -> list[tuple[str, Any,
         )
         if not shareable:
             continue
+        starts = None
+        if arena is not None and isinstance(values, EncodedRows):
+            starts = arena.starts_of(values)
         nbytes = values_nbytes(values)
-        if nbytes >= MIN_BYTES or _starts(values, arena) is not None:
-            out.append((name, values, nbytes))
+        if nbytes >= MIN_BYTES or starts is not None:
+            out.append(_Wanted(name, values, nbytes, starts))
     return out
-
-
-def _starts(values: Any, arena: Arena | None) -> tuple[int, ...] | None:
-    """Where each chunk of ``values`` lies in ``arena``, in order; None unless all do."""
-    if arena is None or not isinstance(values, EncodedRows):
-        return None
-    starts = []
-    for block in values.blocks:
-        for chunk in block:
-            start = arena.offset_of(chunk.data)
-            if start is None:
-                return None
-            starts.append(start)
-    return tuple(starts)
 
 
 def _write_values(fd: int, values: Any) -> tuple[int, ...]:
@@ -176,11 +174,11 @@ def _share(result: BatchResult, owner: int, slot: str | None, arena: Arena | Non
     if not wanted:
         return
     placed = arena.used if arena is not None else 0
-    rest = sum(n for name, values, n in wanted if _starts(values, arena) is None)
+    rest = sum(w.nbytes for w in wanted if w.starts is None)
     fits = slot is not None and placed + rest <= SLOT_BYTES
     if fits and slot is not None and _into_slot(result, wanted, slot, arena):
         return
-    for name, values, _ in wanted:
+    for name, values, _, _ in wanted:
         path = SHM / f"{PREFIX}-{owner}-{uuid.uuid4().hex}"
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
@@ -197,22 +195,15 @@ def _share(result: BatchResult, owner: int, slot: str | None, arena: Arena | Non
 
 
 def _detach(result: BatchResult, arena: Arena) -> None:
-    """Give chunks still viewing ``arena`` (a column that was not shared) bytes of their
-    own: the result is pickled, and the slot's next task writes over the arena."""
-    for rows in result.columns.values():
+    """Give the chunks of columns that were not shared bytes of their own if they view
+    ``arena``: the result is pickled, and the slot's next task writes over the arena."""
+    for name, rows in result.columns.items():
         values = rows.values if isinstance(rows, RaggedRows) else rows
-        if not isinstance(values, EncodedRows):
-            continue
-        for block in values.blocks:
-            for index, chunk in enumerate(block):
-                if arena.offset_of(chunk.data) is not None:
-                    data = bytes(chunk.data)
-                    block[index] = EncodedChunk(chunk.offset, chunk.filter_mask, data, chunk.sha256)
+        if name not in result.shared and isinstance(values, EncodedRows):
+            arena.detach(values)
 
 
-def _into_slot(
-    result: BatchResult, wanted: list[tuple[str, Any, int]], slot: str, arena: Arena | None
-) -> bool:
+def _into_slot(result: BatchResult, wanted: list[_Wanted], slot: str, arena: Arena | None) -> bool:
     """Write the ``wanted`` columns one after another into the lent ``slot``, after what its
     ``arena`` holds (columns all in it stay there); False (and the result untouched) if it
     cannot be written (the parent gave it up: the build stopped)."""
@@ -222,8 +213,7 @@ def _into_slot(
         fd = os.open(SHM / slot, os.O_WRONLY | os.O_CLOEXEC)  # never made here: the parent's
         try:
             os.lseek(fd, offset, os.SEEK_SET)
-            for name, values, nbytes in wanted:
-                starts = _starts(values, arena)
+            for name, values, nbytes, starts in wanted:
                 if starts is not None:
                     sizes = tuple(len(c.data) for block in values.blocks for c in block)
                     refs[name] = SharedChunks(slot, sizes, 0, True, starts)
@@ -234,7 +224,7 @@ def _into_slot(
             os.close(fd)
     except OSError:
         return False
-    for name, values, _ in wanted:
+    for name, values, _, _ in wanted:
         result.shared[name] = refs[name]
         _emptied(result, name, values)
     return True
