@@ -16,11 +16,14 @@ worker that unpickles one reads on its own.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import io
 import logging
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Iterator
 from typing import Any
 
 from h5etl.remote.cache import DiskCache
@@ -150,7 +153,8 @@ class RemoteFile(io.RawIOBase):
         for attempt in range(1, self.attempts + 1):
             self.requests += 1
             try:
-                return read_bytes(self.obj, start, end)
+                with _no_collection():
+                    return read_bytes(self.obj, start, end)
             except RemoteChanged as exc:
                 raise RemoteChanged(
                     "the file changed while it was read (replaced or deleted, by prune?); "
@@ -170,6 +174,35 @@ class RemoteFile(io.RawIOBase):
             time.sleep(pause)
             pause *= 2
         raise AssertionError("unreachable")  # pragma: no cover
+
+
+_paused = 0  # requests in flight with automatic garbage collection off (``_no_collection``)
+_was_enabled = True
+_PAUSE_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _no_collection() -> Iterator[None]:
+    """No automatic garbage collection, in any thread, while a request waits.
+
+    h5py calls ``readinto`` holding its global lock, and the request waits for fsspec's event
+    loop thread. A collection there that frees an h5py object of some reference cycle (a
+    file a test or a notebook left behind) takes that lock to close it: each thread then
+    waited for the other, for ever (a reader test hung so, twice). Paused for the request
+    alone: collection resumes once no request is in flight."""
+    global _paused, _was_enabled
+    with _PAUSE_LOCK:
+        if _paused == 0:
+            _was_enabled = gc.isenabled()
+            gc.disable()
+        _paused += 1
+    try:
+        yield
+    finally:
+        with _PAUSE_LOCK:
+            _paused -= 1
+            if _paused == 0 and _was_enabled:
+                gc.enable()
 
 
 def _reopen(
