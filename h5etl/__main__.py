@@ -1,5 +1,5 @@
 """``python -m h5etl`` runs the command line."""
 
-from h5etl.cli.app import main
+from h5etl.cli import main
 
 main()

@@ -113,6 +113,17 @@ def serve_forks(serve: bool = True) -> None:
     _forked = serve  # the platform is asked when a pool starts: multiprocessing is loaded then
 
 
+def start_fork_server() -> None:
+    """Start the fork server of this process's workers now, importing the decode stack, if
+    workers are forked here (``serve_forks``) and the platform has one; the pool that
+    ``pool`` starts later forks from it. Nothing waits for its imports."""
+    import multiprocessing
+
+    if _forked and "forkserver" in multiprocessing.get_all_start_methods():
+        fork_server(DECODE_STACK)
+        timeline.mark("fork server starting")
+
+
 def _forked_worker(environment: dict[str, str], owner: int) -> None:
     """In a forked worker: the environment of ``owner``, the process that started the pool,
     and a watch that ends the worker once ``owner`` is gone. A fork holds both ends of its
@@ -164,7 +175,7 @@ def fork_server(modules: tuple[str, ...]) -> Any:
 
     context = multiprocessing.get_context("forkserver")
     _preloads.update(modules)
-    context.set_forkserver_preload(sorted(_preloads))
+    context.set_forkserver_preload([*sorted(_preloads), SERVER_EXIT])
     saved = {name: os.environ.get(name) for name in NATIVE_THREAD_LIMITS}
     os.environ.update(NATIVE_THREAD_LIMITS)
     try:
@@ -223,6 +234,10 @@ def stop() -> None:
 # What every task runs on: the decoding, and the pool's side of a task (its first task
 # unpickles ``schedule.run_pooled``).
 DECODE_STACK = ("h5etl.decode.task", "h5etl.execute.schedule")
+
+
+# The fork server's last import: it exits without tearing its interpreter down
+SERVER_EXIT = "h5etl.execute.server_exit"
 
 
 def _import_modules(modules: tuple[str, ...]) -> None:

@@ -14,6 +14,7 @@ from conftest import MakeRaw, WriteConfig
 from h5etl import timeline
 
 PARENT_STEPS = [
+    "fork server starting",  # before the command line's imports (h5etl.cli.early)
     "cli: command parsed (the CLI's imports done)",
     "config loaded",
     "pipeline imported",
