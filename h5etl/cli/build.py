@@ -268,9 +268,8 @@ def build(
 
 def _load(path: Path, options: _BuildOptions) -> Spec:
     from h5etl.config.load import load_spec
-    from h5etl.history.release_notes import with_notes
 
-    spec = with_notes(load_spec(path), options.notes)
+    spec = load_spec(path).with_notes(options.notes)
     return spec.allowing_loss() if options.allow_loss else spec
 
 

@@ -18,6 +18,8 @@ from pydantic import (
     Field,
     PlainValidator,
     PrivateAttr,
+    TypeAdapter,
+    ValidationError,
     field_validator,
     model_validator,
 )
@@ -37,6 +39,7 @@ from h5etl.config.sections import (
     Strict,
 )
 from h5etl.config.storable import AttrValue, Text, attr_name_problem
+from h5etl.errors import ConfigError
 from h5etl.format import contract as fileformat
 from h5etl.release.naming import DEFAULT_OUTPUT
 
@@ -153,6 +156,21 @@ class Spec(Strict):
         copy._written_paths = dict(written_paths)
         copy._inferred_kinds = dict(inferred_kinds or {})
         return copy
+
+    def with_notes(self, notes: str | None) -> Spec:
+        """This spec with the release notes of the command line (they replace the config's).
+
+        Raises:
+            ConfigError: the notes are no text HDF5 stores (a NUL character).
+        """
+        if notes is None:
+            return self
+        try:
+            TypeAdapter(Text).validate_python(notes)
+        except ValidationError as exc:
+            reason = exc.errors()[0]["msg"].removeprefix("Value error, ")
+            raise ConfigError(reason, key="--notes") from exc
+        return self.model_copy(update={"notes": notes})
 
     def allowing_loss(self) -> Spec:
         """This spec, for a build whose loss is intended (``--allow-loss``): the loss guards

@@ -11,9 +11,8 @@ import statistics
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool  # loky's is a subclass
 from typing import TypeVar
-
-from joblib.externals.loky.process_executor import BrokenProcessPool
 
 from h5etl.dataflow import Reject, Sample
 from h5etl.execute.schedule import crash_rejects, in_order, rerun_after_crash, submit_to_pool

@@ -1,4 +1,4 @@
-"""The decode worker processes: a loky pool of h5etl's own, started as early as possible.
+"""The decode worker processes: a pool of h5etl's own, started as early as possible.
 
 The pool is h5etl's, not loky's process-wide reusable executor: joblib's ``Parallel`` shares
 that one and expects its own set-up on it, so a build in a user's process (a notebook that
@@ -7,10 +7,13 @@ then calls ``Parallel``) broke joblib, and joblib's pool made first was shut dow
 This module is light on purpose (no numpy, no HDF5): the CLI starts the workers before it
 imports the pipeline, so their start-up overlaps the parent's own imports, config loading and
 planning. The CLI's workers are forked from a fork server that imported the decode stack once
-(``serve_forks``): on two cores, two fresh interpreters importing it (0.15 CPU-s each) competed
-with the parent's config loading, which is the critical path of a build's first second (3,000
-pairs: first task 0.61 -> 0.48 s). A process that builds in-process (a notebook, the tests)
-keeps loky's own start: a fork server's environment and preloads are process-wide.
+(``serve_forks``), started from the bare arguments before the command line loads
+(``h5etl.cli.early``): on two cores, two fresh interpreters importing it (0.15 CPU-s each)
+competed with the parent's config loading, which is the critical path of a build's first
+second. They run in the standard library's process pool, which a CLI (one pool for its life)
+needs no more than. A process that builds in-process (a notebook, the tests) keeps a loky
+pool and loky's own start: a fork server's environment and preloads are process-wide, and
+loky's idle workers time out in a process that goes on.
 """
 
 from __future__ import annotations
@@ -72,10 +75,7 @@ def pool(jobs: int) -> Executor:
     """The pool of ``jobs`` workers (started now if none, or one of another size, or
     ``discard``-ed after a worker died); idle workers exit after ``IDLE_SECONDS``, and
     the pool starts new ones as work comes."""
-    # Imported here: joblib imports numpy, and the CLI limits native threads before that.
     import multiprocessing
-
-    from joblib.externals.loky import ProcessPoolExecutor
 
     global _started, _size, _environment, _stop_registered
     environment = _credentials_environment()
@@ -88,16 +88,23 @@ def pool(jobs: int) -> Executor:
             atexit.register(stop)
             _stop_registered = True
         if _forked and "forkserver" in multiprocessing.get_all_start_methods():
-            # A fork has the server's environment, of when it started: each worker takes
-            # this process's of now, as loky's own start gives it (credentials set since)
-            _started = ProcessPoolExecutor(
+            # The standard library's pool, not loky's: importing joblib for loky took 50 ms
+            # of the CLI's path to its first task, and a CLI needs none of what loky adds
+            # (idle workers timing out, workers started afresh): its pool lives as long as
+            # it. A fork has the server's environment, of when it started: each worker takes
+            # this process's of now, as loky's own start gives it (credentials set since).
+            from concurrent.futures import ProcessPoolExecutor as StandardPool
+
+            _started = StandardPool(
                 max_workers=jobs,
-                timeout=IDLE_SECONDS,
-                context=fork_server(DECODE_STACK),
+                mp_context=fork_server(DECODE_STACK),
                 initializer=_forked_worker,
                 initargs=({**os.environ, **NATIVE_THREAD_LIMITS}, os.getpid()),
             )
         else:
+            # Imported here: joblib imports numpy; the CLI limits native threads before that
+            from joblib.externals.loky import ProcessPoolExecutor
+
             _started = ProcessPoolExecutor(
                 max_workers=jobs, timeout=IDLE_SECONDS, env=NATIVE_THREAD_LIMITS
             )
@@ -196,8 +203,12 @@ def _credentials_environment() -> str:
 
 
 def _broken(executor: Executor) -> bool:
-    """Whether a worker's death broke ``executor`` (loky's own reusable pool asks the same)."""
-    return bool(getattr(getattr(executor, "_flags", None), "broken", None))
+    """Whether a worker's death broke ``executor``: loky's flag (its own reusable pool asks
+    the same), or the standard library pool's reason."""
+    return bool(
+        getattr(getattr(executor, "_flags", None), "broken", None)
+        or getattr(executor, "_broken", False)
+    )
 
 
 def discard() -> None:
@@ -222,7 +233,18 @@ def stop() -> None:
     if _started is not None:
         executor, _started = cast(Any, _started), None
         feeder = getattr(getattr(executor, "_call_queue", None), "_thread", None)
-        executor.shutdown(wait=True, kill_workers=True)
+        if hasattr(executor, "_flags"):  # loky's
+            executor.shutdown(wait=True, kill_workers=True)
+        else:
+            # the standard library's: ``kill_workers`` from Python 3.14, its processes before
+            kill = getattr(executor, "kill_workers", None)
+            if kill is not None:
+                kill()
+            else:
+                for process in list((getattr(executor, "_processes", None) or {}).values()):
+                    with contextlib.suppress(OSError):
+                        process.kill()
+            executor.shutdown(wait=True, cancel_futures=True)
         # loky leaves the feeder thread of its task queue running (a daemon it never joins
         # for a queue this process made), and that thread frees the queue's semaphores as it
         # ends: a process exiting first cut it short, and loky's resource tracker then

@@ -14,10 +14,9 @@ import os
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
+from concurrent.futures.process import BrokenProcessPool  # loky's is a subclass
 from dataclasses import replace
 from typing import Any, Protocol, TypeVar
-
-from joblib.externals.loky.process_executor import BrokenProcessPool
 
 from h5etl import timeline
 from h5etl.dataflow import Barrier, BatchResult, DecodeTask, Reject, Sample, sample_rejects

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import h5py
 
 from h5etl.dataflow import Reject
-from h5etl.errors import ConfigError, H5EtlError
+from h5etl.errors import H5EtlError
 from h5etl.format import contract as fileformat
 from h5etl.history.build_report import Before
 from h5etl.history.snapshot import SampleFacts, Snapshot, WrittenRows, plain
@@ -91,26 +91,6 @@ def stored_rejects(spec: Spec, rejects: Sequence[Reject]) -> list[Reject]:
         return text
 
     return [Reject(portable(r.path), r.stage, r.reason, portable(r.detail), r.key) for r in rejects]
-
-
-def with_notes(spec: Spec, notes: str | None) -> Spec:
-    """``spec`` with the release notes of the command line (they replace the config's).
-
-    Raises:
-        ConfigError: the notes are no text HDF5 stores (a NUL character).
-    """
-    if notes is None:
-        return spec
-    from pydantic import TypeAdapter, ValidationError
-
-    from h5etl.config.storable import Text
-
-    try:
-        TypeAdapter(Text).validate_python(notes)
-    except ValidationError as exc:
-        reason = exc.errors()[0]["msg"].removeprefix("Value error, ")
-        raise ConfigError(reason, key="--notes") from exc
-    return spec.model_copy(update={"notes": notes})
 
 
 def before_of(snapshot: Snapshot) -> Before:

@@ -222,3 +222,42 @@ def test_forked_workers_end_soon_after_their_cli_is_killed(tmp_path: Path) -> No
     while any(map(pid_alive, pids)) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(map(pid_alive, pids)), "a worker outlived its killed CLI"
+
+
+FORKED_CRASH = """
+import os, signal
+from concurrent.futures.process import BrokenProcessPool
+from h5etl.execute import pool as workers
+from h5etl.execute import schedule
+
+def die():
+    os.kill(os.getpid(), signal.SIGKILL)  # as a native decoder's crash
+
+if __name__ == "__main__":
+    workers.serve_forks()
+    first = workers.pool(2)
+    first.submit(os.getpid).result()
+    try:
+        schedule.submit_to_pool(2, die).result()
+        print("no crash")
+    except BrokenProcessPool as exc:
+        print("broken", type(exc).__module__)
+    again = workers.pool(2)
+    print("fresh", again is not first, again.submit(os.getpid).result() != os.getpid())
+    workers.stop()
+    workers.stop_fork_server()
+"""
+
+
+def test_a_clis_pool_broken_by_a_dead_worker_is_replaced_and_exits_quietly(
+    tmp_path: Path,
+) -> None:
+    # the CLI's forked workers run in the standard library's pool, not loky's
+    script = tmp_path / "forked_crash.py"
+    script.write_text(FORKED_CRASH, encoding="utf-8")
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:2] == ["broken concurrent.futures.process", "fresh True True"]
+    assert done.stderr == ""  # no leaked semaphores, no traceback from the pool's threads
