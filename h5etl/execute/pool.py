@@ -73,8 +73,9 @@ def limit_native_threads(environ: MutableMapping[str, str] = os.environ) -> None
 
 def pool(jobs: int) -> Executor:
     """The pool of ``jobs`` workers (started now if none, or one of another size, or
-    ``discard``-ed after a worker died); idle workers exit after ``IDLE_SECONDS``, and
-    the pool starts new ones as work comes."""
+    ``discard``-ed after a worker died). In-process, loky's: idle workers exit after
+    ``IDLE_SECONDS``, and the pool starts new ones as work comes; the CLI's forked workers
+    live as long as the CLI."""
     import multiprocessing
 
     global _started, _size, _environment, _stop_registered
