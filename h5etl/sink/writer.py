@@ -140,10 +140,12 @@ class Sink(JournalSide):
         self._close_quietly()
 
     def _close(self) -> None:
-        for writer in self.arrays.values():
-            writer.close()
-        self.pool.close()
-        self.writeback.close()
+        try:
+            for writer in self.arrays.values():
+                writer.close()
+            self.pool.close()
+        finally:
+            self.writeback.close()  # its thread waits for work until then
         file, self.file = self.file, None
         if file is None or not file.id.valid:
             return

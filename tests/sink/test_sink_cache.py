@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import os
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -81,8 +82,7 @@ def test_written_bytes_start_to_reach_the_disk_before_the_end_and_the_file_is_un
     def note_when_done(self: sink_disk.Writeback, nbytes: int) -> None:
         # one writeback per batch: on a loaded machine the first one's thread could still
         # run through every later batch (each skips while one runs), leaving one range
-        if self._thread is not None:
-            self._thread.join()
+        self.wait()
         real_note(self, nbytes)
 
     monkeypatch.setattr(sink_disk.Writeback, "note", note_when_done)
@@ -100,3 +100,33 @@ def test_written_bytes_start_to_reach_the_disk_before_the_end_and_the_file_is_un
 
 def test_a_writeback_of_a_file_that_is_gone_is_no_error(tmp_path: Path) -> None:
     assert sink_disk.start_writeback(tmp_path / "gone.h5", 42) == 42
+
+
+def test_one_thread_starts_every_writeback_of_a_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "release.h5"
+    starts: list[int] = []
+    original = sink_disk.start_writeback
+
+    def spy(where: Path, start: int) -> int:
+        starts.append(start)
+        return original(where, start)
+
+    monkeypatch.setattr(sink_disk, "WRITEBACK_BYTES", 10)
+    monkeypatch.setattr(sink_disk, "start_writeback", spy)
+    writeback = sink_disk.Writeback(path)
+
+    def threads() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t.name == "h5etl-writeback"]
+
+    with path.open("wb") as file:
+        for _ in range(5):
+            file.write(b"x" * 10)
+            file.flush()
+            writeback.note(10)
+            writeback.wait()
+            assert len(threads()) == 1
+    writeback.close()
+    assert threads() == []
+    assert starts == [0, 10, 20, 30, 40]  # each where the one before ended
