@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from h5etl import docrefs, timeline
+from h5etl.cli import early
 from h5etl.cli.common import app
 from h5etl.cli.common import fail as _fail
 from h5etl.cli.common import run as _run
@@ -281,6 +282,11 @@ def _build_spec(spec: Spec, options: _BuildOptions, bars: _Bars) -> BuildReport:
     from h5etl import dataflow
     from h5etl.pipeline import run as pipeline
 
+    def progress(stage: str, advance: int, total: int | None) -> None:
+        if stage not in _PLANNING_STAGES:
+            early.resume_collection()  # the start is over: it decodes (or writes shards)
+        bars(stage, advance, total)
+
     try:
         return pipeline.build(
             spec,
@@ -292,13 +298,18 @@ def _build_spec(spec: Spec, options: _BuildOptions, bars: _Bars) -> BuildReport:
             decode=options.decode,
             resume=options.resume,
             full=options.full,
-            progress=bars,
+            progress=progress,
         )
     except BuildFailed as exc:
         if options.dry_run:  # what the dry run found before it stopped, as the build would
             bars.close()
             _reject_lines([r for r in exc.rejects if isinstance(r, dataflow.Reject)])
         raise
+    finally:
+        early.resume_collection()  # one that decoded nothing (up to date, a dry run)
+
+
+_PLANNING_STAGES = ("discover", "plan", "probe")  # the pipeline's stages before decoding
 
 
 def _build_many(paths: list[Path], options: _BuildOptions) -> None:

@@ -12,6 +12,7 @@ nothing heavy: it runs before everything else.
 
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,11 +28,44 @@ def start(args: Sequence[str]) -> None:
     """Before the command line loads: limit the native threads (numpy is not imported yet)
     and choose forked workers, as ``h5etl.cli.app.main`` does; then, if ``args`` (the
     command's, without the program) surely build on this machine's workers, start their
-    fork server now."""
+    fork server now. A build collects no garbage until it decodes (``pause_collection``)."""
     workers.limit_native_threads()
     workers.serve_forks()
     if builds_on_local_workers(args):
         workers.start_fork_server()
+    if _command(args) == "build":
+        pause_collection()
+
+
+_paused = False  # automatic garbage collection is off until ``resume_collection``
+
+
+def pause_collection() -> None:
+    """No automatic garbage collection while a build starts. Its imports, config and plan
+    make objects that live as long as the command, and the collector walked them again and
+    again as they grew: 35 ms of the 0.38 s of a build's imports, 20-30 ms of a plan of
+    30,000 pairs, all before the first task."""
+    global _paused
+    if gc.isenabled():
+        gc.disable()
+        _paused = True
+
+
+def resume_collection() -> None:
+    """Collect again, after freezing what the start made (no collection walks it again;
+    it is freed as the process ends). Does nothing unless ``pause_collection`` paused it."""
+    global _paused
+    if _paused:
+        _paused = False
+        gc.freeze()
+        gc.enable()
+
+
+def _command(args: Sequence[str]) -> str:
+    index = 0
+    while index < len(args) and args[index] in _GLOBAL_FLAGS:
+        index += 1
+    return args[index] if index < len(args) else ""
 
 
 def builds_on_local_workers(args: Sequence[str], cores: int | None = None) -> bool:
@@ -55,13 +89,10 @@ def builds_on_local_workers(args: Sequence[str], cores: int | None = None) -> bo
 def _build_arguments(args: Sequence[str]) -> tuple[int | None, bool, list[Path]] | None:
     """``build``'s jobs (None: not given), ``--full`` and configs in ``args``; None if they
     are not a build's, or one whose workers its command starts (help, a cluster, shards)."""
-    index = 0
-    while index < len(args) and args[index] in _GLOBAL_FLAGS:
-        index += 1
-    if index >= len(args) or args[index] != "build":
+    if _command(args) != "build":
         return None
     jobs, full, configs = None, False, list[Path]()
-    rest = list(args[index + 1 :])
+    rest = list(args[args.index("build") + 1 :])
     while rest:
         arg = rest.pop(0)
         name, equals, value = arg.partition("=")

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import MakeRaw, WriteConfig
 
 from h5etl.cli.early import builds_on_local_workers
 
@@ -78,3 +79,52 @@ def test_the_fork_server_exits_without_its_teardown() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["imported"]
+
+
+PAUSED = """
+import gc
+from h5etl.cli import early
+early.start(["validate", "c.yaml"])
+print(gc.isenabled())
+early.start(["-v", "build", "c.yaml", "-j", "1"])
+print(gc.isenabled())
+early.resume_collection()
+print(gc.isenabled(), gc.get_freeze_count() > 0)
+gc.disable()
+early.resume_collection()  # resumed already: a collection paused by others stays so
+print(gc.isenabled())
+"""
+
+
+def test_a_build_starts_without_collecting_garbage_and_resumes_once() -> None:
+    # in a process of its own: freezing the heap of a test process hung a later test
+    done = subprocess.run(
+        [sys.executable, "-c", PAUSED], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["True", "False", "True True", "False"]
+
+
+BUILT = """
+import gc, sys
+from h5etl import cli
+sys.argv = ["h5etl", "build", sys.argv[1], "-j", "2", "--quiet"]
+try:
+    cli.main()
+except SystemExit as exc:
+    assert not exc.code, exc.code
+print(gc.isenabled(), gc.get_freeze_count() > 0)
+"""
+
+
+def test_the_cli_collects_garbage_again_once_the_build_decodes(
+    tmp_path: Path, make_raw: MakeRaw, write_config: WriteConfig
+) -> None:
+    make_raw(tmp_path, n=4)
+    config = write_config(tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-c", BUILT, str(config)],
+        capture_output=True, text=True, cwd=tmp_path, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "True True"
