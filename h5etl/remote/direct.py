@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
@@ -100,10 +100,13 @@ def get_each(
     return [pool.submit(one, obj) for obj in objects]
 
 
-def list_keys(bucket: str, prefix: str) -> list[tuple[str, int, str | None]] | None:
+def list_keys(
+    bucket: str, prefix: str, stop: Callable[[], bool] = lambda: False
+) -> list[tuple[str, int, str | None]] | None:
     """Each object under ``prefix`` of ``bucket`` (a folder: whole path segments): its key,
     size and ETag (quotes off), by one ListObjectsV2 request per 1,000; None when botocore
-    finds no credentials. obstore's errors are raised as they are."""
+    finds no credentials, or once ``stop()`` (asked between requests) says so. obstore's
+    errors are raised as they are."""
     import obstore
 
     store = _store(bucket)
@@ -111,10 +114,26 @@ def list_keys(bucket: str, prefix: str) -> list[tuple[str, int, str | None]] | N
         return None
     found: list[tuple[str, int, str | None]] = []
     for page in obstore.list(store, prefix=prefix or None, chunk_size=1000):
+        if stop():
+            return None
         for meta in page:
             etag = meta.get("e_tag")
             found.append((meta["path"], int(meta["size"]), etag.strip('"') if etag else None))
     return found
+
+
+def any_key(bucket: str, prefix: str) -> bool | None:
+    """Whether ``prefix`` of ``bucket`` holds an object, by one listing request (which fails
+    for a missing bucket or refused credentials); None when botocore finds no credentials.
+    obstore's errors are raised as they are."""
+    import obstore
+
+    store = _store(bucket)
+    if store is None:
+        return None
+    for page in obstore.list(store, prefix=prefix or None, chunk_size=1):
+        return bool(page)
+    return False
 
 
 def _threads(count: int) -> ThreadPoolExecutor:

@@ -50,7 +50,7 @@ def test_a_listing_through_obstore_is_the_one_s3fs_gives(
     monkeypatch.setattr(
         direct_module,
         "list_keys",
-        lambda *a: asked.append(a[1]) or real(*a),  # type: ignore[func-returns-value]
+        lambda *a, **k: asked.append(a[1]) or real(*a, **k),  # type: ignore[func-returns-value]
     )
     quick = list_objects(s3.location("raw"), "*.png")
     assert asked == ["raw"]  # obstore listed it: the bucket never had versioning
