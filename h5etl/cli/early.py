@@ -6,8 +6,9 @@ they were ready 0.45 s into a build; started from the bare arguments, before tho
 they are ready about 0.1 s sooner, while the parent still loads the config.
 
 The arguments are read loosely, and only to decide whether to start: anything unexpected says
-"not now", and ``h5etl.cli.build`` starts the workers itself as before. This module imports
-nothing heavy: it runs before everything else.
+"not now", and ``h5etl.cli.build`` starts the workers itself as before. A build also collects
+no garbage until it decodes (``pause_collection``). This module imports nothing heavy: it runs
+before everything else.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from h5etl import collection
 from h5etl.execute import pool as workers
 
 _GLOBAL_FLAGS = ("-v", "--verbose")
@@ -37,7 +39,7 @@ def start(args: Sequence[str]) -> None:
         pause_collection()
 
 
-_paused = False  # automatic garbage collection is off until ``resume_collection``
+_paused = False  # the CLI holds a pause of collection until ``resume_collection``
 
 
 def pause_collection() -> None:
@@ -46,19 +48,20 @@ def pause_collection() -> None:
     again as they grew: 35 ms of the 0.38 s of a build's imports, 20-30 ms of a plan of
     30,000 pairs, all before the first task."""
     global _paused
-    if gc.isenabled():
-        gc.disable()
+    if not _paused:
+        collection.hold()
         _paused = True
 
 
 def resume_collection() -> None:
-    """Collect again, after freezing what the start made (no collection walks it again;
-    it is freed as the process ends). Does nothing unless ``pause_collection`` paused it."""
+    """Freeze what the start made (no collection walks it again; it is freed as the process
+    ends) and end the start's pause: collection resumes unless a remote read holds one too.
+    Does nothing unless ``pause_collection`` paused it."""
     global _paused
     if _paused:
         _paused = False
         gc.freeze()
-        gc.enable()
+        collection.release()
 
 
 def _command(args: Sequence[str]) -> str:

@@ -17,15 +17,14 @@ worker that unpickles one reads on its own.
 from __future__ import annotations
 
 import contextlib
-import gc
 import io
 import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterator
 from typing import Any
 
+from h5etl import collection
 from h5etl.remote.cache import DiskCache
 from h5etl.remote.errors import RemoteChanged, RemoteError, RemoteReadFailed, RemoteUsageError
 from h5etl.remote.objects import RemoteObject, read_bytes
@@ -176,33 +175,15 @@ class RemoteFile(io.RawIOBase):
         raise AssertionError("unreachable")  # pragma: no cover
 
 
-_paused = 0  # requests in flight with automatic garbage collection off (``_no_collection``)
-_was_enabled = True
-_PAUSE_LOCK = threading.Lock()
-
-
-@contextlib.contextmanager
-def _no_collection() -> Iterator[None]:
+def _no_collection() -> contextlib.AbstractContextManager[None]:
     """No automatic garbage collection, in any thread, while a request waits.
 
     h5py calls ``readinto`` holding its global lock, and the request waits for fsspec's event
     loop thread. A collection there that frees an h5py object of some reference cycle (a
     file a test or a notebook left behind) takes that lock to close it: each thread then
     waited for the other, for ever (a reader test hung so, twice). Paused for the request
-    alone: collection resumes once no request is in flight."""
-    global _paused, _was_enabled
-    with _PAUSE_LOCK:
-        if _paused == 0:
-            _was_enabled = gc.isenabled()
-            gc.disable()
-        _paused += 1
-    try:
-        yield
-    finally:
-        with _PAUSE_LOCK:
-            _paused -= 1
-            if _paused == 0 and _was_enabled:
-                gc.enable()
+    alone: collection resumes once no request (nor the CLI's start) holds it paused."""
+    return collection.paused()
 
 
 def _reopen(
