@@ -212,6 +212,38 @@ def _broken(executor: Executor) -> bool:
     )
 
 
+def death_note() -> str:
+    """How the workers of this process's pool ended, once a death broke it: "; its workers'
+    exit: SIGSEGV" (SIGKILL: the kernel's out-of-memory killer, most often). The standard
+    library's pool says only that a process ended abruptly, where loky's message, which
+    in-process builds keep, names the codes itself: for those, and while the pool is whole,
+    ""."""
+    executor = _started
+    if executor is None or hasattr(executor, "_flags") or not getattr(executor, "_broken", None):
+        return ""
+    # its manager thread reaps the workers: their codes are read once it is done, not beside it
+    manager = getattr(executor, "_executor_manager_thread", None)
+    if manager is not None:
+        manager.join(timeout=FEEDER_JOIN_SECONDS * 5)
+        if manager.is_alive():
+            return ""
+    codes = {p.exitcode for p in (getattr(executor, "_processes", None) or {}).values()}
+    ended = sorted(_exit_name(code) for code in codes if code)
+    if len(ended) > 1:  # the pool terminates the others once one is dead
+        ended = [name for name in ended if name != "SIGTERM"]
+    return f"; its workers' exit: {', '.join(ended)}" if ended else ""
+
+
+def _exit_name(code: int) -> str:
+    import signal
+
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return signal.Signals(-code).name
+        return f"signal {-code}"
+    return f"exit code {code}"
+
+
 def discard() -> None:
     """Forget a pool a worker's death broke (loky refuses work from then on): the next
     ``pool`` starts a fresh one. Its other workers are stopped."""

@@ -186,7 +186,10 @@ def rerun_after_crash(
 def crash_rejects(sample: Sample, stage: str, exc: BaseException) -> list[Reject]:
     """The rejects of a sample whose worker died on it, whatever was tried."""
     return sample_rejects(
-        sample, stage, "worker_crashed", f"the worker process died on this sample ({exc})"
+        sample,
+        stage,
+        "worker_crashed",
+        f"the worker process died on this sample ({exc}{workers.death_note()})",
     )
 
 
