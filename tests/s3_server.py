@@ -199,3 +199,14 @@ def s3(s3_server: Server, monkeypatch: pytest.MonkeyPatch) -> Bucket:
 def s3_versioned(s3_server: Server, monkeypatch: pytest.MonkeyPatch) -> Bucket:
     """A fresh bucket with versioning on."""
     return _bucket(monkeypatch, s3_server, versioned=True)
+
+
+@pytest.fixture(params=["obstore", "s3fs"])
+def s3_client(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Which S3 client the workers' GETs and the listings go through (``H5ETL_S3_CLIENT``):
+    obstore, the optional fast one (skipped where it is not installed), or s3fs."""
+    name: str = request.param
+    if name == "obstore":
+        pytest.importorskip("obstore", reason="the optional fast client: pip install obstore")
+    monkeypatch.setenv("H5ETL_S3_CLIENT", name)
+    return name

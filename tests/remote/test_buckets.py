@@ -83,7 +83,7 @@ def test_callers_asking_at_once_share_one_request() -> None:
 
 
 def test_two_sources_in_one_bucket_ask_it_once(
-    s3: Bucket, monkeypatch: pytest.MonkeyPatch, client: str
+    s3: Bucket, monkeypatch: pytest.MonkeyPatch, s3_client: str
 ) -> None:
     buckets.forget()
     for key in ("images/a.png", "images/b.png", "masks/a.png", "masks/b.png"):
@@ -107,7 +107,7 @@ def test_two_sources_in_one_bucket_ask_it_once(
         reachable(s3.location(folder))
     listed = [list_objects(s3.location(folder)) for folder in ("images", "masks")]
     assert [len(found) for found in listed] == [2, 2]
-    if client == "obstore":  # the bucket asked for by a listing of one key; its versioning
+    if s3_client == "obstore":  # the bucket asked for by a listing of one key; its versioning
         assert asked == ["list one", "versioning"]
     else:
         assert asked == ["head"]
@@ -124,12 +124,3 @@ def test_a_listing_told_to_stop_stops(s3: Bucket) -> None:
     s3.put("raw/a.png", b"a")
     assert direct.list_keys(s3.name, "raw/", stop=lambda: True) is None
     assert [key for key, _, _ in direct.list_keys(s3.name, "raw/") or []] == ["raw/a.png"]
-
-
-@pytest.fixture(params=["obstore", "s3fs"])
-def client(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    name: str = request.param
-    if name == "obstore":
-        pytest.importorskip("obstore", reason="the optional fast listing: pip install obstore")
-    monkeypatch.setenv("H5ETL_S3_CLIENT", name)
-    return name

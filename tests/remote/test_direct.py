@@ -17,19 +17,8 @@ from h5etl.remote import objects as objects_module
 from h5etl.remote.errors import RemoteAccessDenied, RemoteChanged, RemoteError
 from h5etl.remote.objects import read_ahead, read_many
 
-CLIENTS = [pytest.param("obstore", id="obstore"), pytest.param("s3fs", id="s3fs")]
 
-
-@pytest.fixture(params=CLIENTS)
-def client(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    name: str = request.param
-    if name == "obstore":
-        pytest.importorskip("obstore", reason="the optional fast GETs: pip install obstore")
-    monkeypatch.setenv("H5ETL_S3_CLIENT", name)
-    return name
-
-
-def test_read_many_returns_each_objects_bytes_in_order(s3: Bucket, client: str) -> None:
+def test_read_many_returns_each_objects_bytes_in_order(s3: Bucket, s3_client: str) -> None:
     blobs = {f"raw/{i:03d}.bin": hashlib.sha256(bytes([i])).digest() * (i + 1) for i in range(20)}
     for key, data in blobs.items():
         s3.put(key, data)
@@ -74,7 +63,7 @@ def test_an_empty_object_sends_the_listing_back_to_s3fs(
 
 
 def test_reads_ahead_are_taken_in_any_order_and_unsent_ones_dropped(
-    s3: Bucket, client: str
+    s3: Bucket, s3_client: str
 ) -> None:
     blobs = {f"raw/{i:03d}.bin": bytes([i]) * (100 + i) for i in range(40)}
     for key, data in blobs.items():
@@ -88,7 +77,7 @@ def test_reads_ahead_are_taken_in_any_order_and_unsent_ones_dropped(
     dropped = read_ahead(listed, concurrency=1)
     for reading in dropped:
         reading.cancel()
-    if client == "obstore":  # one GET thread: all but the first few were still queued
+    if s3_client == "obstore":  # one GET thread: all but the first few were still queued
         assert sum(r._future is not None and r._future.cancelled() for r in dropped) >= 30
     else:  # s3fs read them all before read_ahead returned: nothing to drop
         assert [r.wait() for r in dropped] == list(blobs.values())
@@ -96,7 +85,7 @@ def test_reads_ahead_are_taken_in_any_order_and_unsent_ones_dropped(
 
 
 def test_a_changed_and_a_deleted_object_are_refused_the_others_read(
-    s3: Bucket, client: str
+    s3: Bucket, s3_client: str
 ) -> None:
     for name in ("a", "b", "c"):
         s3.put(f"raw/{name}.png", name.encode() * 3)
@@ -112,7 +101,7 @@ def test_a_changed_and_a_deleted_object_are_refused_the_others_read(
         assert str(got).startswith(f"s3://{s3.name}/raw/{key}.png: the object changed")
 
 
-def test_a_versioned_bucket_serves_the_listed_version(s3_versioned: Bucket, client: str) -> None:
+def test_a_versioned_bucket_serves_the_listed_version(s3_versioned: Bucket, s3_client: str) -> None:
     s3_versioned.put("raw/a.png", b"first")
     listed = list_objects(s3_versioned.location("raw"))
     s3_versioned.put("raw/a.png", b"second")
@@ -120,7 +109,7 @@ def test_a_versioned_bucket_serves_the_listed_version(s3_versioned: Bucket, clie
 
 
 def test_refused_credentials_are_one_line_without_the_secret(
-    s3_auth: Bucket, client: str, monkeypatch: pytest.MonkeyPatch
+    s3_auth: Bucket, s3_client: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     s3_auth.put("raw/a.png", b"alpha")
     listed = [stat_object(s3_auth.location("raw/a.png"))]  # the right key works
