@@ -33,11 +33,10 @@ from h5etl.decode import worker_memory
 from h5etl.format.destination import encoding_into
 
 SHM = Path("/dev/shm")
-# What a slot may hold (``shared_memory.SLOT_BYTES``: a result past it gets files of its own).
-SLOT_SIZE = 16 << 20
-# What the arena of a slot may hold: all of it. The file is made this long at once (a tmpfs
-# file's pages exist only once written).
-ARENA_BYTES = SLOT_SIZE
+# What a slot may hold (a result past it gets files of its own: ``shared_memory.share``), all
+# of it an arena: the file is made this long at once (a tmpfs file's pages exist only once
+# written).
+SLOT_BYTES = 16 << 20
 
 
 class Arena:
@@ -53,7 +52,7 @@ class Arena:
 
     def reserve(self, nbytes: int) -> memoryview | None:
         """Room for ``nbytes`` at the end of what was placed, or None: the slot is full."""
-        if self.used + nbytes > ARENA_BYTES:
+        if self.used + nbytes > SLOT_BYTES:
             return None
         return self._view[self.used : self.used + nbytes]
 
@@ -126,7 +125,7 @@ def _inode(name: str) -> int | None:
 
 
 def _mapped(name: str) -> Arena | None:
-    """The slot ``name`` mapped in this process (made ``ARENA_BYTES`` long), or None if it
+    """The slot ``name`` mapped in this process (made ``SLOT_BYTES`` long), or None if it
     cannot be (the parent gave it up: the build stopped)."""
     for other, arena in list(_ARENAS.items()):  # the parent's files that are gone
         if _inode(other) != arena.inode:
@@ -140,9 +139,9 @@ def _mapped(name: str) -> Arena | None:
         return None
     try:
         info = os.fstat(fd)
-        if info.st_size < ARENA_BYTES:
-            os.ftruncate(fd, ARENA_BYTES)
-        mapped = mmap.mmap(fd, ARENA_BYTES, flags=mmap.MAP_SHARED)
+        if info.st_size < SLOT_BYTES:
+            os.ftruncate(fd, SLOT_BYTES)
+        mapped = mmap.mmap(fd, SLOT_BYTES, flags=mmap.MAP_SHARED)
     except OSError:
         return None
     finally:

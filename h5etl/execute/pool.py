@@ -76,8 +76,6 @@ def pool(jobs: int) -> Executor:
     ``discard``-ed after a worker died). In-process, loky's: idle workers exit after
     ``IDLE_SECONDS``, and the pool starts new ones as work comes; the CLI's forked workers
     live as long as the CLI."""
-    import multiprocessing
-
     global _started, _size, _environment, _stop_registered
     environment = _credentials_environment()
     if _started is None or _size != jobs or _broken(_started) or _environment != environment:
@@ -88,7 +86,7 @@ def pool(jobs: int) -> Executor:
             # clean-up of a collected pool printed "Exception ignored ... weakref_cb".
             atexit.register(stop)
             _stop_registered = True
-        if _forked and "forkserver" in multiprocessing.get_all_start_methods():
+        if _forking():
             # The standard library's pool, not loky's: importing joblib for loky took 50 ms
             # of the CLI's path to its first task, and a CLI needs none of what loky adds
             # (idle workers timing out, workers started afresh): its pool lives as long as
@@ -125,11 +123,17 @@ def start_fork_server() -> None:
     """Start the fork server of this process's workers now, importing the decode stack, if
     workers are forked here (``serve_forks``) and the platform has one; the pool that
     ``pool`` starts later forks from it. Nothing waits for its imports."""
-    import multiprocessing
-
-    if _forked and "forkserver" in multiprocessing.get_all_start_methods():
+    if _forking():
         fork_server(DECODE_STACK)
         timeline.mark("fork server starting")
+
+
+def _forking() -> bool:
+    """Whether this process's workers are forks of a fork server: it serves forks
+    (``serve_forks``) and the platform has one."""
+    import multiprocessing  # loaded when a pool starts, not with this module
+
+    return _forked and "forkserver" in multiprocessing.get_all_start_methods()
 
 
 def _forked_worker(environment: dict[str, str], owner: int) -> None:

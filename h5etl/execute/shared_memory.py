@@ -34,7 +34,8 @@ import numpy as np
 
 from h5etl.dataflow import BatchResult, EncodedChunk, EncodedRows, RaggedRows, values_nbytes
 from h5etl.execute.arena import SHM as SHM
-from h5etl.execute.arena import SLOT_SIZE, Arena
+from h5etl.execute.arena import SLOT_BYTES as SLOT_BYTES
+from h5etl.execute.arena import Arena
 from h5etl.processes import pid_alive
 
 PREFIX = "h5etl-values"
@@ -42,7 +43,6 @@ MIN_BYTES = 1 << 20  # smaller arrays cost less pickled than a file
 # A result whose shared columns hold at most this many bytes goes into a lent slot (a task of
 # image chunks: 3-10 MB). Larger ones (CT cases) get a file of their own, freed with them: a
 # slot keeps its pages until the build ends. (A worker maps a slot this long: ``arena``.)
-SLOT_BYTES = SLOT_SIZE
 
 
 @dataclass(frozen=True, slots=True)
@@ -335,7 +335,7 @@ class Slots:
         end = max(_end(ref) for ref in refs if ref.slot)
         mapped = self._mapped.get(name)
         if mapped is None or len(mapped) < end:  # more of the slot is used: map it again
-            # only as far as it is used: a worker makes the file ``arena.ARENA_BYTES`` long,
+            # only as far as it is used: a worker makes the file ``arena.SLOT_BYTES`` long,
             # and reading (populating) a tmpfs file's hole gives it a page
             with open(SHM / name, "rb") as handle:
                 flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)

@@ -155,7 +155,6 @@ def _check_bucket(folder: Location) -> None:
         RemoteUsageError: no such bucket, refused credentials, the extra missing (exit 2).
         RemoteError: the server failed the request.
     """
-
     check_installed(folder)  # without s3fs a build fails later: say so now (exit 2)
 
     def ask() -> None:

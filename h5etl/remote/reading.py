@@ -16,7 +16,6 @@ worker that unpickles one reads on its own.
 
 from __future__ import annotations
 
-import contextlib
 import io
 import logging
 import threading
@@ -152,7 +151,13 @@ class RemoteFile(io.RawIOBase):
         for attempt in range(1, self.attempts + 1):
             self.requests += 1
             try:
-                with _no_collection():
+                # No automatic garbage collection, in any thread, while the request waits:
+                # h5py calls ``readinto`` holding its global lock, and the request waits for
+                # fsspec's event loop thread. A collection there that frees an h5py object of
+                # some reference cycle (a file a test or a notebook left behind) takes that
+                # lock to close it: each thread then waited for the other, for ever (a reader
+                # test hung so, twice). Collection resumes once nothing holds it paused.
+                with collection.paused():
                     return read_bytes(self.obj, start, end)
             except RemoteChanged as exc:
                 raise RemoteChanged(
@@ -173,17 +178,6 @@ class RemoteFile(io.RawIOBase):
             time.sleep(pause)
             pause *= 2
         raise AssertionError("unreachable")  # pragma: no cover
-
-
-def _no_collection() -> contextlib.AbstractContextManager[None]:
-    """No automatic garbage collection, in any thread, while a request waits.
-
-    h5py calls ``readinto`` holding its global lock, and the request waits for fsspec's event
-    loop thread. A collection there that frees an h5py object of some reference cycle (a
-    file a test or a notebook left behind) takes that lock to close it: each thread then
-    waited for the other, for ever (a reader test hung so, twice). Paused for the request
-    alone: collection resumes once no request (nor the CLI's start) holds it paused."""
-    return collection.paused()
 
 
 def _reopen(

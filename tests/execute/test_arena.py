@@ -119,7 +119,7 @@ def test_a_full_arena_leaves_chunks_as_bytes_written_after_it(
     with _task(lent.slot) as placed:
         assert placed is not None
         in_slot, mask = encode_block(layout, first), encode_block(layout, first)
-        monkeypatch.setattr(arena, "ARENA_BYTES", placed.used)  # full from here
+        monkeypatch.setattr(arena, "SLOT_BYTES", placed.used)  # full from here
         monkeypatch.setattr(shared_memory, "MIN_BYTES", 1)  # every column is shared
         as_bytes = encode_block(layout, second)
         assert isinstance(in_slot[0].data, memoryview)
