@@ -2,6 +2,7 @@
 of h5etl.
 
     python tests/benchmarks/honest_limit.py --corpus DIR --codec lzf|blosc-lz4 [--jobs 2]
+        [--write DIR]
 
 ``build.py``'s older work limit decodes with h5etl's own modules and computes the statistics
 with h5etl's kinds, so its processes pay part of h5etl's fixed cost (importing h5etl, pydantic,
@@ -20,7 +21,12 @@ refuse to run with any ``h5etl`` module loaded. Per pair and per block of 32 it 
   or blosc with lz4, level 5, byte shuffle, typesize 1, one thread), the SHA-256 of the
   compressed chunk and of the raw rows.
 
-The compressed blocks are discarded: no pipe to a writer, no file. The workers are a loky pool
+The compressed blocks are discarded: no pipe to a writer, no file. With ``--write DIR`` each
+worker appends its compressed blocks to a file of its own in ``DIR`` (``os.write``, as they
+are made), and this process fsyncs and removes the files once every block is done: the same
+bytes a release stores reach the disk, the cost a limit that writes nothing leaves out
+(copying them into the page cache and its writeback), still with no HDF5, no pipe and no
+ordering. The workers are a loky pool
 as joblib starts one (``get_reusable_executor``; h5etl's own pool is a loky pool too), started
 by this process, so their start-up is inside the timed wall; they take the blocks in order.
 Prints one JSON line.
@@ -29,6 +35,7 @@ Prints one JSON line.
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import os
@@ -137,10 +144,44 @@ def _image_stats(window: Any) -> list[list[int]]:
     return [sums, values.sum(axis=1, dtype=np.uint32).tolist(), low, high]
 
 
-def block(pairs: Sequence[Pair], codec: str, invert: bool = False) -> dict[str, Any]:
+# The folder -> this worker's file descriptor there, its bytes, and the bytes whose writeback
+# started: as h5etl's writer does (``h5etl.sink.disk.WRITEBACK_BYTES``), every 16 MiB the
+# kernel is told to start writing them (Linux ``sync_file_range``), not left to the final fsync.
+_WRITTEN: dict[str, list[int]] = {}
+WRITEBACK_BYTES = 16 << 20
+
+
+def _stored_to(folder: str, chunk: memoryview) -> None:
+    """Append ``chunk`` to this worker's file in ``folder`` (opened once per worker)."""
+    state = _WRITTEN.get(folder)
+    if state is None:
+        path = os.path.join(folder, f"limit-{os.getpid()}.bin")
+        state = _WRITTEN[folder] = [os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND), 0, 0]
+    fd = state[0]
+    while chunk:
+        written = os.write(fd, chunk)
+        chunk, state[1] = chunk[written:], state[1] + written
+    if state[1] - state[2] >= WRITEBACK_BYTES and sys.platform == "linux":
+        _sync_file_range()(fd, state[2], state[1] - state[2], 2)  # SYNC_FILE_RANGE_WRITE
+        state[2] = state[1]
+
+
+@functools.lru_cache(maxsize=1)
+def _sync_file_range() -> Any:
+    import ctypes
+
+    call = ctypes.CDLL(None, use_errno=True).sync_file_range
+    call.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
+    return call
+
+
+def block(
+    pairs: Sequence[Pair], codec: str, invert: bool = False, write: str | None = None
+) -> dict[str, Any]:
     """Decode, check, pad, count and compress one block of pairs; its digests and counts.
     ``invert``: each image inverted after decoding, before it is placed (what a build with the
-    user transform ``transform_build.py`` writes, ``255 - value``, does there)."""
+    user transform ``transform_build.py`` writes, ``255 - value``, does there). ``write``: a
+    folder where this worker appends the compressed chunks (``--write``)."""
     import imagecodecs
     import numpy as np
 
@@ -167,6 +208,8 @@ def block(pairs: Sequence[Pair], codec: str, invert: bool = False) -> dict[str, 
     for rows in (image, mask):
         stored = encode(codec, rows)
         digests.append(hashlib.sha256(stored).hexdigest())  # the chunk's, as h5etl keeps it
+        if write is not None:
+            _stored_to(write, stored)
         digests.append(hashlib.sha256(rows.data).hexdigest())  # the raw rows' (block digest)
     return {"samples": len(pairs), "sums": sums.tolist(), "ones": ones, "zeros": zeros}
 
@@ -178,22 +221,44 @@ def pairs_of(corpus: Path) -> list[Pair]:
     return [(str(corpus / "images" / n), str(corpus / "masks" / n)) for n in names]
 
 
-def run(corpus: Path, codec: str, jobs: int, invert: bool = False) -> dict[str, Any]:
-    """Every block of the corpus on ``jobs`` loky workers; totals to show the work was done."""
+def run(
+    corpus: Path, codec: str, jobs: int, invert: bool = False, write: Path | None = None
+) -> dict[str, Any]:
+    """Every block of the corpus on ``jobs`` loky workers; totals to show the work was done.
+    ``write``: the workers append their chunks to files there, fsynced and removed here."""
     from joblib.externals.loky import get_reusable_executor
 
     no_h5etl("process")
     pairs = pairs_of(corpus)
     blocks = [pairs[i : i + BATCH] for i in range(0, len(pairs), BATCH)]
     executor = get_reusable_executor(max_workers=jobs, env=THREAD_LIMITS)
-    done = list(executor.map(block, blocks, [codec] * len(blocks), [invert] * len(blocks)))
+    folder = None if write is None else str(write)
+    count = len(blocks)
+    done = list(executor.map(block, blocks, [codec] * count, [invert] * count, [folder] * count))
+    written = _synced_and_removed(write) if write is not None else 0
     no_h5etl("process, after the work")
     return {
         "samples": sum(d["samples"] for d in done),
         "mask_ones": sum(d["ones"] for d in done),
         "image_sum": sum(sum(d["sums"]) for d in done),
         "h5etl_modules": 0,  # no_h5etl held in this process and in every task
+        "written_bytes": written,
     }
+
+
+def _synced_and_removed(folder: Path) -> int:
+    """fsync the workers' files in ``folder`` (a release is durable before it is published),
+    then remove them; their bytes. A worker's descriptor closes as its process ends."""
+    written = 0
+    for path in sorted(folder.glob("limit-*.bin")):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            written += os.fstat(fd).st_size
+        finally:
+            os.close(fd)
+        path.unlink()
+    return written
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -202,10 +267,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--codec", choices=CODECS, default="lzf")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--invert", action="store_true", help="invert each image (a transform)")
+    parser.add_argument("--write", type=Path, help="append the compressed chunks to files here")
     args = parser.parse_args(argv)
     for name, value in THREAD_LIMITS.items():  # before numpy loads, as the h5etl CLI does
         os.environ.setdefault(name, value)
-    print(json.dumps(run(args.corpus, args.codec, args.jobs, args.invert)))
+    print(json.dumps(run(args.corpus, args.codec, args.jobs, args.invert, args.write)))
 
 
 if __name__ == "__main__":

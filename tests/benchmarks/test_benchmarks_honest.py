@@ -83,9 +83,12 @@ def _corpus(root: Path) -> tuple[int, int, int]:
 def test_does_the_work_in_workers_that_import_no_h5etl(tmp_path: Path) -> None:
     image_sum, inverted, ones = _corpus(tmp_path)
     script = BENCH / "honest_limit.py"
+    written = tmp_path / "written"
+    written.mkdir()
     for codec, invert in (("lzf", False), ("blosc-lz4", False), ("lzf", True)):
         args = ["--corpus", str(tmp_path), "--codec", codec, "--jobs", "2"]
         args += ["--invert"] if invert else []
+        args += ["--write", str(written)] if codec == "blosc-lz4" else []
         done = subprocess.run(
             [sys.executable, str(script), *args],
             capture_output=True,
@@ -96,4 +99,10 @@ def test_does_the_work_in_workers_that_import_no_h5etl(tmp_path: Path) -> None:
         assert done.returncode == 0, done.stderr  # no_h5etl held in the process and workers
         info = json.loads(done.stdout)
         pixels = inverted if invert else image_sum
+        stored = info.pop("written_bytes")
         assert info == {"samples": 3, "mask_ones": ones, "image_sum": pixels, "h5etl_modules": 0}
+        if codec == "blosc-lz4":  # one block of 32 rows per field: two chunks, each compressed
+            assert 0 < stored < 32 * 4 * 224 * 224
+            assert not list(written.iterdir())  # fsynced, then removed
+        else:
+            assert stored == 0

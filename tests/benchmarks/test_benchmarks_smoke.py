@@ -52,6 +52,7 @@ GAP_WITH_VARIANT = [
     "+stats",
     "honest work limit, no h5etl imported: decode+pad+lzf+hashes+stats",
     "honest work limit, no h5etl imported: decode+pad+blosc-lz4+hashes+stats",
+    "honest work limit that also writes its chunks to disk (blosc-lz4)",
     "h5etl API -j2 (lzf, writer CPU)",
     "h5etl API -j2 (lzf, writer CPU) [same]",
     "h5etl build -j2 (blosc-lz4)",
@@ -144,6 +145,7 @@ def test_flags_pick_rows_and_variants_follow_each_run(bench_dir: Path) -> None:
     for codec in ("lzf", "blosc-lz4"):
         assert f"| h5etl -j2 {codec} / honest limit ({codec}) |" in text
         assert f"-j2 {codec} [same] / honest limit ({codec})" in text
+    assert "| h5etl -j2 blosc-lz4 / honest limit that writes (blosc-lz4) |" in text
 
 
 def test_messy_copy_spoils_three_percent_of_masks_and_links_the_rest(bench_dir: Path) -> None:
