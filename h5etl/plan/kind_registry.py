@@ -20,7 +20,7 @@ from h5etl.errors import ConfigError
 from h5etl.format.codec import ChunkLayout
 from h5etl.format.contract import FieldRecord
 from h5etl.format.reader_hints import HINTS_KEY
-from h5etl.inputs import extras
+from h5etl.inputs import extras, urls
 from h5etl.kinds.base import Kind
 
 if TYPE_CHECKING:
@@ -106,8 +106,12 @@ def user_code_notes(spec: Spec) -> list[str]:
 
 
 def worker_modules(spec: Spec) -> tuple[str, ...]:
-    """What a worker imports to decode ``spec``'s fields, each module once."""
-    return tuple(dict.fromkeys(m for kind in kinds_of(spec) for m in kind.worker_modules))
+    """What a worker imports to decode ``spec``'s fields, and to read its sources when they
+    are on object storage, each module once."""
+    modules = [m for kind in kinds_of(spec) for m in kind.worker_modules]
+    if any(urls.is_remote(str(source.dir)) for source in spec.sources.values()):
+        modules += urls.REMOTE_READING
+    return tuple(dict.fromkeys(modules))
 
 
 def check_installed(spec: Spec) -> None:

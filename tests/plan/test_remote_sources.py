@@ -71,6 +71,22 @@ def test_a_build_from_the_bucket_stores_what_a_local_build_stores(
     assert remote.samples == local.samples
 
 
+def test_workers_import_the_object_readers_while_the_parent_plans(
+    s3: Bucket, make_raw: MakeRaw, write_config: WriteConfig, tmp_path: Path
+) -> None:
+    from h5etl.inputs.urls import REMOTE_READING
+    from h5etl.plan.kind_registry import worker_modules
+
+    local_root, remote_root = tmp_path / "local", tmp_path / "remote"
+    local_root.mkdir()
+    remote_root.mkdir()
+    _upload(make_raw(local_root, n=2), s3)
+    local = worker_modules(load_spec(write_config(local_root)))
+    remote = worker_modules(load_spec(_remote_config(write_config, remote_root, s3)))
+    assert remote == (*local, *REMOTE_READING)  # a local build's workers never load them
+    assert not set(local) & set(REMOTE_READING)
+
+
 def _parent_facts(path: Path) -> dict[str, Any]:
     with h5py.File(path, "r") as handle:
         facts: dict[str, Any] = json.loads(handle.attrs["parent"])
