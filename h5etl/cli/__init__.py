@@ -12,4 +12,13 @@ def main() -> None:
     early.start(sys.argv[1:])  # a build's workers start while the command line loads
     from h5etl.cli.app import main as run
 
-    run()
+    try:
+        run()
+    except SystemExit as done:
+        from h5etl.cli import ending
+
+        ending.exit_now(done.code)  # a command that succeeded ends without the teardown
+        raise
+    from h5etl.cli import ending
+
+    ending.exit_now(0)

@@ -30,6 +30,12 @@ PLUGIN_NAMES = {
 }
 
 
+def files_open() -> int:
+    """How many HDF5 files this process holds open (through any h5py handle)."""
+    count: int = h5py.h5f.get_obj_count(h5py.h5f.OBJ_ALL, h5py.h5f.OBJ_FILE)
+    return count
+
+
 def filter_ids(dataset: h5py.Dataset) -> list[int]:
     """The dataset's filter ids, in pipeline order (empty for contiguous datasets); a virtual
     dataset's are those of its first part (a sharded release's parts all share them)."""
