@@ -12,6 +12,11 @@ installed the s3 build's workers GET through it (``h5etl.remote.direct``), and a
 ``s3, s3fs GETs``, sends them through s3fs/aiobotocore as without it. ``--variant old=TREE``
 adds a build from the bucket with the h5etl of another source tree (an A/B in one run).
 
+``--pin`` puts the server on the machine's last core and every build on the others (Linux), as
+a real store is on machines of its own: the ratio is then what the build's own side allows,
+where without it the server's CPU comes out of the build's cores (pass ``--jobs`` for the
+cores left, ``--jobs 1`` on two cores).
+
 ``--server s3rver`` (the default) is s3rver, a Node.js S3 server that serves objects from files
 (``npm install s3rver@3.7.1`` in ``$S3RVER_DIR``, default /tmp/s3rver); ``--server moto`` is
 moto's server mode (Python, ~3 ms of CPU per GET). A script, not a test: it asserts nothing.
@@ -34,6 +39,7 @@ import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from corpus import DEFAULT_DIR, DEFAULT_SAMPLES, CorpusParams, ensure_corpus
 
@@ -52,7 +58,26 @@ S3RVER = Path(os.environ.get("S3RVER_DIR", "/tmp/s3rver")) / "node_modules/s3rve
 KEYS = {"moto": ("bench", "bench-secret"), "s3rver": ("S3RVER", "S3RVER")}
 
 
-def _server(kind: str, port: int, scratch: Path) -> subprocess.Popen[bytes]:
+def _on_cores(cores: set[int] | None) -> Any:
+    """A ``preexec_fn`` that keeps the child (and what it starts) on ``cores``; None: any."""
+    if cores is None:
+        return None
+    return lambda: os.sched_setaffinity(0, cores)
+
+
+def _split_cores(pin: bool) -> tuple[set[int] | None, set[int] | None]:
+    """(the server's cores, the builds') for ``--pin``: the last core, and the others."""
+    if not pin:
+        return None, None
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        raise SystemExit("--pin needs two cores or more: one for the server, the rest to build")
+    return {cores[-1]}, set(cores[:-1])
+
+
+def _server(
+    kind: str, port: int, scratch: Path, cores: set[int] | None = None
+) -> subprocess.Popen[bytes]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     if kind == "moto":
         command = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
@@ -69,7 +94,9 @@ def _server(kind: str, port: int, scratch: Path) -> subprocess.Popen[bytes]:
         raise SystemExit(f"unknown server {kind!r}: s3rver or moto")
     log = scratch / f"{kind}.log"
     with log.open("wb") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
+        process = subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, env=env, preexec_fn=_on_cores(cores)
+        )
     for _ in range(300):
         if process.poll() is not None:
             break
@@ -155,13 +182,16 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _build(config: Path, jobs: int, env: dict[str, str]) -> tuple[float, float]:
-    """Wall and CPU seconds (process tree) of one ``h5etl build`` from scratch."""
+def _build(
+    config: Path, jobs: int, env: dict[str, str], cores: set[int] | None = None
+) -> tuple[float, float]:
+    """Wall and CPU seconds (process tree) of one ``h5etl build`` from scratch (on
+    ``cores``, if given)."""
     shutil.rmtree(config.parent / "releases", ignore_errors=True)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     cmd = [sys.executable, "-m", "h5etl", "build", str(config), "-j", str(jobs), "-q"]
-    subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL, preexec_fn=_on_cores(cores))
     wall = time.perf_counter() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
@@ -176,6 +206,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--server", choices=sorted(KEYS), default="s3rver")
     parser.add_argument(
+        "--pin", action="store_true", help="the server on the last core, the builds on the rest"
+    )
+    parser.add_argument(
         "--variant",
         action="append",
         default=[],
@@ -187,7 +220,8 @@ def main(argv: list[str] | None = None) -> None:
     scratch = Path(tempfile.mkdtemp(prefix="h5etl-remote-bench-"))
     port = _free_port()
     endpoint = f"http://127.0.0.1:{port}"
-    server = _server(args.server, port, scratch)
+    serving, building = _split_cores(args.pin)
+    server = _server(args.server, port, scratch, serving)
     keys = KEYS[args.server]
     try:
         started = time.perf_counter()
@@ -201,9 +235,12 @@ def main(argv: list[str] | None = None) -> None:
         for _ in range(args.repeats):
             for name, (config, env) in variants.items():
                 served = _cpu_seconds(server.pid)
-                wall, cpu = _build(config, args.jobs, env)
+                wall, cpu = _build(config, args.jobs, env, building)
                 runs[name].append((wall, cpu, _cpu_seconds(server.pid) - served))
-        _table(runs, args.samples, args.jobs, args.server)
+        where = ""
+        if serving is not None and building is not None:
+            where = f", server on core {min(serving)}, builds on {sorted(building)}"
+        _table(runs, args.samples, args.jobs, args.server + where)
     finally:
         server.terminate()
         try:
