@@ -6,7 +6,7 @@ extra, imported on first use.
 
 The names below load their module when first asked for: importing ``h5etl.remote.location``
 (the CLI does, to tell a URL from a folder) does not import the readers and their clients
-(``objects``: 5-8 ms of every command's start).
+(``objects`` and its clients: about 2 ms of every command's start).
 """
 
 from __future__ import annotations
