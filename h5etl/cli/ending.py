@@ -27,6 +27,8 @@ def exit_now(code: object) -> None:
         return
     atexit._run_exitfuncs()  # the handlers, as the interpreter runs them (and clears them)
     for stream in (sys.stdout, sys.stderr):
+        if stream is None:  # its descriptor was closed when the process started
+            continue
         try:
             stream.flush()
         except (OSError, ValueError):  # closed, or a broken pipe: the usual exit says so
@@ -36,7 +38,7 @@ def exit_now(code: object) -> None:
 
 def _nothing_to_lose() -> bool:
     """No thread but this one alive (daemon threads are dropped at exit anyway) and no HDF5
-    file open."""
+    file open, nor any of its datasets, groups or attributes (``fileinfo.files_open``)."""
     if threading.current_thread() is not threading.main_thread():
         return False
     main = threading.main_thread()

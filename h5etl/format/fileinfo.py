@@ -31,8 +31,12 @@ PLUGIN_NAMES = {
 
 
 def files_open() -> int:
-    """How many HDF5 files this process holds open (through any h5py handle)."""
-    count: int = h5py.h5f.get_obj_count(h5py.h5f.OBJ_ALL, h5py.h5f.OBJ_FILE)
+    """How many HDF5 files, datasets, groups and attributes this process holds open (through
+    any h5py handle). Not files alone: a file whose handle is gone stays open in HDF5 while a
+    dataset of it is (HDF5's default weak close), unflushed."""
+    h5f = h5py.h5f
+    kinds = h5f.OBJ_FILE | h5f.OBJ_DATASET | h5f.OBJ_GROUP | h5f.OBJ_ATTR
+    count: int = h5f.get_obj_count(h5f.OBJ_ALL, kinds)
     return count
 
 

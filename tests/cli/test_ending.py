@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -63,6 +64,35 @@ def test_an_open_hdf5_file_ends_the_usual_way_and_is_flushed(tmp_path: Path) -> 
     assert "exit handler ran" in done.stdout
     with h5py.File(path, "r") as handle:  # HDF5's own close flushed it at the exit
         assert list(handle["x"][...]) == [1, 2, 3]
+
+
+def test_a_dataset_whose_file_handle_is_gone_ends_the_usual_way(tmp_path: Path) -> None:
+    # HDF5's weak close: the file stays open (unflushed) while a dataset of it is
+    path = tmp_path / "open.h5"
+    prelude = (
+        f"import h5py\nf = h5py.File({str(path)!r}, 'w')\n"
+        "held = f.create_dataset('x', data=[1, 2, 3])\ndel f"
+    )
+    done = _run(["--version"], prelude)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines()[-1] == "usual"
+    with h5py.File(path, "r") as handle:
+        assert list(handle["x"][...]) == [1, 2, 3]
+
+
+def test_a_command_whose_stdout_was_closed_still_succeeds() -> None:
+    code = SCRIPT.format(prelude="", args=["--version"])
+    done = subprocess.run(  # fd 1 closed before the interpreter starts: sys.stdout is None
+        [sys.executable, "-c", code],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=120,
+        check=False,
+        preexec_fn=lambda: os.close(1),
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines()[-1] == "fast"
 
 
 def test_a_failed_command_ends_the_usual_way(tmp_path: Path) -> None:
