@@ -7,7 +7,7 @@ import sys
 
 def main() -> None:
     """The ``h5etl`` console script (``[project.scripts]``): run the command line."""
-    from h5etl.cli import early
+    from h5etl.cli import early, ending
 
     early.start(sys.argv[1:])  # a build's workers start while the command line loads
     from h5etl.cli.app import main as run
@@ -15,10 +15,6 @@ def main() -> None:
     try:
         run()
     except SystemExit as done:
-        from h5etl.cli import ending
-
         ending.exit_now(done.code)  # a command that succeeded ends without the teardown
         raise
-    from h5etl.cli import ending
-
     ending.exit_now(0)

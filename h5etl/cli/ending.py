@@ -39,9 +39,9 @@ def exit_now(code: object) -> None:
 def _nothing_to_lose() -> bool:
     """No thread but this one alive (daemon threads are dropped at exit anyway) and no HDF5
     file open, nor any of its datasets, groups or attributes (``fileinfo.files_open``)."""
-    if threading.current_thread() is not threading.main_thread():
-        return False
     main = threading.main_thread()
+    if threading.current_thread() is not main:
+        return False
     if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not main):
         return False
     if "h5py" not in sys.modules:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
@@ -107,13 +107,11 @@ def list_keys(
     size and ETag (quotes off), by one ListObjectsV2 request per 1,000; None when botocore
     finds no credentials, or once ``stop()`` (asked between requests) says so. obstore's
     errors are raised as they are."""
-    import obstore
-
-    store = _store(bucket)
-    if store is None:
+    pages = _pages(bucket, prefix, 1000)
+    if pages is None:
         return None
     found: list[tuple[str, int, str | None]] = []
-    for page in obstore.list(store, prefix=prefix or None, chunk_size=1000):
+    for page in pages:
         if stop():
             return None
         for meta in page:
@@ -126,14 +124,23 @@ def any_key(bucket: str, prefix: str) -> bool | None:
     """Whether ``prefix`` of ``bucket`` holds an object, by one listing request (which fails
     for a missing bucket or refused credentials); None when botocore finds no credentials.
     obstore's errors are raised as they are."""
+    pages = _pages(bucket, prefix, 1)
+    if pages is None:
+        return None
+    for page in pages:
+        return bool(page)
+    return False
+
+
+def _pages(bucket: str, prefix: str, per_page: int) -> Iterator[Sequence[Any]] | None:
+    """obstore's listing of ``prefix`` in ``bucket``, ``per_page`` objects a request (a
+    folder: whole path segments); None when botocore finds no credentials."""
     import obstore
 
     store = _store(bucket)
     if store is None:
         return None
-    for page in obstore.list(store, prefix=prefix or None, chunk_size=1):
-        return bool(page)
-    return False
+    return iter(obstore.list(store, prefix=prefix or None, chunk_size=per_page))
 
 
 def _threads(count: int) -> ThreadPoolExecutor:

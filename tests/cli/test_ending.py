@@ -120,8 +120,15 @@ def test_a_thread_left_to_join_or_a_file_open_is_something_to_lose(
         release.set()
         own[0].join()
     assert ending._nothing_to_lose()  # ended
-    own.append(threading.Thread(target=release.wait, daemon=True))  # dropped at exit anyway
-    assert ending._nothing_to_lose()
+    waiting = threading.Event()
+    own.append(threading.Thread(target=waiting.wait, daemon=True))  # dropped at exit anyway
+    own[1].start()
+    try:
+        assert own[1].is_alive()
+        assert ending._nothing_to_lose()
+    finally:
+        waiting.set()
+        own[1].join()
     with h5py.File(tmp_path / "f.h5", "w"):
         assert not ending._nothing_to_lose()
     assert ending._nothing_to_lose()
